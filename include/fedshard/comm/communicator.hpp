@@ -1,0 +1,132 @@
+#pragma once
+/// The Communicator concept and its typed front-ends.
+///
+/// A Communicator C provides, for a fixed set of ranks 0..size()-1:
+///  1. `rank()` and `size()`.
+///  2. Blocking collectives on (pointer, count, dtype) buffers; every rank of the
+///     communicator must call them in the same order with the same count, dtype, op, root:
+///     - `all_reduce(in, out, n, t, op)`: out = op over ranks of in (n elements; in == out
+///       is in place);
+///     - `all_gather(in, out, n, t)`: out (n * size() elements) = the ranks' in (n each) in
+///       rank order; in == out + rank() * n is in place;
+///     - `reduce_scatter(in, out, n, t, op)`: in holds n * size() elements, out (n) = op
+///       over ranks of block rank() of in; out == in + rank() * n is in place;
+///     - `broadcast(buf, n, t, root)`: every rank's buf = root's buf.
+///  3. Point-to-point `send(in, n, t, peer, tag)` and `recv(out, n, t, peer, tag)`, matched
+///     in order per (sender, receiver, tag).
+///  4. `barrier()`.
+///  5. `split(color, key)`: collective; returns the communicator of the ranks that passed
+///     the same color (color >= 0), ordered by key then by rank.
+///  6. Async variants `*_async` with the same arguments returning a fedshard::request.
+///  7. Errors: fedshard::invalid_argument for bad arguments, collective_mismatch when ranks
+///     disagree, peer_failure when a peer failed, timeout_error instead of a hang.
+/// Counts are std::int64_t so that a negative count is reported, not wrapped.
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+
+#include "fedshard/comm/request.hpp"
+#include "fedshard/core/buffer.hpp"
+#include "fedshard/core/dtype.hpp"
+#include "fedshard/core/reduce_op.hpp"
+#include "fedshard/error.hpp"
+
+namespace fedshard {
+
+/// What every communication backend (inproc, mpi, nccl) provides; see the list above.
+template <class C>
+concept Communicator = std::movable<C> && requires(C& c, const C& cc, const void* in, void* out,
+                                                   std::int64_t n, dtype t, reduce_op op, int r) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  c.all_reduce(in, out, n, t, op);
+  c.all_gather(in, out, n, t);
+  c.reduce_scatter(in, out, n, t, op);
+  c.broadcast(out, n, t, r);
+  c.send(in, n, t, r, r);
+  c.recv(out, n, t, r, r);
+  c.barrier();
+  { c.split(r, r) } -> std::same_as<C>;
+  { c.all_reduce_async(in, out, n, t, op) } -> std::same_as<request>;
+  { c.all_gather_async(in, out, n, t) } -> std::same_as<request>;
+  { c.reduce_scatter_async(in, out, n, t, op) } -> std::same_as<request>;
+  { c.broadcast_async(out, n, t, r) } -> std::same_as<request>;
+  { c.send_async(in, n, t, r, r) } -> std::same_as<request>;
+  { c.recv_async(out, n, t, r, r) } -> std::same_as<request>;
+};
+
+namespace detail {
+inline std::int64_t checked_count(std::size_t n) {
+  return static_cast<std::int64_t>(n);
+}
+}  // namespace detail
+
+/// all_reduce of typed spans of equal size (in.data() == out.data() is in place).
+template <Communicator C, class T>
+void all_reduce(C& c, std::span<const T> in, std::span<T> out, reduce_op op) {
+  FEDSHARD_EXPECTS(in.size() == out.size(), "all_reduce: in has ", in.size(),
+                   " elements but out has ", out.size());
+  c.all_reduce(in.data(), out.data(), detail::checked_count(in.size()), dtype_of<T>, op);
+}
+/// In-place all_reduce of a typed span.
+template <Communicator C, class T>
+void all_reduce(C& c, std::span<T> inout, reduce_op op) {
+  c.all_reduce(inout.data(), inout.data(), detail::checked_count(inout.size()), dtype_of<T>, op);
+}
+/// Async in-place all_reduce of a typed span.
+template <Communicator C, class T>
+request all_reduce_async(C& c, std::span<T> inout, reduce_op op) {
+  return c.all_reduce_async(inout.data(), inout.data(), detail::checked_count(inout.size()),
+                            dtype_of<T>, op);
+}
+/// all_gather: out.size() must be in.size() * c.size().
+template <Communicator C, class T>
+void all_gather(C& c, std::span<const T> in, std::span<T> out) {
+  FEDSHARD_EXPECTS(out.size() == in.size() * static_cast<std::size_t>(c.size()),
+                   "all_gather: out must hold in.size() * size() = ", in.size(), " * ", c.size(),
+                   " elements, found ", out.size());
+  c.all_gather(in.data(), out.data(), detail::checked_count(in.size()), dtype_of<T>);
+}
+/// Async all_gather: out.size() must be in.size() * c.size().
+template <Communicator C, class T>
+request all_gather_async(C& c, std::span<const T> in, std::span<T> out) {
+  FEDSHARD_EXPECTS(out.size() == in.size() * static_cast<std::size_t>(c.size()),
+                   "all_gather_async: out must hold in.size() * size() = ", in.size(), " * ",
+                   c.size(), " elements, found ", out.size());
+  return c.all_gather_async(in.data(), out.data(), detail::checked_count(in.size()), dtype_of<T>);
+}
+/// reduce_scatter: in.size() must be out.size() * c.size().
+template <Communicator C, class T>
+void reduce_scatter(C& c, std::span<const T> in, std::span<T> out, reduce_op op) {
+  FEDSHARD_EXPECTS(in.size() == out.size() * static_cast<std::size_t>(c.size()),
+                   "reduce_scatter: in must hold out.size() * size() = ", out.size(), " * ",
+                   c.size(), " elements, found ", in.size());
+  c.reduce_scatter(in.data(), out.data(), detail::checked_count(out.size()), dtype_of<T>, op);
+}
+/// Async reduce_scatter: in.size() must be out.size() * c.size().
+template <Communicator C, class T>
+request reduce_scatter_async(C& c, std::span<const T> in, std::span<T> out, reduce_op op) {
+  FEDSHARD_EXPECTS(in.size() == out.size() * static_cast<std::size_t>(c.size()),
+                   "reduce_scatter_async: in must hold out.size() * size() = ", out.size(), " * ",
+                   c.size(), " elements, found ", in.size());
+  return c.reduce_scatter_async(in.data(), out.data(), detail::checked_count(out.size()),
+                                dtype_of<T>, op);
+}
+/// broadcast of a typed span from root.
+template <Communicator C, class T>
+void broadcast(C& c, std::span<T> buf, int root) {
+  c.broadcast(buf.data(), detail::checked_count(buf.size()), dtype_of<T>, root);
+}
+/// send of a typed span to peer.
+template <Communicator C, class T>
+void send(C& c, std::span<const T> buf, int peer, int tag = 0) {
+  c.send(buf.data(), detail::checked_count(buf.size()), dtype_of<T>, peer, tag);
+}
+/// recv of a typed span from peer.
+template <Communicator C, class T>
+void recv(C& c, std::span<T> buf, int peer, int tag = 0) {
+  c.recv(buf.data(), detail::checked_count(buf.size()), dtype_of<T>, peer, tag);
+}
+
+}  // namespace fedshard

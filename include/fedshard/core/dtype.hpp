@@ -1,0 +1,203 @@
+#pragma once
+/// Element types fedshard moves and reduces: f32, f64 and its own 16-bit bf16 and f16.
+///
+/// bf16 and f16 are storage types: arithmetic converts to float. Conversion from float
+/// rounds to nearest, ties to even; NaN stays NaN (quiet), infinities and signed zeros are
+/// preserved, and subnormals are produced and read exactly.
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include "fedshard/config.hpp"
+
+namespace fedshard {
+
+namespace detail {
+template <class To, class From>
+FEDSHARD_HOST_DEVICE constexpr To bit_cast(const From& from) noexcept {
+  static_assert(sizeof(To) == sizeof(From));
+  return __builtin_bit_cast(To, from);
+}
+}  // namespace detail
+
+/// bfloat16: 1 sign, 8 exponent, 7 mantissa bits (the upper half of an IEEE float).
+struct bf16 {
+  std::uint16_t bits = 0;
+
+  bf16() = default;
+  /// Rounds a float to the nearest bf16, ties to even.
+  FEDSHARD_HOST_DEVICE constexpr explicit bf16(float f) noexcept : bits(from_float(f)) {}
+  /// The bf16 with the given bit pattern.
+  FEDSHARD_HOST_DEVICE static constexpr bf16 from_bits(std::uint16_t b) noexcept {
+    bf16 r;
+    r.bits = b;
+    return r;
+  }
+  /// The exact float value of this bf16.
+  FEDSHARD_HOST_DEVICE constexpr explicit operator float() const noexcept {
+    return detail::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+  }
+  FEDSHARD_HOST_DEVICE constexpr float to_float() const noexcept { return float(*this); }
+
+  /// Round-to-nearest-even conversion of a float's bit pattern.
+  FEDSHARD_HOST_DEVICE static constexpr std::uint16_t from_float(float f) noexcept {
+    const std::uint32_t u = detail::bit_cast<std::uint32_t>(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)  // NaN: keep sign and top payload, force quiet
+      return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+    const std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+    return static_cast<std::uint16_t>((u + rounding) >> 16);
+  }
+};
+
+/// IEEE 754 binary16: 1 sign, 5 exponent, 10 mantissa bits.
+struct f16 {
+  std::uint16_t bits = 0;
+
+  f16() = default;
+  /// Rounds a float to the nearest f16, ties to even; overflow gives infinity.
+  FEDSHARD_HOST_DEVICE constexpr explicit f16(float f) noexcept : bits(from_float(f)) {}
+  /// The f16 with the given bit pattern.
+  FEDSHARD_HOST_DEVICE static constexpr f16 from_bits(std::uint16_t b) noexcept {
+    f16 r;
+    r.bits = b;
+    return r;
+  }
+  /// The exact float value of this f16.
+  FEDSHARD_HOST_DEVICE constexpr explicit operator float() const noexcept {
+    const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+    std::uint32_t exp = (bits >> 10) & 0x1fu;
+    std::uint32_t man = bits & 0x3ffu;
+    if (exp == 0x1fu)  // infinity or NaN (payload kept)
+      return detail::bit_cast<float>(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+      if (man == 0) return detail::bit_cast<float>(sign);
+      exp = 113;  // subnormal: normalise man * 2^-24
+      while ((man & 0x400u) == 0) {
+        man <<= 1;
+        --exp;
+      }
+      man &= 0x3ffu;
+      return detail::bit_cast<float>(sign | (exp << 23) | (man << 13));
+    }
+    return detail::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));
+  }
+  FEDSHARD_HOST_DEVICE constexpr float to_float() const noexcept { return float(*this); }
+
+  /// Round-to-nearest-even conversion of a float's bit pattern.
+  FEDSHARD_HOST_DEVICE static constexpr std::uint16_t from_float(float f) noexcept {
+    const std::uint32_t u = detail::bit_cast<std::uint32_t>(f);
+    const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+    const std::uint32_t x = u & 0x7fffffffu;
+    if (x > 0x7f800000u)  // NaN: keep top payload bits, force quiet
+      return static_cast<std::uint16_t>(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
+    if (x >= 0x477ff000u)  // >= 65520 rounds to infinity (and infinity itself)
+      return static_cast<std::uint16_t>(sign | 0x7c00u);
+    if (x >= 0x38800000u) {  // normal f16 range: rebias exponent, round mantissa
+      const std::uint32_t r = x + 0xfffu + ((x >> 13) & 1u);
+      return static_cast<std::uint16_t>(sign | ((r >> 13) - (112u << 10)));
+    }
+    const std::uint32_t exp = x >> 23;
+    if (exp < 102) return sign;  // below half the smallest subnormal (2^-25): zero
+    const std::uint32_t man = (x & 0x7fffffu) | 0x800000u;
+    const std::uint32_t shift = 126 - exp;  // 14..24: man * 2^(exp-150) in units of 2^-24
+    const std::uint32_t q = man >> shift;
+    const std::uint32_t rem = man & ((1u << shift) - 1u);
+    const std::uint32_t half = 1u << (shift - 1);
+    const std::uint32_t up = (rem > half || (rem == half && (q & 1u))) ? 1u : 0u;
+    return static_cast<std::uint16_t>(sign | (q + up));
+  }
+};
+
+static_assert(sizeof(bf16) == 2 && std::is_trivially_copyable_v<bf16>);
+static_assert(sizeof(f16) == 2 && std::is_trivially_copyable_v<f16>);
+
+/// Runtime tag of an element type; buffers cross the communicator boundary as
+/// (pointer, count, dtype).
+enum class dtype : std::uint8_t { f32, f64, bf16, f16 };
+
+/// Every dtype, for tests and dispatch tables.
+inline constexpr dtype all_dtypes[] = {dtype::f32, dtype::f64, dtype::bf16, dtype::f16};
+
+/// Bytes per element of a dtype.
+FEDSHARD_HOST_DEVICE constexpr std::size_t size_of(dtype t) noexcept {
+  return (t == dtype::f64) ? 8 : (t == dtype::f32) ? 4 : 2;
+}
+
+/// The name of a dtype ("f32", "f64", "bf16", "f16").
+constexpr std::string_view to_string(dtype t) noexcept {
+  switch (t) {
+    case dtype::f32: return "f32";
+    case dtype::f64: return "f64";
+    case dtype::bf16: return "bf16";
+    case dtype::f16: return "f16";
+  }
+  return "unknown-dtype";
+}
+
+/// True for the four values of the enum (guards against casts from bad integers).
+constexpr bool is_valid(dtype t) noexcept {
+  return t == dtype::f32 || t == dtype::f64 || t == dtype::bf16 || t == dtype::f16;
+}
+
+/// The dtype tag of a C++ element type.
+template <class T>
+inline constexpr dtype dtype_of = [] {
+  using U = std::remove_cv_t<T>;
+  static_assert(std::is_same_v<U, float> || std::is_same_v<U, double> || std::is_same_v<U, bf16> ||
+                    std::is_same_v<U, f16>,
+                "fedshard: element type must be float, double, fedshard::bf16 or fedshard::f16");
+  if constexpr (std::is_same_v<U, float>)
+    return dtype::f32;
+  else if constexpr (std::is_same_v<U, double>)
+    return dtype::f64;
+  else if constexpr (std::is_same_v<U, bf16>)
+    return dtype::bf16;
+  else
+    return dtype::f16;
+}();
+
+/// The C++ element type of a dtype tag.
+template <dtype D>
+using type_of = std::conditional_t<
+    D == dtype::f32, float,
+    std::conditional_t<D == dtype::f64, double, std::conditional_t<D == dtype::bf16, bf16, f16>>>;
+
+/// A value standing for a C++ type, passed to visitors.
+template <class T>
+struct type_tag {
+  using type = T;
+};
+
+/// Calls f(type_tag<T>{}) with T the element type of t.
+template <class F>
+constexpr decltype(auto) visit(dtype t, F&& f) {
+  switch (t) {
+    case dtype::f64: return f(type_tag<double>{});
+    case dtype::bf16: return f(type_tag<bf16>{});
+    case dtype::f16: return f(type_tag<f16>{});
+    case dtype::f32: break;
+  }
+  return f(type_tag<float>{});
+}
+
+/// Converts any element type to float (the accumulation type of 16-bit types).
+template <class T>
+FEDSHARD_HOST_DEVICE constexpr auto to_accum(T v) noexcept {
+  if constexpr (std::is_same_v<T, double>)
+    return v;
+  else
+    return static_cast<float>(v);
+}
+
+/// Converts an accumulated value back to the element type, rounding to nearest even.
+template <class T, class A>
+FEDSHARD_HOST_DEVICE constexpr T from_accum(A v) noexcept {
+  if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>)
+    return static_cast<T>(v);
+  else
+    return T(static_cast<float>(v));
+}
+
+}  // namespace fedshard
