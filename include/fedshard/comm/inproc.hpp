@@ -1,0 +1,942 @@
+#pragma once
+/// The in-process communicator: N ranks as threads of one process.
+///
+/// Collectives work directly on the peers' buffers through shared memory; nothing is copied
+/// through a mailbox. Every rank publishes its buffer pointers in a slot shared by the
+/// communicator's ranks, waits until all have arrived, then does its share of the work on
+/// everyone's buffers and waits until all are done:
+///  - all_reduce: the element range is cut into one chunk per rank on cache-line boundaries;
+///    rank r reduces chunk r from all inputs, in rank order, and writes the result into every
+///    rank's output (each input read once, each output written once: the shared-memory bound);
+///  - reduce_scatter: rank r reduces block r of all inputs into its own output;
+///  - all_gather: rank r copies its input into block r of every output;
+///  - broadcast: rank r copies chunk r of the root's buffer into every other rank's buffer.
+/// Results are bit-identical on every rank and every run: each element is reduced by one rank,
+/// always in rank order, with one accumulation type (float for f32/bf16/f16, double for f64).
+///
+/// Async operations run on a progress thread owned by the rank's communicator (started on
+/// first use); point-to-point operations are completed by whichever side arrives second.
+/// Errors instead of hangs: see Communicator (comm/communicator.hpp); the timeout comes from
+/// options::timeout, by default the environment variable FEDSHARD_TIMEOUT_S or 300 s.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "fedshard/comm/communicator.hpp"
+#include "fedshard/comm/request.hpp"
+#include "fedshard/config.hpp"
+#include "fedshard/core/dtype.hpp"
+#include "fedshard/core/reduce_op.hpp"
+#include "fedshard/error.hpp"
+
+namespace fedshard::inproc {
+
+namespace detail {
+/// FEDSHARD_TIMEOUT_S from the environment, else 300 seconds.
+inline std::chrono::duration<double> default_timeout() {
+  if (const char* s = std::getenv("FEDSHARD_TIMEOUT_S")) {
+    char* end = nullptr;
+    const double v = std::strtod(s, &end);
+    if (end != s && v > 0) return std::chrono::duration<double>(v);
+  }
+  return std::chrono::duration<double>(300.0);
+}
+}  // namespace detail
+
+/// Settings of an in-process world.
+struct options {
+  /// How long a rank waits for its peers before throwing timeout_error.
+  std::chrono::duration<double> timeout = detail::default_timeout();
+};
+
+class communicator;
+
+namespace detail {
+
+using clock = std::chrono::steady_clock;
+
+enum class op_kind : std::uint8_t {
+  all_reduce,
+  all_gather,
+  reduce_scatter,
+  broadcast,
+  barrier,
+  split
+};
+
+inline const char* to_string(op_kind k) {
+  switch (k) {
+    case op_kind::all_reduce: return "all_reduce";
+    case op_kind::all_gather: return "all_gather";
+    case op_kind::reduce_scatter: return "reduce_scatter";
+    case op_kind::broadcast: return "broadcast";
+    case op_kind::barrier: return "barrier";
+    case op_kind::split: return "split";
+  }
+  return "unknown";
+}
+
+/// One rank's arguments to one collective, published to its peers.
+struct op_desc {
+  op_kind kind = op_kind::barrier;
+  const void* in = nullptr;
+  void* out = nullptr;
+  std::int64_t count = 0;
+  dtype type = dtype::f32;
+  reduce_op op = reduce_op::sum;
+  int root = 0;
+  int color = 0;
+  int key = 0;
+  std::string invalid;  // non-empty when this rank's own arguments are invalid
+};
+
+/// What all communicators of one inproc::run share: failure and exit state of every rank.
+struct world_state {
+  world_state(int n, std::chrono::duration<double> t)
+      : size(n), timeout(t), exited(static_cast<std::size_t>(n)) {}
+
+  const int size;
+  const std::chrono::duration<double> timeout;
+  std::atomic<bool> failed{false};
+  std::vector<std::atomic<bool>> exited;
+  std::mutex mu;
+  int failed_rank = -1;
+  std::string failure;
+
+  /// Records the first failure of the world; later ones keep the first.
+  void fail(int world_rank, const std::string& what) {
+    std::lock_guard lock(mu);
+    if (failed_rank >= 0) return;
+    failed_rank = world_rank;
+    failure = what;
+    failed.store(true);
+  }
+  std::pair<int, std::string> first_failure() {
+    std::lock_guard lock(mu);
+    return {failed_rank, failure};
+  }
+};
+
+struct p2p_op {
+  bool is_send = false;
+  const void* sbuf = nullptr;
+  void* rbuf = nullptr;
+  std::int64_t count = 0;
+  dtype type = dtype::f32;
+  int src = 0;  // member indices
+  int dst = 0;
+  int tag = 0;
+  bool done = false;  // guarded by group_state::p2p_mu
+  std::string error;  // set when the matched peer disagreed
+};
+
+/// The state shared by the ranks of one communicator (the world or a split).
+struct group_state {
+  static constexpr std::uint64_t ring = 16;  // collectives that may be in flight at once
+
+  group_state(std::shared_ptr<world_state> w, std::vector<int> members)
+      : world(std::move(w)),
+        world_ranks(std::move(members)),
+        size(static_cast<int>(world_ranks.size())) {
+    for (auto& s : slots) {
+      s.desc.resize(static_cast<std::size_t>(size));
+      s.marks = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(size));
+      for (int i = 0; i < size; ++i) s.marks[i].store(0);
+    }
+  }
+
+  struct slot {
+    std::vector<op_desc> desc;
+    // marks[i] = barrier points member i has passed at this slot: 2 per collective.
+    std::unique_ptr<std::atomic<std::uint64_t>[]> marks;
+  };
+
+  std::shared_ptr<world_state> world;
+  const std::vector<int> world_ranks;
+  const int size;
+  slot slots[ring];
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<int> sleepers{0};
+
+  struct split_entry {
+    std::shared_ptr<group_state> group;
+    int fetched = 0;
+  };
+  std::map<std::pair<std::uint64_t, int>, split_entry> splits;  // guarded by mu
+
+  std::mutex p2p_mu;
+  std::condition_variable p2p_cv;
+  std::deque<p2p_op*> posted;  // unmatched sends and receives, in posting order
+
+  void wake() {
+    if (sleepers.load() > 0) {
+      { std::lock_guard lock(mu); }
+      cv.notify_all();
+    }
+  }
+};
+
+/// Throws peer_failure if the world failed or a member we wait for left; timeout_error past
+/// the deadline. `missing` lists the members not yet arrived.
+inline void check_progress(group_state& g, int me, const char* what, std::uint64_t seq,
+                           const std::vector<int>& missing, clock::time_point deadline) {
+  world_state& w = *g.world;
+  const int my_world = g.world_ranks[static_cast<std::size_t>(me)];
+  if (w.failed.load()) {
+    auto [r, msg] = w.first_failure();
+    throw peer_failure(fedshard::detail::concat("fedshard: peer_failure: rank ", my_world,
+                                                " was waiting in ", what, " (call #", seq,
+                                                ") when world rank ", r, " failed: ", msg));
+  }
+  for (int m : missing) {
+    const int wr = g.world_ranks[static_cast<std::size_t>(m)];
+    if (w.exited[static_cast<std::size_t>(wr)].load()) {
+      const std::string msg = fedshard::detail::concat(
+          "fedshard: peer_failure: world rank ", wr, " left (its body returned) while rank ",
+          my_world, " waited for it in ", what, " (call #", seq, ")");
+      w.fail(my_world, msg);
+      throw peer_failure(msg);
+    }
+  }
+  if (clock::now() >= deadline) {
+    std::string names;
+    for (int m : missing)
+      names += fedshard::detail::concat(names.empty() ? "" : ", ", m, " (world rank ",
+                                        g.world_ranks[static_cast<std::size_t>(m)], ")");
+    const std::string msg = fedshard::detail::concat(
+        "fedshard: timeout_error: ", what, " (call #", seq, ") on a communicator of ", g.size,
+        " ranks did not complete within ", w.timeout.count(), " s on rank ", me,
+        "; ranks that did not arrive: ", names.empty() ? std::string("none") : names);
+    w.fail(my_world, msg);
+    throw timeout_error(msg);
+  }
+}
+
+/// Waits until every member's mark at slot s is >= target.
+inline void wait_marks(group_state& g, int me, group_state::slot& s, std::uint64_t target,
+                       const char* what, std::uint64_t seq, clock::time_point deadline) {
+  auto all_arrived = [&] {
+    for (int i = 0; i < g.size; ++i)
+      if (s.marks[i].load(std::memory_order_acquire) < target) return false;
+    return true;
+  };
+  for (int spin = 0; spin < 256; ++spin) {
+    if (all_arrived()) return;
+    if (spin >= 16) std::this_thread::yield();
+  }
+  std::vector<int> missing;
+  for (;;) {
+    missing.clear();
+    for (int i = 0; i < g.size; ++i)
+      if (s.marks[i].load(std::memory_order_acquire) < target) missing.push_back(i);
+    if (missing.empty()) return;
+    check_progress(g, me, what, seq, missing, deadline);
+    std::unique_lock lock(g.mu);
+    g.sleepers.fetch_add(1);
+    if (!all_arrived()) g.cv.wait_for(lock, std::chrono::milliseconds(20));
+    g.sleepers.fetch_sub(1);
+  }
+}
+
+inline void arrive(group_state& g, group_state::slot& s, int me, std::uint64_t value) {
+  s.marks[me].store(value);
+  g.wake();
+}
+
+template <reduce_op Op>
+struct combine_fn {
+  template <class A>
+  A operator()(A a, A b) const {
+    if constexpr (Op == reduce_op::min)
+      return (a != a || a < b) ? a : b;
+    else if constexpr (Op == reduce_op::max)
+      return (a != a || a > b) ? a : b;
+    else
+      return a + b;
+  }
+};
+
+template <class F>
+decltype(auto) visit_op(reduce_op op, F&& f) {
+  switch (op) {
+    case reduce_op::avg: return f(std::integral_constant<reduce_op, reduce_op::avg>{});
+    case reduce_op::min: return f(std::integral_constant<reduce_op, reduce_op::min>{});
+    case reduce_op::max: return f(std::integral_constant<reduce_op, reduce_op::max>{});
+    case reduce_op::sum: break;
+  }
+  return f(std::integral_constant<reduce_op, reduce_op::sum>{});
+}
+
+template <class T>
+using accum_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+inline constexpr std::int64_t block_elems = 2048;
+
+/// Reduces elements [begin, end) of the inputs ins[0..n) (offset by in_off) in rank order and
+/// stores the result to outs[0..nout) (offset by out_off).
+template <class T, reduce_op Op>
+void reduce_range(const T* const* ins, int n, std::int64_t in_off, T* const* outs, int nout,
+                  std::int64_t out_off, std::int64_t len) {
+  using A = accum_t<T>;
+  A acc[block_elems];
+  const combine_fn<Op> combine;
+  for (std::int64_t b = 0; b < len; b += block_elems) {
+    const std::int64_t m = std::min(block_elems, len - b);
+    const T* in0 = ins[0] + in_off + b;
+    for (std::int64_t j = 0; j < m; ++j) acc[j] = static_cast<A>(in0[j]);
+    for (int p = 1; p < n; ++p) {
+      const T* ip = ins[p] + in_off + b;
+      for (std::int64_t j = 0; j < m; ++j) acc[j] = combine(acc[j], static_cast<A>(ip[j]));
+    }
+    if constexpr (Op == reduce_op::avg) {
+      const A div = static_cast<A>(n);
+      for (std::int64_t j = 0; j < m; ++j) acc[j] = acc[j] / div;
+    }
+    for (int p = 0; p < nout; ++p) {
+      T* op = outs[p] + out_off + b;
+      if constexpr (std::is_same_v<T, A>) {
+        std::memcpy(op, acc, static_cast<std::size_t>(m) * sizeof(T));
+      } else {
+        for (std::int64_t j = 0; j < m; ++j) op[j] = T(acc[j]);
+      }
+    }
+  }
+}
+
+/// Elements per chunk when n ranks split count elements on cache-line boundaries.
+inline std::int64_t chunk_elems(std::int64_t count, int n, std::size_t elem) {
+  const auto line = static_cast<std::int64_t>(cache_line_bytes / elem);
+  const std::int64_t per = (count + n - 1) / n;
+  return (per + line - 1) / line * line;
+}
+
+/// Copies [begin, end) bytes of src to each dst, in blocks that stay in cache.
+inline void copy_to_all(const char* src, char* const* dsts, int ndst, std::size_t bytes) {
+  constexpr std::size_t blk = 32 * 1024;
+  for (std::size_t b = 0; b < bytes; b += blk) {
+    const std::size_t m = std::min(blk, bytes - b);
+    for (int p = 0; p < ndst; ++p)
+      if (dsts[p] != src) std::memcpy(dsts[p] + b, src + b, m);
+  }
+}
+
+/// Does member me's share of a validated collective whose descriptors are d[0..n).
+inline void execute(const std::vector<op_desc>& d, int me, int n) {
+  const op_desc& mine = d[static_cast<std::size_t>(me)];
+  const std::int64_t count = mine.count;
+  if (count == 0) return;
+  const std::size_t esz = size_of(mine.type);
+  switch (mine.kind) {
+    case op_kind::all_reduce:
+    case op_kind::reduce_scatter:
+      visit(mine.type, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        std::vector<const T*> ins(static_cast<std::size_t>(n));
+        std::vector<T*> outs(static_cast<std::size_t>(n));
+        for (int p = 0; p < n; ++p) {
+          ins[p] = static_cast<const T*>(d[p].in);
+          outs[p] = static_cast<T*>(d[p].out);
+        }
+        visit_op(mine.op, [&](auto opc) {
+          constexpr reduce_op Op = decltype(opc)::value;
+          if (mine.kind == op_kind::all_reduce) {
+            const std::int64_t c = chunk_elems(count, n, esz);
+            const std::int64_t begin = std::min(count, c * me);
+            const std::int64_t end = std::min(count, begin + c);
+            reduce_range<T, Op>(ins.data(), n, begin, outs.data(), n, begin, end - begin);
+          } else {
+            T* out = outs[me];
+            reduce_range<T, Op>(ins.data(), n, count * me, &out, 1, 0, count);
+          }
+        });
+      });
+      return;
+    case op_kind::all_gather: {
+      std::vector<char*> dsts(static_cast<std::size_t>(n));
+      for (int p = 0; p < n; ++p)
+        dsts[p] = static_cast<char*>(d[p].out) + static_cast<std::size_t>(count * me) * esz;
+      copy_to_all(static_cast<const char*>(mine.in), dsts.data(), n,
+                  static_cast<std::size_t>(count) * esz);
+      return;
+    }
+    case op_kind::broadcast: {
+      const int root = mine.root;
+      const std::int64_t c = chunk_elems(count, n, esz);
+      const std::int64_t begin = std::min(count, c * me);
+      const std::int64_t end = std::min(count, begin + c);
+      if (end <= begin) return;
+      const std::size_t off = static_cast<std::size_t>(begin) * esz;
+      std::vector<char*> dsts;
+      for (int p = 0; p < n; ++p)
+        if (p != root) dsts.push_back(static_cast<char*>(d[p].out) + off);
+      copy_to_all(static_cast<const char*>(d[root].out) + off, dsts.data(),
+                  static_cast<int>(dsts.size()), static_cast<std::size_t>(end - begin) * esz);
+      return;
+    }
+    case op_kind::barrier:
+    case op_kind::split: return;
+  }
+}
+
+inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
+  const auto pa = reinterpret_cast<std::uintptr_t>(a);
+  const auto pb = reinterpret_cast<std::uintptr_t>(b);
+  return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
+}
+
+/// This rank's own argument errors (empty when fine).
+inline std::string validate(const op_desc& d, int me, int n) {
+  using fedshard::detail::concat;
+  if (d.count < 0) return concat("count must be >= 0, found ", d.count);
+  if (!is_valid(d.type))
+    return concat("dtype must be f32, f64, bf16 or f16, found code ", static_cast<int>(d.type));
+  if ((d.kind == op_kind::all_reduce || d.kind == op_kind::reduce_scatter) && !is_valid(d.op))
+    return concat("reduce_op must be sum, avg, min or max, found code ", static_cast<int>(d.op));
+  if (d.kind == op_kind::broadcast && (d.root < 0 || d.root >= n))
+    return concat("root must be in [0, ", n, "), found ", d.root);
+  if (d.kind == op_kind::split && d.color < 0)
+    return concat("split color must be >= 0, found ", d.color);
+  if (d.count == 0) return {};
+  const std::size_t esz = size_of(d.type);
+  const auto cnt = static_cast<std::size_t>(d.count);
+  const bool reads_in = d.kind == op_kind::all_reduce || d.kind == op_kind::all_gather ||
+                        d.kind == op_kind::reduce_scatter;
+  if (reads_in && d.in == nullptr) return concat("input buffer is null with count ", d.count);
+  if (d.out == nullptr) return concat("output buffer is null with count ", d.count);
+  switch (d.kind) {
+    case op_kind::all_reduce:
+      if (d.in != d.out && overlaps(d.in, cnt * esz, d.out, cnt * esz))
+        return "input and output overlap partially (only in == out is allowed)";
+      break;
+    case op_kind::all_gather:
+      if (static_cast<const char*>(d.in) !=
+              static_cast<const char*>(d.out) + cnt * esz * static_cast<std::size_t>(me) &&
+          overlaps(d.in, cnt * esz, d.out, cnt * esz * static_cast<std::size_t>(n)))
+        return concat("input overlaps the output (only in == out + rank * count = out + ", me,
+                      " * ", d.count, " is allowed)");
+      break;
+    case op_kind::reduce_scatter:
+      if (static_cast<const char*>(d.out) !=
+              static_cast<const char*>(d.in) + cnt * esz * static_cast<std::size_t>(me) &&
+          overlaps(d.in, cnt * esz * static_cast<std::size_t>(n), d.out, cnt * esz))
+        return concat("output overlaps the input (only out == in + rank * count = in + ", me, " * ",
+                      d.count, " is allowed)");
+      break;
+    default: break;
+  }
+  return {};
+}
+
+inline std::string describe(const op_desc& d) {
+  using fedshard::detail::concat;
+  switch (d.kind) {
+    case op_kind::all_reduce:
+    case op_kind::reduce_scatter:
+      return concat(to_string(d.kind), "(count=", d.count, ", dtype=", to_string(d.type),
+                    ", op=", to_string(d.op), ")");
+    case op_kind::all_gather:
+      return concat(to_string(d.kind), "(count=", d.count, ", dtype=", to_string(d.type), ")");
+    case op_kind::broadcast:
+      return concat(to_string(d.kind), "(count=", d.count, ", dtype=", to_string(d.type),
+                    ", root=", d.root, ")");
+    default: return concat(to_string(d.kind), "()");
+  }
+}
+
+inline bool same_call(const op_desc& a, const op_desc& b) {
+  if (a.kind != b.kind) return false;
+  switch (a.kind) {
+    case op_kind::all_reduce:
+    case op_kind::reduce_scatter: return a.count == b.count && a.type == b.type && a.op == b.op;
+    case op_kind::all_gather: return a.count == b.count && a.type == b.type;
+    case op_kind::broadcast: return a.count == b.count && a.type == b.type && a.root == b.root;
+    default: return true;
+  }
+}
+
+/// Runs one collective, call number seq, for member me. Returns the split result for splits.
+inline std::shared_ptr<group_state> run_collective(group_state& g, int me, std::uint64_t seq,
+                                                   op_desc desc) {
+  using fedshard::detail::concat;
+  const int n = g.size;
+  const char* what = to_string(desc.kind);
+  const auto deadline =
+      clock::now() + std::chrono::duration_cast<clock::duration>(g.world->timeout);
+  auto& s = g.slots[seq % group_state::ring];
+  const std::uint64_t gen = seq / group_state::ring;
+  desc.invalid = validate(desc, me, n);
+
+  wait_marks(g, me, s, 2 * gen, what, seq, deadline);  // the slot's previous call is done
+  s.desc[static_cast<std::size_t>(me)] = std::move(desc);
+  arrive(g, s, me, 2 * gen + 1);
+  wait_marks(g, me, s, 2 * gen + 1, what, seq, deadline);
+
+  const auto& d = s.desc;
+  auto leave_and_throw = [&](auto exc) {
+    arrive(g, s, me, 2 * gen + 2);
+    throw exc;
+  };
+  for (int p = 0; p < n; ++p)
+    if (!d[p].invalid.empty())
+      leave_and_throw(invalid_argument(concat("fedshard: invalid arguments to ",
+                                              to_string(d[p].kind), " on rank ", p, " of ", n,
+                                              " (call #", seq, "): ", d[p].invalid)));
+  bool agree = true;
+  for (int p = 1; p < n; ++p) agree = agree && same_call(d[0], d[p]);
+  if (!agree) {
+    std::string calls;
+    for (int p = 0; p < n; ++p)
+      calls += concat(p == 0 ? "" : "; ", "rank ", p, ": ", describe(d[p]));
+    std::string differ;
+    for (int p = 1; p < n; ++p)
+      if (!same_call(d[0], d[p])) differ += concat(differ.empty() ? "" : ", ", p);
+    leave_and_throw(collective_mismatch(concat("fedshard: collective_mismatch at call #", seq,
+                                               " on a communicator of ", n, " ranks: ranks ",
+                                               differ, " disagree with rank 0 (", calls, ")")));
+  }
+
+  std::shared_ptr<group_state> result;
+  if (d[0].kind == op_kind::split) {
+    const int color = d[me].color;
+    std::vector<int> members;
+    for (int p = 0; p < n; ++p)
+      if (d[p].color == color) members.push_back(p);
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return d[a].key < d[b].key; });
+    {
+      std::lock_guard lock(g.mu);
+      auto& e = g.splits[{seq, color}];
+      if (!e.group) {
+        std::vector<int> wr;
+        for (int m : members) wr.push_back(g.world_ranks[static_cast<std::size_t>(m)]);
+        e.group = std::make_shared<group_state>(g.world, std::move(wr));
+      }
+      result = e.group;
+      if (++e.fetched == static_cast<int>(members.size())) g.splits.erase({seq, color});
+    }
+  } else {
+    execute(d, me, n);
+  }
+  arrive(g, s, me, 2 * gen + 2);
+  wait_marks(g, me, s, 2 * gen + 2, what, seq, deadline);
+  return result;
+}
+
+/// Completion shared between an async task and its request.
+struct completion {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+
+  void finish(std::exception_ptr e) {
+    {
+      std::lock_guard lock(mu);
+      done = true;
+      error = std::move(e);
+    }
+    cv.notify_all();
+  }
+};
+
+class async_request final : public fedshard::detail::request_state {
+ public:
+  explicit async_request(std::shared_ptr<completion> c) : c_(std::move(c)) {}
+  void wait() override {
+    std::unique_lock lock(c_->mu);
+    c_->cv.wait(lock, [&] { return c_->done; });
+    if (c_->error) std::rethrow_exception(c_->error);
+  }
+  bool test() override {
+    std::lock_guard lock(c_->mu);
+    return c_->done;
+  }
+
+ private:
+  std::shared_ptr<completion> c_;
+};
+
+/// Runs queued collectives of one rank in call order.
+class progress_thread {
+ public:
+  progress_thread() : thread_([this] { loop(); }) {}
+  progress_thread(const progress_thread&) = delete;
+  progress_thread& operator=(const progress_thread&) = delete;
+  ~progress_thread() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void post(std::function<void()> task) {
+    {
+      std::lock_guard lock(mu_);
+      tasks_.push_back(std::move(task));
+      ++unfinished_;
+    }
+    cv_.notify_all();
+  }
+  /// Tasks posted and not finished yet.
+  int unfinished() {
+    std::lock_guard lock(mu_);
+    return unfinished_;
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;  // stop requested and queue drained
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+      std::lock_guard lock(mu_);
+      --unfinished_;
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  bool stop_ = false;
+  int unfinished_ = 0;
+  std::thread thread_;  // last: starts after the members above exist
+};
+
+class p2p_request final : public fedshard::detail::request_state {
+ public:
+  p2p_request(std::shared_ptr<group_state> g, int me, std::unique_ptr<p2p_op> op)
+      : g_(std::move(g)), me_(me), op_(std::move(op)) {}
+  void wait() override;
+  bool test() override {
+    std::lock_guard lock(g_->p2p_mu);
+    return op_->done;
+  }
+
+ private:
+  std::shared_ptr<group_state> g_;
+  int me_;
+  std::unique_ptr<p2p_op> op_;
+};
+
+inline bool p2p_matches(const p2p_op& a, const p2p_op& b) {
+  return a.is_send != b.is_send && a.src == b.src && a.dst == b.dst && a.tag == b.tag;
+}
+
+/// Posts a send or receive; if the peer's matching operation is already posted, completes
+/// both by copying directly from the sender's buffer into the receiver's.
+inline void p2p_post(group_state& g, p2p_op& op) {
+  p2p_op* peer = nullptr;
+  {
+    std::lock_guard lock(g.p2p_mu);
+    auto it = std::find_if(g.posted.begin(), g.posted.end(),
+                           [&](const p2p_op* q) { return p2p_matches(*q, op); });
+    if (it == g.posted.end()) {
+      g.posted.push_back(&op);
+      return;
+    }
+    peer = *it;
+    g.posted.erase(it);
+  }
+  p2p_op& s = op.is_send ? op : *peer;
+  p2p_op& r = op.is_send ? *peer : op;
+  std::string err;
+  if (s.count != r.count || s.type != r.type) {
+    err = fedshard::detail::concat("fedshard: collective_mismatch: send from rank ", s.src,
+                                   " to rank ", s.dst, " (tag ", s.tag, ") carries ", s.count,
+                                   " x ", to_string(s.type), " but the receive expects ", r.count,
+                                   " x ", to_string(r.type));
+  } else if (s.count > 0) {
+    std::memcpy(r.rbuf, s.sbuf, static_cast<std::size_t>(s.count) * size_of(s.type));
+  }
+  {
+    std::lock_guard lock(g.p2p_mu);
+    s.error = err;
+    r.error = err;
+    s.done = true;
+    r.done = true;
+  }
+  g.p2p_cv.notify_all();
+}
+
+/// Waits until op is done (throws its error), failing with peer_failure/timeout_error.
+inline void p2p_wait(group_state& g, int me, p2p_op& op) {
+  const auto deadline =
+      clock::now() + std::chrono::duration_cast<clock::duration>(g.world->timeout);
+  const char* what = op.is_send ? "send" : "recv";
+  const int peer = op.is_send ? op.dst : op.src;
+  std::unique_lock lock(g.p2p_mu);
+  while (!op.done) {
+    lock.unlock();
+    try {
+      check_progress(g, me, what, 0, {peer}, deadline);
+    } catch (...) {
+      lock.lock();
+      auto it = std::find(g.posted.begin(), g.posted.end(), &op);
+      if (it != g.posted.end()) {
+        g.posted.erase(it);
+        throw;
+      }
+      // Matched meanwhile: the copy is in progress, finish it.
+      g.p2p_cv.wait(lock, [&] { return op.done; });
+      break;
+    }
+    lock.lock();
+    if (!op.done) g.p2p_cv.wait_for(lock, std::chrono::milliseconds(20));
+  }
+  if (!op.error.empty()) throw collective_mismatch(op.error);
+}
+
+inline void p2p_request::wait() {
+  p2p_wait(*g_, me_, *op_);
+}
+
+inline std::unique_ptr<p2p_op> make_p2p(bool is_send, const void* sbuf, void* rbuf, std::int64_t n,
+                                        dtype t, int me, int peer, int tag, int size) {
+  using fedshard::detail::concat;
+  const char* what = is_send ? "send" : "recv";
+  FEDSHARD_EXPECTS(n >= 0, what, ": count must be >= 0, found ", n);
+  FEDSHARD_EXPECTS(is_valid(t), what, ": invalid dtype code ", static_cast<int>(t));
+  FEDSHARD_EXPECTS(peer >= 0 && peer < size, what, ": peer must be in [0, ", size, "), found ",
+                   peer);
+  FEDSHARD_EXPECTS(n == 0 || (is_send ? sbuf != nullptr : rbuf != nullptr), what,
+                   ": buffer is null with count ", n);
+  auto op = std::make_unique<p2p_op>();
+  op->is_send = is_send;
+  op->sbuf = sbuf;
+  op->rbuf = rbuf;
+  op->count = n;
+  op->type = t;
+  op->src = is_send ? me : peer;
+  op->dst = is_send ? peer : me;
+  op->tag = tag;
+  return op;
+}
+
+/// Everything one rank holds for one communicator; owned by inproc::communicator.
+struct rank_handle {
+  rank_handle(std::shared_ptr<group_state> g, int m) : group(std::move(g)), me(m) {}
+  rank_handle(const rank_handle&) = delete;
+  rank_handle& operator=(const rank_handle&) = delete;
+  ~rank_handle() {
+    // Destroyed while an exception unwinds with async collectives still queued: the peers
+    // would wait for them forever, so fail the world (they throw peer_failure) before draining.
+    if (worker && std::uncaught_exceptions() > 0 && worker->unfinished() > 0) {
+      const int wr = group->world_ranks[static_cast<std::size_t>(me)];
+      group->world->fail(
+          wr, fedshard::detail::concat("world rank ", wr,
+                                       " unwound an exception with async collectives pending"));
+    }
+    worker.reset();  // drain async work before the group can go away
+  }
+
+  std::shared_ptr<group_state> group;
+  int me;
+  std::uint64_t next_seq = 0;
+  std::unique_ptr<progress_thread> worker;
+
+  std::shared_ptr<group_state> collective(op_desc d) {
+    return run_collective(*group, me, next_seq++, std::move(d));
+  }
+  request collective_async(op_desc d) {
+    const std::uint64_t seq = next_seq++;
+    auto done = std::make_shared<completion>();
+    if (!worker) worker = std::make_unique<progress_thread>();
+    worker->post([g = group, m = me, seq, d = std::move(d), done]() mutable {
+      try {
+        run_collective(*g, m, seq, std::move(d));
+        done->finish(nullptr);
+      } catch (...) {
+        done->finish(std::current_exception());
+      }
+    });
+    return request(std::make_unique<async_request>(std::move(done)));
+  }
+};
+
+inline op_desc make_desc(op_kind k, const void* in, void* out, std::int64_t n, dtype t,
+                         reduce_op op = reduce_op::sum, int root = 0) {
+  op_desc d;
+  d.kind = k;
+  d.in = in;
+  d.out = out;
+  d.count = n;
+  d.type = t;
+  d.op = op;
+  d.root = root;
+  return d;
+}
+
+}  // namespace detail
+
+/// One rank's handle on an in-process communicator; models fedshard::Communicator.
+/// Move-only; not thread-safe (one thread per rank drives it).
+class communicator {
+ public:
+  communicator(std::shared_ptr<detail::group_state> g, int member)
+      : h_(std::make_unique<detail::rank_handle>(std::move(g), member)) {}
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
+  ~communicator() = default;
+
+  /// This rank's index in the communicator.
+  int rank() const noexcept { return h_->me; }
+  /// Number of ranks in the communicator.
+  int size() const noexcept { return h_->group->size; }
+  /// This rank's index in the world the communicator was split from.
+  int world_rank() const noexcept {
+    return h_->group->world_ranks[static_cast<std::size_t>(h_->me)];
+  }
+
+  /// out = op over ranks of in (count elements); in == out is in place.
+  void all_reduce(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
+    h_->collective(detail::make_desc(detail::op_kind::all_reduce, in, out, count, t, op));
+  }
+  /// out (count * size() elements) = every rank's in (count elements) in rank order.
+  void all_gather(const void* in, void* out, std::int64_t count, dtype t) {
+    h_->collective(detail::make_desc(detail::op_kind::all_gather, in, out, count, t));
+  }
+  /// out (count elements) = op over ranks of block rank() of in (count * size() elements).
+  void reduce_scatter(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
+    h_->collective(detail::make_desc(detail::op_kind::reduce_scatter, in, out, count, t, op));
+  }
+  /// buf = root's buf on every rank.
+  void broadcast(void* buf, std::int64_t count, dtype t, int root) {
+    h_->collective(
+        detail::make_desc(detail::op_kind::broadcast, buf, buf, count, t, reduce_op::sum, root));
+  }
+  /// Returns once every rank has entered the barrier.
+  void barrier() {
+    h_->collective(detail::make_desc(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
+  }
+
+  request all_reduce_async(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
+    return h_->collective_async(
+        detail::make_desc(detail::op_kind::all_reduce, in, out, count, t, op));
+  }
+  request all_gather_async(const void* in, void* out, std::int64_t count, dtype t) {
+    return h_->collective_async(detail::make_desc(detail::op_kind::all_gather, in, out, count, t));
+  }
+  request reduce_scatter_async(const void* in, void* out, std::int64_t count, dtype t,
+                               reduce_op op) {
+    return h_->collective_async(
+        detail::make_desc(detail::op_kind::reduce_scatter, in, out, count, t, op));
+  }
+  request broadcast_async(void* buf, std::int64_t count, dtype t, int root) {
+    return h_->collective_async(
+        detail::make_desc(detail::op_kind::broadcast, buf, buf, count, t, reduce_op::sum, root));
+  }
+  request barrier_async() {
+    return h_->collective_async(
+        detail::make_desc(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
+  }
+
+  /// Sends count elements to peer; returns once the receiver has copied them.
+  void send(const void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
+    send_async(buf, count, t, peer, tag).wait();
+  }
+  /// Receives count elements from peer (matched in order per sender and tag).
+  void recv(void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
+    recv_async(buf, count, t, peer, tag).wait();
+  }
+  request send_async(const void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
+    auto op = detail::make_p2p(true, buf, nullptr, count, t, h_->me, peer, tag, size());
+    detail::p2p_post(*h_->group, *op);
+    return request(std::make_unique<detail::p2p_request>(h_->group, h_->me, std::move(op)));
+  }
+  request recv_async(void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
+    auto op = detail::make_p2p(false, nullptr, buf, count, t, h_->me, peer, tag, size());
+    detail::p2p_post(*h_->group, *op);
+    return request(std::make_unique<detail::p2p_request>(h_->group, h_->me, std::move(op)));
+  }
+
+  /// Collective: the communicator of the ranks that passed the same color (>= 0), ordered by
+  /// key, then by rank. Sub-communicators run concurrently with each other and the parent.
+  communicator split(int color, int key) {
+    auto d = detail::make_desc(detail::op_kind::split, nullptr, nullptr, 0, dtype::f32);
+    d.color = color;
+    d.key = key;
+    auto g = h_->collective(std::move(d));
+    int member = 0;
+    for (int i = 0; i < g->size; ++i)
+      if (g->world_ranks[static_cast<std::size_t>(i)] == world_rank()) member = i;
+    return communicator(std::move(g), member);
+  }
+
+ private:
+  std::unique_ptr<detail::rank_handle> h_;
+};
+
+static_assert(Communicator<communicator>);
+
+/// Runs body(communicator& world) on n threads, one per rank, and returns when all have
+/// returned. If any rank throws, peers blocked in collectives throw peer_failure, and run()
+/// rethrows the exception of the rank that failed first.
+template <class F>
+void run(int n, F&& body, options opt = {}) {
+  FEDSHARD_EXPECTS(n >= 1, "inproc::run: the number of ranks must be >= 1, found ", n);
+  FEDSHARD_EXPECTS(opt.timeout.count() > 0, "inproc::run: timeout must be > 0 s, found ",
+                   opt.timeout.count());
+  auto world = std::make_shared<detail::world_state>(n, opt.timeout);
+  std::vector<int> ranks(static_cast<std::size_t>(n));
+  std::iota(ranks.begin(), ranks.end(), 0);
+  auto group = std::make_shared<detail::group_state>(world, std::move(ranks));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      // The communicator outlives the catch below, so a failure is recorded before its async
+      // work is drained.
+      std::optional<communicator> c;
+      try {
+        c.emplace(group, r);
+        body(*c);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        std::string what = "unknown exception";
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        world->fail(r, what);
+      }
+      c.reset();
+      world->exited[static_cast<std::size_t>(r)].store(true);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const int first = world->first_failure().first;
+  if (first >= 0 && errors[static_cast<std::size_t>(first)])
+    std::rethrow_exception(errors[static_cast<std::size_t>(first)]);
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace fedshard::inproc
