@@ -50,7 +50,7 @@ namespace detail {
 template <class... Args>
 std::string concat(Args&&... args) {
   std::ostringstream os;
-  (os << ... << std::forward<Args>(args));
+  ((os << std::forward<Args>(args)), ...);
   return os.str();
 }
 

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <new>
 #include <span>
 #include <type_traits>
@@ -76,6 +77,9 @@ class aligned_buffer {
   aligned_buffer() = default;
   /// n zero elements.
   explicit aligned_buffer(std::size_t n) : size_(n) {
+    FEDSHARD_EXPECTS(n <= std::numeric_limits<std::size_t>::max() / sizeof(T),
+                     "aligned_buffer: n * sizeof(T) must fit in std::size_t, found n = ", n,
+                     " elements of ", sizeof(T), " bytes");
     if (n == 0) return;
     data_ = static_cast<T*>(::operator new (n * sizeof(T), std::align_val_t{alignment}));
     std::memset(static_cast<void*>(data_), 0, n * sizeof(T));

@@ -191,11 +191,39 @@ FEDSHARD_HOST_DEVICE constexpr auto to_accum(T v) noexcept {
     return static_cast<float>(v);
 }
 
-/// Converts an accumulated value back to the element type, rounding to nearest even.
+namespace detail {
+/// A double rounded to float toward the odd neighbour when inexact ("round to odd"): rounding
+/// that float again to bf16 or f16 (at least 2 fewer bits) then equals one correct rounding
+/// of the double. NaN keeps its sign and top payload (quiet); beyond the float range gives
+/// the largest float (odd), so the second rounding overflows to infinity.
+FEDSHARD_HOST_DEVICE constexpr float round_to_odd_float(double d) noexcept {
+  const std::uint64_t u = bit_cast<std::uint64_t>(d);
+  const auto sign = static_cast<std::uint32_t>(u >> 32) & 0x80000000u;
+  const std::uint64_t x = u & 0x7fffffffffffffffull;
+  if (x > 0x7ff0000000000000ull)
+    return bit_cast<float>(sign | 0x7fc00000u | static_cast<std::uint32_t>((x >> 29) & 0x3fffffu));
+  if (x == 0x7ff0000000000000ull) return bit_cast<float>(sign | 0x7f800000u);
+  const double a = bit_cast<double>(x);
+  if (a > static_cast<double>(bit_cast<float>(0x7f7fffffu)))
+    return bit_cast<float>(sign | 0x7f7fffffu);
+  std::uint32_t r = bit_cast<std::uint32_t>(static_cast<float>(a));
+  const double nearest = static_cast<double>(bit_cast<float>(r));
+  if (nearest != a) {
+    if (nearest > a) --r;  // rounded up: step back to the float below
+    r |= 1u;
+  }
+  return bit_cast<float>(sign | r);
+}
+}  // namespace detail
+
+/// Converts an accumulated value back to the element type, rounding to nearest even (once:
+/// a double is not first rounded to float and then again to a 16-bit type).
 template <class T, class A>
 FEDSHARD_HOST_DEVICE constexpr T from_accum(A v) noexcept {
   if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>)
     return static_cast<T>(v);
+  else if constexpr (std::is_same_v<A, double>)
+    return T(detail::round_to_odd_float(v));
   else
     return T(static_cast<float>(v));
 }
