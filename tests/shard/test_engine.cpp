@@ -1,0 +1,322 @@
+// Equivalence and traffic of the four shard policies on the tiny MLP (tests/support/tiny_mlp.hpp).
+//
+// Which results are bit-identical, and why:
+//  - replicate over n ranks, shard_grad_op and full_shard over S = n ranks give bit-identical
+//    parameters: gathers are exact copies, the optimizer is element-wise, and every gradient
+//    element is reduced the same way (sum of the n ranks' values in rank order, then / n).
+//  - hybrid_shard (R x S) and shard_grad_op on R x S average in two stages ((sum over S) / S,
+//    then (sum over R) / R): bit-identical to each other, within 1e-6 relative of the others.
+//  - A single rank on the concatenated batch sums all per-sample gradients in one pass, so it
+//    matches the others within 1e-6 relative (the summation order differs).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "fedshard/comm/inproc.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "fedshard/shard/engine.hpp"
+#include "fedshard/shard/full_shard.hpp"
+#include "fedshard/shard/hybrid_shard.hpp"
+#include "fedshard/shard/replicate.hpp"
+#include "fedshard/shard/shard_grad_op.hpp"
+#include "support/spawn_ranks.hpp"
+#include "support/tiny_mlp.hpp"
+
+using namespace fedshard;
+using fedshard::test::tiny_mlp;
+
+namespace {
+
+constexpr int kSteps = 5;
+constexpr int kBatchPerRank = 3;
+constexpr std::uint64_t kSeed = 7;
+constexpr float kLr = 0.2f;
+
+struct run_result {
+  std::vector<std::vector<float>> units;  // full parameters after training (from rank 0)
+  std::vector<float> losses;              // rank 0's loss per step
+  traffic_counters traffic;               // rank 0's counters
+  plan step_plan;
+  std::size_t padded_numel = 0;
+};
+
+/// Trains the MLP for kSteps with policy P on a world of shape.size() ranks; the group's
+/// ranks split each step's batch of group_size * kBatchPerRank samples by local rank.
+template <class P>
+run_result train(mesh_shape shape, shard::precision prec = {}, int batch_per_rank = kBatchPerRank) {
+  run_result out;
+  tiny_mlp model;
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    shard::engine<P, inproc::communicator> e(m, model.units(), prec);
+    for (std::size_t u = 0; u < e.layout().num_units(); ++u)
+      e.set_unit(u, model.init_unit(e.layout(), u, kSeed));
+    const int group_size = shape.replicas * shape.shards;
+    const int local = m.coords().replica * shape.shards + m.coords().shard;
+    std::vector<float> losses;
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<test::sample> batch;
+      for (int i = 0; i < batch_per_rank; ++i)
+        batch.push_back(model.make_sample(
+            kSeed, static_cast<std::uint64_t>((step * group_size + local) * batch_per_rank + i)));
+      e.begin_step();
+      losses.push_back(model.forward_backward(e, batch));
+      e.finish_backward();
+      auto p = e.master();
+      auto g = e.grad();
+      for (std::size_t i = 0; i < p.size(); ++i) p[i] -= kLr * g[i];
+    }
+    std::vector<std::vector<float>> units;
+    for (std::size_t u = 0; u < e.layout().num_units(); ++u) units.push_back(e.gather_unit(u));
+    if (world.rank() == 0) {
+      out.units = units;
+      out.losses = losses;
+      out.traffic = e.traffic();
+      out.step_plan = e.step_plan();
+      out.padded_numel = e.layout().total_padded_numel();
+    }
+  });
+  return out;
+}
+
+bool bit_equal(const run_result& a, const run_result& b) {
+  if (a.units.size() != b.units.size()) return false;
+  for (std::size_t u = 0; u < a.units.size(); ++u) {
+    if (a.units[u].size() != b.units[u].size()) return false;
+    if (std::memcmp(a.units[u].data(), b.units[u].data(), a.units[u].size() * sizeof(float)) != 0)
+      return false;
+  }
+  return true;
+}
+
+double max_rel_diff(const run_result& a, const run_result& b) {
+  double worst = 0;
+  for (std::size_t u = 0; u < a.units.size(); ++u)
+    for (std::size_t i = 0; i < a.units[u].size(); ++i) {
+      const double x = a.units[u][i], y = b.units[u][i];
+      worst = std::max(worst, std::abs(x - y) / std::max(1e-3, std::abs(y)));
+    }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("policies train to the parameters of a single rank on the concatenated batch") {
+  const run_result single = train<shard::replicate>({1, 1, 1}, {}, 4 * kBatchPerRank);
+  const run_result ddp = train<shard::replicate>({1, 4, 1});
+  const run_result ddp_2x2 = train<shard::replicate>({1, 2, 2});
+  const run_result zero2 = train<shard::shard_grad_op>({1, 1, 4});
+  const run_result fsdp = train<shard::full_shard>({1, 1, 4});
+  const run_result hsdp = train<shard::hybrid_shard>({1, 2, 2});
+  const run_result zero2_2x2 = train<shard::shard_grad_op>({1, 2, 2});
+
+  // Training did something.
+  CHECK(single.losses.back() < single.losses.front());
+  CHECK_FALSE(bit_equal(single, train<shard::replicate>({1, 1, 1}, {}, 1)));
+
+  // Same summation order: bit-identical.
+  CHECK(bit_equal(ddp, fsdp));
+  CHECK(bit_equal(ddp, zero2));
+  CHECK(bit_equal(ddp, ddp_2x2));
+  CHECK(bit_equal(hsdp, zero2_2x2));
+
+  // Different summation order: within 1e-6 relative.
+  for (const run_result* r : {&ddp, &fsdp, &zero2, &hsdp}) CHECK(max_rel_diff(*r, single) <= 1e-6);
+  CHECK(max_rel_diff(hsdp, fsdp) <= 1e-6);
+}
+
+TEST_CASE("mixed precision: bf16 on the wire, f32 master; policies still agree bit for bit") {
+  const shard::precision bf16_all{dtype::bf16, dtype::bf16};
+  const run_result ddp = train<shard::replicate>({1, 4, 1}, bf16_all);
+  const run_result fsdp = train<shard::full_shard>({1, 1, 4}, bf16_all);
+  const run_result zero2 = train<shard::shard_grad_op>({1, 1, 4}, bf16_all);
+  CHECK(bit_equal(ddp, fsdp));
+  CHECK(bit_equal(ddp, zero2));
+  const run_result f32 = train<shard::full_shard>({1, 1, 4});
+  CHECK_FALSE(bit_equal(f32, fsdp));      // bf16 rounding changed the result...
+  CHECK(max_rel_diff(fsdp, f32) < 5e-2);  // ...but only slightly
+  CHECK(fsdp.losses.back() < fsdp.losses.front());
+}
+
+TEST_CASE("bytes per step read from the traffic counters equal the plan and the closed forms") {
+  SUBCASE("full_shard: 3 (S-1)/S |theta| per rank per step in the wire dtype") {
+    for (auto prec : {shard::precision{}, shard::precision{dtype::bf16, dtype::bf16}}) {
+      const int S = 4;
+      const run_result r = train<shard::full_shard>({1, 1, S}, prec);
+      CHECK(r.traffic.same_traffic(traffic_counters::of(r.step_plan, kSteps)));
+      const double theta = static_cast<double>(r.padded_numel * size_of(prec.param));
+      CHECK(r.traffic[axis::shard].wire_bytes == kSteps * 3.0 * (S - 1) / S * theta);
+      CHECK(r.traffic[axis::shard].calls == kSteps * 3 * 3);  // 3 units x (2 gathers + 1 RS)
+      CHECK(r.traffic[axis::replica].calls == 0);
+    }
+  }
+  SUBCASE("replicate: 2 (n-1)/n |theta|") {
+    const int n = 4;
+    const run_result r = train<shard::replicate>({1, n, 1});
+    CHECK(r.traffic.same_traffic(traffic_counters::of(r.step_plan, kSteps)));
+    const double theta = static_cast<double>(r.padded_numel * sizeof(float));
+    CHECK(r.traffic[axis::group].wire_bytes == kSteps * 2.0 * (n - 1) / n * theta);
+    CHECK(r.traffic[axis::shard].calls == 0);
+  }
+  SUBCASE("hybrid_shard: FSDP's over S plus 2 (R-1)/R |theta| / S") {
+    const int R = 2, S = 2;
+    const run_result r = train<shard::hybrid_shard>({1, R, S});
+    CHECK(r.traffic.same_traffic(traffic_counters::of(r.step_plan, kSteps)));
+    const double theta = static_cast<double>(r.padded_numel * sizeof(float));
+    CHECK(r.traffic[axis::shard].wire_bytes == kSteps * 3.0 * (S - 1) / S * theta);
+    CHECK(r.traffic[axis::replica].wire_bytes == kSteps * 2.0 * (R - 1) / R * theta / S);
+  }
+  SUBCASE("shard_grad_op gathers once per step") {
+    const int S = 4;
+    const run_result r = train<shard::shard_grad_op>({1, 1, S});
+    CHECK(r.traffic.same_traffic(traffic_counters::of(r.step_plan, kSteps)));
+    const double theta = static_cast<double>(r.padded_numel * sizeof(float));
+    CHECK(r.traffic[axis::shard].wire_bytes == kSteps * 2.0 * (S - 1) / S * theta);
+  }
+}
+
+TEST_CASE("bad input: policy/mesh mismatch, wrong sizes, layouts that differ across ranks") {
+  tiny_mlp model;
+  SUBCASE("full_shard with R > 1 is refused on every rank") {
+    std::vector<std::string> errors(4);
+    test::spawn_ranks(4, [&](inproc::communicator& world) {
+      mesh m(world, {1, 2, 2});
+      try {
+        shard::engine<shard::full_shard, inproc::communicator> e(m, model.units());
+      } catch (const invalid_argument& ex) {
+        errors[static_cast<std::size_t>(world.rank())] = ex.what();
+      }
+    });
+    for (const auto& e : errors) CHECK(e.find("replicas == 1, found 2") != std::string::npos);
+  }
+  SUBCASE("a rank declaring different units fails on every rank") {
+    std::vector<std::string> errors(4);
+    test::spawn_ranks(4, [&](inproc::communicator& world) {
+      mesh m(world, {1, 1, 4});
+      tiny_mlp mine = model;
+      if (world.rank() == 2) mine.h = 17;
+      try {
+        shard::engine<shard::full_shard, inproc::communicator> e(m, mine.units());
+      } catch (const invalid_argument& ex) {
+        errors[static_cast<std::size_t>(world.rank())] = ex.what();
+      }
+    });
+    for (const auto& e : errors) CHECK(e.find("2") != std::string::npos);
+    for (const auto& e : errors) CHECK_FALSE(e.empty());
+  }
+  SUBCASE("values that don't fit a unit or tensor") {
+    test::spawn_ranks(2, [&](inproc::communicator& world) {
+      mesh m(world, {1, 1, 2});
+      shard::engine<shard::full_shard, inproc::communicator> e(m, model.units());
+      std::vector<float> wrong(5);
+      CHECK_THROWS_WITH_AS(e.set_unit(0, wrong), doctest::Contains("has 144 elements, got 5"),
+                           invalid_argument);
+      CHECK_THROWS_WITH_AS(e.set_tensor("w1", wrong), doctest::Contains("has 256 elements, got 5"),
+                           invalid_argument);
+      CHECK_THROWS_WITH_AS(e.set_tensor("nope", wrong), doctest::Contains("'nope'"),
+                           invalid_argument);
+      CHECK_THROWS_AS(e.acquire(3), invalid_argument);
+    });
+  }
+  SUBCASE("unsupported precision") {
+    test::spawn_ranks(1, [&](inproc::communicator& world) {
+      mesh m(world, {1, 1, 1});
+      using E = shard::engine<shard::replicate, inproc::communicator>;
+      CHECK_THROWS_WITH_AS(E(m, model.units(), {dtype::f32, dtype::f16}),
+                           doctest::Contains("reduce dtype must be f32 or bf16, found f16"),
+                           invalid_argument);
+    });
+  }
+}
+
+TEST_CASE("padding stays zero and never leaks into results") {
+  tiny_mlp model;
+  test::spawn_ranks(4, [&](inproc::communicator& world) {
+    mesh m(world, {1, 1, 4});
+    shard::engine<shard::full_shard, inproc::communicator> e(m, model.units());
+    for (std::size_t u = 0; u < 3; ++u) e.set_unit(u, model.init_unit(e.layout(), u, kSeed));
+    for (int step = 0; step < 2; ++step) {
+      std::vector<test::sample> batch{
+          model.make_sample(1, static_cast<std::uint64_t>(world.rank()))};
+      e.begin_step();
+      model.forward_backward(e, batch);
+      e.finish_backward();
+      auto p = e.master();
+      for (std::size_t i = 0; i < p.size(); ++i) p[i] -= 0.1f * e.grad()[i];
+    }
+    for (std::size_t u = 0; u < 3; ++u) {
+      const auto& ul = e.layout().unit(u);
+      const auto range = e.layout().shard_of(u, m.coords().shard);
+      auto mine = e.master_of(u);
+      for (std::size_t i = 0; i < mine.size(); ++i)
+        if (range.begin + i >= ul.numel) CHECK(mine[i] == 0.0f);
+      CHECK(e.gather_unit(u).size() == ul.numel);
+    }
+  });
+}
+
+TEST_CASE(
+    "prefetch: the next unit's gather is in flight while a unit computes, live units bounded") {
+  tiny_mlp model;
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, {1, 1, 2});
+    shard::engine<shard::full_shard, inproc::communicator> e(m, model.units());
+    for (int limit : {2, 1}) {
+      e.set_max_live_units(limit);
+      e.begin_step();
+      // forward: acquiring u starts u + 1's gather (when the limit allows)
+      e.acquire(0);
+      CHECK(e.in_flight(1) == (limit >= 2));
+      e.release(0);
+      e.acquire(1);
+      CHECK(e.in_flight(2) == (limit >= 2));
+      e.release(1);
+      e.acquire(2);
+      e.release(2);
+      // backward: acquiring u starts u - 1's gather; reductions overlap
+      e.acquire(2);
+      CHECK(e.in_flight(1) == (limit >= 2));
+      e.grad_buffer(2);
+      e.release(2);
+      e.grads_ready(2);
+      e.acquire(1);
+      e.grad_buffer(1);
+      e.release(1);
+      e.grads_ready(1);
+      e.acquire(0);
+      e.release(0);
+      e.grads_ready(0);
+      e.finish_backward();
+      CHECK(e.reductions_in_flight() == 0);
+      CHECK(e.live_units() == 0);
+      CHECK(e.peak_live_units() <= 2);
+      // every gather and reduction of the plan ran exactly once per step
+      CHECK(e.traffic()[axis::shard].calls == (limit == 2 ? 9 : 18));
+    }
+    CHECK_THROWS_WITH_AS(e.set_max_live_units(0), doctest::Contains("found 0"), invalid_argument);
+  });
+}
+
+TEST_CASE("a model that calls no hook gets its units gathered on use and reduced after") {
+  tiny_mlp model;
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, {1, 1, 2});
+    shard::engine<shard::full_shard, inproc::communicator> e(m, model.units());
+    for (std::size_t u = 0; u < 3; ++u) e.set_unit(u, model.init_unit(e.layout(), u, kSeed));
+    e.begin_step();
+    auto p1 = e.params(1);
+    auto p1_again = e.params(1);
+    CHECK(p1.data() == p1_again.data());  // kept, not gathered twice
+    auto full = e.gather_unit(1);
+    for (std::size_t i = 0; i < full.size(); ++i) CHECK(p1[i] == full[i]);
+    e.grad_buffer(1)[0] = 1.0f;  // only unit 1 gets a gradient
+    e.finish_backward();
+    if (m.coords().shard == 0) CHECK(e.grad_of(1)[0] == 1.0f);  // (1 + 1) / 2
+    CHECK(e.traffic().same_traffic(traffic_counters::of(
+        plan{{e.step_plan().ops[1], e.step_plan().ops[4], e.step_plan().ops[6],
+              e.step_plan().ops[8]}})));  // one forward gather, three reduce_scatters
+  });
+}
