@@ -1,0 +1,194 @@
+#pragma once
+/// The tensor-backend boundary: the Model concept and the step_context a model computes with.
+///
+/// A Model M, trained on batches of type B, provides:
+///  1. `m.units()` -> std::vector<unit_spec>: its units and tensor shapes, declared once.
+///  2. `m.forward_backward(ctx, batch)` -> float: computes the batch's loss, reading
+///     parameters and writing gradients through the step_context; returns the loss.
+///  3. Optionally `m.initial_values(layout, u)` -> std::vector<float>: unit u's starting
+///     values (numel elements, the same on every rank); otherwise parameters start at zero.
+///  4. Optionally `m.evaluate(ctx, batch)` -> float: the loss without gradients.
+///  5. Optionally `m.tokens(batch)` -> std::int64_t: tokens (or samples) in the batch, the
+///     weight of weighted federation; otherwise std::size(batch) if the batch is a range,
+///     else 1.
+/// In forward_backward the model calls `ctx.acquire(u)` before it reads unit u (the gather of
+/// u may already be in flight, and acquiring u prefetches the next unit), `ctx.release(u)`
+/// when done with it, and `ctx.grads_ready(u)` once u's gradients are written (starts their
+/// reduction, which overlaps the rest of backward). A model that calls none of these gets
+/// each unit gathered on first use and everything reduced after forward_backward: correct,
+/// just without overlap.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fedshard/error.hpp"
+#include "fedshard/shard/flat_layout.hpp"
+
+#ifndef FEDSHARD_CHECKED_VIEWS
+#ifdef NDEBUG
+#define FEDSHARD_CHECKED_VIEWS 0
+#else
+/// Bounds-checked tensor views (on by default in debug builds).
+#define FEDSHARD_CHECKED_VIEWS 1
+#endif
+#endif
+
+namespace fedshard {
+
+/// A tensor's elements inside a unit buffer; operator[] is bounds-checked when
+/// FEDSHARD_CHECKED_VIEWS is 1 (debug builds), so a model writing outside its declared shape
+/// gets an invalid_argument naming the tensor instead of corrupting its neighbours.
+template <class T>
+class tensor_view {
+ public:
+  tensor_view() = default;
+  tensor_view(std::span<T> data, const tensor_slot* slot) : data_(data), slot_(slot) {}
+
+  T& operator[](std::size_t i) const {
+#if FEDSHARD_CHECKED_VIEWS
+    if (i >= data_.size())
+      throw invalid_argument(detail::concat("fedshard: index ", i, " is outside tensor '",
+                                            slot_ ? slot_->name : std::string("?"), "' of ",
+                                            data_.size(), " elements"));
+#endif
+    return data_[i];
+  }
+  T* data() const noexcept {
+    return data_.data();
+  }
+  std::size_t size() const noexcept {
+    return data_.size();
+  }
+  auto begin() const noexcept {
+    return data_.begin();
+  }
+  auto end() const noexcept {
+    return data_.end();
+  }
+  std::span<T> span() const noexcept {
+    return data_;
+  }
+  operator std::span<T>() const noexcept {
+    return data_;
+  }  // NOLINT
+  /// The tensor's declared shape.
+  const std::vector<std::int64_t>& shape() const {
+    return slot_->shape;
+  }
+
+ private:
+  std::span<T> data_;
+  const tensor_slot* slot_ = nullptr;
+};
+
+namespace detail {
+/// What a step_context forwards to (implemented by the trainer over its shard engine).
+class unit_hooks {
+ public:
+  virtual ~unit_hooks() = default;
+  virtual const flat_layout& layout() const = 0;
+  virtual std::span<const float> acquire(std::size_t u) = 0;
+  virtual std::span<const float> params(std::size_t u) = 0;
+  virtual void release(std::size_t u) = 0;
+  virtual std::span<float> grad_buffer(std::size_t u) = 0;
+  virtual void grads_ready(std::size_t u) = 0;
+};
+}  // namespace detail
+
+/// The model's view of one step: parameters to read, gradient buffers to write, unit hooks.
+class step_context {
+ public:
+  step_context(detail::unit_hooks& hooks, bool training, std::int64_t step, int rank)
+      : hooks_(&hooks), training_(training), step_(step), rank_(rank) {}
+
+  const flat_layout& layout() const { return hooks_->layout(); }
+  /// True in training steps; false in evaluation (no gradients).
+  bool training() const noexcept { return training_; }
+  /// The 0-based step number.
+  std::int64_t step() const noexcept { return step_; }
+  /// This rank's world rank.
+  int rank() const noexcept { return rank_; }
+
+  /// Gathers unit u (if needed) and returns its padded parameters.
+  std::span<const float> acquire(std::size_t u) { return hooks_->acquire(u); }
+  /// Done with unit u's parameters for now.
+  void release(std::size_t u) { hooks_->release(u); }
+  /// Unit u's gradients are written: start their reduction.
+  void grads_ready(std::size_t u) {
+    require_training("grads_ready");
+    hooks_->grads_ready(u);
+  }
+
+  /// Unit u's padded parameters, gathered on first use if the unit was not acquired.
+  std::span<const float> params(std::size_t u) { return hooks_->params(u); }
+  /// Unit u's padded gradient buffer (zero at the start of the step).
+  std::span<float> grad_buffer(std::size_t u) {
+    require_training("grad_buffer");
+    return hooks_->grad_buffer(u);
+  }
+
+  /// Tensor t of unit u (gathered on first use if the unit was not acquired).
+  tensor_view<const float> param(std::size_t u, std::size_t t) {
+    return {layout().tensor_view(hooks_->params(u), u, t), &slot(u, t)};
+  }
+  /// A tensor by name ("name" or "unit.name").
+  tensor_view<const float> param(std::string_view name) {
+    const auto [u, t] = find(name);
+    return param(u, t);
+  }
+  /// The gradient buffer of tensor t of unit u (zero at the start of the step).
+  tensor_view<float> grad(std::size_t u, std::size_t t) {
+    require_training("grad");
+    return {layout().tensor_view(hooks_->grad_buffer(u), u, t), &slot(u, t)};
+  }
+  /// A tensor's gradient by name.
+  tensor_view<float> grad(std::string_view name) {
+    const auto [u, t] = find(name);
+    return grad(u, t);
+  }
+
+ private:
+  const tensor_slot& slot(std::size_t u, std::size_t t) const {
+    return layout().unit(u).tensors.at(t);
+  }
+  std::pair<std::size_t, std::size_t> find(std::string_view name) const {
+    auto where = layout().find(name);
+    FEDSHARD_EXPECTS(where.has_value(), "step_context: no tensor named '", name, "'");
+    return *where;
+  }
+  void require_training(const char* what) const {
+    FEDSHARD_EXPECTS(training_, "step_context::", what, " called during evaluation");
+  }
+  detail::unit_hooks* hooks_;
+  bool training_;
+  std::int64_t step_;
+  int rank_;
+};
+
+/// See the numbered requirements above.
+template <class M, class B>
+concept Model = requires(M& m, step_context& ctx, const B& batch) {
+  { m.units() } -> std::convertible_to<std::vector<unit_spec>>;
+  { m.forward_backward(ctx, batch) } -> std::convertible_to<float>;
+};
+
+/// Tokens (or samples) in a batch, as requirement 5 above says.
+template <class M, class B>
+std::int64_t tokens_of(const M& m, const B& batch) {
+  if constexpr (requires {
+                  { m.tokens(batch) } -> std::convertible_to<std::int64_t>;
+                })
+    return m.tokens(batch);
+  else if constexpr (requires { std::size(batch); })
+    return static_cast<std::int64_t>(std::size(batch));
+  else
+    return 1;
+}
+
+}  // namespace fedshard
