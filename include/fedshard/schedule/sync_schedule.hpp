@@ -1,0 +1,129 @@
+#pragma once
+/// The SyncSchedule concept: when the federation groups synchronise, and which part of the
+/// model (fragment) each sync covers.
+///
+/// The trainer asks a schedule, after the inner optimizer step of the 0-based step `step`
+/// of a run of `total_steps` planned steps (the final step is total_steps - 1; total_steps
+/// <= 0 means unknown, so there is no final-step sync), what to do with each fragment.
+///
+/// A SyncSchedule S provides:
+///  1. `S::config`, a default-constructible aggregate of settings; `S(config)` and `S()`
+///     (same as `S(config{})`); constructors throw invalid_argument for settings that can
+///     never work, naming the value found. S is copyable.
+///  2. `int fragments() const`: P >= 1, the number of fragments (1 unless streaming).
+///  3. `sync_action action(int fragment, std::int64_t step, std::int64_t total_steps) const`:
+///     start = snapshot the fragment and start its all_reduce; apply = wait for it and mix
+///     the result in; start_and_apply = both at once (a blocking sync). Guarantees:
+///     - a non-streaming schedule only ever returns none or start_and_apply;
+///     - over steps 0, 1, 2, ... a fragment's starts and applies alternate, beginning with a
+///       start (start_and_apply counts as both), so at most one all_reduce per fragment is
+///       in flight;
+///     - when total_steps > 0 the final step syncs every fragment (apply when its all_reduce
+///       is in flight, else start_and_apply): nothing is left in flight and the run ends on
+///       a synchronised model;
+///     - the answer depends on the arguments alone (every rank computes it alone, and a
+///       restored run continues the same way);
+///     - invalid_argument for a fragment outside [0, P) or step < 0.
+///  4. `float mixing() const`: α in (0, 1]; θ ← (1 - α)·θ_local + α·θ_synced (1 = replace).
+///  5. `std::vector<int> fragment_units(int fragment, int num_units) const`: the units of the
+///     fragment, ascending, strided (unit u belongs to fragment u % P); the fragments
+///     partition the units. invalid_argument when P > num_units or num_units < 1.
+///  6. `void check(int num_units) const`: invalid_argument when the schedule cannot run on a
+///     model with num_units units.
+///  7. `S::name`, a std::string_view.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "fedshard/error.hpp"
+
+namespace fedshard::schedule {
+
+/// What happens to one fragment after a step.
+enum class sync_action : std::uint8_t { none, start, apply, start_and_apply };
+
+/// The name of an action ("none", "start", "apply", "start_and_apply").
+constexpr std::string_view to_string(sync_action a) noexcept {
+  switch (a) {
+    case sync_action::none: return "none";
+    case sync_action::start: return "start";
+    case sync_action::apply: return "apply";
+    case sync_action::start_and_apply: return "start_and_apply";
+  }
+  return "unknown-sync_action";
+}
+
+/// True for start and start_and_apply: the fragment is snapshotted and its all_reduce starts.
+constexpr bool starts(sync_action a) noexcept {
+  return a == sync_action::start || a == sync_action::start_and_apply;
+}
+
+/// True for apply and start_and_apply: the fragment's all_reduce is waited for and mixed in.
+constexpr bool applies(sync_action a) noexcept {
+  return a == sync_action::apply || a == sync_action::start_and_apply;
+}
+
+/// See the numbered requirements above.
+template <class S>
+concept SyncSchedule = std::default_initializable<S> && std::copy_constructible<S> &&
+    std::default_initializable<typename S::config> && std::is_aggregate_v<typename S::config> &&
+    std::constructible_from<S, const typename S::config&> &&
+    requires(const S& s, int fragment, std::int64_t step, int num_units) {
+  { s.fragments() } -> std::same_as<int>;
+  { s.action(fragment, step, step) } -> std::same_as<sync_action>;
+  { s.mixing() } -> std::same_as<float>;
+  { s.fragment_units(fragment, num_units) } -> std::same_as<std::vector<int>>;
+  s.check(num_units);
+  { S::name } -> std::convertible_to<std::string_view>;
+};
+
+namespace detail {
+
+/// The action that starts when `start` and applies when `apply`.
+constexpr sync_action make_action(bool start, bool apply) noexcept {
+  if (start && apply) return sync_action::start_and_apply;
+  if (start) return sync_action::start;
+  if (apply) return sync_action::apply;
+  return sync_action::none;
+}
+
+/// Throws invalid_argument unless 0 <= fragment < fragments and step >= 0.
+inline void check_action_args(std::string_view name, int fragment, int fragments,
+                              std::int64_t step) {
+  FEDSHARD_EXPECTS(fragment >= 0 && fragment < fragments, name, ": fragment must be in [0, ",
+                   fragments, "), found ", fragment);
+  FEDSHARD_EXPECTS(step >= 0, name, ": step must be >= 0, found ", step);
+}
+
+/// Throws invalid_argument unless a model of num_units units can be cut into `fragments`
+/// non-empty fragments.
+inline void check_units(std::string_view name, int fragments, int num_units) {
+  FEDSHARD_EXPECTS(num_units >= 1, name, ": the model must have at least one unit, found ",
+                   num_units);
+  FEDSHARD_EXPECTS(fragments <= num_units, name, ": ", fragments,
+                   " fragments but the model has only ", num_units, " units");
+}
+
+/// The units u of [0, num_units) with u % fragments == fragment, ascending.
+inline std::vector<int> strided_units(std::string_view name, int fragment, int fragments,
+                                      int num_units) {
+  check_units(name, fragments, num_units);
+  FEDSHARD_EXPECTS(fragment >= 0 && fragment < fragments, name, ": fragment must be in [0, ",
+                   fragments, "), found ", fragment);
+  std::vector<int> units;
+  units.reserve(static_cast<std::size_t>((num_units - fragment + fragments - 1) / fragments));
+  for (int u = fragment; u < num_units; u += fragments) units.push_back(u);
+  return units;
+}
+
+/// True when step is the final step of a run of total_steps (> 0) steps.
+constexpr bool is_final_step(std::int64_t step, std::int64_t total_steps) noexcept {
+  return total_steps > 0 && step == total_steps - 1;
+}
+
+}  // namespace detail
+}  // namespace fedshard::schedule

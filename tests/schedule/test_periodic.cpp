@@ -1,0 +1,89 @@
+#include "fedshard/schedule/periodic.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "fedshard/error.hpp"
+
+namespace fs = fedshard::schedule;
+using fs::sync_action;
+
+namespace {
+
+// The steps in [0, steps) after which fragment 0 syncs; every other answer must be none.
+template <class S>
+std::vector<std::int64_t> sync_steps(const S& s, std::int64_t total, std::int64_t steps) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t step = 0; step < steps; ++step) {
+    const sync_action a = s.action(0, step, total);
+    if (a == sync_action::start_and_apply)
+      out.push_back(step);
+    else
+      CHECK(a == sync_action::none);
+  }
+  return out;
+}
+
+using steps = std::vector<std::int64_t>;
+
+}  // namespace
+
+TEST_CASE("periodic<K> syncs after steps K-1, 2K-1, ... and the final step") {
+  const fs::periodic<3> s;
+  CHECK(fs::periodic<3>::period == 3);
+  CHECK(sync_steps(s, 9, 9) == steps{2, 5, 8});
+  CHECK(sync_steps(s, 10, 10) == steps{2, 5, 8, 9});
+  CHECK(sync_steps(s, 11, 11) == steps{2, 5, 8, 10});
+  CHECK(sync_steps(s, 1, 1) == steps{0});
+  CHECK(sync_steps(s, 2, 2) == steps{1});
+}
+
+TEST_CASE("periodic<1> syncs every step") {
+  const fs::periodic<1> s;
+  CHECK(sync_steps(s, 5, 5) == steps{0, 1, 2, 3, 4});
+  CHECK(sync_steps(s, 0, 4) == steps{0, 1, 2, 3});
+}
+
+TEST_CASE("periodic<K> with K larger than the run syncs only at the final step") {
+  const fs::periodic<8> s;
+  CHECK(sync_steps(s, 5, 5) == steps{4});
+  CHECK(sync_steps(s, 8, 8) == steps{7});
+}
+
+TEST_CASE("periodic<K> with an unknown total has no final-step sync") {
+  const fs::periodic<4> s;
+  CHECK(sync_steps(s, 0, 10) == steps{3, 7});
+  CHECK(sync_steps(s, -1, 10) == steps{3, 7});
+}
+
+TEST_CASE("periodic<K> past the final step keeps its period") {
+  const fs::periodic<4> s;
+  CHECK(sync_steps(s, 6, 13) == steps{3, 5, 7, 11});
+}
+
+TEST_CASE("valid_period rejects K < 1 (periodic<K> static_asserts it)") {
+  // periodic<0> cannot be named in a test: instantiating it fails with the static_assert
+  // "periodic<K>: K, the number of steps between syncs, must be >= 1". The static_assert's
+  // condition is valid_period<K>, checked here.
+  static_assert(!fs::valid_period<0>);
+  static_assert(!fs::valid_period<-5>);
+  static_assert(fs::valid_period<1>);
+  static_assert(fs::valid_period<500>);
+}
+
+TEST_CASE("periodic's one fragment holds every unit; bad arguments throw") {
+  const fs::periodic<2> s{fs::periodic<2>::config{}};
+  CHECK(s.fragments() == 1);
+  CHECK(s.mixing() == 1.0f);
+  CHECK(s.fragment_units(0, 3) == std::vector<int>{0, 1, 2});
+  s.check(3);
+  CHECK_THROWS_WITH_AS(s.check(0),
+                       doctest::Contains("periodic: the model must have at least one unit"),
+                       fedshard::invalid_argument);
+  CHECK_THROWS_WITH_AS(s.action(2, 0, 5), doctest::Contains("fragment must be in [0, 1), found 2"),
+                       fedshard::invalid_argument);
+  CHECK_THROWS_WITH_AS(s.action(0, -1, 5), doctest::Contains("step must be >= 0, found -1"),
+                       fedshard::invalid_argument);
+}
