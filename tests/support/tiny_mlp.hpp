@@ -160,3 +160,68 @@ struct tiny_mlp {
 };
 
 }  // namespace fedshard::test
+
+namespace fedshard::test {
+
+/// tiny_mlp as a fedshard::Model for the trainer: batches are std::vector<sample>.
+struct mlp_model {
+  tiny_mlp net;
+  std::uint64_t init_seed = 7;
+
+  std::vector<unit_spec> units() const { return net.units(); }
+  std::vector<float> initial_values(const flat_layout& l, std::size_t u) const {
+    return net.init_unit(l, u, init_seed);
+  }
+  template <class Ctx>
+  float forward_backward(Ctx& ctx, const std::vector<sample>& batch) {
+    return net.forward_backward(ctx, std::span<const sample>(batch));
+  }
+  /// Loss without gradients: the forward half of forward_backward.
+  template <class Ctx>
+  float evaluate(Ctx& ctx, const std::vector<sample>& batch) {
+    const flat_layout& l = ctx.layout();
+    const auto D = static_cast<std::size_t>(net.d), H = static_cast<std::size_t>(net.h),
+               O = static_cast<std::size_t>(net.o);
+    float loss = 0;
+    for (const auto& s : batch) {
+      std::vector<float> a0(H), a1(H);
+      auto p0 = ctx.params(0);
+      auto w0 = l.tensor_view(p0, 0, 0), b0 = l.tensor_view(p0, 0, 1);
+      for (std::size_t i = 0; i < H; ++i) {
+        float z = b0[i];
+        for (std::size_t j = 0; j < D; ++j) z += w0[i * D + j] * s.x[j];
+        a0[i] = std::tanh(z);
+      }
+      auto p1 = ctx.params(1);
+      auto w1 = l.tensor_view(p1, 1, 0), b1 = l.tensor_view(p1, 1, 1);
+      for (std::size_t i = 0; i < H; ++i) {
+        float z = b1[i];
+        for (std::size_t j = 0; j < H; ++j) z += w1[i * H + j] * a0[j];
+        a1[i] = std::tanh(z);
+      }
+      auto p2 = ctx.params(2);
+      auto w2 = l.tensor_view(p2, 2, 0), b2 = l.tensor_view(p2, 2, 1);
+      for (std::size_t k = 0; k < O; ++k) {
+        float z = b2[k];
+        for (std::size_t j = 0; j < H; ++j) z += w2[k * H + j] * a1[j];
+        loss += 0.5f * (z - s.t[k]) * (z - s.t[k]);
+      }
+    }
+    return loss / static_cast<float>(batch.size());
+  }
+
+  /// Rank `local` of a group of `group_size` ranks in group `group`: its batch of `per_rank`
+  /// samples at step `step` (groups read disjoint parts of the stream).
+  std::vector<sample> batch(std::uint64_t seed, int step, int group, int groups, int local,
+                            int group_size, int per_rank) const {
+    std::vector<sample> b;
+    const auto world = static_cast<std::uint64_t>(groups * group_size * per_rank);
+    const auto base = static_cast<std::uint64_t>(step) * world +
+                      static_cast<std::uint64_t>((group * group_size + local) * per_rank);
+    for (int i = 0; i < per_rank; ++i)
+      b.push_back(net.make_sample(seed, base + static_cast<std::uint64_t>(i)));
+    return b;
+  }
+};
+
+}  // namespace fedshard::test

@@ -10,7 +10,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,6 +35,7 @@
 #include "fedshard/schedule/sync_schedule.hpp"
 #include "fedshard/shard/engine.hpp"
 #include "fedshard/trainer/algorithm.hpp"
+#include "fedshard/trainer/checkpoint.hpp"
 #include "fedshard/trainer/model.hpp"
 
 namespace fedshard {
@@ -188,6 +193,51 @@ class trainer final : private detail::unit_hooks {
   /// Step numbers at which fragment f applied a sync.
   const std::vector<std::int64_t>& sync_steps(int f = 0) const {
     return fragments_.at(static_cast<std::size_t>(f)).applied_at;
+  }
+
+  /// Collective over the world: writes every rank's whole state (master shard, inner and
+  /// outer optimizer state, anchors, schedule phase, step) into directory dir, with a
+  /// manifest of the mesh and layout. A sync still in flight is completed (not applied)
+  /// first, so the restored run applies it at the same step.
+  void save(const std::filesystem::path& dir) {
+    for (auto& fr : fragments_)
+      if (fr.stage == sync_stage::in_flight) {
+        finish_average(fr, fr.buf.span());
+        fr.stage = sync_stage::communicated;
+      }
+    const int rank = engine_.topology().rank();
+    std::exception_ptr error;
+    if (rank == 0) error = attempt([&] { std::filesystem::create_directories(dir); });
+    all_ok(error, "creating the checkpoint directory");
+    error = attempt([&] { rank_state().write(dir / checkpoint::rank_file_name(rank)); });
+    all_ok(error, "writing the rank files");
+    if (rank == 0) {
+      error = attempt([&] {
+        checkpoint::file_writer w;
+        w.add_text("manifest", manifest().text());
+        w.write(dir / "manifest.bin");
+      });
+    }
+    all_ok(error, "writing the manifest");
+  }
+
+  /// Collective over the world: restores the state saved by save(dir). A checkpoint from
+  /// another mesh, layout or algorithm is refused with an error naming the difference, and
+  /// a torn or truncated file is refused on every rank; nothing is changed unless every
+  /// rank read and verified its whole state.
+  void load(const std::filesystem::path& dir) {
+    const int rank = engine_.topology().rank();
+    std::optional<checkpoint::file_reader> file;
+    std::exception_ptr error = attempt([&] {
+      const auto m = checkpoint::file_reader::open(dir / "manifest.bin");
+      manifest().require_same(checkpoint::manifest::parse(m.section("manifest")), dir.string());
+      file.emplace(checkpoint::file_reader::open(dir / checkpoint::rank_file_name(rank)));
+      manifest().require_same(checkpoint::manifest::parse(file->section("manifest")),
+                              (dir / checkpoint::rank_file_name(rank)).string());
+      restore(*file, /*commit=*/false);  // every section present with the right size
+    });
+    all_ok(error, "reading the checkpoint");
+    restore(*file, /*commit=*/true);
   }
 
   const flat_layout& layout() const override { return engine_.layout(); }
@@ -371,6 +421,129 @@ class trainer final : private detail::unit_hooks {
                      listing);
     return static_cast<double>(m.shape().groups) * all[static_cast<std::size_t>(m.coords().group)] /
            total;
+  }
+
+  /// What a checkpoint of this run must match.
+  checkpoint::manifest manifest() const {
+    auto& e = const_cast<engine_type&>(engine_);
+    checkpoint::manifest m;
+    char fp[24];
+    std::snprintf(fp, sizeof fp, "%016llx",
+                  static_cast<unsigned long long>(e.layout().fingerprint()));
+    m.fields["format"] = "1";
+    m.fields["mesh"] = to_string(e.topology().shape());
+    m.fields["layout"] = fp;
+    m.fields["layout_summary"] = e.layout().summary();
+    m.fields["shard_policy"] = std::string(shard_policy::name);
+    m.fields["federation_policy"] = std::string(federation_policy::name);
+    m.fields["sync_schedule"] = fedshard::detail::concat(sync_schedule::name, " with ",
+                                                         schedule_.fragments(), " fragment(s)");
+    m.fields["precision"] = fedshard::detail::concat(to_string(opts_.precision.param), "/",
+                                                     to_string(opts_.precision.reduce));
+    std::string names;
+    for (const auto& t : const_cast<Optimizer&>(optimizer_).state()) names += t.name + " ";
+    m.fields["optimizer_state"] = names;
+    return m;
+  }
+
+  checkpoint::file_writer rank_state() {
+    checkpoint::file_writer w;
+    w.add_text("manifest", manifest().text());
+    w.add_span("master", std::span<const float>(engine_.master()));
+    w.add_value("optimizer.step_count", optimizer_.step_count());
+    for (const auto& t : optimizer_.state())
+      w.add_span("optimizer." + t.name, std::span<const float>(t.data));
+    for (const auto& t : fed_.state())
+      w.add_span("federation." + t.name, std::span<const float>(t.data));
+    for (std::size_t f = 0; f < fragments_.size(); ++f) {
+      const auto& fr = fragments_[f];
+      const std::string p = "fragment" + std::to_string(f) + ".";
+      if constexpr (requires { fed_.outer_steps(0); })
+        w.add_value(p + "outer_steps", fed_.outer_steps(static_cast<int>(f)));
+      w.add_value(p + "stage", fr.stage);
+      w.add_value(p + "tokens", fr.tokens);
+      w.add_value(p + "weight_scale", fr.info.weight_scale);
+      w.add_span(p + "applied_at", std::span<const std::int64_t>(fr.applied_at));
+      if (fr.stage != sync_stage::idle)
+        w.add_span(p + "buffer", std::span<const float>(fr.buf.span()));
+    }
+    w.add_value("trainer.step", step_);
+    w.add_value("trainer.syncs_applied", syncs_applied_);
+    w.add_value("trainer.started", started_);
+    return w;
+  }
+
+  /// Reads every section into scratch (commit = false: only verifies) or into the live state.
+  void restore(const checkpoint::file_reader& r, bool commit) {
+    auto into = [&](const std::string& name, std::span<float> live) {
+      std::vector<float> scratch(live.size());
+      r.read_span(name, std::span<float>(scratch));
+      if (commit) std::copy(scratch.begin(), scratch.end(), live.begin());
+    };
+    into("master", engine_.master());
+    const auto opt_steps = r.read_value<std::int64_t>("optimizer.step_count");
+    for (const auto& t : optimizer_.state()) into("optimizer." + t.name, t.data);
+    for (const auto& t : fed_.state()) into("federation." + t.name, t.data);
+    for (std::size_t f = 0; f < fragments_.size(); ++f) {
+      auto& fr = fragments_[f];
+      const std::string p = "fragment" + std::to_string(f) + ".";
+      const auto stage = r.read_value<sync_stage>(p + "stage");
+      FEDSHARD_EXPECTS(stage == sync_stage::idle || stage == sync_stage::communicated,
+                       "checkpoint: fragment ", f, " has an invalid sync stage ",
+                       static_cast<int>(stage));
+      const std::string& at = r.section(p + "applied_at");
+      FEDSHARD_EXPECTS(at.size() % sizeof(std::int64_t) == 0, "checkpoint: section '", p,
+                       "applied_at' has ", at.size(), " bytes, not a multiple of 8");
+      std::vector<std::int64_t> applied(at.size() / sizeof(std::int64_t));
+      r.read_span(p + "applied_at", std::span<std::int64_t>(applied));
+      const auto tokens = r.read_value<std::int64_t>(p + "tokens");
+      const auto scale = r.read_value<double>(p + "weight_scale");
+      if (stage != sync_stage::idle) into(p + "buffer", fr.buf.span());
+      std::int64_t outer = 0;
+      if constexpr (requires { fed_.outer_steps(0); })
+        outer = r.read_value<std::int64_t>(p + "outer_steps");
+      if (!commit) continue;
+      fr.stage = stage;
+      fr.applied_at = std::move(applied);
+      fr.tokens = tokens;
+      fr.info = {static_cast<int>(f), engine_.topology().shape().groups, scale};
+      fr.ops.clear();
+      if constexpr (requires { fed_.outer_steps(0); })
+        fed_.set_outer_steps(static_cast<int>(f), outer);
+    }
+    const auto step = r.read_value<std::int64_t>("trainer.step");
+    const auto syncs = r.read_value<std::int64_t>("trainer.syncs_applied");
+    const auto started = r.read_value<bool>("trainer.started");
+    if (!commit) return;
+    optimizer_.set_step_count(opt_steps);
+    step_ = step;
+    syncs_applied_ = syncs;
+    started_ = started;
+  }
+
+  /// Runs f; returns what it threw, or null when it succeeded.
+  template <class F>
+  static std::exception_ptr attempt(F&& f) {
+    try {
+      f();
+      return nullptr;
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
+
+  /// Collective over the world: throws on every rank unless no rank has an `error`.
+  void all_ok(const std::exception_ptr& error, const char* what) {
+    auto& m = engine_.topology();
+    const comm_op op{comm_kind::all_reduce, axis::world, 8, dtype::f64, -1, phase::sync, m.size(),
+                     reduce_op::min,        false};
+    double ok = error ? static_cast<double>(m.rank()) : static_cast<double>(m.size());
+    engine_.exec().run(op, &ok, &ok);
+    if (error) std::rethrow_exception(error);
+    if (ok < m.size())
+      throw invalid_argument(fedshard::detail::concat(
+          "fedshard: checkpoint: ", what, " failed on world rank ", static_cast<int>(ok),
+          " (that rank reports why); no state was changed on this rank"));
   }
 
   ModelT model_;

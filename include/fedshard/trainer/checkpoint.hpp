@@ -1,0 +1,262 @@
+#pragma once
+/// Checkpoint files: each rank's whole state as named, checksummed sections, plus a manifest
+/// of the mesh and layout written by rank 0 (trainer::save and trainer::load use these).
+///
+/// A rank file is
+///   "FEDSHCK1" | u32 version | u32 section count |
+///   per section: u32 name length | name | u64 byte size | bytes | u64 FNV-1a of bytes |
+///   u64 FNV-1a of everything before | "FEDSHEND"
+/// (little-endian, as written by the host). Files are written to "<name>.tmp" and renamed, so
+/// a crash leaves the previous file or none. A reader checks the size, both magics and the
+/// whole-file checksum before it parses anything, so a torn or truncated file is refused,
+/// never half-read.
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "fedshard/error.hpp"
+
+namespace fedshard::checkpoint {
+
+inline constexpr char file_magic[9] = "FEDSHCK1";
+inline constexpr char end_magic[9] = "FEDSHEND";
+inline constexpr std::uint32_t format_version = 1;
+
+/// FNV-1a 64 of a byte range (continuing from `h`).
+inline std::uint64_t fnv1a(const void* data, std::size_t n,
+                           std::uint64_t h = 0xcbf29ce484222325ull) noexcept {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+/// The name of rank r's file inside a checkpoint directory.
+inline std::string rank_file_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05d.bin", rank);
+  return buf;
+}
+
+/// Collects named sections and writes them as one checksummed file.
+class file_writer {
+ public:
+  /// Adds a section of raw bytes.
+  void add(std::string name, const void* data, std::size_t bytes) {
+    FEDSHARD_EXPECTS(!sections_.count(name), "checkpoint: section '", name, "' added twice");
+    const auto* p = static_cast<const char*>(data);
+    sections_.emplace(std::move(name), std::string(p, p + bytes));
+  }
+  /// Adds a section holding a span of trivially copyable values.
+  template <class T>
+  void add_span(std::string name, std::span<const T> values) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    add(std::move(name), values.data(), values.size_bytes());
+  }
+  /// Adds a section holding one trivially copyable value.
+  template <class T>
+  void add_value(std::string name, const T& v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    add(std::move(name), &v, sizeof v);
+  }
+  /// Adds a text section.
+  void add_text(std::string name, std::string_view text) {
+    add(std::move(name), text.data(), text.size());
+  }
+
+  /// The serialised file.
+  std::string bytes() const {
+    std::string out(file_magic, 8);
+    put(out, format_version);
+    put(out, static_cast<std::uint32_t>(sections_.size()));
+    for (const auto& [name, data] : sections_) {
+      put(out, static_cast<std::uint32_t>(name.size()));
+      out += name;
+      put(out, static_cast<std::uint64_t>(data.size()));
+      out += data;
+      put(out, fnv1a(data.data(), data.size()));
+    }
+    put(out, fnv1a(out.data(), out.size()));
+    out.append(end_magic, 8);
+    return out;
+  }
+
+  /// Writes the file atomically (to path.tmp, then renamed over path).
+  void write(const std::filesystem::path& path) const {
+    const std::string data = bytes();
+    const std::filesystem::path tmp = path.string() + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      if (!f)
+        throw backend_error(
+            detail::concat("fedshard: checkpoint: cannot open '", tmp.string(), "' for writing"));
+      f.write(data.data(), static_cast<std::streamsize>(data.size()));
+      f.flush();
+      if (!f)
+        throw backend_error(
+            detail::concat("fedshard: checkpoint: writing '", tmp.string(), "' failed"));
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec)
+      throw backend_error(detail::concat("fedshard: checkpoint: renaming '", tmp.string(), "' to '",
+                                         path.string(), "' failed: ", ec.message()));
+  }
+
+ private:
+  template <class T>
+  static void put(std::string& out, T v) {
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  std::map<std::string, std::string> sections_;
+};
+
+/// Reads and verifies a file written by file_writer; all checks happen in the constructor.
+class file_reader {
+ public:
+  /// Parses bytes read from `what` (a path, for messages).
+  file_reader(std::string data, std::string what) : what_(std::move(what)) {
+    const std::size_t min_size = 8 + 4 + 4 + 8 + 8;
+    if (data.size() < min_size)
+      fail("is truncated: ", data.size(), " bytes, a checkpoint file has at least ", min_size);
+    if (std::memcmp(data.data(), file_magic, 8) != 0)
+      fail("is not a fedshard checkpoint file (bad magic)");
+    if (std::memcmp(data.data() + data.size() - 8, end_magic, 8) != 0)
+      fail("is truncated or torn: its end marker is missing");
+    const std::size_t body = data.size() - 16;
+    std::uint64_t stored = 0;
+    std::memcpy(&stored, data.data() + body, 8);
+    if (fnv1a(data.data(), body) != stored)
+      fail("is corrupt: its checksum does not match its contents");
+    std::size_t at = 8;
+    const auto version = get<std::uint32_t>(data, at);
+    if (version != format_version)
+      fail("has format version ", version, ", expected ", format_version);
+    const auto count = get<std::uint32_t>(data, at);
+    for (std::uint32_t i = 0; i < count; ++i) {
+      const auto name_len = get<std::uint32_t>(data, at);
+      std::string name = take(data, at, name_len);
+      const auto size = get<std::uint64_t>(data, at);
+      std::string bytes = take(data, at, size);
+      const auto sum = get<std::uint64_t>(data, at);
+      if (fnv1a(bytes.data(), bytes.size()) != sum)
+        fail("is corrupt: section '", name, "' fails its checksum");
+      sections_.emplace(std::move(name), std::move(bytes));
+    }
+    if (at != body) fail("is corrupt: ", body - at, " unexpected bytes after the sections");
+  }
+
+  /// Reads and verifies a file.
+  static file_reader open(const std::filesystem::path& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f)
+      throw backend_error(
+          detail::concat("fedshard: checkpoint: cannot open '", path.string(), "'"));
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    return file_reader(ss.str(), path.string());
+  }
+
+  bool has(const std::string& name) const { return sections_.count(name) != 0; }
+  /// A section's bytes; a missing section is an error naming it.
+  const std::string& section(const std::string& name) const {
+    auto it = sections_.find(name);
+    if (it == sections_.end()) fail("has no section '", name, "'");
+    return it->second;
+  }
+  /// Copies a section into values, which must have exactly its size.
+  template <class T>
+  void read_span(const std::string& name, std::span<T> values) const {
+    const std::string& s = section(name);
+    if (s.size() != values.size_bytes())
+      fail("section '", name, "' holds ", s.size(), " bytes, this run expects ",
+           values.size_bytes());
+    std::memcpy(values.data(), s.data(), s.size());
+  }
+  /// One value from a section of exactly its size.
+  template <class T>
+  T read_value(const std::string& name) const {
+    T v{};
+    read_span(name, std::span<T>(&v, 1));
+    return v;
+  }
+  const std::map<std::string, std::string>& sections() const noexcept { return sections_; }
+
+ private:
+  template <class... A>
+  [[noreturn]] void fail(A&&... a) const {
+    throw invalid_argument(
+        detail::concat("fedshard: checkpoint file '", what_, "' ", std::forward<A>(a)...));
+  }
+  template <class T>
+  T get(const std::string& d, std::size_t& at) const {
+    T v{};
+    if (at + sizeof v > d.size() - 16) fail("is corrupt: a section header runs past the end");
+    std::memcpy(&v, d.data() + at, sizeof v);
+    at += sizeof v;
+    return v;
+  }
+  std::string take(const std::string& d, std::size_t& at, std::uint64_t n) const {
+    if (n > d.size() - 16 - at) fail("is corrupt: a section runs past the end");
+    std::string s = d.substr(at, static_cast<std::size_t>(n));
+    at += static_cast<std::size_t>(n);
+    return s;
+  }
+  std::string what_;
+  std::map<std::string, std::string> sections_;
+};
+
+/// What a checkpoint was taken from: refused unless it matches the run restoring it.
+struct manifest {
+  std::map<std::string, std::string> fields;
+
+  /// "key=value" lines, sorted by key.
+  std::string text() const {
+    std::string s;
+    for (const auto& [k, v] : fields) s += k + "=" + v + "\n";
+    return s;
+  }
+  static manifest parse(std::string_view text) {
+    manifest m;
+    std::size_t at = 0;
+    while (at < text.size()) {
+      std::size_t nl = text.find('\n', at);
+      if (nl == std::string_view::npos) nl = text.size();
+      const std::string_view line = text.substr(at, nl - at);
+      const std::size_t eq = line.find('=');
+      if (eq != std::string_view::npos)
+        m.fields.emplace(std::string(line.substr(0, eq)), std::string(line.substr(eq + 1)));
+      at = nl + 1;
+    }
+    return m;
+  }
+  /// Throws invalid_argument naming every field where `saved` (the checkpoint) differs from
+  /// this (the run restoring it).
+  void require_same(const manifest& saved, std::string_view where) const {
+    std::string diffs;
+    for (const auto& [k, v] : fields) {
+      auto it = saved.fields.find(k);
+      const std::string got = it == saved.fields.end() ? std::string("(missing)") : it->second;
+      if (got != v)
+        diffs += detail::concat(diffs.empty() ? "" : "; ", k, ": checkpoint has '", got,
+                                "', this run has '", v, "'");
+    }
+    if (!diffs.empty())
+      throw invalid_argument(detail::concat("fedshard: checkpoint '", where,
+                                            "' was taken from a different setup: ", diffs));
+  }
+};
+
+}  // namespace fedshard::checkpoint

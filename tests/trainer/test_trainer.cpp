@@ -1,0 +1,289 @@
+// The policy triple composed into a trainer: equivalences between algorithms, traffic against
+// the plans, schedules, every alias training, and bad input.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "fedshard/comm/inproc.hpp"
+#include "fedshard/federation/outer_rules.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "fedshard/optim/adamw.hpp"
+#include "fedshard/optim/sgd.hpp"
+#include "fedshard/trainer/trainer.hpp"
+#include "support/spawn_ranks.hpp"
+#include "support/tiny_mlp.hpp"
+
+using namespace fedshard;
+using test::mlp_model;
+
+namespace {
+
+constexpr std::uint64_t kData = 11;
+
+/// What a training run produced, seen from every rank.
+struct outcome {
+  std::vector<std::vector<float>> params;  // per world rank: all units' full parameters
+  std::vector<std::vector<float>> losses;  // per world rank
+  std::vector<traffic_counters> traffic;   // per world rank
+  std::vector<plan> step_plans, sync_plans;
+  std::vector<std::vector<std::vector<std::int64_t>>> sync_steps;  // per rank, per fragment
+};
+
+template <class Algorithm, class Opt = optim::sgd>
+outcome train(mesh_shape shape, int steps, typename Opt::config oc,
+              std::type_identity_t<trainer_options<Algorithm>> opts = {}, int per_rank = 2,
+              std::function<int(int group)> batch_size = {},
+              std::type_identity_t<std::function<void(trainer<mlp_model, Algorithm, Opt>&, int)>>
+                  setup = {}) {
+  outcome out;
+  const int W = shape.size();
+  out.params.resize(W);
+  out.losses.resize(W);
+  out.traffic.resize(W);
+  out.step_plans.resize(W);
+  out.sync_plans.resize(W);
+  out.sync_steps.resize(W);
+  if (opts.total_steps == 0) opts.total_steps = steps;
+  test::spawn_ranks(W, [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    trainer<mlp_model, Algorithm, Opt> t(m, mlp_model{}, oc, opts);
+    const int g = m.coords().group;
+    if (setup) setup(t, g);
+    const int gs = shape.replicas * shape.shards;
+    const int local = m.coords().replica * shape.shards + m.coords().shard;
+    const int n = batch_size ? batch_size(g) : per_rank;
+    std::vector<float> losses;
+    for (int s = 0; s < steps; ++s)
+      losses.push_back(t.step(t.model().batch(kData, s, g, shape.groups, local, gs, n)));
+    const auto r = static_cast<std::size_t>(world.rank());
+    out.params[r] = t.parameters();
+    out.losses[r] = losses;
+    out.traffic[r] = t.traffic();
+    out.step_plans[r] = t.step_plan();
+    out.sync_plans[r] = t.sync_plan();
+    for (int f = 0; f < t.schedule().fragments(); ++f) out.sync_steps[r].push_back(t.sync_steps(f));
+  });
+  return out;
+}
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(double(a[i]) - b[i]) / std::max(1e-2, std::abs(double(b[i]))));
+  return worst;
+}
+
+double mean(const std::vector<float>& v, std::size_t from, std::size_t to) {
+  double s = 0;
+  for (std::size_t i = from; i < to; ++i) s += v[i];
+  return s / double(to - from);
+}
+
+}  // namespace
+
+// fl_fsdp with K = 1 and plain SGD takes, every step, the average over groups of
+// (θ - lr g_g), which is θ - lr * (mean of all ranks' gradients): FSDP over all ranks. The
+// two differ only in float rounding (two-stage average vs one-stage), so within 1e-6.
+TEST_CASE("fl_fsdp with K=1, average and plain SGD equals fsdp on the same data") {
+  const optim::sgd::config sgd{.lr = 0.2f};
+  const outcome fl = train<fl_fsdp<1>>({2, 1, 2}, 6, sgd);
+  // The same 4 ranks' data as one FSDP group: group g, local l of fl is local 2g + l here.
+  const outcome fs = train<fsdp>({1, 1, 4}, 6, sgd);
+  for (int r = 0; r < 4; ++r) CHECK(max_rel(fl.params[r], fs.params[0]) <= 1e-6);
+  CHECK(bit_equal(fl.params[0], fl.params[3]));  // groups agree after every sync
+}
+
+TEST_CASE("outer_sgd with lr 1 equals average") {
+  using avg = algorithm<shard::full_shard, federation::average, schedule::periodic<3>>;
+  using outer = algorithm<shard::full_shard, federation::outer_optimizer<federation::outer_sgd>,
+                          schedule::periodic<3>>;
+  const optim::adamw::config adam{.lr = 1e-2f};
+  const auto a = train<avg, optim::adamw>({2, 1, 2}, 9, adam);
+  const auto o = train<outer, optim::adamw>({2, 1, 2}, 9, adam);
+  // anchor - mean(anchor - θ_g) equals mean θ_g up to float rounding.
+  CHECK(max_rel(a.params[0], o.params[0]) <= 1e-5);
+  CHECK_FALSE(bit_equal(a.params[0], train<avg, optim::adamw>({2, 1, 2}, 8, adam).params[0]));
+}
+
+namespace {
+/// The hooks tiny_mlp needs, over plain full buffers: one rank, no sharding.
+struct plain_model {
+  flat_layout l;
+  std::vector<std::vector<float>> p, g;
+  explicit plain_model(const test::tiny_mlp& net) : l(net.units(), 1) {
+    for (std::size_t u = 0; u < l.num_units(); ++u) {
+      auto v = net.init_unit(l, u, 7);
+      v.resize(l.unit(u).padded_numel, 0.0f);
+      p.push_back(v);
+      g.emplace_back(v.size());
+    }
+  }
+  const flat_layout& layout() const { return l; }
+  std::span<const float> acquire(std::size_t u) { return p[u]; }
+  void release(std::size_t) {}
+  std::span<float> grad_buffer(std::size_t u) { return g[u]; }
+  void grads_ready(std::size_t) {}
+};
+}  // namespace
+
+// DiLoCo written out: G workers, each H inner SGD steps from the anchor on its own data;
+// Δ = mean over workers of (anchor - θ_i); Nesterov: m = μ m + Δ; anchor -= η (μ m + Δ);
+// every worker restarts from the anchor. One rank per worker, so each inner gradient is
+// computed exactly as the trainer does; the mean over 2 workers is (Δ0 + Δ1) / 2 as inproc's
+// avg; SGD and Nesterov round as kernels/sgd.hpp and kernels/outer.hpp document (torch's
+// fused multiply-adds). So the trainer must match the reference bit for bit.
+TEST_CASE("diloco matches a plain reference implementation over 3 outer steps") {
+  constexpr int H = 4, G = 2, outer_steps = 3, per_rank = 2;
+  const optim::sgd::config sgd{.lr = 0.1f};
+  const outcome d = train<diloco<H>>({G, 1, 1}, H * outer_steps, sgd, {}, per_rank);
+
+  test::tiny_mlp net;
+  test::mlp_model data;
+  std::vector<plain_model> workers(G, plain_model(net));
+  const std::size_t U = workers[0].l.num_units();
+  std::vector<std::vector<float>> anchor, momentum;
+  for (std::size_t u = 0; u < U; ++u) {
+    anchor.push_back(workers[0].p[u]);
+    momentum.emplace_back(workers[0].p[u].size(), 0.0f);
+  }
+  const float lr = 0.7f, mu = 0.9f;
+  for (int o = 0; o < outer_steps; ++o) {
+    for (int w = 0; w < G; ++w)
+      for (int s = o * H; s < (o + 1) * H; ++s) {
+        auto& wk = workers[static_cast<std::size_t>(w)];
+        for (auto& gu : wk.g) std::fill(gu.begin(), gu.end(), 0.0f);
+        const auto batch = data.batch(kData, s, w, G, 0, 1, per_rank);
+        net.forward_backward(wk, std::span<const test::sample>(batch));
+        for (std::size_t u = 0; u < U; ++u)
+          for (std::size_t i = 0; i < wk.p[u].size(); ++i)
+            wk.p[u][i] = std::fma(wk.g[u][i], -sgd.lr, wk.p[u][i]);  // torch: p.add_(g, -lr)
+      }
+    for (std::size_t u = 0; u < U; ++u)
+      for (std::size_t i = 0; i < anchor[u].size(); ++i) {
+        const float d0 = anchor[u][i] - workers[0].p[u][i];
+        const float d1 = anchor[u][i] - workers[1].p[u][i];
+        const float delta = (d0 + d1) / 2.0f;
+        const float m_scaled = momentum[u][i] * mu;
+        momentum[u][i] = m_scaled + delta;
+        const float step = std::fma(momentum[u][i], mu, delta);
+        anchor[u][i] = std::fma(step, -lr, anchor[u][i]);
+        workers[0].p[u][i] = workers[1].p[u][i] = anchor[u][i];
+      }
+  }
+  std::vector<float> expected;
+  for (std::size_t u = 0; u < U; ++u)
+    expected.insert(expected.end(), anchor[u].begin(),
+                    anchor[u].begin() + static_cast<std::ptrdiff_t>(workers[0].l.unit(u).numel));
+  CHECK(bit_equal(d.params[0], expected));
+  CHECK(bit_equal(d.params[1], expected));
+  CHECK(d.sync_steps[0][0] == std::vector<std::int64_t>{3, 7, 11});
+}
+
+TEST_CASE("weighted_average: equal weights equal average, unequal weights the hand-computed mean") {
+  using wavg = algorithm<shard::full_shard, federation::weighted_average, schedule::periodic<2>>;
+  using avg = algorithm<shard::full_shard, federation::average, schedule::periodic<2>>;
+  const optim::sgd::config sgd{.lr = 0.1f};
+  SUBCASE("equal weights: bit-identical to average") {
+    const auto w = train<wavg>({2, 1, 2}, 6, sgd);
+    const auto a = train<avg>({2, 1, 2}, 6, sgd);
+    for (int r = 0; r < 4; ++r) CHECK(bit_equal(w.params[r], a.params[r]));
+  }
+  SUBCASE("unequal weights: tokens 1 vs 3 per rank") {
+    // lr = 0 keeps each group's parameters where setup put them; the sync after step 1 must
+    // give (w0 θ0 + w1 θ1) / (w0 + w1) with w_g = tokens of group g over both steps.
+    const optim::sgd::config frozen{.lr = 0.0f};
+    std::vector<std::vector<float>> start(2);
+    auto setup = [&](trainer<mlp_model, wavg, optim::sgd>& t, int g) {
+      std::vector<float> b0(16);
+      for (std::size_t i = 0; i < b0.size(); ++i) b0[i] = float(g + 1) * 0.25f + 0.01f * float(i);
+      t.set_tensor("b0", b0);
+    };
+    const auto w = train<wavg>(
+        {2, 1, 2}, 2, frozen, {}, 0, [](int g) { return g == 0 ? 1 : 3; }, setup);
+    // b0 sits at elements [128, 144) of the concatenated parameters.
+    for (int r = 0; r < 4; ++r)
+      for (std::size_t i = 0; i < 16; ++i) {
+        const double t0 = 0.25 + 0.01 * double(i), t1 = 0.5 + 0.01 * double(i);
+        const double expected = (1.0 * t0 + 3.0 * t1) / 4.0;
+        CHECK(std::abs(w.params[r][128 + i] - expected) <= 1e-6 * std::abs(expected));
+      }
+  }
+}
+
+TEST_CASE("fl_hsdp moves hsdp's intra-group bytes plus federation bytes once every K steps") {
+  constexpr int K = 3, steps = 8;  // syncs after steps 2, 5 and the final step 7
+  const optim::adamw::config adam{.lr = 1e-2f};
+  const auto fl = train<fl_hsdp<K>, optim::adamw>({2, 2, 2}, steps, adam);
+  const auto h = train<hsdp, optim::adamw>({1, 2, 2}, steps, adam);
+  for (int r = 0; r < 8; ++r) {
+    const auto& t = fl.traffic[r];
+    for (axis a : {axis::shard, axis::replica, axis::group}) {
+      const auto planned = traffic_counters::of(fl.step_plans[r], steps)[a];
+      // intra-group: the hsdp step plan, every step (replica also carries the sync's gather)
+      if (a != axis::replica) CHECK(t[a].wire_bytes == planned.wire_bytes);
+      CHECK(planned.wire_bytes == traffic_counters::of(h.step_plans[r % 4], steps)[a].wire_bytes);
+    }
+    const auto syncs = traffic_counters::of(fl.sync_plans[r], 3);
+    CHECK(t[axis::federation].wire_bytes == syncs[axis::federation].wire_bytes);
+    CHECK(t[axis::federation].calls == 3);
+    CHECK(t[axis::replica].wire_bytes ==
+          traffic_counters::of(fl.step_plans[r], steps)[axis::replica].wire_bytes +
+              syncs[axis::replica].wire_bytes);
+    CHECK(fl.sync_steps[r][0] == std::vector<std::int64_t>{2, 5, 7});
+  }
+}
+
+TEST_CASE(
+    "hierarchical federation sync: same result as the reference, R times fewer inter-group bytes") {
+  constexpr int R = 2;
+  const optim::sgd::config sgd{.lr = 0.1f};
+  trainer_options<fl_hsdp<2>> hier, ref;
+  hier.federation.sync = federation::sync_mode::hierarchical;
+  ref.federation.sync = federation::sync_mode::reference;
+  const auto h = train<fl_hsdp<2>>({2, R, 2}, 4, sgd, hier);
+  const auto f = train<fl_hsdp<2>>({2, R, 2}, 4, sgd, ref);
+  for (int r = 0; r < 8; ++r) CHECK(bit_equal(h.params[r], f.params[r]));
+  // Rank 0 is replica 0 (it all-reduces the whole shard in reference mode); rank 2 is replica 1.
+  const double hier_bytes = h.traffic[0][axis::federation].wire_bytes;
+  const double ref_bytes = f.traffic[0][axis::federation].wire_bytes;
+  CHECK(hier_bytes > 0);
+  CHECK(ref_bytes == R * hier_bytes);
+  CHECK(h.traffic[2][axis::federation].wire_bytes == hier_bytes);
+  CHECK(f.traffic[2][axis::federation].wire_bytes == 0);
+  // Executed traffic == the step plan every step + the sync plan at each of the 2 syncs.
+  for (const auto* o : {&h, &f})
+    for (int r = 0; r < 8; ++r) {
+      auto expected = traffic_counters::of(o->step_plans[r], 4);
+      for (int i = 0; i < 2; ++i)
+        for (const auto& op : o->sync_plans[r].ops) expected.record(op);
+      CHECK(o->traffic[r].same_traffic(expected));
+    }
+}
+
+TEST_CASE("streaming syncs each fragment once per period at its offset") {
+  // H = 6, P = 3 fragments of one unit each: offsets floor(6 (p+1) / 3) % 6 = 2, 4, 0, so
+  // fragment p applies after steps with (step + 1) % 6 == offset_p.
+  for (int tau : {0, 1}) {
+    trainer_options<streaming_diloco> o;
+    o.schedule = {.period = 6, .fragments = 3, .delay = tau, .alpha = 0.5f};
+    const auto s = train<streaming_diloco, optim::adamw>({2, 1, 2}, 18, {.lr = 1e-2f}, o);
+    for (int r = 0; r < 4; ++r) {
+      // ... and every fragment syncs at the final step (17), so the run ends synchronised.
+      CHECK(s.sync_steps[r][0] == std::vector<std::int64_t>{1, 7, 13, 17});
+      CHECK(s.sync_steps[r][1] == std::vector<std::int64_t>{3, 9, 15, 17});
+      CHECK(s.sync_steps[r][2] == std::vector<std::int64_t>{5, 11, 17});
+    }
+    CHECK(mean(s.losses[0], 15, 18) < mean(s.losses[0], 0, 3));
+  }
+}
