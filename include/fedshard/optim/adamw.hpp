@@ -1,0 +1,94 @@
+#pragma once
+/// AdamW on one rank's f32 shard, with the two moment buffers of that shard.
+///
+/// Each step is torch.optim.AdamW's (foreach=False, fused=False, amsgrad=False,
+/// maximize=False), bit for bit as torch's vectorised CPU kernels compute it;
+/// kernels/adamw.hpp states the formulas and the rounding of every op. The hyper-parameters
+/// are floats: torch gets the same results when its Python hyper-parameters hold the same
+/// (float) values, e.g. betas=(float32(0.9), float32(0.999)). The step count is an exact
+/// integer (torch keeps it in a float32 tensor, which stops counting at 2^24).
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "fedshard/core/buffer.hpp"
+#include "fedshard/error.hpp"
+#include "fedshard/kernels/adamw.hpp"
+#include "fedshard/optim/optimizer.hpp"
+
+namespace fedshard::optim {
+
+/// AdamW on a shard of n floats; models ShardOptimizer.
+class adamw {
+ public:
+  /// torch.optim.AdamW's hyper-parameters and defaults (lr is the base rate of the schedule).
+  struct config {
+    float lr = 1e-3f;
+    float beta1 = 0.9f;
+    float beta2 = 0.999f;
+    float eps = 1e-8f;
+    float weight_decay = 1e-2f;
+  };
+
+  /// Validates cfg as torch does and allocates the two zeroed moment buffers.
+  explicit adamw(config cfg, std::size_t n)
+      : cfg_(validated(cfg)), size_(n), exp_avg_(n), exp_avg_sq_(n) {}
+
+  /// One AdamW step of the shard with learning rate lr.
+  void step(std::span<float> param, std::span<const float> grad, float lr) {
+    FEDSHARD_EXPECTS(param.size() == size_, "adamw::step: param must have ", size_,
+                     " elements (the shard size), found ", param.size());
+    FEDSHARD_EXPECTS(grad.size() == size_, "adamw::step: grad must have ", size_,
+                     " elements (the shard size), found ", grad.size());
+    FEDSHARD_EXPECTS(lr >= 0.0f, "adamw::step: lr must be >= 0, found ", lr);
+    const kernels::adamw_scalars s = kernels::make_adamw_scalars(
+        lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_count_ + 1);
+    kernels::adamw_step(param, grad, exp_avg_.span(), exp_avg_sq_.span(), s);
+    ++step_count_;
+  }
+
+  /// The state buffers: {"exp_avg", "exp_avg_sq"}.
+  std::vector<state_tensor> state() {
+    return {{"exp_avg", exp_avg_.span()}, {"exp_avg_sq", exp_avg_sq_.span()}};
+  }
+
+  /// The steps taken so far (torch's state["step"]).
+  std::int64_t step_count() const noexcept { return step_count_; }
+
+  /// Restores the step count from a checkpoint; it sets the next bias corrections.
+  void set_step_count(std::int64_t steps) {
+    FEDSHARD_EXPECTS(steps >= 0, "adamw::set_step_count: steps must be >= 0, found ", steps);
+    step_count_ = steps;
+  }
+
+  /// The number of elements of the shard.
+  std::size_t size() const noexcept { return size_; }
+
+  /// The hyper-parameters.
+  const config& settings() const noexcept { return cfg_; }
+
+ private:
+  static config validated(const config& cfg) {
+    FEDSHARD_EXPECTS(cfg.lr >= 0.0f, "adamw: config.lr must be >= 0, found ", cfg.lr);
+    FEDSHARD_EXPECTS(cfg.beta1 >= 0.0f && cfg.beta1 < 1.0f,
+                     "adamw: config.beta1 must be in [0, 1), found ", cfg.beta1);
+    FEDSHARD_EXPECTS(cfg.beta2 >= 0.0f && cfg.beta2 < 1.0f,
+                     "adamw: config.beta2 must be in [0, 1), found ", cfg.beta2);
+    FEDSHARD_EXPECTS(cfg.eps >= 0.0f, "adamw: config.eps must be >= 0, found ", cfg.eps);
+    FEDSHARD_EXPECTS(cfg.weight_decay >= 0.0f, "adamw: config.weight_decay must be >= 0, found ",
+                     cfg.weight_decay);
+    return cfg;
+  }
+
+  config cfg_;
+  std::size_t size_ = 0;
+  std::int64_t step_count_ = 0;
+  aligned_buffer<float> exp_avg_;
+  aligned_buffer<float> exp_avg_sq_;
+};
+
+static_assert(ShardOptimizer<adamw>);
+
+}  // namespace fedshard::optim

@@ -1,0 +1,55 @@
+#pragma once
+/// The ShardOptimizer concept: an optimizer that updates one rank's f32 master shard and owns
+/// the optimizer state of exactly that shard.
+///
+/// A ShardOptimizer O provides:
+///  1. `O::config`, a default-constructible aggregate of hyper-parameters whose float `lr`
+///     is the base (peak) learning rate that the trainer feeds to its LR schedule.
+///  2. `O(config, n)`: validates the config (fedshard::invalid_argument naming the bad value)
+///     and owns zero-initialised state for a shard of n elements.
+///  3. `step(param, grad, lr)`: one update, in place, of the n elements of param
+///     (std::span<float>) from grad (std::span<const float>) with learning rate lr (float,
+///     from the schedule); throws invalid_argument, before changing anything, unless both
+///     spans hold n elements and lr >= 0. param and grad do not overlap.
+///  4. Element-wise updates: element i's update reads only param[i], grad[i], element i of
+///     each state buffer, step_count() and the hyper-parameters. So a shard split among any
+///     number of optimizer objects (ranks) evolves bit for bit as the whole would: this is
+///     what lets the state be sharded with the parameters.
+///  5. `state()`: a std::vector<state_tensor>, one per state buffer, each of n writable
+///     floats, in a fixed order, named as in torch's state_dict (for checkpoints, and for
+///     averaging moments across groups as Photon does).
+///  6. `step_count()` (std::int64_t): the updates taken so far, torch's state["step"];
+///     `set_step_count(s)` (s >= 0) restores it with the state buffers from a checkpoint.
+///  7. `size()` (std::size_t): n.
+///  8. Movable.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace fedshard::optim {
+
+/// One state buffer of a shard optimizer: its torch state_dict name and the shard's elements.
+struct state_tensor {
+  std::string name;
+  std::span<float> data;
+};
+
+/// An optimizer of one rank's f32 shard with its own sharded state; see the list above.
+template <class O>
+concept ShardOptimizer = std::movable<O> && std::default_initializable<typename O::config> &&
+    std::constructible_from<O, typename O::config, std::size_t> &&
+    requires(O& o, const O& co, const typename O::config& c, std::span<float> param,
+             std::span<const float> grad, float lr, std::int64_t steps) {
+  { c.lr } -> std::convertible_to<float>;
+  o.step(param, grad, lr);
+  { o.state() } -> std::same_as<std::vector<state_tensor>>;
+  { co.step_count() } -> std::same_as<std::int64_t>;
+  o.set_step_count(steps);
+  { co.size() } -> std::same_as<std::size_t>;
+};
+
+}  // namespace fedshard::optim
