@@ -28,9 +28,10 @@ constexpr std::uint64_t kData = 11;
 
 /// What a training run produced, seen from every rank.
 struct outcome {
-  std::vector<std::vector<float>> params;  // per world rank: all units' full parameters
-  std::vector<std::vector<float>> losses;  // per world rank
-  std::vector<traffic_counters> traffic;   // per world rank
+  std::vector<std::vector<float>> params;      // per world rank: all units' full parameters
+  std::vector<std::vector<float>> losses;      // per world rank
+  std::vector<float> eval_before, eval_after;  // per world rank, on a fixed batch of 32
+  std::vector<traffic_counters> traffic;       // per world rank
   std::vector<plan> step_plans, sync_plans;
   std::vector<std::vector<std::vector<std::int64_t>>> sync_steps;  // per rank, per fragment
 };
@@ -49,6 +50,8 @@ outcome train(mesh_shape shape, int steps, typename Opt::config oc,
   out.step_plans.resize(W);
   out.sync_plans.resize(W);
   out.sync_steps.resize(W);
+  out.eval_before.resize(W);
+  out.eval_after.resize(W);
   if (opts.total_steps == 0) opts.total_steps = steps;
   test::spawn_ranks(W, [&](inproc::communicator& world) {
     mesh m(world, shape);
@@ -58,13 +61,17 @@ outcome train(mesh_shape shape, int steps, typename Opt::config oc,
     const int gs = shape.replicas * shape.shards;
     const int local = m.coords().replica * shape.shards + m.coords().shard;
     const int n = batch_size ? batch_size(g) : per_rank;
+    const auto r = static_cast<std::size_t>(world.rank());
+    const auto held_out = t.model().batch(kData + 1, 0, 0, 1, 0, 1, 32);
+    out.eval_before[r] = t.evaluate(held_out);
+    t.traffic().reset();  // count training only
     std::vector<float> losses;
     for (int s = 0; s < steps; ++s)
       losses.push_back(t.step(t.model().batch(kData, s, g, shape.groups, local, gs, n)));
-    const auto r = static_cast<std::size_t>(world.rank());
+    out.traffic[r] = t.traffic();
+    out.eval_after[r] = t.evaluate(held_out);
     out.params[r] = t.parameters();
     out.losses[r] = losses;
-    out.traffic[r] = t.traffic();
     out.step_plans[r] = t.step_plan();
     out.sync_plans[r] = t.sync_plan();
     for (int f = 0; f < t.schedule().fragments(); ++f) out.sync_steps[r].push_back(t.sync_steps(f));
@@ -285,5 +292,110 @@ TEST_CASE("streaming syncs each fragment once per period at its offset") {
       CHECK(s.sync_steps[r][2] == std::vector<std::int64_t>{5, 11, 17});
     }
     CHECK(mean(s.losses[0], 15, 18) < mean(s.losses[0], 0, 3));
+  }
+}
+
+TEST_CASE_TEMPLATE("every alias trains a small model and its loss goes down", A, ddp, zero2, fsdp,
+                   hsdp, fl_fsdp<2>, fl_hsdp<2>, diloco<3>, streaming_diloco) {
+  trainer_options<A> o;
+  if constexpr (std::is_same_v<A, streaming_diloco>)
+    o.schedule = {.period = 6, .fragments = 3, .delay = 1, .alpha = 0.5f};
+  // ddp/zero2/fsdp/hsdp run one group of 4 ranks; the federated ones 2 groups of 2 or 2x2x1.
+  mesh_shape shape{2, 1, 2};
+  if constexpr (std::is_same_v<A, ddp> || std::is_same_v<A, hsdp>) shape = {1, 2, 2};
+  if constexpr (std::is_same_v<A, zero2> || std::is_same_v<A, fsdp>) shape = {1, 1, 4};
+  if constexpr (std::is_same_v<A, fl_hsdp<2>>) shape = {2, 2, 1};
+  const auto out = train<A, optim::adamw>(shape, 24, {.lr = 1e-2f}, o, 4);
+  for (int r = 0; r < shape.size(); ++r) CHECK(out.eval_after[r] < 0.7f * out.eval_before[r]);
+  // Traffic follows the plans: the inner plan every step, on the intra-group axes.
+  for (int r = 0; r < shape.size(); ++r)
+    CHECK(out.traffic[r][axis::shard].wire_bytes ==
+          traffic_counters::of(out.step_plans[r], 24)[axis::shard].wire_bytes);
+}
+
+TEST_CASE("Photon option: inner optimizer moments are averaged across groups at each sync") {
+  using photon = algorithm<shard::full_shard, federation::outer_optimizer<federation::fedadam>,
+                           schedule::periodic<2>>;
+  for (bool avg_moments : {false, true}) {
+    trainer_options<photon> o;
+    o.federation.average_inner_moments = avg_moments;
+    o.federation.rule = {.lr = 0.5f};
+    std::vector<std::vector<float>> exp_avg(4);
+    std::mutex mu;
+    test::spawn_ranks(4, [&](inproc::communicator& world) {
+      mesh m(world, {2, 1, 2});
+      trainer<mlp_model, photon, optim::adamw> t(m, mlp_model{}, {.lr = 1e-2f}, o);
+      for (int s = 0; s < 4; ++s)
+        t.step(t.model().batch(kData, s, m.coords().group, 2, m.coords().shard, 2, 2));
+      std::lock_guard lock(mu);
+      auto st = t.optimizer().state();
+      exp_avg[static_cast<std::size_t>(world.rank())].assign(st[0].data.begin(), st[0].data.end());
+    });
+    // ranks 0 and 2 hold shard 0 in groups 0 and 1
+    CHECK(bit_equal(exp_avg[0], exp_avg[2]) == avg_moments);
+    CHECK(bit_equal(exp_avg[1], exp_avg[3]) == avg_moments);
+  }
+}
+
+TEST_CASE("bad input is refused with clear errors on every rank") {
+  auto errors_of = [](int ranks, auto&& body) {
+    std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+    test::spawn_ranks(ranks, [&](inproc::communicator& world) {
+      try {
+        body(world);
+      } catch (const fedshard::error& e) {
+        errors[static_cast<std::size_t>(world.rank())] = e.what();
+      }
+    });
+    return errors;
+  };
+  SUBCASE("post_local with K < 1") {
+    using pl = algorithm<shard::full_shard, federation::average, schedule::post_local>;
+    trainer_options<pl> o;
+    o.schedule = {.switch_step = 2, .k = 0};
+    for (const auto& e : errors_of(2, [&](inproc::communicator& w) {
+           mesh m(w, {2, 1, 1});
+           trainer<mlp_model, pl, optim::sgd> t(m, mlp_model{}, {}, o);
+         }))
+      CHECK(e.find("0") != std::string::npos);
+  }
+  SUBCASE("more fragments than units") {
+    trainer_options<streaming_diloco> o;
+    o.schedule = {.period = 8, .fragments = 4, .delay = 0, .alpha = 1.0f};
+    for (const auto& e : errors_of(2, [&](inproc::communicator& w) {
+           mesh m(w, {2, 1, 1});
+           trainer<mlp_model, streaming_diloco, optim::sgd> t(m, mlp_model{}, {}, o);
+         }))
+      CHECK(e.find("4 fragments but the model has only 3 units") != std::string::npos);
+  }
+  SUBCASE("negative or all-zero weights") {
+    using wavg = algorithm<shard::replicate, federation::weighted_average, schedule::periodic<1>>;
+    struct counted : mlp_model {
+      std::int64_t per_batch = 0;
+      std::int64_t tokens(const std::vector<test::sample>&) const { return per_batch; }
+    };
+    for (std::int64_t group1_tokens : {0, -5}) {
+      const auto errors = errors_of(4, [&](inproc::communicator& w) {
+        mesh m(w, {2, 2, 1});
+        counted model;
+        model.per_batch = m.coords().group == 0 ? (group1_tokens == 0 ? 0 : 3) : group1_tokens;
+        trainer<counted, wavg, optim::sgd> t(m, model, {});
+        t.step(t.model().batch(kData, 0, m.coords().group, 2, m.coords().replica, 2, 1));
+      });
+      for (const auto& e : errors) {
+        CHECK(e.find("weights (tokens since the last sync) must be >= 0 and not all zero") !=
+              std::string::npos);
+        CHECK(e.find(group1_tokens == 0 ? "group 1: 0" : "group 1: -10") != std::string::npos);
+      }
+    }
+  }
+  SUBCASE("negative total_steps") {
+    trainer_options<fsdp> o;
+    o.total_steps = -1;
+    for (const auto& e : errors_of(2, [&](inproc::communicator& w) {
+           mesh m(w, {1, 1, 2});
+           trainer<mlp_model, fsdp, optim::sgd> t(m, mlp_model{}, {}, o);
+         }))
+      CHECK(e.find("total_steps must be >= 0, found -1") != std::string::npos);
   }
 }
