@@ -1,0 +1,291 @@
+#pragma once
+/// A Communicator wrapper that emulates a slow link between sites.
+///
+/// World ranks are placed on sites. A collective whose members span more than one site also
+/// crosses the inter-site link: it completes no earlier than latency + cross-site bytes /
+/// bandwidth after the link is free. Cross-site bytes follow the ring algorithms: a ring over
+/// the members crosses the link once in each direction, and each ring edge carries the
+/// op's bus bytes (nccl-tests: all_reduce 2(n-1)/n x S, all_gather and reduce_scatter
+/// (n-1)/n x S, broadcast S, with S the whole array). The link is one shared resource of the
+/// world: concurrent cross-site collectives (for example the replica all_reduces of
+/// different shards) queue on it. Async operations overlap their delay with whatever the
+/// caller does until wait(). Point-to-point messages between sites take latency + bytes /
+/// bandwidth, without queueing. The emulation only adds waiting: results are those of the
+/// wrapped communicator, bit for bit.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "fedshard/comm/communicator.hpp"
+#include "fedshard/comm/request.hpp"
+#include "fedshard/core/dtype.hpp"
+#include "fedshard/error.hpp"
+
+namespace fedshard::shaped {
+
+/// The emulated inter-site link.
+struct link {
+  double bandwidth_bytes_per_s = 125e6;  ///< 1 Gbit/s
+  double latency_s = 5e-3;               ///< one way, per collective
+};
+
+/// Which site each world rank sits on, and the link between sites.
+struct topology {
+  std::vector<int> site_of_rank;
+  link wan{};
+
+  /// n ranks in `sites` contiguous blocks of equal size.
+  static topology blocks(int n, int sites, link l = {}) {
+    FEDSHARD_EXPECTS(sites >= 1 && n >= sites && n % sites == 0, "shaped::topology: ", n,
+                     " ranks do not split into ", sites, " equal sites");
+    topology t;
+    t.wan = l;
+    for (int r = 0; r < n; ++r) t.site_of_rank.push_back(r / (n / sites));
+    return t;
+  }
+};
+
+/// What one rank spent on the emulated link.
+struct link_stats {
+  std::int64_t crossing_ops = 0;
+  double crossing_bytes = 0;  ///< one direction, bus bytes of the ops that crossed
+  double delay_s = 0;         ///< time waited beyond the wrapped operation
+};
+
+namespace detail {
+using clock = std::chrono::steady_clock;
+}  // namespace detail
+
+/// The emulated network of one in-process world: create it once, before the ranks start,
+/// and give it to every rank's shaped::communicator; it serialises the cross-site
+/// collectives of the whole world on the one link.
+class network {
+  using clock = std::chrono::steady_clock;
+
+ public:
+  explicit network(topology t) : topo(std::move(t)) {
+    FEDSHARD_EXPECTS(topo.wan.bandwidth_bytes_per_s > 0 && topo.wan.latency_s >= 0,
+                     "shaped::network: link bandwidth must be > 0 and latency >= 0, found ",
+                     topo.wan.bandwidth_bytes_per_s, " B/s and ", topo.wan.latency_s, " s");
+  }
+  /// A shared network for the given topology.
+  static std::shared_ptr<network> create(topology t) {
+    return std::make_shared<network>(std::move(t));
+  }
+
+  /// The completion time of collective `key` carrying `bytes`; the first member to ask
+  /// reserves the link, the others (n - 1 of them) get the same answer.
+  clock::time_point reserve(const std::string& key, double bytes, int members) {
+    std::lock_guard lock(mu_);
+    auto it = pending_.find(key);
+    if (it == pending_.end()) {
+      const auto now = clock::now();
+      const auto start = std::max(now, free_at_);
+      free_at_ = start + seconds(bytes / topo.wan.bandwidth_bytes_per_s);
+      it = pending_.emplace(key, entry{free_at_ + seconds(topo.wan.latency_s), 0}).first;
+    }
+    const auto done = it->second.done;
+    if (++it->second.seen == members) pending_.erase(it);
+    return done;
+  }
+  static clock::duration seconds(double s) {
+    return std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(s));
+  }
+
+  const topology topo;
+
+ private:
+  struct entry {
+    clock::time_point done;
+    int seen;
+  };
+  std::mutex mu_;
+  clock::time_point free_at_{};
+  std::map<std::string, entry> pending_;
+};
+
+namespace detail {
+enum class kind : std::uint8_t { all_reduce, all_gather, reduce_scatter, broadcast };
+
+inline double bus_bytes(kind k, std::int64_t count, dtype t, int n) {
+  const double per = static_cast<double>(count) * static_cast<double>(size_of(t));
+  const double nn = n;
+  switch (k) {
+    case kind::all_reduce: return 2.0 * (nn - 1) / nn * per;
+    case kind::all_gather:
+    case kind::reduce_scatter: return (nn - 1) * per;  // count is per rank: S = n x count
+    case kind::broadcast: return per;
+  }
+  return 0;
+}
+
+/// A request that also waits for the emulated link.
+class shaped_request final : public fedshard::detail::request_state {
+ public:
+  shaped_request(request inner, clock::time_point done, link_stats* stats)
+      : inner_(std::move(inner)), done_(done), stats_(stats) {}
+  void wait() override {
+    inner_.wait();
+    const auto now = clock::now();
+    if (now < done_) {
+      stats_->delay_s += std::chrono::duration<double>(done_ - now).count();
+      std::this_thread::sleep_until(done_);
+    }
+  }
+  bool test() override { return inner_.test() && clock::now() >= done_; }
+
+ private:
+  request inner_;
+  clock::time_point done_;
+  link_stats* stats_;
+};
+}  // namespace detail
+
+/// Wraps Communicator C; models Communicator itself.
+template <Communicator C>
+class communicator {
+ public:
+  /// Wraps a world communicator (its rank() is the world rank used by the network's
+  /// topology); every rank of the world passes the same network.
+  communicator(C world, std::shared_ptr<network> net)
+      : inner_(std::move(world)),
+        link_(std::move(net)),
+        stats_(std::make_unique<link_stats>()),
+        uid_("w") {
+    FEDSHARD_EXPECTS(static_cast<int>(link_->topo.site_of_rank.size()) == inner_.size(),
+                     "shaped::communicator: the topology places ", link_->topo.site_of_rank.size(),
+                     " ranks but the world has ", inner_.size());
+    for (int r = 0; r < inner_.size(); ++r) members_.push_back(r);
+    set_crossing();
+  }
+
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
+
+  int rank() const { return inner_.rank(); }
+  int size() const { return inner_.size(); }
+  /// True when this communicator's members span more than one site.
+  bool crosses_sites() const noexcept { return crosses_; }
+  /// What this rank spent on the link through this communicator.
+  const link_stats& stats() const noexcept { return *stats_; }
+  /// The wrapped communicator.
+  C& inner() noexcept { return inner_; }
+
+  void all_reduce(const void* in, void* out, std::int64_t n, dtype t, reduce_op op) {
+    all_reduce_async(in, out, n, t, op).wait();
+  }
+  void all_gather(const void* in, void* out, std::int64_t n, dtype t) {
+    all_gather_async(in, out, n, t).wait();
+  }
+  void reduce_scatter(const void* in, void* out, std::int64_t n, dtype t, reduce_op op) {
+    reduce_scatter_async(in, out, n, t, op).wait();
+  }
+  void broadcast(void* buf, std::int64_t n, dtype t, int root) {
+    broadcast_async(buf, n, t, root).wait();
+  }
+  void barrier() {
+    inner_.barrier();
+    ++seq_;
+    delay(0).wait();
+  }
+  request all_reduce_async(const void* in, void* out, std::int64_t n, dtype t, reduce_op op) {
+    return shape(inner_.all_reduce_async(in, out, n, t, op), detail::kind::all_reduce, n, t);
+  }
+  request all_gather_async(const void* in, void* out, std::int64_t n, dtype t) {
+    return shape(inner_.all_gather_async(in, out, n, t), detail::kind::all_gather, n, t);
+  }
+  request reduce_scatter_async(const void* in, void* out, std::int64_t n, dtype t, reduce_op op) {
+    return shape(inner_.reduce_scatter_async(in, out, n, t, op), detail::kind::reduce_scatter, n,
+                 t);
+  }
+  request broadcast_async(void* buf, std::int64_t n, dtype t, int root) {
+    return shape(inner_.broadcast_async(buf, n, t, root), detail::kind::broadcast, n, t);
+  }
+  void send(const void* buf, std::int64_t n, dtype t, int peer, int tag = 0) {
+    send_async(buf, n, t, peer, tag).wait();
+  }
+  void recv(void* buf, std::int64_t n, dtype t, int peer, int tag = 0) {
+    recv_async(buf, n, t, peer, tag).wait();
+  }
+  request send_async(const void* buf, std::int64_t n, dtype t, int peer, int tag = 0) {
+    return p2p(inner_.send_async(buf, n, t, peer, tag), peer, n, t);
+  }
+  request recv_async(void* buf, std::int64_t n, dtype t, int peer, int tag = 0) {
+    return p2p(inner_.recv_async(buf, n, t, peer, tag), peer, n, t);
+  }
+
+  /// Collective: as C::split; the result is shaped by the same link.
+  communicator split(int color, int key) {
+    C child = inner_.split(color, key);
+    // The child's members as world ranks, in child rank order.
+    double mine = members_[static_cast<std::size_t>(inner_.rank())];
+    std::vector<double> all(static_cast<std::size_t>(child.size()));
+    child.all_gather(&mine, all.data(), 1, dtype::f64);
+    communicator c(std::move(child), link_,
+                   uid_ + "/" + std::to_string(splits_++) + "." + std::to_string(color));
+    for (double w : all) c.members_.push_back(static_cast<int>(w));
+    c.set_crossing();
+    return c;
+  }
+
+ private:
+  communicator(C inner, std::shared_ptr<network> l, std::string uid)
+      : inner_(std::move(inner)),
+        link_(std::move(l)),
+        stats_(std::make_unique<link_stats>()),
+        uid_(std::move(uid)) {}
+
+  void set_crossing() {
+    crosses_ = false;
+    for (int w : members_)
+      crosses_ = crosses_ || link_->topo.site_of_rank[static_cast<std::size_t>(w)] !=
+                                 link_->topo.site_of_rank[static_cast<std::size_t>(members_[0])];
+  }
+
+  request shape(request inner, detail::kind k, std::int64_t n, dtype t) {
+    const std::uint64_t seq = seq_++;
+    if (!crosses_) return inner;
+    const double bytes = detail::bus_bytes(k, n, t, size());
+    const auto done = link_->reserve(uid_ + "#" + std::to_string(seq), bytes, size());
+    stats_->crossing_ops += 1;
+    stats_->crossing_bytes += bytes;
+    return request(std::make_unique<detail::shaped_request>(std::move(inner), done, stats_.get()));
+  }
+  request delay(double bytes) {
+    if (!crosses_) return request();
+    const auto done = link_->reserve(uid_ + "#" + std::to_string(seq_ - 1), bytes, size());
+    return request(std::make_unique<detail::shaped_request>(request(), done, stats_.get()));
+  }
+  request p2p(request inner, int peer, std::int64_t n, dtype t) {
+    const auto& site = link_->topo.site_of_rank;
+    const int me = members_[static_cast<std::size_t>(rank())];
+    const int other = members_.at(static_cast<std::size_t>(peer));
+    if (site[static_cast<std::size_t>(me)] == site[static_cast<std::size_t>(other)]) return inner;
+    const double bytes = static_cast<double>(n) * static_cast<double>(size_of(t));
+    const auto done =
+        detail::clock::now() +
+        network::seconds(link_->topo.wan.latency_s + bytes / link_->topo.wan.bandwidth_bytes_per_s);
+    stats_->crossing_ops += 1;
+    stats_->crossing_bytes += bytes;
+    return request(std::make_unique<detail::shaped_request>(std::move(inner), done, stats_.get()));
+  }
+
+  C inner_;
+  std::shared_ptr<network> link_;
+  std::unique_ptr<link_stats> stats_;
+  std::string uid_;
+  std::vector<int> members_;  // world ranks, in this communicator's rank order
+  bool crosses_ = false;
+  std::uint64_t seq_ = 0;
+  int splits_ = 0;
+};
+
+}  // namespace fedshard::shaped

@@ -1,0 +1,88 @@
+// The shaped communicator: emulated inter-site link delays, results unchanged.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <vector>
+
+#include "fedshard/comm/inproc.hpp"
+#include "fedshard/comm/shaped.hpp"
+#include "support/spawn_ranks.hpp"
+
+using namespace fedshard;
+using shaped_comm = shaped::communicator<inproc::communicator>;
+static_assert(Communicator<shaped_comm>);
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+TEST_CASE("a collective spanning sites waits latency + bus bytes / bandwidth; results unchanged") {
+  const shaped::link wan{.bandwidth_bytes_per_s = 1e6, .latency_s = 0.01};
+  std::vector<double> elapsed(4);
+  std::vector<shaped::link_stats> world_stats(4), site_stats(4);
+  auto net = shaped::network::create(shaped::topology::blocks(4, 2, wan));
+  test::spawn_ranks(4, [&](inproc::communicator& w) {
+    const int r = w.rank();
+    shaped_comm world(std::move(w), net);
+    CHECK(world.crosses_sites());
+    std::vector<float> x(1000, float(r + 1)), y(1000);
+    world.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    world.all_reduce(x.data(), y.data(), 1000, dtype::f32, reduce_op::sum);
+    elapsed[static_cast<std::size_t>(r)] = seconds_since(t0);
+    for (float v : y) CHECK(v == 10.0f);
+    // ranks {0,1} and {2,3} are the two sites: a split by site never crosses
+    auto site = world.split(r / 2, r);
+    CHECK_FALSE(site.crosses_sites());
+    site.all_reduce(x.data(), y.data(), 1000, dtype::f32, reduce_op::sum);
+    CHECK(y[0] == (r < 2 ? 3.0f : 7.0f));
+    // a split across sites does
+    auto across = world.split(r % 2, r);
+    CHECK(across.crosses_sites());
+    auto req = across.all_gather_async(x.data(), y.data(), 500, dtype::f32);
+    req.wait();
+    CHECK(y[0] == float(r % 2 + 1));
+    CHECK(y[500] == float(r % 2 + 3));
+    world_stats[static_cast<std::size_t>(r)] = world.stats();
+    site_stats[static_cast<std::size_t>(r)] = site.stats();
+  });
+  // 2 (n-1)/n x 4000 B = 6000 B at 1 MB/s = 6 ms, plus 10 ms latency
+  for (int r = 0; r < 4; ++r) {
+    CHECK(elapsed[r] >= 0.016);
+    CHECK(world_stats[r].crossing_bytes == doctest::Approx(6000.0 + 0.0));
+    CHECK(site_stats[r].crossing_ops == 0);
+  }
+}
+
+TEST_CASE("concurrent cross-site collectives queue on the one link") {
+  const shaped::link wan{.bandwidth_bytes_per_s = 1e6, .latency_s = 0.0};
+  std::vector<double> elapsed(4);
+  auto net = shaped::network::create(shaped::topology::blocks(4, 2, wan));
+  test::spawn_ranks(4, [&](inproc::communicator& w) {
+    const int r = w.rank();
+    shaped_comm world(std::move(w), net);
+    auto across = world.split(r % 2, r);  // two communicators, each spanning both sites
+    std::vector<float> x(5000, 1.0f);
+    world.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    across.all_reduce(x.data(), x.data(), 5000, dtype::f32, reduce_op::sum);  // 20 kB each
+    world.barrier();
+    elapsed[static_cast<std::size_t>(r)] = seconds_since(t0);
+  });
+  // two 20 kB (bus) all_reduces share 1 MB/s: the later one ends after 40 ms
+  for (double e : elapsed) CHECK(e >= 0.040);
+}
+
+TEST_CASE("bad topologies are refused") {
+  CHECK_THROWS_WITH_AS(shaped::network({{0, 1}, {.bandwidth_bytes_per_s = 0}}),
+                       doctest::Contains("bandwidth must be > 0"), invalid_argument);
+  CHECK_THROWS_WITH_AS(shaped::topology::blocks(6, 4),
+                       doctest::Contains("6 ranks do not split into 4"), invalid_argument);
+  test::spawn_ranks(2, [&](inproc::communicator& w) {
+    auto four = shaped::network::create(shaped::topology::blocks(4, 2));
+    CHECK_THROWS_WITH_AS(shaped_comm(std::move(w), four),
+                         doctest::Contains("places 4 ranks but the world has 2"), invalid_argument);
+  });
+}
