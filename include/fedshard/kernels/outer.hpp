@@ -1,0 +1,213 @@
+#pragma once
+/// Outer (server) optimizers of a federation: the per-element updates of FedAvg/outer SGD,
+/// Nesterov (DiLoCo), FedMom, FedAdam and FedYogi as FEDSHARD_HOST_DEVICE functors, their
+/// float scalars, and host loops over an anchor shard.
+///
+/// θ is an element of the anchor (the model every group starts a round from), d the same
+/// element of the mean pseudo-gradient θ_anchor − θ_group, m and v the outer state (zero
+/// before the first step; no bias correction). The formulas (PAPERS.md section 3):
+///
+///   outer_sgd  θ ← θ − η·d                                        (η = 1: plain averaging)
+///   nesterov   m ← μ·m + d;  θ ← θ − η·(μ·m + d)                   (m is the new m)
+///   fedmom     m ← μ·m + d;  θ ← θ − η·m
+///   fedadam    m ← β1·m + (1−β1)·d;  v ← β2·v + (1−β2)·d²;  θ ← θ − η·m / (√v + τ)
+///   fedyogi    v ← v − (1−β2)·d²·sign(v − d²);  otherwise as fedadam
+///
+/// Precision: float32 elements, float scalars. Rounding, op by op, in this fixed order;
+/// fl() is one float rounding (to nearest even), fma() a fused multiply-add rounded once:
+///
+///   scalars    -η, μ, β1, β2, τ as given;  c1 = fl(1 − β1),  c2 = fl(1 − β2)
+///   outer_sgd  θ' = fma(d, -η, θ)
+///   nesterov   m' = fl(fl(m·μ) + d);  u = fma(m', μ, d);  θ' = fma(u, -η, θ)
+///   fedmom     m' = fl(fl(m·μ) + d);  θ' = fma(m', -η, θ)
+///   fedadam    m' = fma(d, c1, fl(m·β1));  d2 = fl(d·d);  v' = fma(d2, c2, fl(v·β2))
+///              q = fl(fl(sqrt(v')) + τ);  θ' = fma(fl(m' / q), -η, θ)
+///   fedyogi    as fedadam, except  t = fl(c2·d2);
+///              v' = v > d2 ? fl(v − t) : v < d2 ? fl(v + t) : v
+///
+/// So outer_sgd with η = 1 is fl(θ − d), one rounding. Nesterov and FedMom round exactly as
+/// kernels/sgd.hpp rounds torch.optim.SGD(momentum=μ, dampening=0, nesterov=…) on a later
+/// step: the DiLoCo outer optimizer, bit for bit (torch's first step copies d into the
+/// buffer; here the zero buffer gives fl(0 + d) = d, which differs only for d = −0). In
+/// FedYogi sign(v − d²) is that of the exact difference (0 when v == d2, and when d is NaN,
+/// which then reaches θ through m); v stays >= 0 because t <= d2. An element reads only
+/// its own θ, d, m and v, so a shard split among objects evolves bit for bit as the whole.
+/// The fma and the separate roundings are explicit (kernels/sgd.hpp: fma_rn, mul_rn,
+/// add_rn, div_rn, sqrt_rn), so neither compiler flags nor host versus device change a
+/// bit. Compile without -ffast-math.
+
+#include <cstddef>
+#include <span>
+
+#include "fedshard/config.hpp"
+#include "fedshard/kernels/sgd.hpp"
+
+namespace fedshard::kernels {
+
+/// The float scalar of an outer SGD step.
+struct outer_sgd_scalars {
+  float neg_lr = -1.0f;  ///< -η
+};
+
+/// The float scalars of a Nesterov or FedMom step.
+struct outer_momentum_scalars {
+  float neg_lr = 0.0f;    ///< -η
+  float momentum = 0.0f;  ///< μ
+};
+
+/// The float scalars of a FedAdam or FedYogi step.
+struct outer_adaptive_scalars {
+  float neg_lr = 0.0f;           ///< -η
+  float beta1 = 0.0f;            ///< β1
+  float one_minus_beta1 = 1.0f;  ///< fl(1 − β1)
+  float beta2 = 0.0f;            ///< β2
+  float one_minus_beta2 = 1.0f;  ///< fl(1 − β2)
+  float tau = 0.0f;              ///< τ
+};
+
+/// The scalars of an outer SGD step with learning rate lr.
+FEDSHARD_HOST_DEVICE inline outer_sgd_scalars make_outer_sgd_scalars(float lr) noexcept {
+  return {-lr};
+}
+
+/// The scalars of a Nesterov or FedMom step.
+FEDSHARD_HOST_DEVICE inline outer_momentum_scalars make_outer_momentum_scalars(
+    float lr, float momentum) noexcept {
+  return {-lr, momentum};
+}
+
+/// The scalars of a FedAdam or FedYogi step; 1 − β is rounded once to float.
+FEDSHARD_HOST_DEVICE inline outer_adaptive_scalars make_outer_adaptive_scalars(float lr,
+                                                                               float beta1,
+                                                                               float beta2,
+                                                                               float tau) noexcept {
+  return {-lr, beta1, detail::add_rn(1.0f, -beta1), beta2, detail::add_rn(1.0f, -beta2), tau};
+}
+
+/// θ ← θ − η·d for one element.
+struct outer_sgd_update {
+  outer_sgd_scalars s;
+  FEDSHARD_HOST_DEVICE void operator()(float& theta, float d) const noexcept {
+    theta = detail::fma_rn(d, s.neg_lr, theta);
+  }
+};
+
+/// Nesterov momentum for one element and its momentum.
+struct outer_nesterov_update {
+  outer_momentum_scalars s;
+  FEDSHARD_HOST_DEVICE void operator()(float& theta, float d, float& m) const noexcept {
+    const float m1 = detail::add_rn(detail::mul_rn(m, s.momentum), d);
+    const float u = detail::fma_rn(m1, s.momentum, d);
+    theta = detail::fma_rn(u, s.neg_lr, theta);
+    m = m1;
+  }
+};
+
+/// Heavy-ball momentum (FedMom) for one element and its momentum.
+struct outer_fedmom_update {
+  outer_momentum_scalars s;
+  FEDSHARD_HOST_DEVICE void operator()(float& theta, float d, float& m) const noexcept {
+    const float m1 = detail::add_rn(detail::mul_rn(m, s.momentum), d);
+    theta = detail::fma_rn(m1, s.neg_lr, theta);
+    m = m1;
+  }
+};
+
+namespace detail {
+
+/// θ ← θ − η·m / (√v + τ), the last line of FedAdam and FedYogi.
+FEDSHARD_HOST_DEVICE inline float adaptive_apply(float theta, float m, float v,
+                                                 const outer_adaptive_scalars& s) noexcept {
+  const float q = add_rn(sqrt_rn(v), s.tau);
+  return fma_rn(div_rn(m, q), s.neg_lr, theta);
+}
+
+}  // namespace detail
+
+/// FedAdam for one element and its two moments.
+struct outer_fedadam_update {
+  outer_adaptive_scalars s;
+  FEDSHARD_HOST_DEVICE void operator()(float& theta, float d, float& m, float& v) const noexcept {
+    const float m1 = detail::fma_rn(d, s.one_minus_beta1, detail::mul_rn(m, s.beta1));
+    const float d2 = detail::mul_rn(d, d);
+    const float v1 = detail::fma_rn(d2, s.one_minus_beta2, detail::mul_rn(v, s.beta2));
+    theta = detail::adaptive_apply(theta, m1, v1, s);
+    m = m1;
+    v = v1;
+  }
+};
+
+/// FedYogi for one element and its two moments.
+struct outer_fedyogi_update {
+  outer_adaptive_scalars s;
+  FEDSHARD_HOST_DEVICE void operator()(float& theta, float d, float& m, float& v) const noexcept {
+    const float m1 = detail::fma_rn(d, s.one_minus_beta1, detail::mul_rn(m, s.beta1));
+    const float d2 = detail::mul_rn(d, d);
+    const float t = detail::mul_rn(s.one_minus_beta2, d2);
+    const float v0 = v;
+    const float v1 = v0 > d2 ? detail::add_rn(v0, -t) : (v0 < d2 ? detail::add_rn(v0, t) : v0);
+    theta = detail::adaptive_apply(theta, m1, v1, s);
+    m = m1;
+    v = v1;
+  }
+};
+
+// Host loops. All spans have anchor's size and do not overlap, except that d may be anchor
+// itself (each element reads d[i] before it writes θ[i]). Sizes are not checked here
+// (federation/outer_rules.hpp checks them).
+
+/// One outer SGD step on a host anchor shard.
+inline void outer_sgd_step(std::span<float> anchor, std::span<const float> d,
+                           const outer_sgd_scalars& s) noexcept {
+  const outer_sgd_update f{s};
+  float* theta = anchor.data();
+  const float* g = d.data();
+  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i]);
+}
+
+/// One Nesterov step on a host anchor shard and its momentum.
+inline void outer_nesterov_step(std::span<float> anchor, std::span<const float> d,
+                                std::span<float> momentum,
+                                const outer_momentum_scalars& s) noexcept {
+  const outer_nesterov_update f{s};
+  float* theta = anchor.data();
+  const float* g = d.data();
+  float* m = momentum.data();
+  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i], m[i]);
+}
+
+/// One FedMom step on a host anchor shard and its momentum.
+inline void outer_fedmom_step(std::span<float> anchor, std::span<const float> d,
+                              std::span<float> momentum, const outer_momentum_scalars& s) noexcept {
+  const outer_fedmom_update f{s};
+  float* theta = anchor.data();
+  const float* g = d.data();
+  float* m = momentum.data();
+  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i], m[i]);
+}
+
+/// One FedAdam step on a host anchor shard and its moments m and v.
+inline void outer_fedadam_step(std::span<float> anchor, std::span<const float> d,
+                               std::span<float> m, std::span<float> v,
+                               const outer_adaptive_scalars& s) noexcept {
+  const outer_fedadam_update f{s};
+  float* theta = anchor.data();
+  const float* g = d.data();
+  float* mp = m.data();
+  float* vp = v.data();
+  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i], mp[i], vp[i]);
+}
+
+/// One FedYogi step on a host anchor shard and its moments m and v.
+inline void outer_fedyogi_step(std::span<float> anchor, std::span<const float> d,
+                               std::span<float> m, std::span<float> v,
+                               const outer_adaptive_scalars& s) noexcept {
+  const outer_fedyogi_update f{s};
+  float* theta = anchor.data();
+  const float* g = d.data();
+  float* mp = m.data();
+  float* vp = v.data();
+  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i], mp[i], vp[i]);
+}
+
+}  // namespace fedshard::kernels
