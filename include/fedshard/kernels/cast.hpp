@@ -2,10 +2,11 @@
 /// Element-type conversions: a per-element functor shared by host loops and CUDA kernels,
 /// and host loops over typed spans and type-erased buffers.
 ///
-/// Every conversion rounds to nearest, ties to even, exactly once: f64 -> bf16/f16 goes
-/// through a round-to-odd float so that the two steps do not round twice. NaN stays NaN
-/// (quiet, sign kept), infinities and signed zeros are kept, subnormals are produced and
-/// read like core/dtype.hpp does.
+/// Every conversion rounds to nearest, ties to even, exactly once (f64 -> bf16/f16 too, as
+/// from_accum does), and the results are bit for bit those of core/dtype.hpp: NaN stays NaN (quiet,
+/// sign kept), infinities and signed zeros are kept, subnormals are produced and read exactly. The
+/// 16-bit conversions are rewritten here without branches so that host loops vectorise;
+/// they assume the default floating-point rounding mode (to nearest).
 
 #include <cstddef>
 #include <cstdint>
@@ -28,22 +29,6 @@ using accum_t =
 
 namespace detail {
 
-/// d rounded to a float with round-to-odd: exact values stay, inexact ones become the
-/// neighbour (of the two around d) whose last mantissa bit is 1. Rounding that float to a
-/// format at least two bits narrower then equals rounding d directly.
-FEDSHARD_HOST_DEVICE constexpr float round_to_odd_float(double d) noexcept {
-  const float f = static_cast<float>(d);
-  const double back = f;
-  if (back == d || d != d) return f;
-  std::uint32_t u = ::fedshard::detail::bit_cast<std::uint32_t>(f);
-  if (d > 0 ? back > d : back < d) --u;  // step the magnitude back towards zero: truncation
-  return ::fedshard::detail::bit_cast<float>(u | 1u);
-}
-
-}  // namespace detail
-
-namespace detail {
-
 /// bf16(f).bits, written as selects so that host loops vectorise.
 FEDSHARD_HOST_DEVICE constexpr std::uint16_t float_to_bf16_bits(float f) noexcept {
   const std::uint32_t u = ::fedshard::detail::bit_cast<std::uint32_t>(f);
@@ -52,45 +37,43 @@ FEDSHARD_HOST_DEVICE constexpr std::uint16_t float_to_bf16_bits(float f) noexcep
   return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
-/// f16(f).bits, written as selects so that host loops vectorise. Subnormal results come
-/// from one float addition that rounds |f| onto the 2^-24 grid (round to nearest even).
+/// f16(f).bits, written without branches so that host loops vectorise. Subnormal results
+/// come from one float addition that rounds |f| onto the 2^-24 grid (nearest even); it runs
+/// for every element (on 0 where unused) because a compiler may not speculate a float
+/// operation that it would otherwise move into a branch.
 FEDSHARD_HOST_DEVICE constexpr std::uint16_t float_to_f16_bits(float f) noexcept {
   const std::uint32_t u = ::fedshard::detail::bit_cast<std::uint32_t>(f);
   const std::uint32_t sign = (u >> 16) & 0x8000u;
   const std::uint32_t x = u & 0x7fffffffu;
-  const std::uint32_t normal = ((x + 0xfffu + ((x >> 13) & 1u)) >> 13) - (112u << 10);
+  const bool is_nan = x > 0x7f800000u;
+  const bool is_inf = !is_nan && x >= 0x477ff000u;  // >= 65520 rounds to infinity
+  const bool is_normal = !is_nan && !is_inf && x >= 0x38800000u;
+  const bool is_subnormal = x < 0x38800000u;
+  const std::uint32_t normal =
+      (((x + 0xfffu + ((x >> 13) & 1u)) >> 13) - (112u << 10)) & (0u - std::uint32_t{is_normal});
+  const float tiny = ::fedshard::detail::bit_cast<float>(x & (0u - std::uint32_t{is_subnormal}));
   const std::uint32_t subnormal =
-      ::fedshard::detail::bit_cast<std::uint32_t>(::fedshard::detail::bit_cast<float>(x) + 0.5f) -
-      0x3f000000u;
-  std::uint32_t h = x >= 0x38800000u ? normal : subnormal;
-  h = x >= 0x477ff000u ? 0x7c00u : h;  // >= 65520 rounds to infinity
-  h = x > 0x7f800000u ? (0x7e00u | ((x >> 13) & 0x3ffu)) : h;
-  return static_cast<std::uint16_t>(sign | h);
+      ::fedshard::detail::bit_cast<std::uint32_t>(tiny + 0.5f) - 0x3f000000u;
+  const std::uint32_t special = (0x7c00u & (0u - std::uint32_t{is_inf})) |
+                                ((0x7e00u | ((x >> 13) & 0x3ffu)) & (0u - std::uint32_t{is_nan}));
+  return static_cast<std::uint16_t>(sign | ((normal + subnormal) | special));
 }
 
-/// float(f16::from_bits(bits)), written as selects so that host loops vectorise.
+/// float(f16::from_bits(bits)), written without branches so that host loops vectorise; the
+/// float subtraction that makes subnormals runs for every element (subtracting 0 where
+/// unused), for the reason given above.
 FEDSHARD_HOST_DEVICE constexpr float f16_bits_to_float(std::uint16_t bits) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
   const std::uint32_t em = bits & 0x7fffu;
   const std::uint32_t exp = em & 0x7c00u;
-  const std::uint32_t normal = (em << 13) + (112u << 23);
-  const std::uint32_t inf_nan = normal + (112u << 23);
-  const std::uint32_t subnormal = ::fedshard::detail::bit_cast<std::uint32_t>(
-      ::fedshard::detail::bit_cast<float>(normal + (1u << 23)) -
-      ::fedshard::detail::bit_cast<float>(113u << 23));  // (1 + m/1024) 2^-14 - 2^-14
-  const std::uint32_t r = exp == 0x7c00u ? inf_nan : (exp == 0 ? subnormal : normal);
-  return ::fedshard::detail::bit_cast<float>(sign | r);
-}
-
-/// Any element type to float: exact except f64, which rounds to odd (see above).
-template <class From>
-FEDSHARD_HOST_DEVICE constexpr float to_float_for_16(From v) noexcept {
-  if constexpr (std::is_same_v<From, double>)
-    return round_to_odd_float(v);
-  else if constexpr (std::is_same_v<From, f16>)
-    return f16_bits_to_float(v.bits);
-  else
-    return static_cast<float>(v);
+  const std::uint32_t sub_mask = 0u - std::uint32_t{exp == 0};
+  // Normal: rebias. Subnormal m: (1 + m/1024) 2^-14 - 2^-14 = m 2^-24, exact.
+  const std::uint32_t biased = (em << 13) + (112u << 23) + ((1u << 23) & sub_mask);
+  const float value = ::fedshard::detail::bit_cast<float>(biased) -
+                      ::fedshard::detail::bit_cast<float>((113u << 23) & sub_mask);
+  const std::uint32_t inf_nan = 0x7f800000u & (0u - std::uint32_t{exp == 0x7c00u});
+  return ::fedshard::detail::bit_cast<float>(
+      sign | ::fedshard::detail::bit_cast<std::uint32_t>(value) | inf_nan);
 }
 
 }  // namespace detail
@@ -105,12 +88,14 @@ struct cast_fn {
       return v;
     } else if constexpr (std::is_same_v<From, f16>) {
       return cast_fn<float, To>{}(detail::f16_bits_to_float(v.bits));
+    } else if constexpr (std::is_same_v<From, double>) {
+      return from_accum<To>(v);  // rounds once, also to bf16 and f16
     } else if constexpr (std::is_same_v<To, double> || std::is_same_v<To, float>) {
-      return static_cast<To>(to_accum(v));  // exact, except f64 -> f32 which rounds once
+      return static_cast<To>(static_cast<float>(v));  // exact
     } else if constexpr (std::is_same_v<To, bf16>) {
-      return bf16::from_bits(detail::float_to_bf16_bits(detail::to_float_for_16(v)));
+      return bf16::from_bits(detail::float_to_bf16_bits(static_cast<float>(v)));
     } else {
-      return f16::from_bits(detail::float_to_f16_bits(detail::to_float_for_16(v)));
+      return f16::from_bits(detail::float_to_f16_bits(static_cast<float>(v)));
     }
   }
 };
@@ -135,8 +120,8 @@ void cast_n(const From* in, To* out, std::size_t n) noexcept {
 template <class From, class To>
 void cast(std::span<From> in, std::span<To> out) {
   static_assert(!std::is_const_v<To>, "fedshard::kernels::cast: the output must be writable");
-  FEDSHARD_EXPECTS(in.size() == out.size(), "cast: input has ", in.size(),
-                   " elements, output has ", out.size(), " (sizes must match)");
+  FEDSHARD_EXPECTS(in.size() == out.size(), "cast: input has ", in.size(), " elements, output has ",
+                   out.size(), " (sizes must match)");
   detail::cast_n<std::remove_const_t<From>, To>(in.data(), out.data(), in.size());
 }
 

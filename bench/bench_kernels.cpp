@@ -1,0 +1,161 @@
+/// Host kernels against memcpy of the same bytes, side by side in one run: pack and unpack
+/// of a unit's tensors into a shard, and the f32 <-> bf16/f16 casts.
+///
+/// The size argument is the bytes each kernel call writes (the shard for pack, the tensor
+/// parts for unpack, the output for casts). Every iteration times the kernel and then a
+/// memcpy of that many bytes between two other buffers, each repeated to move at least
+/// 4 MiB. Times are the thread's CPU time (CLOCK_THREAD_CPUTIME_ID), so that time the
+/// thread spends preempted on a shared machine is not counted; on an idle machine they
+/// equal wall time. The reported time and bytes_per_second are the kernel's (manual time);
+/// the counter ratio_vs_memcpy = memcpy time / kernel time for the same bytes (1 = as fast
+/// as memcpy), and memcpy_GBps is the baseline's bandwidth in 1e9 bytes/s.
+///
+/// The pack case: a unit of 8 tensors of mixed sizes (1:3:8:2:16:1:4:5), each starting on a
+/// 64-byte boundary (the gaps are padding), sharded over 4 ranks; rank 1's shard is packed
+/// and unpacked, so shard edges cut tensors.
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <ctime>
+#include <span>
+#include <vector>
+
+#include "fedshard/core/buffer.hpp"
+#include "fedshard/core/dtype.hpp"
+#include "fedshard/kernels/cast.hpp"
+#include "fedshard/kernels/pack.hpp"
+
+namespace {
+
+namespace kernels = fedshard::kernels;
+using fedshard::aligned_buffer;
+using fedshard::bf16;
+using fedshard::f16;
+
+constexpr std::size_t shard_count = 4;
+constexpr std::size_t shard_rank = 1;
+constexpr std::size_t tensor_parts[] = {1, 3, 8, 2, 16, 1, 4, 5};
+
+/// CPU seconds used by the calling thread so far.
+double thread_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+/// Times `kernel` (which writes `bytes` bytes) and a memcpy of `bytes` alternately; see
+/// the file comment for what is reported.
+template <class Kernel>
+void side_by_side(benchmark::State& state, std::size_t bytes, Kernel&& kernel) {
+  aligned_buffer<std::byte> src(bytes), dst(bytes);
+  const auto copy = [&] {
+    std::memcpy(dst.data(), src.data(), bytes);
+    benchmark::ClobberMemory();
+  };
+  const std::size_t reps = std::max<std::size_t>(1, (std::size_t{4} << 20) / bytes);
+  kernel();  // warm-up: first touches, caches
+  copy();
+  double kernel_s = 0.0, memcpy_s = 0.0;
+  for (auto _ : state) {
+    const double t0 = thread_seconds();
+    for (std::size_t r = 0; r < reps; ++r) {
+      kernel();
+      benchmark::ClobberMemory();
+    }
+    const double t1 = thread_seconds();
+    for (std::size_t r = 0; r < reps; ++r) copy();
+    const double t2 = thread_seconds();
+    const double k = t1 - t0;
+    kernel_s += k;
+    memcpy_s += t2 - t1;
+    state.SetIterationTime(k / static_cast<double>(reps));
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(bytes));
+  state.counters["ratio_vs_memcpy"] = memcpy_s / kernel_s;
+  state.counters["memcpy_GBps"] =
+      static_cast<double>(state.iterations()) * static_cast<double>(reps * bytes) / memcpy_s / 1e9;
+}
+
+/// The benchmark unit: tensors with their storage, laid out in a flat buffer of
+/// shard_count * shard_elems elements.
+template <class T>
+struct bench_unit {
+  std::vector<aligned_buffer<T>> storage;
+  std::vector<kernels::tensor_ref<const T>> in;
+  std::vector<kernels::tensor_ref<T>> out;
+
+  explicit bench_unit(std::size_t shard_elems) {
+    const std::size_t flat = shard_count * shard_elems;
+    const std::size_t align = fedshard::cache_line_bytes / sizeof(T);
+    std::size_t parts = 0;
+    for (std::size_t p : tensor_parts) parts += p;
+    std::size_t offset = 0;
+    for (std::size_t p : tensor_parts) {
+      const std::size_t count = flat / parts * p - align;  // leaves room to align the next
+      storage.emplace_back(count);
+      for (std::size_t i = 0; i < count; ++i)
+        storage.back()[i] = fedshard::from_accum<T>(static_cast<double>(i % 1000) * 0.25);
+      in.push_back({storage.back().data(), count, offset});
+      out.push_back({storage.back().data(), count, offset});
+      offset = (offset + count + align - 1) / align * align;
+    }
+  }
+};
+
+template <class Src, class Dst>
+void bm_pack(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t shard_elems = bytes / sizeof(Dst);
+  const bench_unit<Src> unit(shard_elems);
+  aligned_buffer<Dst> shard(shard_elems);
+  const std::span<const kernels::tensor_ref<const Src>> tensors(unit.in);
+  side_by_side(state, bytes, [&] {
+    kernels::pack(tensors, shard_rank * shard_elems, std::span<Dst>(shard.span()));
+  });
+}
+
+template <class T>
+void bm_unpack(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t shard_elems = bytes / sizeof(T);
+  bench_unit<T> unit(shard_elems);
+  aligned_buffer<T> shard(shard_elems);
+  const std::span<const kernels::tensor_ref<T>> tensors(unit.out);
+  std::size_t written = 0;  // the tensor elements inside the shard: what unpack writes
+  kernels::for_each_segment(tensors, shard_rank * shard_elems, shard_elems,
+                            [&](const kernels::pack_segment& s) {
+                              if (s.tensor != kernels::pack_segment::padding) written += s.count;
+                            });
+  side_by_side(state, written * sizeof(T), [&] {
+    kernels::unpack(std::span<const T>(shard.span()), shard_rank * shard_elems, tensors);
+  });
+}
+
+template <class From, class To>
+void bm_cast(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t n = bytes / sizeof(To);
+  aligned_buffer<From> in(n);
+  for (std::size_t i = 0; i < n; ++i)
+    in[i] = fedshard::from_accum<From>(static_cast<double>(i % 4096) * 0.37 - 700.0);
+  aligned_buffer<To> out(n);
+  side_by_side(state, bytes,
+               [&] { kernels::cast(std::span<const From>(in.span()), std::span<To>(out.span())); });
+}
+
+void sizes(benchmark::internal::Benchmark* b) {
+  b->RangeMultiplier(4)->Range(64 << 10, 64 << 20)->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+BENCHMARK(bm_pack<float, float>)->Name("pack/f32")->Apply(sizes);
+BENCHMARK(bm_unpack<float>)->Name("unpack/f32")->Apply(sizes);
+BENCHMARK(bm_pack<float, bf16>)->Name("pack/f32_to_bf16")->Apply(sizes);
+BENCHMARK(bm_cast<float, bf16>)->Name("cast/f32_to_bf16")->Apply(sizes);
+BENCHMARK(bm_cast<bf16, float>)->Name("cast/bf16_to_f32")->Apply(sizes);
+BENCHMARK(bm_cast<float, f16>)->Name("cast/f32_to_f16")->Apply(sizes);
+BENCHMARK(bm_cast<f16, float>)->Name("cast/f16_to_f32")->Apply(sizes);
+
+}  // namespace

@@ -1,0 +1,96 @@
+#pragma once
+/// Weighted aggregation of K shards, out[i] = sum_k w_k * in_k[i]: the core of weighted
+/// federated averaging. A per-element functor shared by host loops and CUDA kernels, and a
+/// checked host loop over type-erased buffers.
+///
+/// The sum accumulates in accum_t<In, Out> (float, or double when f64 is involved), adds
+/// the terms in k order (the same bits on every run and every rank) and rounds once to Out.
+/// A zero weight skips its input entirely, so a NaN or infinity in an input that does not
+/// take part does not poison the result.
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "fedshard/config.hpp"
+#include "fedshard/core/buffer.hpp"
+#include "fedshard/core/dtype.hpp"
+#include "fedshard/error.hpp"
+#include "fedshard/kernels/cast.hpp"
+
+namespace fedshard::kernels {
+
+/// i -> sum over j < k of weights[j] * ins[j][i], rounded to Out; +0 when every weight is 0.
+template <class In, class Out>
+struct weighted_sum_fn {
+  using accum = accum_t<In, Out>;
+  const In* const* ins;
+  const accum* weights;
+  std::size_t k;
+
+  FEDSHARD_HOST_DEVICE constexpr Out operator()(std::size_t i) const noexcept {
+    accum sum = 0;
+    bool first = true;
+    for (std::size_t j = 0; j < k; ++j) {
+      if (weights[j] == 0) continue;
+      const accum term = weights[j] * cast_fn<In, accum>{}(ins[j][i]);
+      sum = first ? term : sum + term;  // starting from the first term keeps a -0 result
+      first = false;
+    }
+    return cast_fn<accum, Out>{}(sum);
+  }
+};
+
+namespace detail {
+
+template <class In, class Out>
+void weighted_sum_n(std::span<const const_buffer_view> ins, std::span<const double> weights,
+                    Out* out, std::size_t n) {
+  using accum = accum_t<In, Out>;
+  std::vector<const In*> pointers(ins.size());
+  std::vector<accum> w(ins.size());
+  for (std::size_t j = 0; j < ins.size(); ++j) {
+    pointers[j] = static_cast<const In*>(ins[j].data);
+    w[j] = static_cast<accum>(weights[j]);
+  }
+  const weighted_sum_fn<In, Out> f{pointers.data(), w.data(), ins.size()};
+  for (std::size_t i = 0; i < n; ++i) out[i] = f(i);
+}
+
+}  // namespace detail
+
+/// out[i] = sum_k weights[k] * ins[k][i]. All inputs have the same count and dtype, out has
+/// that count and any dtype, there is one weight per input and at least one input; weights
+/// are rounded to the accumulation type first. out may be one of the inputs (same data,
+/// count and dtype) but must not partly overlap one.
+inline void weighted_sum(std::span<const const_buffer_view> ins, std::span<const double> weights,
+                         buffer_view out) {
+  FEDSHARD_EXPECTS(!ins.empty(), "weighted_sum: expected at least one input, got 0");
+  FEDSHARD_EXPECTS(weights.size() == ins.size(), "weighted_sum: expected one weight per input (",
+                   ins.size(), " inputs), got ", weights.size(), " weights");
+  const const_buffer_view& first = ins[0];
+  FEDSHARD_EXPECTS(is_valid(first.type) && is_valid(out.type), "weighted_sum: invalid dtype ",
+                   "(input ", static_cast<int>(first.type), ", output ", static_cast<int>(out.type),
+                   ")");
+  for (std::size_t j = 0; j < ins.size(); ++j) {
+    const const_buffer_view& in = ins[j];
+    FEDSHARD_EXPECTS(in.count == first.count && in.type == first.type, "weighted_sum: input ", j,
+                     " has ", in.count, " elements of ", to_string(in.type), ", input 0 has ",
+                     first.count, " elements of ", to_string(first.type), " (inputs must match)");
+    FEDSHARD_EXPECTS(in.count == 0 || in.data != nullptr, "weighted_sum: input ", j,
+                     " has a null data pointer for ", in.count, " elements");
+  }
+  FEDSHARD_EXPECTS(out.count == first.count, "weighted_sum: output has ", out.count,
+                   " elements, the inputs have ", first.count);
+  FEDSHARD_EXPECTS(out.count == 0 || out.data != nullptr,
+                   "weighted_sum: null output data pointer for ", out.count, " elements");
+  visit(first.type, [&](auto it) {
+    using In = typename decltype(it)::type;
+    visit(out.type, [&](auto ot) {
+      using Out = typename decltype(ot)::type;
+      detail::weighted_sum_n<In>(ins, weights, static_cast<Out*>(out.data), out.count);
+    });
+  });
+}
+
+}  // namespace fedshard::kernels
