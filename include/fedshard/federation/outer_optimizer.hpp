@@ -69,20 +69,17 @@ struct outer_optimizer {
   }
   bool averages_inner_moments() const { return config_.average_inner_moments; }
   /// Outer steps taken by fragment f's rule.
-  std::int64_t outer_steps(int f) const {
-    return rules_.at(static_cast<std::size_t>(f)).step_count();
-  }
-  void set_outer_steps(int f, std::int64_t s) {
-    rules_.at(static_cast<std::size_t>(f)).set_step_count(s);
-  }
+  std::int64_t outer_steps(int f) const { return rules_[index(f)].step_count(); }
+  void set_outer_steps(int f, std::int64_t s) { rules_[index(f)].set_step_count(s); }
   /// Fragment f's anchor.
-  std::span<float> anchor(int f) {
-    FEDSHARD_EXPECTS(f >= 0 && static_cast<std::size_t>(f) < anchors_.size(),
-                     "outer_optimizer: fragment must be in [0, ", anchors_.size(), "), found ", f);
-    return anchors_[static_cast<std::size_t>(f)].span();
-  }
+  std::span<float> anchor(int f) { return anchors_[index(f)].span(); }
 
  private:
+  std::size_t index(int f) const {
+    FEDSHARD_EXPECTS(f >= 0 && static_cast<std::size_t>(f) < anchors_.size(),
+                     "outer_optimizer: fragment must be in [0, ", anchors_.size(), "), found ", f);
+    return static_cast<std::size_t>(f);
+  }
   void check(int f, std::size_t n) const {
     FEDSHARD_EXPECTS(n == anchors_[static_cast<std::size_t>(f)].size(),
                      "outer_optimizer: fragment ", f, " has ",

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/plan/comm_op.hpp"
@@ -24,6 +25,11 @@ inline plan average_plan(const mesh_shape& shape, const mesh_coords& me, sync_mo
   plan p;
   const auto bytes = static_cast<std::int64_t>(numel * sizeof(float));
   const int G = shape.groups, R = shape.replicas;
+  FEDSHARD_EXPECTS(mode != sync_mode::hierarchical || numel % static_cast<std::size_t>(R) == 0,
+                   "average_plan: a hierarchical sync splits the fragment over ", R,
+                   " replicas, but its ", numel,
+                   " elements do not divide evenly (pad it with "
+                   "padded_fragment_numel)");
   if (mode == sync_mode::hierarchical) {
     p.ops.push_back({comm_kind::all_reduce, axis::federation, bytes / R, dtype::f32, -1,
                      phase::sync, G, reduce_op::avg, false});

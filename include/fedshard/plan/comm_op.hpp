@@ -112,7 +112,9 @@ struct plan {
   }
   /// Appends the ops of another plan.
   plan& append(const plan& other) {
-    ops.insert(ops.end(), other.ops.begin(), other.ops.end());
+    const std::size_t n = other.ops.size();  // other may be *this
+    ops.reserve(ops.size() + n);
+    for (std::size_t i = 0; i < n; ++i) ops.push_back(other.ops[i]);
     return *this;
   }
 };

@@ -180,7 +180,7 @@ concept Model = requires(M& m, step_context& ctx, const B& batch) {
 
 /// Tokens (or samples) in a batch, as requirement 5 above says.
 template <class M, class B>
-std::int64_t tokens_of(const M& m, const B& batch) {
+std::int64_t tokens_of(M&& m, const B& batch) {
   if constexpr (requires {
                   { m.tokens(batch) } -> std::convertible_to<std::int64_t>;
                 })
