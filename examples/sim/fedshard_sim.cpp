@@ -1,0 +1,509 @@
+// fedshard-sim: prices a training schedule before it runs. The step plan of the algorithm's
+// shard policy and the sync plan of its federation (the plans the trainer executes) are
+// placed on a modelled cluster; the tool prints tokens/s per GPU, the step time split into
+// compute and exposed communication per axis, and the bytes per axis. --sweep writes a CSV
+// over K, groups and inter-group bandwidth (plot it with plot_sweep.py); --paper reproduces
+// the 512-GPU setting of the FL+FSDP paper.
+#include <fedshard/sim/price.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+using namespace fedshard;
+using namespace fedshard::sim;
+
+constexpr double paper_speedup = 8.04;  // PAPERS.md section 1: "up to 8.04x faster data processing"
+
+const char* usage = R"(usage: fedshard-sim [options]
+
+What to train
+  --model NAME          llama3.1-8b (default), llama3-70b, gpt2-124m, or custom:
+  --layers L --d-model D --heads H --kv-heads KV --ffn F --vocab V [--plain-mlp] [--tied]
+  --micro-batch B       sequences per GPU per step (default 2)
+  --seq T               tokens per sequence (default 2048)
+  --mfu X               achieved fraction of peak FLOP/s (default: the cluster's, cited)
+  --recompute           activation recomputation (8N instead of 6N FLOPs per token)
+
+Where
+  --cluster NAME        a100-4gpu-node (default; Leonardo Booster), h100-8gpu-node
+  --gpus W              world size (default 512)
+  --node-gbps X         override the network bandwidth of a node, Gb/s (all NICs together)
+  --nvlink-gbs X        override the NVLink bus bandwidth per GPU, GB/s
+  --sites N             split the world (so the federation groups) into N contiguous sites
+                        joined by a WAN
+  --wan-gbps X          WAN uplink of a site, Gb/s (default 100, illustrative)
+  --wan-latency-ms X    WAN latency per ring step, ms (default 10, illustrative)
+
+How
+  --algo NAME           fsdp (default), hsdp, fl_fsdp, fl_hsdp, ddp, zero2, diloco
+  --groups G            federation groups (fl_*, diloco; default 1)
+  --hsdp S              shards per replica for hsdp / fl_hsdp / diloco (default: GPUs per node)
+  --mesh GxRxS          the mesh itself (overrides --groups and --hsdp)
+  --K K                 inner steps between syncs (default 8)
+  --sync MODE           hierarchical (default) or reference (replica 0 syncs, then broadcasts)
+  --param-dtype T       bf16 (default), f16 or f32 on the wire for parameters
+  --reduce-dtype T      bf16 (default) or f32 for gradient reductions
+  --collectives A       best (default), ring, tree or hierarchical
+
+Modes
+  --paper               the paper's 512-GPU reproduction table (Llama-3.1-8B, 128 x 4 A100)
+  --sweep               CSV over --sweep-k, --sweep-groups and --sweep-gbps, for --algo
+                        (default: fl_fsdp and fl_hsdp); --csv FILE (default: stdout)
+  --sweep-k LIST        e.g. 1,2,4,8,16,32,64 (default)
+  --sweep-groups LIST   e.g. 1,2,4,...,128 (default: powers of two that fit)
+  --sweep-gbps LIST     inter-group bandwidth in Gb/s: the WAN uplink with --sites > 1, else
+                        the node network (default 25,50,100,200,400,800,1600)
+)";
+
+struct options {
+  workload work{llama31_8b(), 2, 2048, 0, false};
+  cluster where = a100_4gpu_node();
+  int gpus = 512;
+  std::string algo = "fsdp";
+  bool algo_given = false;
+  int groups = 1;
+  int hsdp = 0;
+  std::optional<mesh_shape> mesh;
+  int k = 8;
+  federation::sync_mode sync = federation::sync_mode::hierarchical;
+  price_options pricing{};
+  bool paper = false;
+  bool sweep = false;
+  std::string csv;
+  std::vector<int> sweep_k{1, 2, 4, 8, 16, 32, 64};
+  std::vector<int> sweep_groups;
+  std::vector<double> sweep_gbps{25, 50, 100, 200, 400, 800, 1600};
+};
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw invalid_argument("fedshard-sim: " + msg + " (see --help)");
+}
+
+double to_double(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const double d = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0') fail(flag + " expects a number, found '" + v + "'");
+  return d;
+}
+
+int to_int(const std::string& flag, const std::string& v) {
+  const double d = to_double(flag, v);
+  if (d != std::floor(d) || d < 0 || d > 1e9)
+    fail(flag + " expects a whole number, found '" + v + "'");
+  return static_cast<int>(d);
+}
+
+template <class T, class F>
+std::vector<T> to_list(const std::string& flag, const std::string& v, F convert) {
+  std::vector<T> out;
+  std::stringstream ss(v);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(convert(flag, item));
+  if (out.empty()) fail(flag + " expects a comma-separated list, found '" + v + "'");
+  return out;
+}
+
+dtype to_dtype(const std::string& flag, const std::string& v) {
+  if (v == "bf16") return dtype::bf16;
+  if (v == "f16") return dtype::f16;
+  if (v == "f32") return dtype::f32;
+  fail(flag + " expects bf16, f16 or f32, found '" + v + "'");
+}
+
+mesh_shape to_mesh(const std::string& v) {
+  mesh_shape s;
+  char x1 = 0, x2 = 0;
+  std::istringstream is(v);
+  if (!(is >> s.groups >> x1 >> s.replicas >> x2 >> s.shards) || x1 != 'x' || x2 != 'x' ||
+      !is.eof())
+    fail("--mesh expects GxRxS, e.g. 16x8x4, found '" + v + "'");
+  return s;
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  std::optional<double> node_gbps, nvlink_gbs, wan_gbps, wan_ms;
+  bool custom = false;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) fail(a + " needs a value");
+      return args[++i];
+    };
+    auto& m = o.work.model;
+    if (a == "--help" || a == "-h") {
+      std::fputs(usage, stdout);
+      std::exit(0);
+    } else if (a == "--model")
+      m = model_preset(value());
+    else if (a == "--layers")
+      custom = true, m.layers = to_int(a, value());
+    else if (a == "--d-model")
+      custom = true, m.d_model = to_int(a, value());
+    else if (a == "--heads")
+      custom = true, m.heads = to_int(a, value());
+    else if (a == "--kv-heads")
+      custom = true, m.kv_heads = to_int(a, value());
+    else if (a == "--ffn")
+      custom = true, m.ffn = to_int(a, value());
+    else if (a == "--vocab")
+      custom = true, m.vocab = to_int(a, value());
+    else if (a == "--plain-mlp")
+      custom = true, m.gated_mlp = false;
+    else if (a == "--tied")
+      custom = true, m.tied_embeddings = true;
+    else if (a == "--micro-batch")
+      o.work.micro_batch = to_int(a, value());
+    else if (a == "--seq")
+      o.work.seq = to_int(a, value());
+    else if (a == "--mfu")
+      o.work.mfu = to_double(a, value());
+    else if (a == "--recompute")
+      o.work.recompute = true;
+    else if (a == "--cluster")
+      o.where = cluster_preset(value());
+    else if (a == "--gpus")
+      o.gpus = to_int(a, value());
+    else if (a == "--node-gbps")
+      node_gbps = to_double(a, value());
+    else if (a == "--nvlink-gbs")
+      nvlink_gbs = to_double(a, value());
+    else if (a == "--sites")
+      o.where.sites = to_int(a, value());
+    else if (a == "--wan-gbps")
+      wan_gbps = to_double(a, value());
+    else if (a == "--wan-latency-ms")
+      wan_ms = to_double(a, value());
+    else if (a == "--algo")
+      o.algo = value(), o.algo_given = true;
+    else if (a == "--groups")
+      o.groups = to_int(a, value());
+    else if (a == "--hsdp")
+      o.hsdp = to_int(a, value());
+    else if (a == "--mesh")
+      o.mesh = to_mesh(value());
+    else if (a == "--K" || a == "-K" || a == "--k")
+      o.k = to_int(a, value());
+    else if (a == "--sync") {
+      const std::string v = value();
+      if (v == "hierarchical")
+        o.sync = federation::sync_mode::hierarchical;
+      else if (v == "reference")
+        o.sync = federation::sync_mode::reference;
+      else
+        fail("--sync expects hierarchical or reference, found '" + v + "'");
+    } else if (a == "--param-dtype")
+      o.pricing.precision.param = to_dtype(a, value());
+    else if (a == "--reduce-dtype")
+      o.pricing.precision.reduce = to_dtype(a, value());
+    else if (a == "--collectives")
+      o.pricing.collectives = parse_collective_algorithm(value());
+    else if (a == "--paper")
+      o.paper = true;
+    else if (a == "--sweep")
+      o.sweep = true;
+    else if (a == "--csv")
+      o.csv = value();
+    else if (a == "--sweep-k")
+      o.sweep_k = to_list<int>(a, value(), to_int);
+    else if (a == "--sweep-groups")
+      o.sweep_groups = to_list<int>(a, value(), to_int);
+    else if (a == "--sweep-gbps")
+      o.sweep_gbps = to_list<double>(a, value(), to_double);
+    else
+      fail("unknown option '" + a + "'");
+  }
+  if (custom) o.work.model.name = "custom";
+  o.work.model.check();
+  if (node_gbps) o.where.nic_bandwidth = gbit_per_s(*node_gbps) / o.where.nics_per_node;
+  if (nvlink_gbs) o.where.intra.bandwidth = gbyte_per_s(*nvlink_gbs);
+  if (wan_gbps) o.where.wan.bandwidth = gbit_per_s(*wan_gbps);
+  if (wan_ms) o.where.wan.alpha = *wan_ms * 1e-3;
+  if (o.hsdp == 0) o.hsdp = o.where.gpus_per_node;
+  if (o.gpus < 1) fail("--gpus must be >= 1");
+  return o;
+}
+
+/// The mesh an algorithm runs on, from --groups and --hsdp.
+mesh_shape mesh_for(const std::string& algo, int gpus, int groups, int hsdp) {
+  auto need = [&](bool ok, const std::string& what) {
+    if (!ok) fail(algo + " on " + std::to_string(gpus) + " GPUs: " + what);
+  };
+  if (algo == "fsdp" || algo == "zero2" || algo == "ddp") return {1, 1, gpus};
+  if (algo == "hsdp") {
+    need(hsdp >= 1 && gpus % hsdp == 0, "--hsdp " + std::to_string(hsdp) + " must divide it");
+    return {1, gpus / hsdp, hsdp};
+  }
+  need(groups >= 1 && gpus % groups == 0, "--groups " + std::to_string(groups) + " must divide it");
+  if (algo == "fl_fsdp") return {groups, 1, gpus / groups};
+  need(hsdp >= 1 && (gpus / groups) % hsdp == 0,
+       "--hsdp " + std::to_string(hsdp) + " must divide the " + std::to_string(gpus / groups) +
+           " GPUs of a group");
+  return {groups, gpus / groups / hsdp, hsdp};
+}
+
+step_price run(const options& o, const std::string& algo, const mesh_shape& shape, int k,
+               const cluster& c) {
+  return price(algorithm_by_name(algo, k, o.sync), o.work, shape, c, o.pricing);
+}
+
+std::string mesh_string(const mesh_shape& s) {
+  return std::to_string(s.groups) + "x" + std::to_string(s.replicas) + "x" +
+         std::to_string(s.shards);
+}
+
+void print_setting(const options& o, const cluster& c) {
+  const auto& m = o.work.model;
+  const double mfu = o.work.mfu > 0 ? o.work.mfu : c.default_mfu;
+  std::printf("model    %s: %.3f B parameters, %.1f GFLOP per token at seq %d%s\n", m.name.c_str(),
+              total_params(m) / 1e9, train_flops_per_token(m, o.work.seq, o.work.recompute) / 1e9,
+              o.work.seq, o.work.recompute ? " (recompute)" : "");
+  std::printf(
+      "cluster  %s: %d GPUs = %d nodes x %d, %.0f TFLOP/s x MFU %.2f; NVLink %.0f GB/s "
+      "per GPU; network %d x %.0f Gb/s = %.0f Gb/s per node",
+      c.name.c_str(), o.gpus, (o.gpus + c.gpus_per_node - 1) / c.gpus_per_node, c.gpus_per_node,
+      c.peak_flops / 1e12, mfu, c.intra.bandwidth / 1e9, c.nics_per_node, c.nic_bandwidth * 8 / 1e9,
+      c.node_bandwidth() * 8 / 1e9);
+  if (c.sites > 1)
+    std::printf("; %d sites, WAN %.1f Gb/s, %.1f ms", c.sites, c.wan.bandwidth * 8 / 1e9,
+                c.wan.alpha * 1e3);
+  std::printf(
+      "\nworkload micro-batch %d x seq %d = %.0f tokens per GPU per step; wire dtypes %s "
+      "params, %s reductions, f32 syncs; collectives: %s\n",
+      o.work.micro_batch, o.work.seq, o.work.tokens_per_gpu(),
+      std::string(to_string(o.pricing.precision.param)).c_str(),
+      std::string(to_string(o.pricing.precision.reduce)).c_str(),
+      std::string(to_string(o.pricing.collectives)).c_str());
+}
+
+void print_price(const step_price& p, const step_price* fsdp) {
+  std::printf("\n%s on mesh %s (groups x replicas x shards)%s\n", p.algorithm.c_str(),
+              mesh_string(p.shape).c_str(),
+              p.syncs ? (", K = " + std::to_string(p.period)).c_str() : "");
+  std::printf("  tokens/s per GPU     %10.1f", p.tokens_per_s_per_gpu);
+  if (fsdp) std::printf("   (%.2fx fsdp)", fsdp->step / p.step);
+  std::printf("\n  step                 %10.4f s = compute %.4f s + exposed communication %.4f s\n",
+              p.step, p.compute, p.exposed_comm());
+  std::printf("  overlappable comm    %10.4f s (%.4f s hidden behind compute)\n", p.overlappable,
+              p.hidden);
+  if (p.syncs)
+    std::printf("  one sync             %10.4f s, every %d steps: %.4f s per step\n", p.sync,
+                p.period, p.sync_per_step);
+  std::printf("  %-11s %-8s %6s %10s %10s %12s %12s %12s %10s\n", "axis", "level", "ranks",
+              "GB/step", "GB/sync", "GB/step(K)", "node GB/step", "comm s/step", "exposed s");
+  for (axis a : all_axes) {
+    const auto& x = p[a];
+    if (x.step_calls + x.sync_calls == 0) continue;
+    std::printf("  %-11s %-8s %6d %10.3f %10.3f %12.3f %12.3f %12.4f %10.4f\n",
+                std::string(to_string(a)).c_str(), std::string(to_string(x.level)).c_str(), x.ranks,
+                x.step_bytes / 1e9, x.sync_bytes / 1e9, x.bytes_per_step / 1e9,
+                x.node_bytes_per_step / 1e9, x.step_seconds + x.sync_seconds / p.period, x.exposed);
+  }
+  std::printf(
+      "  GB: bytes this GPU sends (the traffic counters' wire bytes); GB/step(K): syncs "
+      "amortised over K;\n  node GB/step: bytes leaving its node, amortised\n");
+}
+
+/// The paper's four configurations on cluster c.
+struct paper_row {
+  std::string label;
+  std::string algo;
+  mesh_shape shape;
+};
+
+std::vector<paper_row> paper_rows() {
+  return {{"fsdp", "fsdp", {1, 1, 512}},
+          {"hsdp(4)", "hsdp", {1, 128, 4}},
+          {"fl_fsdp (128 groups, K=8)", "fl_fsdp", {128, 1, 4}},
+          {"fl_hsdp (hsdp 4, 16 groups, K=8)", "fl_hsdp", {16, 8, 4}}};
+}
+
+std::vector<step_price> paper_prices(const options& o, const cluster& c) {
+  std::vector<step_price> out;
+  for (const auto& r : paper_rows()) out.push_back(run(o, r.algo, r.shape, 8, c));
+  return out;
+}
+
+double best_fl_speedup(const std::vector<step_price>& p) {
+  return std::max(p[0].step / p[2].step, p[0].step / p[3].step);
+}
+
+cluster with_node_gbps(cluster c, double gbps) {
+  c.nic_bandwidth = gbit_per_s(gbps) / c.nics_per_node;
+  return c;
+}
+
+void paper(options o) {
+  o.work = workload{llama31_8b(), 2, 2048, o.work.mfu, o.work.recompute};
+  o.gpus = 512;
+  const cluster& c = o.where;
+  std::printf("Reproduction of the FL+FSDP paper's setting (PAPERS.md section 1)\n");
+  print_setting(o, c);
+  const auto p = paper_prices(o, c);
+  std::printf("\n%-34s %-9s %11s %9s %9s %9s %9s %9s %8s\n", "configuration", "mesh", "tok/s/GPU",
+              "step s", "compute", "exp.shard", "exp.repl", "exp.fed", "vs fsdp");
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const auto& x = p[i];
+    std::printf("%-34s %-9s %11.1f %9.4f %9.4f %9.4f %9.4f %9.4f %7.2fx\n",
+                paper_rows()[i].label.c_str(), mesh_string(x.shape).c_str(), x.tokens_per_s_per_gpu,
+                x.step, x.compute, x[axis::shard].exposed, x[axis::replica].exposed,
+                x[axis::federation].exposed, p[0].step / x.step);
+  }
+  std::printf(
+      "\nbytes each GPU sends per step by axis, and bytes leaving a node per step "
+      "(GB; syncs amortised over K)\n");
+  std::printf("%-34s %10s %10s %10s %12s\n", "configuration", "shard", "replica", "federation",
+              "node egress");
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const auto& x = p[i];
+    double egress = 0;
+    for (axis a : all_axes) egress += x[a].node_bytes_per_step;
+    std::printf("%-34s %10.3f %10.3f %10.3f %12.3f\n", paper_rows()[i].label.c_str(),
+                x[axis::shard].bytes_per_step / 1e9, x[axis::replica].bytes_per_step / 1e9,
+                x[axis::federation].bytes_per_step / 1e9, egress / 1e9);
+  }
+
+  const double best = best_fl_speedup(p);
+  std::printf(
+      "\npredicted data-processing speed-up of fl_* over fsdp: fl_fsdp %.2fx, fl_hsdp "
+      "%.2fx; the paper reports up to %.2fx (gap: %.1fx)\n",
+      p[0].step / p[2].step, p[0].step / p[3].step, paper_speedup, paper_speedup / best);
+
+  std::printf(
+      "fsdp's gathers and reduce-scatters take %.4f s per step (%.4f s of it latency-free "
+      "transfer at best); its compute is %.4f s, so %s\n",
+      p[0].overlappable, p[0][axis::shard].step_node_bytes / c.node_bandwidth(), p[0].compute,
+      p[0].overlappable <= p[0].compute
+          ? "they hide behind it: fsdp is compute-bound here and federation cannot speed "
+            "it up"
+          : "part of them is exposed");
+
+  std::printf("\nsensitivity (same model, nothing tuned):\n");
+  for (double gbps : {200.0, 100.0, 50.0}) {
+    const auto q = paper_prices(o, with_node_gbps(c, gbps));
+    std::printf("  node network %4.0f Gb/s: fsdp %.4f s/step; fl_fsdp %.2fx, fl_hsdp %.2fx\n", gbps,
+                q[0].step, q[0].step / q[2].step, q[0].step / q[3].step);
+  }
+  for (double mfu : {0.3, 0.7}) {
+    options m = o;
+    m.work.mfu = mfu;
+    const auto q = paper_prices(m, c);
+    std::printf("  MFU %.1f: fl_fsdp %.2fx, fl_hsdp %.2fx\n", mfu, q[0].step / q[2].step,
+                q[0].step / q[3].step);
+  }
+  {
+    const auto q = paper_prices(o, with_node_gbps(c, 1e-3));
+    std::printf("  bandwidth-bound limit (node network -> 0): fl_fsdp %.2fx, fl_hsdp %.2fx\n",
+                q[0].step / q[2].step, q[0].step / q[3].step);
+    if (best_fl_speedup(q) < paper_speedup) {
+      std::printf(
+          "  -> no network bandwidth gives %.2fx in this model: the syncs move f32 master "
+          "weights, and the bytes ratio caps the speed-up\n",
+          paper_speedup);
+    } else {
+      double lo = 1e-3, hi = c.node_bandwidth() * 8 / 1e9;
+      for (int it = 0; it < 60; ++it) {
+        const double mid = std::sqrt(lo * hi);
+        (best_fl_speedup(paper_prices(o, with_node_gbps(c, mid))) >= paper_speedup ? lo : hi) = mid;
+      }
+      std::printf("  -> %.2fx needs the node network to deliver <= %.1f Gb/s (%.1f%% of %.0f)\n",
+                  paper_speedup, lo, 100 * lo / (c.node_bandwidth() * 8 / 1e9),
+                  c.node_bandwidth() * 8 / 1e9);
+    }
+  }
+}
+
+void sweep(const options& o) {
+  std::vector<std::string> algos;
+  if (o.algo_given)
+    algos.push_back(o.algo);
+  else
+    algos = {"fl_fsdp", "fl_hsdp"};
+  std::vector<int> groups = o.sweep_groups;
+  if (groups.empty())
+    for (int g = 1; g <= o.gpus; g *= 2) groups.push_back(g);
+  std::ofstream file;
+  if (!o.csv.empty()) {
+    file.open(o.csv);
+    if (!file) fail("cannot write " + o.csv);
+  }
+  std::ostream& out = o.csv.empty() ? std::cout : file;
+  out << "model,cluster,gpus,algo,groups,replicas,shards,K,inter_group_gbps,node_gbps,sites,"
+         "compute_s,exposed_s,exposed_shard_s,exposed_replica_s,exposed_federation_s,"
+         "exposed_group_s,exposed_world_s,sync_s,step_s,tokens_per_s_per_gpu,fsdp_step_s,"
+         "speedup_vs_fsdp,bytes_shard,bytes_replica,bytes_federation,bytes_group,bytes_world\n";
+  int rows = 0, skipped = 0;
+  for (double gbps : o.sweep_gbps) {
+    cluster c = o.where;
+    if (c.sites > 1)
+      c.wan.bandwidth = gbit_per_s(gbps);
+    else
+      c = with_node_gbps(c, gbps);
+    const step_price base = run(o, "fsdp", {1, 1, o.gpus}, 1, c);
+    for (const auto& algo : algos)
+      for (int g : groups)
+        for (int k : o.sweep_k) {
+          mesh_shape shape;
+          try {
+            shape = mesh_for(algo, o.gpus, g, o.hsdp);
+          } catch (const invalid_argument&) {
+            ++skipped;
+            continue;
+          }
+          const step_price p = run(o, algo, shape, k, c);
+          out << o.work.model.name << ',' << c.name << ',' << o.gpus << ',' << algo << ','
+              << shape.groups << ',' << shape.replicas << ',' << shape.shards << ',' << p.period
+              << ',' << gbps << ',' << c.node_bandwidth() * 8 / 1e9 << ',' << c.sites << ','
+              << p.compute << ',' << p.exposed_comm();
+          for (axis a : all_axes) out << ',' << p[a].exposed;
+          out << ',' << p.sync << ',' << p.step << ',' << p.tokens_per_s_per_gpu << ',' << base.step
+              << ',' << base.step / p.step;
+          for (axis a : all_axes) out << ',' << p[a].bytes_per_step;
+          out << '\n';
+          ++rows;
+        }
+  }
+  std::fprintf(stderr, "fedshard-sim: %d rows%s%s (%d combinations skipped: mesh does not fit)\n",
+               rows, o.csv.empty() ? "" : " written to ", o.csv.c_str(), skipped);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    options o = parse(argc, argv);
+    if (o.paper) {
+      paper(o);
+      return 0;
+    }
+    if (o.sweep) {
+      sweep(o);
+      return 0;
+    }
+    const mesh_shape shape = o.mesh ? *o.mesh : mesh_for(o.algo, o.gpus, o.groups, o.hsdp);
+    if (shape.size() != o.gpus) o.gpus = shape.size();
+    print_setting(o, o.where);
+    const step_price p = run(o, o.algo, shape, o.k, o.where);
+    std::optional<step_price> base;
+    if (o.algo != "fsdp") base = run(o, "fsdp", {1, 1, shape.size()}, 1, o.where);
+    print_price(p, base ? &*base : nullptr);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,286 @@
+#pragma once
+/// The cluster model of the simulator: levels of links with latency α and bandwidth β, cluster
+/// presets with cited constants, and where the ranks of a mesh sit (node, site).
+///
+/// Levels:
+///  - intra: GPU to GPU inside a node (NVLink). β is the bus bandwidth one GPU sustains in a
+///    ring (nccl-tests busbw), per direction.
+///  - inter: node to node (InfiniBand). β of a node is nics_per_node x nic_bandwidth, shared
+///    by every ring that leaves the node at the same time.
+///  - wan: site to site, optional. The world is split into `sites` contiguous blocks of whole
+///    nodes; since groups are contiguous rank blocks too, sites dividing G put whole groups
+///    on each site. β is one site's uplink, shared by every ring that leaves the site at the
+///    same time.
+/// α is the latency of one ring step that crosses the level; op_latency is the fixed cost of
+/// launching one collective.
+///
+/// Placement: world ranks are contiguous, node = rank / gpus_per_node, site = rank / (W / sites).
+/// All bandwidths are bytes per second, all latencies seconds.
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fedshard/error.hpp"
+#include "fedshard/mesh/axis.hpp"
+#include "fedshard/mesh/mesh.hpp"
+
+namespace fedshard::sim {
+
+/// One level of links.
+struct link_level {
+  double alpha = 0;      ///< seconds per ring step that crosses this level
+  double bandwidth = 0;  ///< bytes/s, per direction (see the file comment for whose)
+};
+
+/// A cluster of identical nodes.
+struct cluster {
+  std::string name;
+  int gpus_per_node = 1;
+  int nics_per_node = 1;
+  double nic_bandwidth = 0;  ///< bytes/s of one NIC, per direction
+  link_level intra;          ///< NVLink: α per step, β = busbw per GPU
+  link_level inter;  ///< network: α per step; β is node_bandwidth(), `inter.bandwidth` unused
+  link_level wan;    ///< between sites: α per step, β per site uplink
+  double op_latency = 0;     ///< fixed seconds per collective
+  double peak_flops = 0;     ///< dense bf16 FLOP/s of one GPU
+  double default_mfu = 0.5;  ///< achieved fraction of peak_flops for transformer training
+  int sites = 1;             ///< the world is split over this many sites
+
+  /// Bytes/s a node can send to the network: nics_per_node x nic_bandwidth.
+  double node_bandwidth() const noexcept { return nics_per_node * nic_bandwidth; }
+};
+
+/// Gb/s (network units) to bytes/s.
+constexpr double gbit_per_s(double gbps) noexcept {
+  return gbps * 1e9 / 8.0;
+}
+/// GB/s to bytes/s.
+constexpr double gbyte_per_s(double gbs) noexcept {
+  return gbs * 1e9;
+}
+/// Microseconds to seconds.
+constexpr double microseconds(double us) noexcept {
+  return us * 1e-6;
+}
+
+namespace detail {
+
+// Latencies from NCCL's own tuning model (NVIDIA/nccl, src/graph/tuning.cc, NCCL 2.8: the
+// `baseLat` and `hwLat` tables, Ring algorithm, Simple protocol, the one used for large
+// messages): 8.4 us per collective, 3.4 us per NVLink ring step, 9.6 us per network step.
+inline constexpr double nccl_ring_simple_base_us = 8.4;
+inline constexpr double nccl_ring_simple_nvlink_step_us = 3.4;
+inline constexpr double nccl_ring_simple_net_step_us = 9.6;
+
+/// The WAN level a preset starts with: unused while sites == 1. The values are illustrative,
+/// not a measurement: a 100 Gb/s uplink and 10 ms per step (a few hundred km of fibre plus
+/// routers); set them to the link being priced.
+inline link_level default_wan() {
+  return {10e-3, gbit_per_s(100)};
+}
+
+}  // namespace detail
+
+/// 4 x A100 per node, 4 x HDR100 InfiniBand: a Leonardo Booster node (the paper's system).
+inline cluster a100_4gpu_node() {
+  cluster c;
+  c.name = "a100-4gpu-node";
+  // CINECA, Leonardo hardware overview (leonardo-supercomputer.cineca.eu/hpc-system): a
+  // Booster node is 4 x A100 SXM4 64 GB and "2x dual-port HDR network interface (400 Gbps
+  // aggregated)", i.e. 4 ports of HDR100 (100 Gb/s) on an HDR Dragonfly+ fabric.
+  c.gpus_per_node = 4;
+  c.nics_per_node = 4;
+  c.nic_bandwidth = gbit_per_s(100);
+  // NVLink 3: 12 links x 25 GB/s per direction = 300 GB/s per GPU (A100 datasheet: "NVLink
+  // 600 GB/s", both directions). NCCL's tuning model caps the bus bandwidth of compute
+  // capability 8.0 at 235 GB/s (tuning.cc: `if (compCap80) busBw = std::min(busBw, 235.0f)`),
+  // in line with published nccl-tests busbw of 230-250 GB/s on 8 x A100 SXM4. We use 235.
+  c.intra = {microseconds(detail::nccl_ring_simple_nvlink_step_us), gbyte_per_s(235)};
+  c.inter = {microseconds(detail::nccl_ring_simple_net_step_us), 0};
+  c.wan = detail::default_wan();
+  c.op_latency = microseconds(detail::nccl_ring_simple_base_us);
+  // A100 datasheet: BF16 Tensor Core 312 TFLOP/s dense (624 with sparsity).
+  c.peak_flops = 312e12;
+  // Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+  // Megatron-LM" (SC'21): 163 TFLOP/s per A100 = 52% of peak on GPT models; PaLM (Chowdhery
+  // et al. 2022, Table 3) reports 46.2% MFU. We take 0.5 for the compute alone.
+  c.default_mfu = 0.5;
+  return c;
+}
+
+/// 8 x H100 SXM per node, 8 x 400 Gb/s NDR InfiniBand: a DGX H100.
+inline cluster h100_8gpu_node() {
+  cluster c;
+  c.name = "h100-8gpu-node";
+  // NVIDIA DGX H100 datasheet: 8 x H100 SXM5, 8 x single-port ConnectX-7 400 Gb/s InfiniBand.
+  c.gpus_per_node = 8;
+  c.nics_per_node = 8;
+  c.nic_bandwidth = gbit_per_s(400);
+  // H100 SXM datasheet: NVLink 900 GB/s (both directions) = 450 GB/s per direction; published
+  // nccl-tests busbw on 8 x H100 SXM5 is 450-480 GB/s. We use 450.
+  c.intra = {microseconds(detail::nccl_ring_simple_nvlink_step_us), gbyte_per_s(450)};
+  c.inter = {microseconds(detail::nccl_ring_simple_net_step_us), 0};
+  c.wan = detail::default_wan();
+  c.op_latency = microseconds(detail::nccl_ring_simple_base_us);
+  // H100 SXM datasheet: BF16 Tensor Core 989 TFLOP/s dense (1979 with sparsity).
+  c.peak_flops = 989e12;
+  // Llama 3 (Dubey et al. 2024, Table 4): 38-43% BF16 MFU on H100 at 8K-16K GPUs. We take 0.4.
+  c.default_mfu = 0.4;
+  return c;
+}
+
+/// Names of the cluster presets.
+inline std::vector<std::string> cluster_preset_names() {
+  return {"a100-4gpu-node", "h100-8gpu-node"};
+}
+
+/// The cluster preset called name; invalid_argument naming the presets otherwise.
+inline cluster cluster_preset(std::string_view name) {
+  if (name == "a100-4gpu-node") return a100_4gpu_node();
+  if (name == "h100-8gpu-node") return h100_8gpu_node();
+  std::string known;
+  for (const auto& n : cluster_preset_names()) known += (known.empty() ? "" : ", ") + n;
+  FEDSHARD_EXPECTS(false, "sim: unknown cluster preset '", name, "', expected one of ", known);
+  return {};
+}
+
+/// The outermost level a communicator crosses.
+enum class level_kind : std::uint8_t { local, intra, inter, wan };
+
+/// "local" (one rank), "nvlink", "network" or "wan".
+constexpr std::string_view to_string(level_kind k) noexcept {
+  switch (k) {
+    case level_kind::local: return "local";
+    case level_kind::intra: return "nvlink";
+    case level_kind::inter: return "network";
+    case level_kind::wan: return "wan";
+  }
+  return "unknown-level";
+}
+
+/// How one communicator is spread over the cluster.
+struct comm_span {
+  int ranks = 1;     ///< members
+  int nodes = 1;     ///< distinct nodes
+  int per_node = 1;  ///< most members on one node
+  int sites = 1;     ///< distinct sites
+
+  /// The outermost level the communicator crosses.
+  level_kind level() const noexcept {
+    if (ranks <= 1) return level_kind::local;
+    if (sites > 1) return level_kind::wan;
+    if (nodes > 1) return level_kind::inter;
+    return level_kind::intra;
+  }
+  friend bool operator==(const comm_span&, const comm_span&) = default;
+};
+
+/// Where the ranks of a G x R x S mesh sit on a cluster (see the file comment).
+class placement {
+ public:
+  /// Throws invalid_argument for an invalid shape or cluster, or when sites do not split the
+  /// world into whole nodes.
+  placement(mesh_shape shape, const cluster& c)
+      : shape_(shape), gpus_per_node_(c.gpus_per_node), sites_(c.sites) {
+    FEDSHARD_EXPECTS(shape.groups >= 1 && shape.replicas >= 1 && shape.shards >= 1,
+                     "sim::placement: every mesh dimension must be >= 1, found ", to_string(shape));
+    FEDSHARD_EXPECTS(c.gpus_per_node >= 1, "sim::placement: gpus_per_node must be >= 1, found ",
+                     c.gpus_per_node);
+    FEDSHARD_EXPECTS(c.sites >= 1 && shape.size() % c.sites == 0,
+                     "sim::placement: sites must be >= 1 and divide the ", shape.size(),
+                     " ranks, found ", c.sites);
+    const int per_site = shape.size() / c.sites;
+    FEDSHARD_EXPECTS(c.sites == 1 || per_site % c.gpus_per_node == 0, "sim::placement: ", c.sites,
+                     " sites hold ", per_site, " ranks each, not a whole number of ",
+                     c.gpus_per_node, "-GPU nodes");
+  }
+
+  const mesh_shape& shape() const noexcept { return shape_; }
+  /// Ranks in the world.
+  int size() const noexcept { return shape_.size(); }
+  /// Nodes used (the last one may be partly filled).
+  int nodes() const noexcept { return (size() + gpus_per_node_ - 1) / gpus_per_node_; }
+  int gpus_per_node() const noexcept { return gpus_per_node_; }
+  int sites() const noexcept { return sites_; }
+  /// rank / gpus_per_node.
+  int node_of(int rank) const noexcept { return rank / gpus_per_node_; }
+  /// rank / (W / sites).
+  int site_of(int rank) const noexcept { return rank / (size() / sites_); }
+
+  /// An id shared by exactly the ranks of one communicator of axis a.
+  int comm_id(axis a, int rank) const {
+    const mesh_coords c = coords_of(shape_, rank);
+    switch (a) {
+      case axis::shard: return c.group * shape_.replicas + c.replica;
+      case axis::replica: return c.group * shape_.shards + c.shard;
+      case axis::federation: return c.replica * shape_.shards + c.shard;
+      case axis::group: return c.group;
+      case axis::world: return 0;
+    }
+    return -1;
+  }
+
+  /// The world ranks of rank's communicator on axis a, ordered by their axis coordinate.
+  std::vector<int> members(axis a, int rank) const {
+    const mesh_coords c = coords_of(shape_, rank);
+    std::vector<int> out;
+    switch (a) {
+      case axis::shard:
+        for (int s = 0; s < shape_.shards; ++s)
+          out.push_back(rank_of(shape_, {c.group, c.replica, s}));
+        break;
+      case axis::replica:
+        for (int r = 0; r < shape_.replicas; ++r)
+          out.push_back(rank_of(shape_, {c.group, r, c.shard}));
+        break;
+      case axis::federation:
+        for (int g = 0; g < shape_.groups; ++g)
+          out.push_back(rank_of(shape_, {g, c.replica, c.shard}));
+        break;
+      case axis::group: {
+        const int f = shape_.replicas * shape_.shards;
+        for (int l = 0; l < f; ++l) out.push_back(c.group * f + l);
+        break;
+      }
+      case axis::world:
+        for (int r = 0; r < size(); ++r) out.push_back(r);
+        break;
+    }
+    return out;
+  }
+
+  /// How rank's communicator on axis a is spread over nodes and sites.
+  comm_span span(axis a, int rank) const {
+    const std::vector<int> m = members(a, rank);
+    comm_span s;
+    s.ranks = static_cast<int>(m.size());
+    std::vector<int> nodes, sites;
+    for (int r : m) {
+      nodes.push_back(node_of(r));
+      sites.push_back(site_of(r));
+    }
+    std::sort(nodes.begin(), nodes.end());
+    std::sort(sites.begin(), sites.end());
+    s.nodes = 0;
+    s.per_node = 0;
+    for (std::size_t i = 0; i < nodes.size();) {
+      std::size_t j = i;
+      while (j < nodes.size() && nodes[j] == nodes[i]) ++j;
+      ++s.nodes;
+      s.per_node = std::max(s.per_node, static_cast<int>(j - i));
+      i = j;
+    }
+    s.sites = static_cast<int>(std::unique(sites.begin(), sites.end()) - sites.begin());
+    return s;
+  }
+
+ private:
+  mesh_shape shape_;
+  int gpus_per_node_;
+  int sites_;
+};
+
+}  // namespace fedshard::sim
