@@ -11,6 +11,8 @@
 /// whole-file checksum before it parses anything, so a torn or truncated file is refused,
 /// never half-read.
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -48,6 +50,16 @@ inline std::string rank_file_name(int rank) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "rank-%05d.bin", rank);
   return buf;
+}
+
+/// A fresh identifier for one save, below 2^53 so that it survives a trip through a double
+/// (a world all_reduce): every file of a save carries it, so files of two saves are never
+/// mixed (a save that stopped half-way leaves some ranks' files from an earlier one).
+inline std::uint64_t new_save_id() {
+  static std::atomic<std::uint64_t> counter{0};
+  const auto now = std::chrono::system_clock::now().time_since_epoch().count();
+  const std::uint64_t c = counter.fetch_add(1);
+  return fnv1a(&c, sizeof c, fnv1a(&now, sizeof now)) >> 11;
 }
 
 /// Collects named sections and writes them as one checksummed file.
@@ -153,6 +165,7 @@ class file_reader {
       const auto sum = get<std::uint64_t>(data, at);
       if (fnv1a(bytes.data(), bytes.size()) != sum)
         fail("is corrupt: section '", name, "' fails its checksum");
+      if (sections_.count(name)) fail("is corrupt: section '", name, "' appears twice");
       sections_.emplace(std::move(name), std::move(bytes));
     }
     if (at != body) fail("is corrupt: ", body - at, " unexpected bytes after the sections");
@@ -183,7 +196,7 @@ class file_reader {
     if (s.size() != values.size_bytes())
       fail("section '", name, "' holds ", s.size(), " bytes, this run expects ",
            values.size_bytes());
-    std::memcpy(values.data(), s.data(), s.size());
+    if (!s.empty()) std::memcpy(values.data(), s.data(), s.size());  // data() may be null
   }
   /// One value from a section of exactly its size.
   template <class T>

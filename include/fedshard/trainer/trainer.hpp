@@ -209,12 +209,18 @@ class trainer final : private detail::unit_hooks {
     std::exception_ptr error;
     if (rank == 0) error = attempt([&] { std::filesystem::create_directories(dir); });
     all_ok(error, "creating the checkpoint directory");
-    error = attempt([&] { rank_state().write(dir / checkpoint::rank_file_name(rank)); });
+    const std::uint64_t id = save_id();
+    error = attempt([&] {
+      checkpoint::file_writer w = rank_state();
+      w.add_value("save_id", id);
+      w.write(dir / checkpoint::rank_file_name(rank));
+    });
     all_ok(error, "writing the rank files");
     if (rank == 0) {
       error = attempt([&] {
         checkpoint::file_writer w;
         w.add_text("manifest", manifest().text());
+        w.add_value("save_id", id);
         w.write(dir / "manifest.bin");
       });
     }
@@ -231,9 +237,17 @@ class trainer final : private detail::unit_hooks {
     std::exception_ptr error = attempt([&] {
       const auto m = checkpoint::file_reader::open(dir / "manifest.bin");
       manifest().require_same(checkpoint::manifest::parse(m.section("manifest")), dir.string());
-      file.emplace(checkpoint::file_reader::open(dir / checkpoint::rank_file_name(rank)));
+      const auto path = dir / checkpoint::rank_file_name(rank);
+      file.emplace(checkpoint::file_reader::open(path));
       manifest().require_same(checkpoint::manifest::parse(file->section("manifest")),
-                              (dir / checkpoint::rank_file_name(rank)).string());
+                              path.string());
+      const auto id = m.read_value<std::uint64_t>("save_id");
+      const auto file_id = file->read_value<std::uint64_t>("save_id");
+      if (file_id != id)
+        throw invalid_argument(fedshard::detail::concat(
+            "fedshard: checkpoint file '", path.string(), "' belongs to another save (id ", file_id,
+            ") than its manifest '", (dir / "manifest.bin").string(), "' (id ", id,
+            "): a save stopped half-way"));
       restore(*file, /*commit=*/false);  // every section present with the right size
     });
     all_ok(error, "reading the checkpoint");
@@ -519,6 +533,16 @@ class trainer final : private detail::unit_hooks {
     step_ = step;
     syncs_applied_ = syncs;
     started_ = started;
+  }
+
+  /// Rank 0's checkpoint::new_save_id(), agreed on by every rank (collective over the world).
+  std::uint64_t save_id() {
+    auto& m = engine_.topology();
+    const comm_op op{comm_kind::all_reduce, axis::world, 8, dtype::f64, -1, phase::sync, m.size(),
+                     reduce_op::max,        false};
+    double id = m.rank() == 0 ? static_cast<double>(checkpoint::new_save_id()) : 0.0;
+    engine_.exec().run(op, &id, &id);
+    return static_cast<std::uint64_t>(id);
   }
 
   /// Runs f; returns what it threw, or null when it succeeded.

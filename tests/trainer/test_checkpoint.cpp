@@ -1,0 +1,761 @@
+// Checkpoints: the file format, bit-identical resume (in the same process and in a fresh one),
+// refusal of another setup and of torn files on every rank, and never half-loading.
+#include <doctest/doctest.h>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "fedshard/comm/inproc.hpp"
+#include "fedshard/error.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "fedshard/optim/adamw.hpp"
+#include "fedshard/optim/sgd.hpp"
+#include "fedshard/trainer/checkpoint.hpp"
+#include "fedshard/trainer/trainer.hpp"
+#include "support/spawn_ranks.hpp"
+#include "support/tiny_mlp.hpp"
+
+extern char** environ;
+
+using namespace fedshard;
+using test::mlp_model;
+namespace fs = std::filesystem;
+namespace ck = fedshard::checkpoint;
+
+namespace {
+
+constexpr std::uint64_t kData = 11;
+
+/// A fresh, empty directory under the system temp directory, removed at scope exit.
+struct temp_dir {
+  fs::path path;
+  temp_dir() {
+    static std::atomic<int> counter{0};
+    path = fs::temp_directory_path() /
+           fedshard::detail::concat("fedshard-ckpt-", ::getpid(), "-", counter++);
+    fs::remove_all(path);
+    fs::create_directories(path);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  ~temp_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::string read_all(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+void write_all(const fs::path& p, const std::string& data) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  f.write(data.data(), static_cast<std::streamsize>(data.size()));
+  REQUIRE(f.good());
+}
+
+bool contains(std::string_view haystack, std::string_view needle) {
+  return haystack.find(needle) != std::string_view::npos;
+}
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+/// Everything that defines a run except the steps it covers.
+template <class Alg, class Opt>
+struct setup {
+  mesh_shape shape;
+  typename Opt::config oc{};
+  trainer_options<Alg> opts{};
+  mlp_model model{};
+  std::function<int(int group, int step)> batch_size{};  // samples per rank; empty = 2
+};
+
+template <class Alg, class Opt>
+using trainer_t = trainer<mlp_model, Alg, Opt>;
+
+/// The batch of this rank at a (global) step: the same whichever process trains it.
+template <class Alg, class Opt>
+std::vector<test::sample> batch_at(trainer_t<Alg, Opt>& t, const setup<Alg, Opt>& s, int step) {
+  auto& m = t.topology();
+  const int g = m.coords().group;
+  const int local = m.coords().replica * s.shape.shards + m.coords().shard;
+  const int n = s.batch_size ? s.batch_size(g, step) : 2;
+  return t.model().batch(kData, step, g, s.shape.groups, local, s.shape.replicas * s.shape.shards,
+                         n);
+}
+
+/// What one world rank ended a leg with.
+struct rank_result {
+  std::vector<float> params;
+  std::int64_t step = -1;
+  std::int64_t syncs = -1;                            // syncs_applied()
+  std::vector<std::vector<std::int64_t>> sync_steps;  // per fragment
+  std::vector<std::int64_t> outer_steps;              // per fragment, outer optimizers only
+  std::int64_t loaded_step = -1;                      // step_count() right after load()
+  std::vector<float> params_at_save;                  // parameters() right after save()
+  std::int64_t fed_calls_at_save = -1;  // federation collectives started before save()
+  std::int64_t syncs_at_save = -1;      // syncs applied before save()
+};
+using result = std::vector<rank_result>;
+
+/// Fresh trainers on every rank; load(load_dir) first when given; then steps [from, to),
+/// with save(save_dir) when the step count reaches save_at.
+template <class Alg, class Opt>
+result leg(const setup<Alg, Opt>& s, int from, int to, const fs::path& load_dir = {},
+           int save_at = -1, const fs::path& save_dir = {}) {
+  result out(static_cast<std::size_t>(s.shape.size()));
+  test::spawn_ranks(s.shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, s.shape);
+    trainer_t<Alg, Opt> t(m, s.model, s.oc, s.opts);
+    auto& r = out[static_cast<std::size_t>(world.rank())];
+    if (!load_dir.empty()) t.load(load_dir);
+    r.loaded_step = t.step_count();
+    for (int step = from;; ++step) {
+      if (step == save_at) {
+        r.fed_calls_at_save = t.traffic()[axis::federation].calls;
+        r.syncs_at_save = t.syncs_applied();
+        t.save(save_dir);
+        r.params_at_save = t.parameters();
+      }
+      if (step == to) break;
+      t.step(batch_at(t, s, step));
+    }
+    r.params = t.parameters();
+    r.step = t.step_count();
+    r.syncs = t.syncs_applied();
+    for (int f = 0; f < t.schedule().fragments(); ++f) {
+      r.sync_steps.push_back(t.sync_steps(f));
+      if constexpr (requires { t.federation().outer_steps(f); })
+        r.outer_steps.push_back(t.federation().outer_steps(f));
+    }
+  });
+  return out;
+}
+
+/// Every rank's parameters equal, bit for bit, and the step and sync counts too.
+void check_same(const result& got, const result& want) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    CAPTURE(r);
+    CHECK(got[r].step == want[r].step);
+    CHECK(got[r].syncs == want[r].syncs);
+    CHECK(got[r].sync_steps == want[r].sync_steps);
+    CHECK(got[r].outer_steps == want[r].outer_steps);
+    CHECK(bit_equal(got[r].params, want[r].params));
+  }
+}
+
+// ---- scenarios shared by the parent and the child process -------------------------------
+
+/// Calls f(setup, N, M) for the named scenario: save after N steps, resume for M more.
+template <class F>
+bool with_scenario(std::string_view name, F&& f) {
+  if (name == "fl_hsdp") {
+    // periodic<3> syncs after steps 2, 5 and the final 7: N = 4 is mid-period.
+    setup<fl_hsdp<3>, optim::adamw> s{{2, 2, 2}, {.lr = 1e-2f}};
+    s.opts.total_steps = 8;
+    f(s, 4, 4);
+    return true;
+  }
+  if (name == "streaming") {
+    // H = 6, P = 3, τ = 1: fragment 1 starts after step 2 and applies after step 3, so after
+    // N = 3 steps its sync is in flight.
+    setup<streaming_diloco, optim::adamw> s{{2, 1, 2}, {.lr = 1e-2f}};
+    s.opts.schedule = {.period = 6, .fragments = 3, .delay = 1, .alpha = 0.5f};
+    s.opts.total_steps = 12;
+    f(s, 3, 9);
+    return true;
+  }
+  if (name == "diloco") {
+    // H = 4: outer steps after 3, 7 and the final 10; N = 6 has one outer step and momentum.
+    setup<diloco<4>, optim::sgd> s{{2, 2, 1}, {.lr = 0.05f, .momentum = 0.9f}};
+    s.opts.total_steps = 11;
+    f(s, 6, 5);
+    return true;
+  }
+  return false;
+}
+
+constexpr const char* child_dir_env = "FEDSHARD_CKPT_CHILD";
+constexpr const char* child_scenario_env = "FEDSHARD_CKPT_SCENARIO";
+constexpr const char* child_output = "child-result.bin";
+
+/// Runs this test binary's "checkpoint child process" case in a new process with the two
+/// environment variables set; returns its exit status (-1 when it did not exit normally).
+int run_child(const fs::path& dir, std::string_view scenario) {
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e; ++e)
+    if (!contains(*e, child_dir_env) && !contains(*e, child_scenario_env))
+      env_text.emplace_back(*e);
+  env_text.push_back(fedshard::detail::concat(child_dir_env, "=", dir.string()));
+  env_text.push_back(fedshard::detail::concat(child_scenario_env, "=", scenario));
+  std::vector<char*> envp;
+  for (auto& e : env_text) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string exe = "/proc/self/exe", filter = "--test-case=checkpoint child process",
+              no_skip = "--no-skip", minimal = "--minimal";
+  char* argv[] = {exe.data(), filter.data(), no_skip.data(), minimal.data(), nullptr};
+  pid_t pid = 0;
+  const int err = ::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data());
+  REQUIRE_MESSAGE(err == 0, "posix_spawn failed: ", std::strerror(err));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) REQUIRE(errno == EINTR);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+void write_result(const fs::path& p, const result& res) {
+  ck::file_writer w;
+  for (std::size_t r = 0; r < res.size(); ++r) {
+    w.add_span("params" + std::to_string(r), std::span<const float>(res[r].params));
+    w.add_value("step" + std::to_string(r), res[r].step);
+    w.add_value("syncs" + std::to_string(r), res[r].syncs);
+    for (std::size_t f = 0; f < res[r].sync_steps.size(); ++f)
+      w.add_span(fedshard::detail::concat("sync_steps", r, ".", f),
+                 std::span<const std::int64_t>(res[r].sync_steps[f]));
+    w.add_span("outer_steps" + std::to_string(r),
+               std::span<const std::int64_t>(res[r].outer_steps));
+    w.add_value("loaded_step" + std::to_string(r), res[r].loaded_step);
+  }
+  w.write(p);
+}
+
+/// The child's result; `like` (the parent's straight run) gives the sizes to expect.
+result read_result(const fs::path& p, const result& like) {
+  const std::size_t ranks = like.size();
+  const auto f = ck::file_reader::open(p);
+  result res(ranks);
+  for (std::size_t r = 0; r < ranks; ++r) {
+    res[r].params.resize(like[r].params.size());
+    f.read_span("params" + std::to_string(r), std::span<float>(res[r].params));
+    res[r].step = f.read_value<std::int64_t>("step" + std::to_string(r));
+    res[r].syncs = f.read_value<std::int64_t>("syncs" + std::to_string(r));
+    for (std::size_t i = 0; i < like[r].sync_steps.size(); ++i) {
+      const auto name = fedshard::detail::concat("sync_steps", r, ".", i);
+      res[r].sync_steps.emplace_back(f.section(name).size() / sizeof(std::int64_t));
+      f.read_span(name, std::span<std::int64_t>(res[r].sync_steps.back()));
+    }
+    res[r].outer_steps.resize(like[r].outer_steps.size());
+    f.read_span("outer_steps" + std::to_string(r), std::span<std::int64_t>(res[r].outer_steps));
+    res[r].loaded_step = f.read_value<std::int64_t>("loaded_step" + std::to_string(r));
+  }
+  return res;
+}
+
+}  // namespace
+
+// The restoring half of the fresh-process test: does nothing unless the parent named the
+// checkpoint directory and the scenario (it is skipped by default and run with --no-skip).
+TEST_CASE("checkpoint child process" * doctest::skip()) {
+  const char* dir = std::getenv(child_dir_env);
+  const char* scenario = std::getenv(child_scenario_env);
+  if (dir == nullptr || scenario == nullptr) return;
+  const bool known = with_scenario(scenario, [&](const auto& s, int n, int m) {
+    write_result(fs::path(dir) / child_output, leg(s, n, n + m, dir));
+  });
+  REQUIRE_MESSAGE(known, "unknown scenario ", scenario);
+}
+
+// ---- resume -------------------------------------------------------------------------------
+
+TEST_CASE(
+    "training N steps, saving, and resuming in a fresh process for M more is "
+    "bit-identical to N + M steps straight") {
+  for (const std::string name : {"fl_hsdp", "streaming", "diloco"}) {
+    CAPTURE(name);
+    with_scenario(name, [&](const auto& s, int n, int m) {
+      temp_dir dir;
+      const result straight = leg(s, 0, n + m);
+      const result first = leg(s, 0, n, {}, n, dir.path);
+      for (std::size_t r = 0; r < first.size(); ++r) {
+        CHECK(first[r].step == n);
+        // the checkpoint is not the end state: the resumed run has real work to do
+        CHECK_FALSE(bit_equal(first[r].params, straight[r].params));
+      }
+      if (name == "streaming")
+        for (const auto& r : first) CHECK(r.fed_calls_at_save == r.syncs_at_save + 1);
+      REQUIRE(run_child(dir.path, name) == 0);
+      const result child = read_result(dir.path / child_output, straight);
+      for (const auto& r : child) CHECK(r.loaded_step == n);
+      check_same(child, straight);
+    });
+  }
+}
+
+TEST_CASE("resuming in the same process is bit-identical, and saving does not perturb the run") {
+  auto check = [](const auto& s, int n, int m) {
+    temp_dir dir;
+    const result straight = leg(s, 0, n + m);
+    const result saver = leg(s, 0, n + m, {}, n, dir.path);  // saves at n and keeps going
+    check_same(saver, straight);
+    const result resumed = leg(s, n, n + m, dir.path);
+    for (const auto& r : resumed) CHECK(r.loaded_step == n);
+    check_same(resumed, straight);
+    CHECK_FALSE(bit_equal(saver[0].params_at_save, straight[0].params));
+  };
+  SUBCASE("weighted_average with unequal tokens per group, SGD with momentum, lr schedule") {
+    // periodic<3> syncs after steps 2 and 5; saved after step 3, whose tokens (3 vs 2 per rank)
+    // count towards the sync after step 5 (3 + 1 + 1 vs 2 + 2 + 2): without them the weights
+    // would be 1 : 2 instead of 5 : 6.
+    using wavg = algorithm<shard::full_shard, federation::weighted_average, schedule::periodic<3>>;
+    setup<wavg, optim::sgd> s{{2, 1, 2}, {.lr = 0.1f, .momentum = 0.9f}};
+    s.batch_size = [](int g, int step) { return g == 0 ? (step < 4 ? 3 : 1) : 2; };
+    s.opts.total_steps = 9;
+    s.opts.lr_schedule = [](std::int64_t step) { return 0.1f / static_cast<float>(1 + step); };
+    check(s, 4, 5);
+  }
+  SUBCASE("fedadam outer optimizer (moments and step count), inner moments averaged") {
+    using fedadam = algorithm<shard::hybrid_shard, federation::outer_optimizer<federation::fedadam>,
+                              schedule::periodic<2>>;
+    setup<fedadam, optim::adamw> s{{2, 2, 1}, {.lr = 1e-2f}};
+    s.opts.federation.average_inner_moments = true;
+    s.opts.federation.rule.lr = 0.1f;
+    s.opts.total_steps = 8;
+    check(s, 5, 3);
+  }
+  SUBCASE("streaming DiLoCo saved with a fragment in flight") {
+    with_scenario("streaming", check);
+  }
+  SUBCASE("streaming DiLoCo saved right after a fragment applied") {
+    setup<streaming_diloco, optim::adamw> s{{2, 1, 2}, {.lr = 1e-2f}};
+    s.opts.schedule = {.period = 6, .fragments = 3, .delay = 1, .alpha = 0.5f};
+    s.opts.total_steps = 12;
+    check(s, 4, 8);
+  }
+}
+
+// ---- refusals -----------------------------------------------------------------------------
+
+namespace {
+
+/// One rank's view of a load() attempt.
+struct attempt {
+  std::string error;  // empty when load() succeeded
+  std::string kind;   // "invalid_argument", "backend_error", "other"
+  std::vector<float> before, after;
+  std::int64_t step_before = -1, step_after = -1;
+  std::vector<float> final_params;  // after recovering (see try_load)
+};
+
+/// Fresh trainers take `pre` steps, then try load(dir) on every rank. When recover_from is
+/// given they then load it and train to step `recover_to`.
+template <class Alg, class Opt>
+std::vector<attempt> try_load(const setup<Alg, Opt>& s, int pre, const fs::path& dir,
+                              const fs::path& recover_from = {}, int recover_to = 0) {
+  std::vector<attempt> out(static_cast<std::size_t>(s.shape.size()));
+  test::spawn_ranks(s.shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, s.shape);
+    trainer_t<Alg, Opt> t(m, s.model, s.oc, s.opts);
+    auto& a = out[static_cast<std::size_t>(world.rank())];
+    for (int step = 0; step < pre; ++step) t.step(batch_at(t, s, step));
+    a.before = t.parameters();
+    a.step_before = t.step_count();
+    try {
+      t.load(dir);
+    } catch (const invalid_argument& e) {
+      a.error = e.what();
+      a.kind = "invalid_argument";
+    } catch (const backend_error& e) {
+      a.error = e.what();
+      a.kind = "backend_error";
+    } catch (const std::exception& e) {
+      a.error = e.what();
+      a.kind = "other";
+    }
+    a.after = t.parameters();
+    a.step_after = t.step_count();
+    if (recover_from.empty()) return;
+    t.load(recover_from);
+    for (auto step = t.step_count(); step < recover_to; ++step)
+      t.step(batch_at(t, s, static_cast<int>(step)));
+    a.final_params = t.parameters();
+  });
+  return out;
+}
+
+/// Every rank failed and kept its state exactly.
+void check_refused_unchanged(const std::vector<attempt>& as) {
+  for (std::size_t r = 0; r < as.size(); ++r) {
+    CAPTURE(r);
+    CAPTURE(as[r].error);
+    CHECK_FALSE(as[r].error.empty());
+    CHECK(as[r].step_after == as[r].step_before);
+    CHECK(bit_equal(as[r].after, as[r].before));
+  }
+}
+
+using ckpt_alg = diloco<3>;
+using ckpt_opt = optim::adamw;
+/// The run whose checkpoints the refusal tests corrupt: DiLoCo on {2,1,2}, AdamW.
+setup<ckpt_alg, ckpt_opt> ckpt_setup() {
+  setup<ckpt_alg, ckpt_opt> s{{2, 1, 2}, {.lr = 1e-2f}};
+  s.opts.total_steps = 8;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a checkpoint from another mesh, layout, algorithm or optimizer is refused on every "
+    "rank, naming the difference") {
+  temp_dir dir;
+  leg(ckpt_setup(), 0, 4, {}, 4, dir.path);
+
+  SUBCASE("mesh 2x1x2 loaded on 1x2x2") {
+    auto s = ckpt_setup();
+    s.shape = {1, 2, 2};
+    const auto as = try_load(s, 1, dir.path);
+    check_refused_unchanged(as);
+    for (const auto& a : as) {
+      CAPTURE(a.error);
+      CHECK(a.kind == "invalid_argument");
+      CHECK(contains(a.error, "mesh"));
+      CHECK(contains(a.error, "checkpoint has '2x1x2"));
+      CHECK(contains(a.error, "this run has '1x2x2"));
+      CHECK(contains(a.error, dir.path.string()));
+    }
+  }
+  SUBCASE("hidden width 16 loaded with hidden width 12") {
+    auto s = ckpt_setup();
+    s.model.net.h = 12;
+    const auto as = try_load(s, 1, dir.path);
+    check_refused_unchanged(as);
+    for (const auto& a : as) {
+      CAPTURE(a.error);
+      CHECK(a.kind == "invalid_argument");
+      CHECK(contains(a.error, "layout: checkpoint has '"));
+      CHECK_FALSE(contains(a.error, "mesh:"));
+    }
+  }
+  SUBCASE("one rank's file from a run with another layout") {
+    auto narrow = ckpt_setup();
+    narrow.model.net.h = 12;
+    temp_dir other;
+    leg(narrow, 0, 2, {}, 2, other.path);
+    fs::copy_file(other.path / ck::rank_file_name(2), dir.path / ck::rank_file_name(2),
+                  fs::copy_options::overwrite_existing);
+    const auto as = try_load(ckpt_setup(), 1, dir.path);
+    check_refused_unchanged(as);
+    for (std::size_t r = 0; r < as.size(); ++r) {
+      CAPTURE(as[r].error);
+      CHECK(as[r].kind == "invalid_argument");
+      if (r == 2) {
+        CHECK(contains(as[r].error, (dir.path / "rank-00002.bin").string()));
+        CHECK(contains(as[r].error, "layout: checkpoint has '"));
+      } else {
+        CHECK(contains(as[r].error, "world rank 2"));
+      }
+    }
+  }
+  SUBCASE("DiLoCo's checkpoint loaded by fl_fsdp") {
+    setup<fl_fsdp<3>, optim::adamw> s{{2, 1, 2}, {.lr = 1e-2f}};
+    const auto as = try_load(s, 1, dir.path);
+    check_refused_unchanged(as);
+    for (const auto& a : as) {
+      CAPTURE(a.error);
+      CHECK(a.kind == "invalid_argument");
+      CHECK(contains(a.error,
+                     "federation_policy: checkpoint has 'nesterov', this run has 'average'"));
+      CHECK(contains(a.error,
+                     "shard_policy: checkpoint has 'hybrid_shard', this run has 'full_shard'"));
+    }
+  }
+  SUBCASE("AdamW's checkpoint loaded with momentum SGD") {
+    setup<ckpt_alg, optim::sgd> s{{2, 1, 2}, {.lr = 1e-2f, .momentum = 0.9f}};
+    const auto as = try_load(s, 1, dir.path);
+    check_refused_unchanged(as);
+    for (const auto& a : as) {
+      CAPTURE(a.error);
+      CHECK(contains(a.error, "optimizer_state"));
+    }
+  }
+  SUBCASE("a directory that does not exist") {
+    const auto missing = dir.path / "no-such-checkpoint";
+    const auto as = try_load(ckpt_setup(), 1, missing);
+    check_refused_unchanged(as);
+    for (const auto& a : as) {
+      CAPTURE(a.error);
+      CHECK(a.kind == "backend_error");
+      CHECK(contains(a.error, (missing / "manifest.bin").string()));
+    }
+  }
+  SUBCASE("one rank's file is missing") {
+    fs::remove(dir.path / ck::rank_file_name(2));
+    const auto as = try_load(ckpt_setup(), 1, dir.path);
+    check_refused_unchanged(as);
+    for (std::size_t r = 0; r < as.size(); ++r) {
+      CAPTURE(as[r].error);
+      if (r == 2) {
+        CHECK(as[r].kind == "backend_error");
+        CHECK(contains(as[r].error, (dir.path / "rank-00002.bin").string()));
+      } else {
+        CHECK(as[r].kind == "invalid_argument");
+        CHECK(contains(as[r].error, "world rank 2"));
+      }
+    }
+  }
+}
+
+TEST_CASE("a torn, truncated or corrupt file is refused on every rank and nothing is half-loaded") {
+  const auto s = ckpt_setup();
+  temp_dir good;
+  leg(s, 0, 4, {}, 4, good.path);
+  const result straight = leg(s, 0, 8);
+  const std::string original = read_all(good.path / ck::rank_file_name(2));
+  REQUIRE(original.size() > 64);
+
+  SUBCASE("one rank's file is damaged") {
+    struct variant {
+      const char* what;
+      std::function<std::string(std::string)> damage;
+      const char* says;
+    };
+    const variant variants[] = {
+        {"1 byte cut off", [](std::string d) { return d.substr(0, d.size() - 1); }, "truncated"},
+        {"half cut off", [](std::string d) { return d.substr(0, d.size() / 2); }, "truncated"},
+        {"end marker deleted", [](std::string d) { return d.substr(0, d.size() - 8); },
+         "truncated"},
+        {"empty", [](std::string) { return std::string(); }, "truncated"},
+        {"one byte flipped in the middle",
+         [](std::string d) {
+           d[d.size() / 2] = static_cast<char>(d[d.size() / 2] ^ 0x10);
+           return d;
+         },
+         "corrupt"},
+    };
+    for (const auto& v : variants) {
+      const std::string what = v.what;
+      CAPTURE(what);
+      temp_dir bad;
+      fs::copy(good.path, bad.path, fs::copy_options::recursive);
+      write_all(bad.path / ck::rank_file_name(2), v.damage(original));
+      // the trainers have a state of their own (2 steps) that a half-load would overwrite
+      const auto as = try_load(s, 2, bad.path, good.path, 8);
+      check_refused_unchanged(as);
+      for (std::size_t r = 0; r < as.size(); ++r) {
+        CAPTURE(r);
+        CAPTURE(as[r].error);
+        if (r == 2) {
+          CHECK(contains(as[r].error, "rank-00002.bin"));
+          CHECK(contains(as[r].error, v.says));
+        } else {
+          CHECK(contains(as[r].error, "world rank 2"));
+          CHECK(contains(as[r].error, "no state was changed"));
+        }
+        // a failed load leaves a trainer that can still load and train normally
+        CHECK(bit_equal(as[r].final_params, straight[r].params));
+      }
+    }
+  }
+  SUBCASE("a corrupt manifest is refused by every rank itself") {
+    temp_dir bad;
+    fs::copy(good.path, bad.path, fs::copy_options::recursive);
+    std::string m = read_all(bad.path / "manifest.bin");
+    REQUIRE(m.size() > 32);
+    m[m.size() / 2] = static_cast<char>(m[m.size() / 2] ^ 0x01);
+    write_all(bad.path / "manifest.bin", m);
+    const auto as = try_load(s, 2, bad.path);
+    check_refused_unchanged(as);
+    for (const auto& a : as) {
+      CAPTURE(a.error);
+      CHECK(contains(a.error, (bad.path / "manifest.bin").string()));
+      CHECK(contains(a.error, "corrupt"));
+    }
+  }
+}
+
+// A save that stopped half-way leaves some ranks' files from one save and some from an earlier
+// one; each file is intact and matches the manifest, so only a check across ranks can see it.
+TEST_CASE("rank files from different saves are refused on every rank") {
+  const auto s = ckpt_setup();
+  temp_dir a, b;
+  leg(s, 0, 6, {}, 4, a.path);
+  leg(s, 0, 6, {}, 6, b.path);
+  fs::copy_file(b.path / ck::rank_file_name(1), a.path / ck::rank_file_name(1),
+                fs::copy_options::overwrite_existing);
+  const auto as = try_load(s, 2, a.path);
+  check_refused_unchanged(as);
+  for (std::size_t r = 0; r < as.size(); ++r) {
+    CAPTURE(r);
+    CAPTURE(as[r].error);
+    CHECK(contains(as[r].error, r == 1 ? "rank-00001.bin" : "world rank 1"));
+  }
+}
+
+// ---- the file format ----------------------------------------------------------------------
+
+namespace {
+/// Rewrites the whole-file checksum and end marker of bytes whose body was edited, so that
+/// only the inner checks can catch the edit.
+std::string reseal(std::string d) {
+  d.resize(d.size() - 16);
+  const std::uint64_t sum = ck::fnv1a(d.data(), d.size());
+  d.append(reinterpret_cast<const char*>(&sum), 8);
+  d.append(ck::end_magic, 8);
+  return d;
+}
+
+std::string parse_error(std::string data) {
+  try {
+    ck::file_reader r(std::move(data), "test.bin");
+  } catch (const invalid_argument& e) {
+    return e.what();
+  }
+  return {};
+}
+}  // namespace
+
+TEST_CASE("file_writer and file_reader round-trip text, spans and values") {
+  ck::file_writer w;
+  const std::string text("line one\nkey=value\0binary", 25);
+  const std::vector<float> floats{1.5f, -0.0f, 3e-38f, 1e30f};
+  const std::vector<std::int64_t> ints{-1, 0, 1LL << 40};
+  w.add_text("text", text);
+  w.add_span("floats", std::span<const float>(floats));
+  w.add_span("ints", std::span<const std::int64_t>(ints));
+  w.add_value("double", 0.1);
+  w.add_span("empty", std::span<const float>());
+  const ck::file_reader r(w.bytes(), "mem");
+  CHECK(r.sections().size() == 5);
+  CHECK(r.section("text") == text);
+  std::vector<float> f(4);
+  r.read_span("floats", std::span<float>(f));
+  CHECK(bit_equal(f, floats));
+  std::vector<std::int64_t> i(3);
+  r.read_span("ints", std::span<std::int64_t>(i));
+  CHECK(i == ints);
+  CHECK(r.read_value<double>("double") == 0.1);
+  CHECK(r.has("empty"));
+  CHECK(r.section("empty").empty());
+  CHECK_NOTHROW(r.read_span("empty", std::span<float>()));  // null data(): no memcpy (UBSan)
+  CHECK_FALSE(r.has("missing"));
+  CHECK(ck::rank_file_name(3) == "rank-00003.bin");
+  CHECK(ck::rank_file_name(12345) == "rank-12345.bin");
+}
+
+TEST_CASE("new_save_id gives a different id each call, held exactly by a double") {
+  const std::uint64_t a = ck::new_save_id(), b = ck::new_save_id();
+  CHECK(a != b);
+  for (std::uint64_t id : {a, b}) {
+    CHECK(id < (std::uint64_t{1} << 53));
+    CHECK(static_cast<std::uint64_t>(static_cast<double>(id)) == id);
+  }
+}
+
+TEST_CASE("file_writer and file_reader report misuse naming what is wrong") {
+  ck::file_writer w;
+  w.add_value("a", 1.0f);
+  CHECK_THROWS_WITH_AS(w.add_value("a", 2.0f), doctest::Contains("'a' added twice"),
+                       invalid_argument);
+  w.add_span("four", std::span<const float>(std::vector<float>(4)));
+  const ck::file_reader r(w.bytes(), "where.bin");
+  CHECK_THROWS_WITH_AS(r.section("nope"), doctest::Contains("'where.bin' has no section 'nope'"),
+                       invalid_argument);
+  std::vector<float> three(3);
+  CHECK_THROWS_WITH_AS(r.read_span("four", std::span<float>(three)),
+                       doctest::Contains("section 'four' holds 16 bytes, this run expects 12"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS(r.read_value<double>("a"),
+                       doctest::Contains("section 'a' holds 4 bytes, this run expects 8"),
+                       invalid_argument);
+}
+
+TEST_CASE("file_reader refuses damaged bytes before parsing, and crafted ones while parsing") {
+  ck::file_writer w;
+  w.add_text("alpha", "first section");
+  w.add_text("beta", "second");
+  const std::string good = w.bytes();
+  REQUIRE(parse_error(good).empty());
+  CHECK(contains(parse_error(good.substr(0, 20)), "is truncated: 20 bytes"));
+  CHECK(contains(parse_error(good.substr(0, good.size() - 3)), "truncated or torn"));
+  CHECK(contains(parse_error("XXXXXXXX" + good.substr(8)), "bad magic"));
+  std::string flipped = good;
+  flipped[20] = static_cast<char>(flipped[20] ^ 1);
+  CHECK(contains(parse_error(flipped), "is corrupt: its checksum"));
+  // Past the whole-file checksum (as if written wrongly): each inner check still holds.
+  std::string version = good;
+  version[8] = 2;
+  CHECK(contains(parse_error(reseal(version)), "format version 2, expected 1"));
+  std::string more = good;
+  more[12] = 3;  // three sections announced, two present
+  CHECK(contains(parse_error(reseal(more)), "runs past the end"));
+  std::string fewer = good;
+  fewer[12] = 1;
+  CHECK(contains(parse_error(reseal(fewer)), "unexpected bytes after the sections"));
+  std::string section = good;
+  const auto at = section.find("first section");
+  section[at] = 'F';
+  CHECK(contains(parse_error(reseal(section)), "section 'alpha' fails its checksum"));
+  std::string huge = good;
+  const auto size_at = good.find("alpha") + 5;  // the u64 size after the name
+  huge[size_at + 6] = 0x7f;
+  CHECK(contains(parse_error(reseal(huge)), "runs past the end"));
+  // A file naming one section twice is corrupt, not silently the first of the two.
+  ck::file_writer w2;
+  w2.add_text("aaaa", "x");
+  w2.add_text("bbbb", "x");  // same bytes, so both section checksums hold after the rename
+  std::string dup = w2.bytes();
+  dup.replace(dup.find("bbbb"), 4, "aaaa");
+  CHECK(contains(parse_error(reseal(dup)), "'aaaa' appears twice"));
+}
+
+TEST_CASE("file_writer::write replaces a file atomically and leaves no temporary behind") {
+  temp_dir dir;
+  const fs::path p = dir.path / "f.bin";
+  ck::file_writer a;
+  a.add_text("v", "one");
+  a.write(p);
+  ck::file_writer b;
+  b.add_text("v", "two, longer");
+  b.write(p);
+  CHECK(ck::file_reader::open(p).section("v") == "two, longer");
+  CHECK(read_all(p) == b.bytes());
+  CHECK_FALSE(fs::exists(p.string() + ".tmp"));
+  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);
+  const fs::path nowhere = dir.path / "missing" / "f.bin";
+  CHECK_THROWS_WITH_AS(a.write(nowhere), doctest::Contains((nowhere.string() + ".tmp").c_str()),
+                       backend_error);
+  CHECK_THROWS_WITH_AS(ck::file_reader::open(nowhere), doctest::Contains(nowhere.string().c_str()),
+                       backend_error);
+}
+
+TEST_CASE("manifest: text round trip, and require_same names every differing field") {
+  ck::manifest run;
+  run.fields = {{"mesh", "2x1x2"}, {"layout", "abc"}, {"precision", "f32/f32"}, {"x", "a=b"}};
+  CHECK(ck::manifest::parse(run.text()).fields == run.fields);
+  CHECK_NOTHROW(run.require_same(ck::manifest::parse(run.text()), "dir"));
+  ck::manifest saved = run;
+  saved.fields["mesh"] = "1x2x2";
+  saved.fields.erase("layout");
+  saved.fields["extra"] = "ignored";
+  try {
+    run.require_same(saved, "the/dir");
+    FAIL("require_same accepted a different setup");
+  } catch (const invalid_argument& e) {
+    const std::string msg = e.what();
+    CHECK(contains(msg, "'the/dir'"));
+    CHECK(contains(msg, "mesh: checkpoint has '1x2x2', this run has '2x1x2'"));
+    CHECK(contains(msg, "layout: checkpoint has '(missing)', this run has 'abc'"));
+    CHECK_FALSE(contains(msg, "precision"));
+    CHECK_FALSE(contains(msg, "x:"));
+  }
+}
