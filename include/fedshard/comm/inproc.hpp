@@ -18,6 +18,9 @@
 /// first use); point-to-point operations are completed by whichever side arrives second.
 /// Errors instead of hangs: see Communicator (comm/communicator.hpp); the timeout comes from
 /// options::timeout, by default the environment variable FEDSHARD_TIMEOUT_S or 300 s.
+/// A request dropped while its rank unwinds an exception does not wait for peers that may
+/// never answer: an unmatched send or receive is withdrawn, an async collective fails the
+/// world first (its peers throw peer_failure).
 
 #include <algorithm>
 #include <atomic>
@@ -201,21 +204,28 @@ inline void check_progress(group_state& g, int me, const char* what, std::uint64
                            const std::vector<int>& missing, clock::time_point deadline) {
   world_state& w = *g.world;
   const int my_world = g.world_ranks[static_cast<std::size_t>(me)];
+  // Read the exit flags before the failure flag: a rank that threw records its failure before
+  // it exits, so seeing it exited implies seeing its failure (reported as such, not as "left").
+  int left = -1;
+  for (int m : missing) {
+    const int wr = g.world_ranks[static_cast<std::size_t>(m)];
+    if (w.exited[static_cast<std::size_t>(wr)].load()) {
+      left = wr;
+      break;
+    }
+  }
   if (w.failed.load()) {
     auto [r, msg] = w.first_failure();
     throw peer_failure(fedshard::detail::concat("fedshard: peer_failure: rank ", my_world,
                                                 " was waiting in ", what, " (call #", seq,
                                                 ") when world rank ", r, " failed: ", msg));
   }
-  for (int m : missing) {
-    const int wr = g.world_ranks[static_cast<std::size_t>(m)];
-    if (w.exited[static_cast<std::size_t>(wr)].load()) {
-      const std::string msg = fedshard::detail::concat(
-          "fedshard: peer_failure: world rank ", wr, " left (its body returned) while rank ",
-          my_world, " waited for it in ", what, " (call #", seq, ")");
-      w.fail(my_world, msg);
-      throw peer_failure(msg);
-    }
+  if (left >= 0) {
+    const std::string msg = fedshard::detail::concat(
+        "fedshard: peer_failure: world rank ", left, " left (its body returned) while rank ",
+        my_world, " waited for it in ", what, " (call #", seq, ")");
+    w.fail(my_world, msg);
+    throw peer_failure(msg);
   }
   if (clock::now() >= deadline) {
     std::string names;
@@ -560,11 +570,20 @@ struct completion {
 
 class async_request final : public fedshard::detail::request_state {
  public:
-  explicit async_request(std::shared_ptr<completion> c) : c_(std::move(c)) {}
+  async_request(std::shared_ptr<completion> c, std::shared_ptr<group_state> g, int me)
+      : c_(std::move(c)), g_(std::move(g)), me_(me) {}
   void wait() override {
+    if (std::uncaught_exceptions() > 0 && !test()) {
+      // Dropped while this rank unwinds: its peers may wait for this rank elsewhere, so fail
+      // the world (they throw peer_failure) instead of waiting until the timeout.
+      const int wr = g_->world_ranks[static_cast<std::size_t>(me_)];
+      g_->world->fail(
+          wr, fedshard::detail::concat("world rank ", wr,
+                                       " unwound an exception with an async collective pending"));
+    }
     std::unique_lock lock(c_->mu);
     c_->cv.wait(lock, [&] { return c_->done; });
-    if (c_->error) std::rethrow_exception(c_->error);
+    if (auto e = std::exchange(c_->error, nullptr)) std::rethrow_exception(e);
   }
   bool test() override {
     std::lock_guard lock(c_->mu);
@@ -573,6 +592,8 @@ class async_request final : public fedshard::detail::request_state {
 
  private:
   std::shared_ptr<completion> c_;
+  std::shared_ptr<group_state> g_;
+  int me_;
 };
 
 /// Runs queued collectives of one rank in call order.
@@ -691,27 +712,31 @@ inline void p2p_wait(group_state& g, int me, p2p_op& op) {
   const int peer = op.is_send ? op.dst : op.src;
   std::unique_lock lock(g.p2p_mu);
   while (!op.done) {
-    lock.unlock();
-    try {
-      check_progress(g, me, what, 0, {peer}, deadline);
-    } catch (...) {
-      lock.lock();
-      auto it = std::find(g.posted.begin(), g.posted.end(), &op);
-      if (it != g.posted.end()) {
+    // Under p2p_mu nobody can match op meanwhile: a peer that left or a deadline that passed
+    // fails the world only while op is still unmatched (once matched, the copy completes).
+    auto it = std::find(g.posted.begin(), g.posted.end(), &op);
+    if (it != g.posted.end()) {
+      try {
+        check_progress(g, me, what, 0, {peer}, deadline);
+      } catch (...) {
         g.posted.erase(it);
         throw;
       }
-      // Matched meanwhile: the copy is in progress, finish it.
-      g.p2p_cv.wait(lock, [&] { return op.done; });
-      break;
     }
-    lock.lock();
-    if (!op.done) g.p2p_cv.wait_for(lock, std::chrono::milliseconds(20));
+    g.p2p_cv.wait_for(lock, std::chrono::milliseconds(20));
   }
   if (!op.error.empty()) throw collective_mismatch(op.error);
 }
 
 inline void p2p_request::wait() {
+  if (std::uncaught_exceptions() > 0) {  // dropped while this rank unwinds
+    std::lock_guard lock(g_->p2p_mu);
+    auto it = std::find(g_->posted.begin(), g_->posted.end(), op_.get());
+    if (it != g_->posted.end()) {  // unmatched: withdraw it instead of waiting for the peer
+      g_->posted.erase(it);
+      return;
+    }
+  }
   p2p_wait(*g_, me_, *op_);
 }
 
@@ -767,14 +792,15 @@ struct rank_handle {
     auto done = std::make_shared<completion>();
     if (!worker) worker = std::make_unique<progress_thread>();
     worker->post([g = group, m = me, seq, d = std::move(d), done]() mutable {
+      std::exception_ptr error;
       try {
         run_collective(*g, m, seq, std::move(d));
-        done->finish(nullptr);
       } catch (...) {
-        done->finish(std::current_exception());
+        error = std::current_exception();
       }
+      done->finish(std::move(error));  // outside the handler: the waiter owns the exception
     });
-    return request(std::make_unique<async_request>(std::move(done)));
+    return request(std::make_unique<async_request>(std::move(done), group, me));
   }
 };
 
