@@ -301,6 +301,16 @@ using accum_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 inline constexpr std::int64_t block_elems = 2048;
 
+/// acc[j] = combine(acc[j], in[j]) for j < m. A function of its own (with restrict
+/// pointers) so that the compiler vectorises it rather than fusing consecutive passes into
+/// one scalar loop.
+template <class T, reduce_op Op>
+[[gnu::noinline]] void accumulate(accum_t<T>* __restrict acc, const T* __restrict in,
+                                  std::int64_t m) {
+  const combine_fn<Op> combine;
+  for (std::int64_t j = 0; j < m; ++j) acc[j] = combine(acc[j], static_cast<accum_t<T>>(in[j]));
+}
+
 /// Reduces elements [begin, end) of the inputs ins[0..n) (offset by in_off) in rank order and
 /// stores the result to outs[0..nout) (offset by out_off).
 template <class T, reduce_op Op>
@@ -308,15 +318,11 @@ void reduce_range(const T* const* ins, int n, std::int64_t in_off, T* const* out
                   std::int64_t out_off, std::int64_t len) {
   using A = accum_t<T>;
   A acc[block_elems];
-  const combine_fn<Op> combine;
   for (std::int64_t b = 0; b < len; b += block_elems) {
     const std::int64_t m = std::min(block_elems, len - b);
     const T* in0 = ins[0] + in_off + b;
     for (std::int64_t j = 0; j < m; ++j) acc[j] = static_cast<A>(in0[j]);
-    for (int p = 1; p < n; ++p) {
-      const T* ip = ins[p] + in_off + b;
-      for (std::int64_t j = 0; j < m; ++j) acc[j] = combine(acc[j], static_cast<A>(ip[j]));
-    }
+    for (int p = 1; p < n; ++p) accumulate<T, Op>(acc, ins[p] + in_off + b, m);
     if constexpr (Op == reduce_op::avg) {
       const A div = static_cast<A>(n);
       for (std::int64_t j = 0; j < m; ++j) acc[j] = acc[j] / div;

@@ -1,0 +1,162 @@
+/// The shard engine over MPI (mpirun -np 4): the equivalences of tests/shard/test_engine.cpp
+/// on a mesh of mpi::communicator, the traffic counters against the plan, and every policy's
+/// parameters bit-identical to the same run on 4 inproc ranks (MPI reduces like inproc: each
+/// element in rank order, accumulated in float, avg = sum / n, rounded once).
+
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "fedshard/comm/inproc.hpp"
+#include "fedshard/comm/mpi.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "fedshard/shard/engine.hpp"
+#include "fedshard/shard/full_shard.hpp"
+#include "fedshard/shard/hybrid_shard.hpp"
+#include "fedshard/shard/replicate.hpp"
+#include "fedshard/shard/shard_grad_op.hpp"
+#include "mpi/mpi_support.hpp"
+#include "support/collective_checks.hpp"
+#include "support/tiny_mlp.hpp"
+
+using namespace fedshard;
+using fedshard::test::tiny_mlp;
+
+namespace {
+
+constexpr int kSteps = 5;
+constexpr int kBatchPerRank = 3;
+constexpr std::uint64_t kSeed = 7;
+constexpr float kLr = 0.2f;
+
+struct run_result {
+  std::vector<std::vector<float>> units;  // full parameters after training
+  std::vector<float> losses;
+  traffic_counters traffic;
+  plan step_plan;
+  std::size_t padded_numel = 0;
+};
+
+/// Trains the MLP for kSteps with policy P on this rank of world (of shape.size() ranks).
+template <class P, class C>
+run_result train_on(C& world, mesh_shape shape, shard::precision prec = {}) {
+  run_result out;
+  tiny_mlp model;
+  mesh m(world, shape);
+  shard::engine<P, C> e(m, model.units(), prec);
+  for (std::size_t u = 0; u < e.layout().num_units(); ++u)
+    e.set_unit(u, model.init_unit(e.layout(), u, kSeed));
+  const int group_size = shape.replicas * shape.shards;
+  const int local = m.coords().replica * shape.shards + m.coords().shard;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<test::sample> batch;
+    for (int i = 0; i < kBatchPerRank; ++i)
+      batch.push_back(model.make_sample(
+          kSeed, static_cast<std::uint64_t>((step * group_size + local) * kBatchPerRank + i)));
+    e.begin_step();
+    out.losses.push_back(model.forward_backward(e, batch));
+    e.finish_backward();
+    auto p = e.master();
+    auto g = e.grad();
+    for (std::size_t i = 0; i < p.size(); ++i) p[i] -= kLr * g[i];
+  }
+  for (std::size_t u = 0; u < e.layout().num_units(); ++u) out.units.push_back(e.gather_unit(u));
+  out.traffic = e.traffic();
+  out.step_plan = e.step_plan();
+  out.padded_numel = e.layout().total_padded_numel();
+  return out;
+}
+
+/// The run of P on this MPI rank (checked mode, so any mismatch between ranks is reported).
+template <class P>
+run_result train_mpi(mesh_shape shape, shard::precision prec = {}) {
+  mpi::communicator world = mpi::communicator::world(test::mpi_options(true));
+  REQUIRE(world.size() == shape.size());
+  return train_on<P>(world, shape, prec);
+}
+
+/// Rank 0's run of P on shape.size() inproc ranks.
+template <class P>
+run_result train_inproc(mesh_shape shape, shard::precision prec = {}) {
+  run_result out;
+  inproc::run(shape.size(), [&](inproc::communicator& world) {
+    run_result r = train_on<P>(world, shape, prec);
+    if (world.rank() == 0) out = std::move(r);
+  });
+  return out;
+}
+
+bool bit_equal(const run_result& a, const run_result& b) {
+  if (a.units.size() != b.units.size()) return false;
+  for (std::size_t u = 0; u < a.units.size(); ++u)
+    if (a.units[u].size() != b.units[u].size() ||
+        std::memcmp(a.units[u].data(), b.units[u].data(), a.units[u].size() * sizeof(float)) != 0)
+      return false;
+  return true;
+}
+
+std::uint64_t digest(const run_result& r) {
+  std::uint64_t h = 0;
+  for (const auto& u : r.units)
+    h = h * 31 + test::detail::fnv1a(u.data(), u.size() * sizeof(float));
+  return h;
+}
+
+/// Every rank gathered the same full parameters.
+void check_same_on_every_rank(const run_result& r) {
+  const auto all = test::gather_world({digest(r)});
+  for (std::uint64_t d : all) CHECK(d == all[0]);
+}
+
+}  // namespace
+
+TEST_CASE("mpi engine: policies agree bit for bit where the summation order is the same") {
+  const run_result ddp = train_mpi<shard::replicate>({1, 4, 1});
+  const run_result ddp_2x2 = train_mpi<shard::replicate>({1, 2, 2});
+  const run_result zero2 = train_mpi<shard::shard_grad_op>({1, 1, 4});
+  const run_result fsdp = train_mpi<shard::full_shard>({1, 1, 4});
+  const run_result hsdp = train_mpi<shard::hybrid_shard>({1, 2, 2});
+  const run_result zero2_2x2 = train_mpi<shard::shard_grad_op>({1, 2, 2});
+  CHECK(fsdp.losses.back() < fsdp.losses.front());
+  CHECK(bit_equal(ddp, fsdp));
+  CHECK(bit_equal(ddp, zero2));
+  CHECK(bit_equal(ddp, ddp_2x2));
+  CHECK(bit_equal(hsdp, zero2_2x2));
+  for (const run_result* r : {&ddp, &fsdp, &zero2, &hsdp}) check_same_on_every_rank(*r);
+  // The same runs on inproc ranks give the same bits.
+  if (test::world_rank() == 0) {
+    CHECK(bit_equal(fsdp, train_inproc<shard::full_shard>({1, 1, 4})));
+    CHECK(bit_equal(ddp, train_inproc<shard::replicate>({1, 4, 1})));
+    CHECK(bit_equal(hsdp, train_inproc<shard::hybrid_shard>({1, 2, 2})));
+  }
+}
+
+TEST_CASE("mpi engine: bf16 on the wire, f32 master; policies and backends agree bit for bit") {
+  const shard::precision bf16_all{dtype::bf16, dtype::bf16};
+  const run_result ddp = train_mpi<shard::replicate>({1, 4, 1}, bf16_all);
+  const run_result fsdp = train_mpi<shard::full_shard>({1, 1, 4}, bf16_all);
+  const run_result zero2 = train_mpi<shard::shard_grad_op>({1, 1, 4}, bf16_all);
+  CHECK(bit_equal(ddp, fsdp));
+  CHECK(bit_equal(ddp, zero2));
+  check_same_on_every_rank(fsdp);
+  if (test::world_rank() == 0)
+    CHECK(bit_equal(fsdp, train_inproc<shard::full_shard>({1, 1, 4}, bf16_all)));
+}
+
+TEST_CASE("mpi engine: bytes per step read from the traffic counters equal the plan") {
+  for (auto prec : {shard::precision{}, shard::precision{dtype::bf16, dtype::bf16}}) {
+    const int S = 4;
+    const run_result r = train_mpi<shard::full_shard>({1, 1, S}, prec);
+    CHECK(r.traffic.same_traffic(traffic_counters::of(r.step_plan, kSteps)));
+    const double theta = static_cast<double>(r.padded_numel * size_of(prec.param));
+    CHECK(r.traffic[axis::shard].wire_bytes == kSteps * 3.0 * (S - 1) / S * theta);
+    CHECK(r.traffic[axis::shard].calls == kSteps * 3 * 3);
+  }
+  const run_result h = train_mpi<shard::hybrid_shard>({1, 2, 2});
+  CHECK(h.traffic.same_traffic(traffic_counters::of(h.step_plan, kSteps)));
+  const double theta = static_cast<double>(h.padded_numel * sizeof(float));
+  CHECK(h.traffic[axis::replica].wire_bytes == kSteps * 2.0 * (2 - 1) / 2 * theta / 2);
+}
