@@ -61,7 +61,7 @@ struct result {
 [[noreturn]] void usage(const char* msg) {
   std::cerr << "fedshard-demo: " << msg << "\n"
             << "usage: fedshard-demo [--corpus PATH] [--steps N] [--batch N] [--hidden N]\n"
-               "       [--eval-every N]\n"
+               "       [--eval-every N] [--eval-examples N]\n"
                "       [--bandwidth-gbit G] [--latency-ms MS] [--lr LR] [--seed S] [--out DIR]\n"
                "       [--algorithms ddp,fsdp,hsdp,fl_fsdp,fl_hsdp,diloco]\n";
   std::exit(2);
@@ -93,6 +93,8 @@ settings parse(int argc, char** argv) {
       s.hidden = static_cast<int>(number(1));
     else if (a == "--eval-every")
       s.eval_every = static_cast<int>(number(1));
+    else if (a == "--eval-examples")
+      s.eval_examples = static_cast<int>(number(8));
     else if (a == "--bandwidth-gbit")
       s.bandwidth_gbit = number(1e-6);
     else if (a == "--latency-ms")
