@@ -69,6 +69,26 @@ FEDSHARD_HOST_DEVICE inline float add_rn(float a, float b) noexcept {
 #endif
 }
 
+/// a * b in double, rounded once; a device compiler may not fuse it into a later addition.
+FEDSHARD_HOST_DEVICE inline double mul_rn(double a, double b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+/// a + b in double, rounded once, never fused with a product (see add_rn(float, float)).
+FEDSHARD_HOST_DEVICE inline double add_rn(double a, double b) noexcept {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(a, b);
+#elif defined(__FP_FAST_FMA) || defined(FP_FAST_FMA)
+  return std::fma(a, 1.0, b);
+#else
+  return a + b;
+#endif
+}
+
 /// a / b rounded once (IEEE division, also under a device fast-math flag).
 FEDSHARD_HOST_DEVICE inline float div_rn(float a, float b) noexcept {
 #if defined(__CUDA_ARCH__)

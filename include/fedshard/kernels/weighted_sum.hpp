@@ -17,6 +17,7 @@
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/kernels/cast.hpp"
+#include "fedshard/kernels/sgd.hpp"
 
 namespace fedshard::kernels {
 
@@ -33,8 +34,8 @@ struct weighted_sum_fn {
     bool first = true;
     for (std::size_t j = 0; j < k; ++j) {
       if (weights[j] == 0) continue;
-      const accum term = weights[j] * cast_fn<In, accum>{}(ins[j][i]);
-      sum = first ? term : sum + term;  // starting from the first term keeps a -0 result
+      const accum term = detail::mul_rn(weights[j], cast_fn<In, accum>{}(ins[j][i]));
+      sum = first ? term : detail::add_rn(sum, term);  // from the first term: keeps a -0 result
       first = false;
     }
     return cast_fn<accum, Out>{}(sum);

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# One command for a machine with an NVIDIA GPU, CUDA (nvcc) and cmake: builds fedshard's CUDA
+# targets in Release for the GPUs present, runs the GPU tests (ctest -L gpu) and
+# bench_kernels_cuda, and writes everything into OUTDIR (default bench/results):
+#
+#   OUTDIR/device.txt               nvidia-smi's view of the machine (if nvidia-smi exists)
+#   OUTDIR/configure.log, build.log
+#   OUTDIR/gpu_tests.log            ctest -L gpu --output-on-failure
+#   OUTDIR/bench_kernels_cuda.json  Google Benchmark JSON (console output: .log next to it)
+#   OUTDIR/summary.txt              the table printed at the end
+#
+# Usage: bench/gpu_check.sh [OUTDIR]
+# Environment: FEDSHARD_GPU_BUILD_DIR (default build/gpu-check), JOBS (default nproc),
+# CUDA_ARCHS (default native), CMAKE_ARGS (extra configure arguments, split on spaces),
+# BENCH_ARGS (extra bench_kernels_cuda arguments, e.g. --benchmark_filter=weighted).
+# Needs the doctest and Google Benchmark development files (cmake/install-deps.sh).
+# Exits non-zero if anything fails, if there is no GPU, or if a GPU test was skipped.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=${1:-"$root/bench/results"}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+build=${FEDSHARD_GPU_BUILD_DIR:-"$root/build/gpu-check"}
+jobs=${JOBS:-$(nproc 2>/dev/null || echo 4)}
+archs=${CUDA_ARCHS:-native}
+start=$(date +%s)
+
+say() { printf 'gpu_check: %s\n' "$*"; }
+fail() {
+  printf 'gpu_check: FAILED: %s\n' "$*" >&2
+  exit 1
+}
+
+if [[ -z "${CUDACXX:-}" ]] && ! command -v nvcc >/dev/null 2>&1; then
+  [[ -x /usr/local/cuda/bin/nvcc ]] || fail "no nvcc (set CUDACXX or put the CUDA toolkit on PATH)"
+  export CUDACXX=/usr/local/cuda/bin/nvcc
+fi
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi >"$out/device.txt" 2>&1 || true
+  nvidia-smi -L 2>/dev/null | sed 's/^/gpu_check: device: /' || true
+  if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+    fail "nvidia-smi lists no GPU (see $out/device.txt)"
+  fi
+else
+  say "nvidia-smi not found; the GPU tests will tell whether a device is usable"
+  # "native" needs a GPU at configure time; build for sm_80 and sm_90 instead.
+  [[ -n "${CUDA_ARCHS:-}" ]] || archs="80;90"
+fi
+
+say "configuring $build (Release, CUDA architectures: $archs)"
+# shellcheck disable=SC2086  # CMAKE_ARGS is a list of arguments
+cmake -S "$root" -B "$build" \
+  -DCMAKE_BUILD_TYPE=Release \
+  -DFEDSHARD_ENABLE_CUDA=ON \
+  -DFEDSHARD_BUILD_TESTS=ON \
+  -DFEDSHARD_BUILD_BENCH=ON \
+  -DFEDSHARD_BUILD_EXAMPLES=OFF \
+  -DFEDSHARD_VERIFY_HEADERS=OFF \
+  -DCMAKE_CUDA_ARCHITECTURES="$archs" \
+  ${CMAKE_ARGS:-} >"$out/configure.log" 2>&1 || {
+  tail -n 30 "$out/configure.log" >&2
+  fail "configure (log: $out/configure.log)"
+}
+
+say "building the GPU tests and bench_kernels_cuda with $jobs jobs"
+cmake --build "$build" -j "$jobs" --target fedshard_gpu_tests bench_kernels_cuda \
+  >"$out/build.log" 2>&1 || {
+  grep -E 'error|Error' "$out/build.log" | head -n 30 >&2 || true
+  fail "build (log: $out/build.log)"
+}
+
+say "running ctest -L gpu"
+tests_ok=1
+ctest --test-dir "$build" -L gpu --output-on-failure --timeout 600 >"$out/gpu_tests.log" 2>&1 ||
+  tests_ok=0
+grep -E 'tests passed|Test +#|Skipped|Failed' "$out/gpu_tests.log" | sed 's/^/gpu_check:   /' || true
+if grep -q 'Skipped' "$out/gpu_tests.log"; then
+  tests_ok=0
+  say "GPU tests were skipped: no usable CUDA device"
+fi
+
+say "running bench_kernels_cuda"
+bench_ok=1
+# shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
+"$build/bench/bench_kernels_cuda" \
+  --benchmark_out="$out/bench_kernels_cuda.json" --benchmark_out_format=json \
+  ${BENCH_ARGS:-} >"$out/bench_kernels_cuda.log" 2>&1 || bench_ok=0
+
+summarize() {
+  python3 - "$out/bench_kernels_cuda.json" <<'EOF'
+import json, sys
+runs = json.load(open(sys.argv[1]))["benchmarks"]
+print(f"{'benchmark':52} {'GB/s':>9} {'memcpy GB/s':>12} {'ratio':>7} {'overhead':>9}")
+for r in runs:
+    if r.get("run_type") == "aggregate":
+        continue
+    gbps = r.get("GBps", r.get("bytes_per_second", 0) / 1e9)
+    mem = r.get("memcpy_GBps")
+    ratio = r.get("ratio_vs_memcpy")
+    over = r.get("overhead")
+    print(f"{r['name']:52} {gbps:9.1f} "
+          f"{'' if mem is None else f'{mem:.1f}':>12} "
+          f"{'' if ratio is None else f'{ratio:.3f}':>7} "
+          f"{'' if over is None else f'{100 * over:+.2f}%':>9}")
+print("targets: ratio >= 0.85 for weighted_sum and pack/unpack at >= 64 MiB; "
+      "NCCL overhead <= 2% at >= 64 MiB")
+EOF
+}
+if [[ -s "$out/bench_kernels_cuda.json" ]] && command -v python3 >/dev/null 2>&1; then
+  summarize | tee "$out/summary.txt"
+else
+  tail -n 40 "$out/bench_kernels_cuda.log" | tee "$out/summary.txt"
+fi
+
+say "results in $out ($(($(date +%s) - start)) s)"
+((tests_ok)) || fail "GPU tests (log: $out/gpu_tests.log)"
+((bench_ok)) || fail "bench_kernels_cuda (log: $out/bench_kernels_cuda.log)"
+say "OK"

@@ -1,0 +1,793 @@
+#pragma once
+/// CUDA kernels over device memory, each calling the FEDSHARD_HOST_DEVICE functor of
+/// fedshard/kernels/ that the host loops call, so device results equal host results bit
+/// for bit: dtype casts (cast_fn), pack and unpack of a unit's tensors into a flat shard
+/// (copy_fn / zero_fn over the segments of kernels::for_each_segment), weighted
+/// aggregation of K shards (weighted_sum_fn, one launch for all K), shard SGD and AdamW
+/// (sgd_update, adamw_update) and the outer optimizers (outer_*_update).
+///
+/// Every function enqueues its work on the given stream and returns at once (plans upload
+/// their segment table once, when built). Pointers and spans are device memory; arguments
+/// are checked on the host before anything is enqueued (fedshard::invalid_argument).
+///
+/// Memory access. Threads move 16 bytes per load (int4 / uint4 vectors) where a range is
+/// 16-byte aligned: a few leading elements are handled one by one up to the alignment, then
+/// whole vectors, then the tail. Any element-aligned pointer works; when two ranges of one
+/// operation sit at different offsets modulo 16 the loads stay vectorised and the stores
+/// go element by element (casts, pack), the misaligned inputs are staged element by
+/// element (weighted_sum), or the optimizer steps run element by element.
+
+#include "fedshard/cuda/config.cuh"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fedshard/core/buffer.hpp"
+#include "fedshard/core/dtype.hpp"
+#include "fedshard/cuda/device_buffer.cuh"
+#include "fedshard/cuda/error.cuh"
+#include "fedshard/error.hpp"
+#include "fedshard/kernels/adamw.hpp"
+#include "fedshard/kernels/cast.hpp"
+#include "fedshard/kernels/outer.hpp"
+#include "fedshard/kernels/pack.hpp"
+#include "fedshard/kernels/sgd.hpp"
+#include "fedshard/kernels/weighted_sum.hpp"
+
+namespace fedshard::gpu {
+
+/// The most inputs one weighted_sum launch takes (their pointers and weights travel as
+/// kernel parameters).
+inline constexpr std::size_t max_weighted_sum_inputs = 64;
+
+namespace detail {
+
+// ---------------------------------------------------------------- vector access
+
+/// N elements of T moved as one aligned access of N * sizeof(T) <= 16 bytes.
+template <class T, int N>
+struct alignas(N * sizeof(T)) vec {
+  T v[N];
+};
+
+/// The raw integer vector type of a Bytes-wide access.
+template <std::size_t Bytes>
+struct raw_access;
+template <>
+struct raw_access<2> {
+  using type = unsigned short;
+};
+template <>
+struct raw_access<4> {
+  using type = unsigned int;
+};
+template <>
+struct raw_access<8> {
+  using type = uint2;
+};
+template <>
+struct raw_access<16> {
+  using type = uint4;
+};
+
+/// Loads N elements from p, which is aligned to N * sizeof(T), as one access.
+template <class T, int N>
+__device__ __forceinline__ vec<T, N> load_vec(const T* p) {
+  using raw = typename raw_access<N * sizeof(T)>::type;
+  return ::fedshard::detail::bit_cast<vec<T, N>>(*reinterpret_cast<const raw*>(p));
+}
+
+/// Stores N elements to p, which is aligned to N * sizeof(T), as one access.
+template <class T, int N>
+__device__ __forceinline__ void store_vec(T* p, const vec<T, N>& x) {
+  using raw = typename raw_access<N * sizeof(T)>::type;
+  *reinterpret_cast<raw*>(p) = ::fedshard::detail::bit_cast<raw>(x);
+}
+
+/// Elements per vector of a Src -> Dst pass: neither side's access exceeds 16 bytes.
+template <class Src, class Dst>
+inline constexpr int vec_elems =
+    static_cast<int>(vector_bytes / (sizeof(Src) > sizeof(Dst) ? sizeof(Src) : sizeof(Dst)));
+
+/// Vectors per thread in one tile of a copy pass.
+inline constexpr int tile_vectors = 4;
+
+/// Elements of one tile (the work of one block) of a Src -> Dst copy pass.
+template <class Src, class Dst>
+inline constexpr std::uint64_t tile_elems =
+    std::uint64_t{block_threads} * tile_vectors* vec_elems<Src, Dst>;
+
+inline std::uintptr_t address(const void* p) noexcept {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
+
+/// Checks that p is aligned for its element type (a precondition of every kernel here).
+template <class T>
+void check_element_aligned(const T* p, const char* what, const char* name) {
+  FEDSHARD_EXPECTS(address(p) % alignof(T) == 0, what, ": ", name, " (",
+                   static_cast<const void*>(p), ") is not aligned to its element size ",
+                   alignof(T));
+}
+
+inline unsigned grid_for(std::uint64_t blocks) {
+  return static_cast<unsigned>(std::clamp<std::uint64_t>(blocks, 1, max_grid_blocks));
+}
+
+// ---------------------------------------------------------------- segments: cast, pack, unpack
+
+/// A contiguous run copied (src != nullptr) or zeroed (src == nullptr) by a copy pass.
+/// `head` elements are done one by one before the first aligned vector; `vector_store` is 0
+/// when dst is not aligned at that vector (stores then go element by element);
+/// `first_tile` is the index of the segment's first tile in its launch.
+struct segment {
+  const void* src = nullptr;
+  void* dst = nullptr;
+  std::uint64_t count = 0;
+  std::uint64_t first_tile = 0;
+  std::uint32_t head = 0;
+  std::uint32_t vector_store = 1;
+};
+
+/// A segment of count elements from src to dst (src null: zero fill) for a Src -> Dst pass.
+template <class Src, class Dst>
+segment make_segment(const Src* src, Dst* dst, std::uint64_t count) {
+  constexpr int v = vec_elems<Src, Dst>;
+  segment s;
+  s.src = src;
+  s.dst = dst;
+  s.count = count;
+  const std::uintptr_t anchor = src != nullptr ? address(src) : address(dst);
+  const std::size_t elem = src != nullptr ? sizeof(Src) : sizeof(Dst);
+  const std::uintptr_t align = v * elem;
+  const std::uint64_t head = ((align - anchor % align) % align) / elem;
+  s.head = static_cast<std::uint32_t>(std::min<std::uint64_t>(head, count));
+  s.vector_store = (address(dst) + s.head * sizeof(Dst)) % (v * sizeof(Dst)) == 0 ? 1u : 0u;
+  return s;
+}
+
+/// Tiles a segment takes in a Src -> Dst pass (at least one: it also does the head).
+template <class Src, class Dst>
+std::uint64_t tiles_of(const segment& s) {
+  constexpr std::uint64_t t = tile_elems<Src, Dst>;
+  const std::uint64_t body = s.count - s.head;
+  return body == 0 ? 1 : (body + t - 1) / t;
+}
+
+/// Tile `tile` of a copy segment: dst[i] = cast(src[i]) through kernels::cast_fn, the
+/// vector body through 16-byte loads; thread block_threads-wide.
+template <class Src, class Dst>
+__device__ void copy_tile(const Src* src, Dst* dst, const segment& s, std::uint64_t tile) {
+  constexpr int v = vec_elems<Src, Dst>;
+  constexpr std::uint64_t t_elems = tile_elems<Src, Dst>;
+  const kernels::copy_fn<Src, Dst> one{src, dst};
+  const kernels::cast_fn<Src, Dst> cast;
+  const unsigned t = threadIdx.x;
+  if (tile == 0)
+    for (std::uint64_t i = t; i < s.head; i += block_threads) one(i);
+  const std::uint64_t lo = s.head + tile * t_elems;
+  if (lo >= s.count) return;
+  const std::uint64_t hi = lo + t_elems < s.count ? lo + t_elems : s.count;
+  const std::uint64_t nvec = (hi - lo) / v;
+  auto put = [&](std::uint64_t i, const vec<Src, v>& a) {
+    if (s.vector_store != 0) {
+      vec<Dst, v> b;
+#pragma unroll
+      for (int l = 0; l < v; ++l) b.v[l] = cast(a.v[l]);
+      store_vec<Dst, v>(dst + i, b);
+    } else {
+#pragma unroll
+      for (int l = 0; l < v; ++l) dst[i + l] = cast(a.v[l]);
+    }
+  };
+  if (nvec == std::uint64_t{block_threads} * tile_vectors) {  // a full tile: loads first
+    vec<Src, v> a[tile_vectors];
+#pragma unroll
+    for (int k = 0; k < tile_vectors; ++k)
+      a[k] = load_vec<Src, v>(src + lo + (k * block_threads + t) * v);
+#pragma unroll
+    for (int k = 0; k < tile_vectors; ++k) put(lo + (k * block_threads + t) * v, a[k]);
+  } else {
+    for (std::uint64_t j = t; j < nvec; j += block_threads)
+      put(lo + j * v, load_vec<Src, v>(src + lo + j * v));
+  }
+  for (std::uint64_t i = lo + nvec * v + t; i < hi; i += block_threads) one(i);
+}
+
+/// Tile `tile` of a padding segment: dst[i] = +0 through kernels::zero_fn and zero vectors.
+template <class Src, class Dst>
+__device__ void zero_tile(Dst* dst, const segment& s, std::uint64_t tile) {
+  constexpr int v = vec_elems<Src, Dst>;
+  constexpr std::uint64_t t_elems = tile_elems<Src, Dst>;
+  const kernels::zero_fn<Dst> one{dst};
+  const unsigned t = threadIdx.x;
+  if (tile == 0)
+    for (std::uint64_t i = t; i < s.head; i += block_threads) one(i);
+  const std::uint64_t lo = s.head + tile * t_elems;
+  if (lo >= s.count) return;
+  const std::uint64_t hi = lo + t_elems < s.count ? lo + t_elems : s.count;
+  const std::uint64_t nvec = (hi - lo) / v;
+  vec<Dst, v> z;
+#pragma unroll
+  for (int l = 0; l < v; ++l) z.v[l] = Dst{};
+  for (std::uint64_t j = t; j < nvec; j += block_threads) store_vec<Dst, v>(dst + lo + j * v, z);
+  for (std::uint64_t i = lo + nvec * v + t; i < hi; i += block_threads) one(i);
+}
+
+template <class Src, class Dst>
+__device__ __forceinline__ void run_tile(const segment& s, std::uint64_t tile) {
+  if (s.src == nullptr)
+    zero_tile<Src, Dst>(static_cast<Dst*>(s.dst), s, tile);
+  else
+    copy_tile<Src, Dst>(static_cast<const Src*>(s.src), static_cast<Dst*>(s.dst), s, tile);
+}
+
+/// One segment (a cast): block b does tiles b, b + gridDim.x, ...
+template <class Src, class Dst>
+__global__ void __launch_bounds__(block_threads) segment_kernel(segment s, std::uint64_t tiles) {
+  for (std::uint64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x)
+    run_tile<Src, Dst>(s, tile);
+}
+
+/// All segments of a plan in one launch: each tile finds its segment by binary search on
+/// first_tile (the same for every thread of the block).
+template <class Src, class Dst>
+__global__ void __launch_bounds__(block_threads)
+    segments_kernel(const segment* table, std::uint32_t n, std::uint64_t tiles) {
+  for (std::uint64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    std::uint32_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+      const std::uint32_t mid = lo + (hi - lo) / 2;
+      if (table[mid].first_tile <= tile)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    const segment s = table[lo];
+    run_tile<Src, Dst>(s, tile - s.first_tile);
+  }
+}
+
+/// Uploads segments (first_tile filled in here) and returns (table, total tiles).
+template <class Src, class Dst>
+std::pair<device_buffer<segment>, std::uint64_t> upload_segments(std::vector<segment>& segs) {
+  std::uint64_t tiles = 0;
+  for (segment& s : segs) {
+    s.first_tile = tiles;
+    tiles += tiles_of<Src, Dst>(s);
+  }
+  return {device_buffer<segment>::from_host(segs), tiles};
+}
+
+template <class Src, class Dst>
+void launch_segments(const device_buffer<segment>& table, std::uint64_t tiles, cudaStream_t stream,
+                     const char* what) {
+  if (table.empty()) return;
+  segments_kernel<Src, Dst><<<grid_for(tiles), block_threads, 0, stream>>>(
+      table.data(), static_cast<std::uint32_t>(table.size()), tiles);
+  check_launch(what);
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------- cast
+
+/// out[i] = kernels::cast_fn<From, To>(in[i]) on the device, enqueued on stream. Sizes must
+/// match; the spans must not overlap unless they are the same span of the same type (then
+/// nothing is done). Same types are copied with cudaMemcpyAsync.
+template <class From, class To>
+void cast(std::span<From> in, std::span<To> out, cudaStream_t stream) {
+  using F = std::remove_const_t<From>;
+  static_assert(!std::is_const_v<To>, "fedshard::gpu::cast: the output must be writable");
+  FEDSHARD_EXPECTS(in.size() == out.size(), "gpu::cast: input has ", in.size(),
+                   " elements, output has ", out.size(), " (sizes must match)");
+  if (in.empty()) return;
+  detail::check_element_aligned(in.data(), "gpu::cast", "input");
+  detail::check_element_aligned(out.data(), "gpu::cast", "output");
+  if constexpr (std::is_same_v<F, To>) {
+    if (static_cast<const void*>(in.data()) != static_cast<const void*>(out.data()))
+      FEDSHARD_CUDA_TRY(cudaMemcpyAsync(out.data(), in.data(), in.size_bytes(),
+                                        cudaMemcpyDeviceToDevice, stream));
+  } else {
+    const detail::segment s = detail::make_segment<F, To>(in.data(), out.data(), in.size());
+    const std::uint64_t tiles = detail::tiles_of<F, To>(s);
+    detail::segment_kernel<F, To><<<detail::grid_for(tiles), block_threads, 0, stream>>>(s, tiles);
+    detail::check_launch("fedshard::gpu::cast");
+  }
+}
+
+/// Converts a type-erased device buffer into another of any dtype (same dtype: a copy).
+inline void cast(const_buffer_view in, buffer_view out, cudaStream_t stream) {
+  FEDSHARD_EXPECTS(is_valid(in.type) && is_valid(out.type), "gpu::cast: invalid dtype (input ",
+                   static_cast<int>(in.type), ", output ", static_cast<int>(out.type), ")");
+  FEDSHARD_EXPECTS(in.count == out.count, "gpu::cast: input has ", in.count, " elements of ",
+                   to_string(in.type), ", output has ", out.count, " elements of ",
+                   to_string(out.type), " (counts must match)");
+  FEDSHARD_EXPECTS(in.count == 0 || (in.data != nullptr && out.data != nullptr),
+                   "gpu::cast: null data pointer for ", in.count, " elements");
+  visit(in.type, [&](auto from) {
+    using From = typename decltype(from)::type;
+    visit(out.type, [&](auto to) {
+      using To = typename decltype(to)::type;
+      cast(std::span<const From>(static_cast<const From*>(in.data), in.count),
+           std::span<To>(static_cast<To*>(out.data), out.count), stream);
+    });
+  });
+}
+
+// ---------------------------------------------------------------- pack and unpack
+
+/// kernels::pack on the device, prepared once: the segments of a unit's tensors (device
+/// pointers) and a shard are computed and uploaded when the plan is built, and run()
+/// enqueues the whole pack as one launch. Src is the tensors' element type (may be const),
+/// Dst the shard's. The tensors and the shard must stay allocated while the plan is run.
+template <class Src, class Dst>
+class pack_plan {
+  using S = std::remove_const_t<Src>;
+  static_assert(!std::is_const_v<Dst>, "fedshard::gpu::pack_plan: the shard must be writable");
+
+ public:
+  /// Fills shard, the flat range [shard_begin, shard_begin + shard.size()), from the tensors
+  /// and zero elsewhere; the layout rules of kernels::pack hold.
+  pack_plan(std::span<const kernels::tensor_ref<Src>> tensors, std::size_t shard_begin,
+            std::span<Dst> shard) {
+    kernels::check_tensor_layout(tensors, "gpu::pack_plan");
+    build(tensors, shard_begin, shard);
+  }
+  /// Fills the whole flat buffer; every tensor must lie inside it.
+  pack_plan(std::span<const kernels::tensor_ref<Src>> tensors, std::span<Dst> flat) {
+    kernels::check_tensor_layout(tensors, "gpu::pack_plan");
+    kernels::detail::check_inside_flat(tensors, flat.size(), "gpu::pack_plan");
+    build(tensors, 0, flat);
+  }
+
+  /// Enqueues the pack on stream.
+  void run(cudaStream_t stream) const {
+    detail::launch_segments<S, Dst>(table_, tiles_, stream, "fedshard::gpu::pack_plan");
+  }
+
+  /// Segments (tensor parts and padding runs) of one run.
+  std::size_t segments() const noexcept { return table_.size(); }
+
+ private:
+  void build(std::span<const kernels::tensor_ref<Src>> tensors, std::size_t shard_begin,
+             std::span<Dst> shard) {
+    if (!shard.empty()) detail::check_element_aligned(shard.data(), "gpu::pack_plan", "shard");
+    for (const auto& t : tensors)
+      if (t.count != 0) detail::check_element_aligned(t.data, "gpu::pack_plan", "a tensor");
+    std::vector<detail::segment> segs;
+    kernels::detail::for_each_segment_unchecked(
+        tensors, shard_begin, shard.size(), "gpu::pack_plan", [&](const kernels::pack_segment& p) {
+          const S* src = p.tensor == kernels::pack_segment::padding
+                             ? nullptr
+                             : tensors[p.tensor].data + p.tensor_pos;
+          segs.push_back(detail::make_segment<S, Dst>(src, shard.data() + p.shard_pos, p.count));
+        });
+    std::tie(table_, tiles_) = detail::upload_segments<S, Dst>(segs);
+  }
+
+  device_buffer<detail::segment> table_;
+  std::uint64_t tiles_ = 0;
+};
+
+/// kernels::unpack on the device, prepared once (see pack_plan): writes a shard back into
+/// the parts of the tensors it covers. Src is the shard's element type (may be const), Dst
+/// the tensors'.
+template <class Src, class Dst>
+class unpack_plan {
+  using S = std::remove_const_t<Src>;
+  static_assert(!std::is_const_v<Dst>, "fedshard::gpu::unpack_plan: tensors must be writable");
+
+ public:
+  /// Writes shard, the flat range [shard_begin, shard_begin + shard.size()), into the tensors;
+  /// the layout rules of kernels::unpack hold.
+  unpack_plan(std::span<Src> shard, std::size_t shard_begin,
+              std::span<const kernels::tensor_ref<Dst>> tensors) {
+    kernels::check_tensor_layout(tensors, "gpu::unpack_plan");
+    build(shard, shard_begin, tensors);
+  }
+  /// Writes the whole flat buffer into the tensors; every tensor must lie inside it.
+  unpack_plan(std::span<Src> flat, std::span<const kernels::tensor_ref<Dst>> tensors) {
+    kernels::check_tensor_layout(tensors, "gpu::unpack_plan");
+    kernels::detail::check_inside_flat(tensors, flat.size(), "gpu::unpack_plan");
+    build(flat, 0, tensors);
+  }
+
+  /// Enqueues the unpack on stream.
+  void run(cudaStream_t stream) const {
+    detail::launch_segments<S, Dst>(table_, tiles_, stream, "fedshard::gpu::unpack_plan");
+  }
+
+  /// Tensor parts written by one run.
+  std::size_t segments() const noexcept { return table_.size(); }
+
+ private:
+  void build(std::span<Src> shard, std::size_t shard_begin,
+             std::span<const kernels::tensor_ref<Dst>> tensors) {
+    if (!shard.empty()) detail::check_element_aligned(shard.data(), "gpu::unpack_plan", "shard");
+    for (const auto& t : tensors)
+      if (t.count != 0) detail::check_element_aligned(t.data, "gpu::unpack_plan", "a tensor");
+    std::vector<detail::segment> segs;
+    kernels::detail::for_each_segment_unchecked(
+        tensors, shard_begin, shard.size(), "gpu::unpack_plan",
+        [&](const kernels::pack_segment& p) {
+          if (p.tensor == kernels::pack_segment::padding) return;
+          segs.push_back(detail::make_segment<S, Dst>(
+              shard.data() + p.shard_pos, tensors[p.tensor].data + p.tensor_pos, p.count));
+        });
+    std::tie(table_, tiles_) = detail::upload_segments<S, Dst>(segs);
+  }
+
+  device_buffer<detail::segment> table_;
+  std::uint64_t tiles_ = 0;
+};
+
+// ---------------------------------------------------------------- weighted sum
+
+namespace detail {
+
+/// The arguments of one weighted_sum launch (kernel parameters, about 1 KiB).
+template <class In, class Out>
+struct weighted_sum_args {
+  using accum = kernels::accum_t<In, Out>;
+  const In* ins[max_weighted_sum_inputs];
+  accum weights[max_weighted_sum_inputs];
+  Out* out;
+  std::uint64_t n;
+  std::uint64_t head;     ///< elements before the first aligned vector (of input 0)
+  std::uint64_t nvec;     ///< whole vectors after the head
+  std::uint64_t aligned;  ///< bit j: input j is 16-byte aligned at element head
+  std::uint32_t k;
+};
+
+/// Elements per vector of weighted_sum's input.
+template <class In>
+inline constexpr int ws_vec = static_cast<int>(vector_bytes / sizeof(In));
+
+/// Elements of one weighted_sum tile: one vector per thread.
+template <class In>
+inline constexpr std::uint64_t ws_tile = std::uint64_t{block_threads} * ws_vec<In>;
+
+/// Shared memory (bytes) a staged weighted_sum with k inputs needs beyond its static part.
+template <class In>
+constexpr std::size_t ws_stage_bytes(std::size_t k) {
+  return k * ws_tile<In> * sizeof(In);
+}
+
+/// Copies the pointers and weights into shared memory; returns after a barrier.
+template <class In, class Out>
+__device__ __forceinline__ void load_ws_table(const weighted_sum_args<In, Out>& a, const In** ins,
+                                              kernels::accum_t<In, Out>* w) {
+  for (unsigned j = threadIdx.x; j < a.k; j += block_threads) {
+    ins[j] = a.ins[j];
+    w[j] = a.weights[j];
+  }
+  __syncthreads();
+}
+
+/// weighted_sum with the inputs staged tile by tile in shared memory: each thread loads one
+/// 16-byte vector of every input with a non-zero weight, then every output element of the
+/// tile is kernels::weighted_sum_fn over the staged copies. Block 0 also does the head and
+/// tail elements straight from global memory. Inputs are read once, out written once.
+template <class In, class Out>
+__global__ void __launch_bounds__(block_threads)
+    weighted_sum_staged_kernel(const weighted_sum_args<In, Out> a) {
+  using accum = kernels::accum_t<In, Out>;
+  constexpr int v = ws_vec<In>;
+  constexpr std::uint64_t tile_n = ws_tile<In>;
+  extern __shared__ uint4 stage_storage[];
+  In* const stage = reinterpret_cast<In*>(stage_storage);
+  __shared__ const In* ins[max_weighted_sum_inputs];
+  __shared__ const In* staged[max_weighted_sum_inputs];
+  __shared__ accum w[max_weighted_sum_inputs];
+  for (unsigned j = threadIdx.x; j < a.k; j += block_threads) staged[j] = stage + j * tile_n;
+  load_ws_table(a, ins, w);
+  const unsigned t = threadIdx.x;
+  if (blockIdx.x == 0) {
+    const kernels::weighted_sum_fn<In, Out> direct{ins, w, a.k};
+    for (std::uint64_t i = t; i < a.head; i += block_threads) a.out[i] = direct(i);
+    for (std::uint64_t i = a.head + a.nvec * v + t; i < a.n; i += block_threads)
+      a.out[i] = direct(i);
+  }
+  const kernels::weighted_sum_fn<In, Out> f{staged, w, a.k};
+  const std::uint64_t tiles = (a.nvec + block_threads - 1) / block_threads;
+  for (std::uint64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const std::uint64_t first = tile * block_threads;
+    const std::uint64_t left = a.nvec - first;
+    const unsigned vecs = left < block_threads ? static_cast<unsigned>(left) : block_threads;
+    const std::uint64_t base = a.head + first * v;
+    const unsigned elems = vecs * v;
+    for (unsigned j = 0; j < a.k; ++j) {
+      if (w[j] == 0) continue;  // weighted_sum_fn never reads it
+      const In* src = ins[j] + base;
+      In* dst = stage + j * tile_n;
+      if ((a.aligned >> j) & 1u) {
+        if (t < vecs) store_vec<In, v>(dst + t * v, load_vec<In, v>(src + t * v));
+      } else {
+#pragma unroll
+        for (int l = 0; l < v; ++l) {
+          const unsigned e = l * block_threads + t;
+          if (e < elems) dst[e] = src[e];
+        }
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int l = 0; l < v; ++l) {
+      const unsigned e = l * block_threads + t;
+      if (e < elems) a.out[base + e] = f(e);
+    }
+    __syncthreads();
+  }
+}
+
+/// weighted_sum straight from global memory, element by element (when the staged copies
+/// of all inputs do not fit in shared memory).
+template <class In, class Out>
+__global__ void __launch_bounds__(block_threads)
+    weighted_sum_direct_kernel(const weighted_sum_args<In, Out> a) {
+  __shared__ const In* ins[max_weighted_sum_inputs];
+  __shared__ kernels::accum_t<In, Out> w[max_weighted_sum_inputs];
+  load_ws_table(a, ins, w);
+  const kernels::weighted_sum_fn<In, Out> f{ins, w, a.k};
+  const std::uint64_t stride = std::uint64_t{gridDim.x} * block_threads;
+  for (std::uint64_t i = std::uint64_t{blockIdx.x} * block_threads + threadIdx.x; i < a.n;
+       i += stride)
+    a.out[i] = f(i);
+}
+
+/// Static shared memory of the staged kernel, an upper bound.
+template <class In, class Out>
+inline constexpr std::size_t ws_static_bytes =
+    max_weighted_sum_inputs*(2 * sizeof(const In*) + sizeof(kernels::accum_t<In, Out>));
+
+template <class In, class Out>
+void launch_weighted_sum(const weighted_sum_args<In, Out>& a, cudaStream_t stream) {
+  constexpr std::size_t default_limit = 48 * 1024;
+  const std::size_t stage = ws_stage_bytes<In>(a.k);
+  const std::size_t needed = stage + ws_static_bytes<In, Out>;
+  bool staged = needed <= default_limit;
+  if (!staged) {
+    int device = 0, optin = 0;
+    FEDSHARD_CUDA_TRY(cudaGetDevice(&device));
+    FEDSHARD_CUDA_TRY(
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (needed <= static_cast<std::size_t>(optin)) {
+      // The largest value any call needs, so that concurrent launches never see a smaller one.
+      FEDSHARD_CUDA_TRY(cudaFuncSetAttribute(weighted_sum_staged_kernel<In, Out>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             optin - static_cast<int>(ws_static_bytes<In, Out>)));
+      staged = true;
+    }
+  }
+  if (staged) {
+    const std::uint64_t tiles = (a.nvec + block_threads - 1) / block_threads;
+    weighted_sum_staged_kernel<In, Out><<<grid_for(tiles), block_threads, stage, stream>>>(a);
+  } else {
+    const std::uint64_t blocks = (a.n + block_threads - 1) / block_threads;
+    weighted_sum_direct_kernel<In, Out><<<grid_for(blocks), block_threads, 0, stream>>>(a);
+  }
+  check_launch("fedshard::gpu::weighted_sum");
+}
+
+}  // namespace detail
+
+/// out[i] = sum over k of weights[k] * ins[k][i] on the device: kernels::weighted_sum_fn
+/// (accumulation in accum_t<In, Out>, terms in k order, zero weights skipped), one launch
+/// for all K <= max_weighted_sum_inputs inputs, each of out.size() elements. out may be
+/// one of the inputs (same type) but must not partly overlap one.
+template <class In, class Out>
+void weighted_sum(std::span<const In* const> ins, std::span<const double> weights,
+                  std::span<Out> out, cudaStream_t stream) {
+  static_assert(!std::is_const_v<Out>, "fedshard::gpu::weighted_sum: out must be writable");
+  FEDSHARD_EXPECTS(!ins.empty(), "gpu::weighted_sum: expected at least one input, got 0");
+  FEDSHARD_EXPECTS(ins.size() <= max_weighted_sum_inputs, "gpu::weighted_sum: at most ",
+                   max_weighted_sum_inputs, " inputs per call, got ", ins.size());
+  FEDSHARD_EXPECTS(weights.size() == ins.size(),
+                   "gpu::weighted_sum: expected one weight per input (", ins.size(),
+                   " inputs), got ", weights.size(), " weights");
+  if (out.empty()) return;
+  detail::weighted_sum_args<In, Out> a{};
+  a.k = static_cast<std::uint32_t>(ins.size());
+  a.out = out.data();
+  a.n = out.size();
+  detail::check_element_aligned(out.data(), "gpu::weighted_sum", "output");
+  for (std::size_t j = 0; j < ins.size(); ++j) {
+    FEDSHARD_EXPECTS(ins[j] != nullptr, "gpu::weighted_sum: input ", j,
+                     " has a null data pointer for ", out.size(), " elements");
+    detail::check_element_aligned(ins[j], "gpu::weighted_sum", "an input");
+    a.ins[j] = ins[j];
+    a.weights[j] = static_cast<kernels::accum_t<In, Out>>(weights[j]);
+  }
+  constexpr std::uintptr_t align = vector_bytes;
+  const std::uintptr_t first = detail::address(ins[0]);
+  a.head = std::min<std::uint64_t>(a.n, ((align - first % align) % align) / sizeof(In));
+  a.nvec = (a.n - a.head) / detail::ws_vec<In>;
+  for (std::size_t j = 0; j < ins.size(); ++j)
+    if ((detail::address(ins[j]) + a.head * sizeof(In)) % align == 0)
+      a.aligned |= std::uint64_t{1} << j;
+  detail::launch_weighted_sum(a, stream);
+}
+
+/// weighted_sum of type-erased device buffers: all inputs have the same count and dtype,
+/// out has that count and any dtype; the checks and messages of kernels::weighted_sum.
+inline void weighted_sum(std::span<const const_buffer_view> ins, std::span<const double> weights,
+                         buffer_view out, cudaStream_t stream) {
+  FEDSHARD_EXPECTS(!ins.empty(), "gpu::weighted_sum: expected at least one input, got 0");
+  FEDSHARD_EXPECTS(weights.size() == ins.size(),
+                   "gpu::weighted_sum: expected one weight per input (", ins.size(),
+                   " inputs), got ", weights.size(), " weights");
+  const const_buffer_view& first = ins[0];
+  FEDSHARD_EXPECTS(is_valid(first.type) && is_valid(out.type),
+                   "gpu::weighted_sum: invalid dtype (input ", static_cast<int>(first.type),
+                   ", output ", static_cast<int>(out.type), ")");
+  for (std::size_t j = 0; j < ins.size(); ++j) {
+    const const_buffer_view& in = ins[j];
+    FEDSHARD_EXPECTS(in.count == first.count && in.type == first.type, "gpu::weighted_sum: input ",
+                     j, " has ", in.count, " elements of ", to_string(in.type), ", input 0 has ",
+                     first.count, " elements of ", to_string(first.type), " (inputs must match)");
+    FEDSHARD_EXPECTS(in.count == 0 || in.data != nullptr, "gpu::weighted_sum: input ", j,
+                     " has a null data pointer for ", in.count, " elements");
+  }
+  FEDSHARD_EXPECTS(out.count == first.count, "gpu::weighted_sum: output has ", out.count,
+                   " elements, the inputs have ", first.count);
+  FEDSHARD_EXPECTS(out.count == 0 || out.data != nullptr,
+                   "gpu::weighted_sum: null output data pointer for ", out.count, " elements");
+  FEDSHARD_EXPECTS(ins.size() <= max_weighted_sum_inputs, "gpu::weighted_sum: at most ",
+                   max_weighted_sum_inputs, " inputs per call, got ", ins.size());
+  visit(first.type, [&](auto it) {
+    using In = typename decltype(it)::type;
+    visit(out.type, [&](auto ot) {
+      using Out = typename decltype(ot)::type;
+      std::vector<const In*> pointers(ins.size());
+      for (std::size_t j = 0; j < ins.size(); ++j)
+        pointers[j] = static_cast<const In*>(ins[j].data);
+      weighted_sum<In, Out>(std::span<const In* const>(pointers), weights,
+                            std::span<Out>(static_cast<Out*>(out.data), out.count), stream);
+    });
+  });
+}
+
+// ---------------------------------------------------------------- optimizer steps
+
+namespace detail {
+
+template <class P>
+__device__ __forceinline__ void store_if_writable(P p, const vec<float, 4>& x) {
+  if constexpr (!std::is_const_v<std::remove_pointer_t<P>>) store_vec<float, 4>(p, x);
+}
+
+template <class F, std::size_t... I>
+__device__ __forceinline__ void apply_lanes(const F& f, vec<float, 4> (&r)[sizeof...(I)],
+                                            std::index_sequence<I...>) {
+#pragma unroll
+  for (int l = 0; l < 4; ++l) f(r[I].v[l]...);
+}
+
+/// f(p0[i], p1[i], ...) for every i < n, where f is an element functor of kernels/ taking
+/// float& for the arrays it updates (float*) and float for those it reads (const float*).
+/// Elements [head, head + 4 nvec) go as float4 vectors (every pointer is 16-byte aligned
+/// there), the rest one by one.
+template <class F, class... P>
+__global__ void __launch_bounds__(block_threads)
+    for_each_kernel(F f, std::uint64_t n, std::uint64_t head, std::uint64_t nvec, P... p) {
+  const std::uint64_t stride = std::uint64_t{gridDim.x} * block_threads;
+  const std::uint64_t first = std::uint64_t{blockIdx.x} * block_threads + threadIdx.x;
+  for (std::uint64_t i = first; i < head; i += stride) f(p[i]...);
+  for (std::uint64_t j = first; j < nvec; j += stride) {
+    const std::uint64_t i = head + 4 * j;
+    vec<float, 4> r[sizeof...(P)] = {load_vec<float, 4>(p + i)...};
+    apply_lanes(f, r, std::index_sequence_for<P...>{});
+    std::size_t k = 0;
+    (store_if_writable(p + i, r[k++]), ...);
+  }
+  for (std::uint64_t i = head + 4 * nvec + first; i < n; i += stride) f(p[i]...);
+}
+
+/// Launches for_each_kernel over n elements of float arrays (device pointers).
+template <class F, class... P>
+void for_each(const char* what, cudaStream_t stream, std::size_t n, const F& f, P... p) {
+  if (n == 0) return;
+  (check_element_aligned(p, what, "an array"), ...);
+  const std::uintptr_t offsets[] = {address(p) % vector_bytes...};
+  const std::uintptr_t a0 = offsets[0];
+  const bool coaligned = ((address(p) % vector_bytes == a0) && ...);
+  std::uint64_t head = n, nvec = 0;
+  if (coaligned) {
+    head = std::min<std::uint64_t>(n, ((vector_bytes - a0) % vector_bytes) / sizeof(float));
+    nvec = (n - head) / 4;
+  }
+  const std::uint64_t blocks = ((n + 3) / 4 + block_threads - 1) / block_threads;
+  for_each_kernel<F, P...><<<grid_for(blocks), block_threads, 0, stream>>>(f, n, head, nvec, p...);
+  check_launch(what);
+}
+
+inline void check_sizes(const char* what, std::size_t n,
+                        std::initializer_list<std::size_t> others) {
+  for (std::size_t m : others)
+    FEDSHARD_EXPECTS(m == n, what, ": every array must have ", n, " elements (the first's), found ",
+                     m);
+}
+
+}  // namespace detail
+
+/// One SGD step on a device shard (kernels::sgd_update); buf is used only when
+/// s.momentum != 0 and must then have param's size. The arrays do not overlap.
+inline void sgd_step(std::span<float> param, std::span<const float> grad, std::span<float> buf,
+                     const kernels::sgd_scalars& s, cudaStream_t stream) {
+  const kernels::sgd_update f{s};
+  if (s.momentum == 0.0f) {
+    detail::check_sizes("gpu::sgd_step", param.size(), {grad.size()});
+    detail::for_each("fedshard::gpu::sgd_step", stream, param.size(), f, param.data(), grad.data());
+  } else {
+    detail::check_sizes("gpu::sgd_step", param.size(), {grad.size(), buf.size()});
+    detail::for_each("fedshard::gpu::sgd_step", stream, param.size(), f, param.data(), grad.data(),
+                     buf.data());
+  }
+}
+
+/// One AdamW step on a device shard (kernels::adamw_update); the arrays have the same size
+/// and do not overlap.
+inline void adamw_step(std::span<float> param, std::span<const float> grad,
+                       std::span<float> exp_avg, std::span<float> exp_avg_sq,
+                       const kernels::adamw_scalars& s, cudaStream_t stream) {
+  detail::check_sizes("gpu::adamw_step", param.size(),
+                      {grad.size(), exp_avg.size(), exp_avg_sq.size()});
+  detail::for_each("fedshard::gpu::adamw_step", stream, param.size(), kernels::adamw_update{s},
+                   param.data(), grad.data(), exp_avg.data(), exp_avg_sq.data());
+}
+
+/// One outer SGD step of a device anchor shard (kernels::outer_sgd_update). In every outer
+/// step the arrays have anchor's size and do not overlap, except that d may be anchor.
+inline void outer_sgd_step(std::span<float> anchor, std::span<const float> d,
+                           const kernels::outer_sgd_scalars& s, cudaStream_t stream) {
+  detail::check_sizes("gpu::outer_sgd_step", anchor.size(), {d.size()});
+  detail::for_each("fedshard::gpu::outer_sgd_step", stream, anchor.size(),
+                   kernels::outer_sgd_update{s}, anchor.data(), d.data());
+}
+
+/// One fused Nesterov (DiLoCo) step of a device anchor shard and its momentum.
+inline void outer_nesterov_step(std::span<float> anchor, std::span<const float> d,
+                                std::span<float> momentum, const kernels::outer_momentum_scalars& s,
+                                cudaStream_t stream) {
+  detail::check_sizes("gpu::outer_nesterov_step", anchor.size(), {d.size(), momentum.size()});
+  detail::for_each("fedshard::gpu::outer_nesterov_step", stream, anchor.size(),
+                   kernels::outer_nesterov_update{s}, anchor.data(), d.data(), momentum.data());
+}
+
+/// One fused FedMom step of a device anchor shard and its momentum.
+inline void outer_fedmom_step(std::span<float> anchor, std::span<const float> d,
+                              std::span<float> momentum, const kernels::outer_momentum_scalars& s,
+                              cudaStream_t stream) {
+  detail::check_sizes("gpu::outer_fedmom_step", anchor.size(), {d.size(), momentum.size()});
+  detail::for_each("fedshard::gpu::outer_fedmom_step", stream, anchor.size(),
+                   kernels::outer_fedmom_update{s}, anchor.data(), d.data(), momentum.data());
+}
+
+/// One fused FedAdam step of a device anchor shard and its moments m and v.
+inline void outer_fedadam_step(std::span<float> anchor, std::span<const float> d,
+                               std::span<float> m, std::span<float> v,
+                               const kernels::outer_adaptive_scalars& s, cudaStream_t stream) {
+  detail::check_sizes("gpu::outer_fedadam_step", anchor.size(), {d.size(), m.size(), v.size()});
+  detail::for_each("fedshard::gpu::outer_fedadam_step", stream, anchor.size(),
+                   kernels::outer_fedadam_update{s}, anchor.data(), d.data(), m.data(), v.data());
+}
+
+/// One fused FedYogi step of a device anchor shard and its moments m and v.
+inline void outer_fedyogi_step(std::span<float> anchor, std::span<const float> d,
+                               std::span<float> m, std::span<float> v,
+                               const kernels::outer_adaptive_scalars& s, cudaStream_t stream) {
+  detail::check_sizes("gpu::outer_fedyogi_step", anchor.size(), {d.size(), m.size(), v.size()});
+  detail::for_each("fedshard::gpu::outer_fedyogi_step", stream, anchor.size(),
+                   kernels::outer_fedyogi_update{s}, anchor.data(), d.data(), m.data(), v.data());
+}
+
+}  // namespace fedshard::gpu
