@@ -74,7 +74,8 @@ double max_relative_difference(std::span<const float> a, std::span<const float> 
 }
 
 bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 /// A learning rate that changes every step, as a schedule would give it.
