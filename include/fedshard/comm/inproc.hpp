@@ -249,7 +249,11 @@ inline void wait_marks(group_state& g, int me, group_state::slot& s, std::uint64
       if (s.marks[i].load(std::memory_order_acquire) < target) return false;
     return true;
   };
-  for (int spin = 0; spin < 256; ++spin) {
+  // Spin briefly before sleeping, but only when every rank can have a core of its own: with
+  // more ranks than cores, spinning and yielding steals the time the missing ranks need.
+  static const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int spins = cores >= g.world->size ? 256 : 0;
+  for (int spin = 0; spin < spins; ++spin) {
     if (all_arrived()) return;
     if (spin >= 16) std::this_thread::yield();
   }
