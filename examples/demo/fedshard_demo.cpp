@@ -130,49 +130,58 @@ result train(const std::string& name, fedshard::mesh_shape shape, const settings
   opts.total_steps = s.steps;
   const charlm::dims dims{data.vocab(), 8, 16, s.hidden};
   std::mutex mu;
-  fedshard::inproc::run(world_size, [&](fedshard::inproc::communicator& w) {
-    const int rank = w.rank();
-    comm world(std::move(w), net);
-    fedshard::mesh m(world, shape);
-    fedshard::trainer<charlm::model, Algorithm, fedshard::optim::adamw, comm> t(
-        m, charlm::model(dims, s.seed), {.lr = s.lr, .weight_decay = 0.0f}, opts);
-    const auto eval_all = charlm::model::eval_batch(data, dims.context, s.eval_examples);
-    const std::size_t per = eval_all.size() / world_size;
-    const charlm::batch eval(eval_all.begin() + static_cast<std::ptrdiff_t>(per * rank),
-                             eval_all.begin() + static_cast<std::ptrdiff_t>(per * (rank + 1)));
-    double train_seconds = 0;
-    std::vector<curve_point> curve;
-    auto evaluate = [&](int step) {
-      const double loss = t.mean_over_world(t.evaluate(eval));
-      const double tokens = double(step) * world_size * s.batch;
-      curve.push_back({step, tokens, train_seconds, std::exp(loss)});
-      if (rank == 0) {
-        std::printf("  [%-8s] step %4d/%d  tokens %7.0f  eval ppl %7.3f  (%.1f s training)\n",
-                    name.c_str(), step, s.steps, tokens, std::exp(loss), train_seconds);
-        std::fflush(stdout);
-      }
-    };
-    evaluate(0);
-    for (int step = 0; step < s.steps; ++step) {
-      const auto b = charlm::model::training_batch(data, dims.context, s.seed, step, rank, s.batch);
-      world.barrier();  // all ranks start the step together: timing covers the slowest
-      const auto t0 = std::chrono::steady_clock::now();
-      t.step(b);
-      world.barrier();
-      train_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      if ((step + 1) % s.eval_every == 0 || step + 1 == s.steps) evaluate(step + 1);
-    }
-    if (rank != 0) return;
-    std::lock_guard lock(mu);
-    r.curve = curve;
-    r.seconds = train_seconds;
-    r.tokens = double(s.steps) * world_size * s.batch;
-    r.ppl = curve.back().ppl;
-    for (fedshard::axis a : fedshard::all_axes) {
-      r.bytes[a] = t.traffic()[a].wire_bytes;
-      r.comm_seconds += t.traffic()[a].seconds;
-    }
-  });
+  // 8 ranks computing on few cores: waiting ranks sleep at once instead of polling, so the
+  // ranks they wait for get the cores (fedshard::inproc::options::spin_polls).
+  fedshard::inproc::options run_options;
+  run_options.spin_polls = 0;
+  fedshard::inproc::run(
+      world_size,
+      [&](fedshard::inproc::communicator& w) {
+        const int rank = w.rank();
+        comm world(std::move(w), net);
+        fedshard::mesh m(world, shape);
+        fedshard::trainer<charlm::model, Algorithm, fedshard::optim::adamw, comm> t(
+            m, charlm::model(dims, s.seed), {.lr = s.lr, .weight_decay = 0.0f}, opts);
+        const auto eval_all = charlm::model::eval_batch(data, dims.context, s.eval_examples);
+        const std::size_t per = eval_all.size() / world_size;
+        const charlm::batch eval(eval_all.begin() + static_cast<std::ptrdiff_t>(per * rank),
+                                 eval_all.begin() + static_cast<std::ptrdiff_t>(per * (rank + 1)));
+        double train_seconds = 0;
+        std::vector<curve_point> curve;
+        auto evaluate = [&](int step) {
+          const double loss = t.mean_over_world(t.evaluate(eval));
+          const double tokens = double(step) * world_size * s.batch;
+          curve.push_back({step, tokens, train_seconds, std::exp(loss)});
+          if (rank == 0) {
+            std::printf("  [%-8s] step %4d/%d  tokens %7.0f  eval ppl %7.3f  (%.1f s training)\n",
+                        name.c_str(), step, s.steps, tokens, std::exp(loss), train_seconds);
+            std::fflush(stdout);
+          }
+        };
+        evaluate(0);
+        for (int step = 0; step < s.steps; ++step) {
+          const auto b =
+              charlm::model::training_batch(data, dims.context, s.seed, step, rank, s.batch);
+          world.barrier();  // all ranks start the step together: timing covers the slowest
+          const auto t0 = std::chrono::steady_clock::now();
+          t.step(b);
+          world.barrier();
+          train_seconds +=
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if ((step + 1) % s.eval_every == 0 || step + 1 == s.steps) evaluate(step + 1);
+        }
+        if (rank != 0) return;
+        std::lock_guard lock(mu);
+        r.curve = curve;
+        r.seconds = train_seconds;
+        r.tokens = double(s.steps) * world_size * s.batch;
+        r.ppl = curve.back().ppl;
+        for (fedshard::axis a : fedshard::all_axes) {
+          r.bytes[a] = t.traffic()[a].wire_bytes;
+          r.comm_seconds += t.traffic()[a].seconds;
+        }
+      },
+      run_options);
   return r;
 }
 

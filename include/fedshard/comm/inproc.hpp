@@ -67,6 +67,11 @@ inline std::chrono::duration<double> default_timeout() {
 struct options {
   /// How long a rank waits for its peers before throwing timeout_error.
   std::chrono::duration<double> timeout = detail::default_timeout();
+  /// How many times a waiting rank polls (yielding its core) before it sleeps; -1 = automatic:
+  /// 256 when every rank can have a core of its own, else 48. Polling makes short
+  /// collectives fast; with many more ranks than cores and heavy compute between collectives
+  /// 0 can be better, since a polling rank takes time from the ranks it waits for.
+  int spin_polls = -1;
 };
 
 class communicator;
@@ -112,11 +117,20 @@ struct op_desc {
 
 /// What all communicators of one inproc::run share: failure and exit state of every rank.
 struct world_state {
-  world_state(int n, std::chrono::duration<double> t)
-      : size(n), timeout(t), exited(static_cast<std::size_t>(n)) {}
+  world_state(int n, std::chrono::duration<double> t, int spin_polls)
+      : size(n),
+        timeout(t),
+        spins(spin_polls >= 0 ? spin_polls : auto_spins(n)),
+        exited(static_cast<std::size_t>(n)) {}
+
+  static int auto_spins(int ranks) {
+    static const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    return cores >= ranks ? 256 : 48;
+  }
 
   const int size;
   const std::chrono::duration<double> timeout;
+  const int spins;  // polls before a waiting rank sleeps
   std::atomic<bool> failed{false};
   std::vector<std::atomic<bool>> exited;
   std::mutex mu;
@@ -249,13 +263,11 @@ inline void wait_marks(group_state& g, int me, group_state::slot& s, std::uint64
       if (s.marks[i].load(std::memory_order_acquire) < target) return false;
     return true;
   };
-  // Spin briefly before sleeping, but only when every rank can have a core of its own: with
-  // more ranks than cores, spinning and yielding steals the time the missing ranks need.
-  static const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  const int spins = cores >= g.world->size ? 256 : 0;
+  // Poll briefly (yielding, so that the ranks we wait for can run) before sleeping.
+  const int spins = g.world->spins;
   for (int spin = 0; spin < spins; ++spin) {
     if (all_arrived()) return;
-    if (spin >= 16) std::this_thread::yield();
+    if (spin >= 16 || spins < 256) std::this_thread::yield();
   }
   std::vector<int> missing;
   for (;;) {
@@ -937,7 +949,7 @@ void run(int n, F&& body, options opt = {}) {
   FEDSHARD_EXPECTS(n >= 1, "inproc::run: the number of ranks must be >= 1, found ", n);
   FEDSHARD_EXPECTS(opt.timeout.count() > 0, "inproc::run: timeout must be > 0 s, found ",
                    opt.timeout.count());
-  auto world = std::make_shared<detail::world_state>(n, opt.timeout);
+  auto world = std::make_shared<detail::world_state>(n, opt.timeout, opt.spin_polls);
   std::vector<int> ranks(static_cast<std::size_t>(n));
   std::iota(ranks.begin(), ranks.end(), 0);
   auto group = std::make_shared<detail::group_state>(world, std::move(ranks));
