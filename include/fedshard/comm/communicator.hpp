@@ -22,8 +22,10 @@
 ///     disagree, peer_failure when a peer failed, timeout_error instead of a hang.
 /// Counts are std::int64_t so that a negative count is reported, not wrapped.
 
+#include <chrono>
 #include <concepts>
 #include <cstdint>
+#include <cstdlib>
 #include <span>
 
 #include "fedshard/comm/request.hpp"
@@ -59,6 +61,23 @@ concept Communicator = std::movable<C> && requires(C& c, const C& cc, const void
 namespace detail {
 inline std::int64_t checked_count(std::size_t n) {
   return static_cast<std::int64_t>(n);
+}
+
+/// The backends' default timeout: FEDSHARD_TIMEOUT_S from the environment, else 300 seconds.
+inline std::chrono::duration<double> default_timeout() {
+  if (const char* s = std::getenv("FEDSHARD_TIMEOUT_S")) {
+    char* end = nullptr;
+    const double v = std::strtod(s, &end);
+    if (end != s && v > 0) return std::chrono::duration<double>(v);
+  }
+  return std::chrono::duration<double>(300.0);
+}
+
+/// True when the byte ranges [a, a + an) and [b, b + bn) share a byte.
+inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
+  const auto pa = reinterpret_cast<std::uintptr_t>(a);
+  const auto pb = reinterpret_cast<std::uintptr_t>(b);
+  return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
 }
 }  // namespace detail
 

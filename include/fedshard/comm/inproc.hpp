@@ -52,15 +52,7 @@
 namespace fedshard::inproc {
 
 namespace detail {
-/// FEDSHARD_TIMEOUT_S from the environment, else 300 seconds.
-inline std::chrono::duration<double> default_timeout() {
-  if (const char* s = std::getenv("FEDSHARD_TIMEOUT_S")) {
-    char* end = nullptr;
-    const double v = std::strtod(s, &end);
-    if (end != s && v > 0) return std::chrono::duration<double>(v);
-  }
-  return std::chrono::duration<double>(300.0);
-}
+using fedshard::detail::default_timeout;
 }  // namespace detail
 
 /// Settings of an in-process world.
@@ -429,11 +421,7 @@ inline void execute(const std::vector<op_desc>& d, int me, int n) {
   }
 }
 
-inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
-  const auto pa = reinterpret_cast<std::uintptr_t>(a);
-  const auto pb = reinterpret_cast<std::uintptr_t>(b);
-  return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
-}
+using fedshard::detail::overlaps;
 
 /// This rank's own argument errors (empty when fine).
 inline std::string validate(const op_desc& d, int me, int n) {

@@ -80,15 +80,7 @@
 namespace fedshard::mpi {
 
 namespace detail {
-/// FEDSHARD_TIMEOUT_S from the environment, else 300 seconds.
-inline std::chrono::duration<double> default_timeout() {
-  if (const char* s = std::getenv("FEDSHARD_TIMEOUT_S")) {
-    char* end = nullptr;
-    const double v = std::strtod(s, &end);
-    if (end != s && v > 0) return std::chrono::duration<double>(v);
-  }
-  return std::chrono::duration<double>(300.0);
-}
+using fedshard::detail::default_timeout;
 
 /// FEDSHARD_MPI_CHECKED=1 or 0 from the environment, else `fallback`.
 inline bool checked_from_env(bool fallback) {
@@ -256,11 +248,7 @@ struct summary {
   reduce_op o() const { return static_cast<reduce_op>(op); }
 };
 
-inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) {
-  const auto pa = reinterpret_cast<std::uintptr_t>(a);
-  const auto pb = reinterpret_cast<std::uintptr_t>(b);
-  return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
-}
+using fedshard::detail::overlaps;
 
 inline bool is_reduction(op_kind k) {
   return k == op_kind::all_reduce || k == op_kind::reduce_scatter;
