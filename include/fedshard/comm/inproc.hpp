@@ -12,7 +12,7 @@
 ///  - all_gather: rank r copies its input into block r of every output;
 ///  - broadcast: rank r copies chunk r of the root's buffer into every other rank's buffer.
 /// Results are bit-identical on every rank and every run: each element is reduced by one rank,
-/// always in rank order, with one accumulation type (float for f32/bf16/f16, double for f64).
+/// always in rank order, by the host backends' shared core (comm/detail/reduction.hpp).
 ///
 /// Async operations run on a progress thread owned by the rank's communicator (started on
 /// first use); point-to-point operations are completed by whichever side arrives second.
@@ -43,6 +43,8 @@
 #include <vector>
 
 #include "fedshard/comm/communicator.hpp"
+#include "fedshard/comm/detail/call.hpp"
+#include "fedshard/comm/detail/reduction.hpp"
 #include "fedshard/comm/request.hpp"
 #include "fedshard/config.hpp"
 #include "fedshard/core/dtype.hpp"
@@ -52,7 +54,10 @@
 namespace fedshard::inproc {
 
 namespace detail {
+using fedshard::detail::call_args;
 using fedshard::detail::default_timeout;
+using fedshard::detail::make_call;
+using fedshard::detail::op_kind;
 }  // namespace detail
 
 /// Settings of an in-process world.
@@ -71,41 +76,6 @@ class communicator;
 namespace detail {
 
 using clock = std::chrono::steady_clock;
-
-enum class op_kind : std::uint8_t {
-  all_reduce,
-  all_gather,
-  reduce_scatter,
-  broadcast,
-  barrier,
-  split
-};
-
-inline const char* to_string(op_kind k) {
-  switch (k) {
-    case op_kind::all_reduce: return "all_reduce";
-    case op_kind::all_gather: return "all_gather";
-    case op_kind::reduce_scatter: return "reduce_scatter";
-    case op_kind::broadcast: return "broadcast";
-    case op_kind::barrier: return "barrier";
-    case op_kind::split: return "split";
-  }
-  return "unknown";
-}
-
-/// One rank's arguments to one collective, published to its peers.
-struct op_desc {
-  op_kind kind = op_kind::barrier;
-  const void* in = nullptr;
-  void* out = nullptr;
-  std::int64_t count = 0;
-  dtype type = dtype::f32;
-  reduce_op op = reduce_op::sum;
-  int root = 0;
-  int color = 0;
-  int key = 0;
-  std::string invalid;  // non-empty when this rank's own arguments are invalid
-};
 
 /// What all communicators of one inproc::run share: failure and exit state of every rank.
 struct world_state {
@@ -165,14 +135,17 @@ struct group_state {
         world_ranks(std::move(members)),
         size(static_cast<int>(world_ranks.size())) {
     for (auto& s : slots) {
-      s.desc.resize(static_cast<std::size_t>(size));
+      s.args.resize(static_cast<std::size_t>(size));
+      s.calls.resize(static_cast<std::size_t>(size));
       s.marks = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(size));
       for (int i = 0; i < size; ++i) s.marks[i].store(0);
     }
   }
 
   struct slot {
-    std::vector<op_desc> desc;
+    // Every member's arguments, and their summaries (each made by its member).
+    std::vector<call_args> args;
+    std::vector<fedshard::detail::call_summary> calls;
     // marks[i] = barrier points member i has passed at this slot: 2 per collective.
     std::unique_ptr<std::atomic<std::uint64_t>[]> marks;
   };
@@ -280,79 +253,6 @@ inline void arrive(group_state& g, group_state::slot& s, int me, std::uint64_t v
   g.wake();
 }
 
-template <reduce_op Op>
-struct combine_fn {
-  template <class A>
-  A operator()(A a, A b) const {
-    if constexpr (Op == reduce_op::min)
-      return (a != a || a < b) ? a : b;
-    else if constexpr (Op == reduce_op::max)
-      return (a != a || a > b) ? a : b;
-    else
-      return a + b;
-  }
-};
-
-template <class F>
-decltype(auto) visit_op(reduce_op op, F&& f) {
-  switch (op) {
-    case reduce_op::avg: return f(std::integral_constant<reduce_op, reduce_op::avg>{});
-    case reduce_op::min: return f(std::integral_constant<reduce_op, reduce_op::min>{});
-    case reduce_op::max: return f(std::integral_constant<reduce_op, reduce_op::max>{});
-    case reduce_op::sum: break;
-  }
-  return f(std::integral_constant<reduce_op, reduce_op::sum>{});
-}
-
-template <class T>
-using accum_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-inline constexpr std::int64_t block_elems = 2048;
-
-/// acc[j] = combine(acc[j], in[j]) for j < m. A function of its own (with restrict
-/// pointers) so that the compiler vectorises it rather than fusing consecutive passes into
-/// one scalar loop.
-template <class T, reduce_op Op>
-[[gnu::noinline]] void accumulate(accum_t<T>* __restrict acc, const T* __restrict in,
-                                  std::int64_t m) {
-  const combine_fn<Op> combine;
-  for (std::int64_t j = 0; j < m; ++j) acc[j] = combine(acc[j], static_cast<accum_t<T>>(in[j]));
-}
-
-/// Reduces elements [begin, end) of the inputs ins[0..n) (offset by in_off) in rank order and
-/// stores the result to outs[0..nout) (offset by out_off).
-template <class T, reduce_op Op>
-void reduce_range(const T* const* ins, int n, std::int64_t in_off, T* const* outs, int nout,
-                  std::int64_t out_off, std::int64_t len) {
-  using A = accum_t<T>;
-  A acc[block_elems];
-  for (std::int64_t b = 0; b < len; b += block_elems) {
-    const std::int64_t m = std::min(block_elems, len - b);
-    const T* in0 = ins[0] + in_off + b;
-    for (std::int64_t j = 0; j < m; ++j) acc[j] = static_cast<A>(in0[j]);
-    for (int p = 1; p < n; ++p) accumulate<T, Op>(acc, ins[p] + in_off + b, m);
-    if constexpr (Op == reduce_op::avg) {
-      const A div = static_cast<A>(n);
-      for (std::int64_t j = 0; j < m; ++j) acc[j] = acc[j] / div;
-    }
-    for (int p = 0; p < nout; ++p) {
-      T* op = outs[p] + out_off + b;
-      if constexpr (std::is_same_v<T, A>) {
-        std::memcpy(op, acc, static_cast<std::size_t>(m) * sizeof(T));
-      } else {
-        for (std::int64_t j = 0; j < m; ++j) op[j] = T(acc[j]);
-      }
-    }
-  }
-}
-
-/// Elements per chunk when n ranks split count elements on cache-line boundaries.
-inline std::int64_t chunk_elems(std::int64_t count, int n, std::size_t elem) {
-  const auto line = static_cast<std::int64_t>(cache_line_bytes / elem);
-  const std::int64_t per = (count + n - 1) / n;
-  return (per + line - 1) / line * line;
-}
-
 /// Copies [begin, end) bytes of src to each dst, in blocks that stay in cache.
 inline void copy_to_all(const char* src, char* const* dsts, int ndst, std::size_t bytes) {
   constexpr std::size_t blk = 32 * 1024;
@@ -363,9 +263,9 @@ inline void copy_to_all(const char* src, char* const* dsts, int ndst, std::size_
   }
 }
 
-/// Does member me's share of a validated collective whose descriptors are d[0..n).
-inline void execute(const std::vector<op_desc>& d, int me, int n) {
-  const op_desc& mine = d[static_cast<std::size_t>(me)];
+/// Does member me's share of a validated collective whose arguments are d[0..n).
+inline void execute(const std::vector<call_args>& d, int me, int n) {
+  const call_args& mine = d[static_cast<std::size_t>(me)];
   const std::int64_t count = mine.count;
   if (count == 0) return;
   const std::size_t esz = size_of(mine.type);
@@ -374,23 +274,23 @@ inline void execute(const std::vector<op_desc>& d, int me, int n) {
     case op_kind::reduce_scatter:
       visit(mine.type, [&](auto tag) {
         using T = typename decltype(tag)::type;
+        // all_reduce: chunk me of every input into every output; reduce_scatter: block me of
+        // every input into this rank's output.
+        const bool all = mine.kind == op_kind::all_reduce;
+        const auto part = all ? fedshard::detail::chunk_of(count, n, esz, me)
+                              : fedshard::detail::elem_range{count * me, count * (me + 1)};
         std::vector<const T*> ins(static_cast<std::size_t>(n));
-        std::vector<T*> outs(static_cast<std::size_t>(n));
-        for (int p = 0; p < n; ++p) {
-          ins[p] = static_cast<const T*>(d[p].in);
-          outs[p] = static_cast<T*>(d[p].out);
+        std::vector<T*> outs(static_cast<std::size_t>(all ? n : 1));
+        for (int p = 0; p < n; ++p) ins[p] = static_cast<const T*>(d[p].in) + part.begin;
+        if (all) {
+          for (int p = 0; p < n; ++p) outs[p] = static_cast<T*>(d[p].out) + part.begin;
+        } else {
+          outs[0] = static_cast<T*>(mine.out);
         }
-        visit_op(mine.op, [&](auto opc) {
-          constexpr reduce_op Op = decltype(opc)::value;
-          if (mine.kind == op_kind::all_reduce) {
-            const std::int64_t c = chunk_elems(count, n, esz);
-            const std::int64_t begin = std::min(count, c * me);
-            const std::int64_t end = std::min(count, begin + c);
-            reduce_range<T, Op>(ins.data(), n, begin, outs.data(), n, begin, end - begin);
-          } else {
-            T* out = outs[me];
-            reduce_range<T, Op>(ins.data(), n, count * me, &out, 1, 0, count);
-          }
+        const auto input = [&](int p) { return ins[p]; };
+        fedshard::detail::visit_op(mine.op, [&](auto opc) {
+          fedshard::detail::reduce_rank_order<T, decltype(opc)::value>(
+              input, n, outs.data(), static_cast<int>(outs.size()), part.end - part.begin);
         });
       });
       return;
@@ -404,9 +304,7 @@ inline void execute(const std::vector<op_desc>& d, int me, int n) {
     }
     case op_kind::broadcast: {
       const int root = mine.root;
-      const std::int64_t c = chunk_elems(count, n, esz);
-      const std::int64_t begin = std::min(count, c * me);
-      const std::int64_t end = std::min(count, begin + c);
+      const auto [begin, end] = fedshard::detail::chunk_of(count, n, esz, me);
       if (end <= begin) return;
       const std::size_t off = static_cast<std::size_t>(begin) * esz;
       std::vector<char*> dsts;
@@ -421,117 +319,29 @@ inline void execute(const std::vector<op_desc>& d, int me, int n) {
   }
 }
 
-using fedshard::detail::overlaps;
-
-/// This rank's own argument errors (empty when fine).
-inline std::string validate(const op_desc& d, int me, int n) {
-  using fedshard::detail::concat;
-  if (d.count < 0) return concat("count must be >= 0, found ", d.count);
-  if (!is_valid(d.type))
-    return concat("dtype must be f32, f64, bf16 or f16, found code ", static_cast<int>(d.type));
-  if ((d.kind == op_kind::all_reduce || d.kind == op_kind::reduce_scatter) && !is_valid(d.op))
-    return concat("reduce_op must be sum, avg, min or max, found code ", static_cast<int>(d.op));
-  if (d.kind == op_kind::broadcast && (d.root < 0 || d.root >= n))
-    return concat("root must be in [0, ", n, "), found ", d.root);
-  if (d.kind == op_kind::split && d.color < 0)
-    return concat("split color must be >= 0, found ", d.color);
-  if (d.count == 0) return {};
-  const std::size_t esz = size_of(d.type);
-  const auto cnt = static_cast<std::size_t>(d.count);
-  const bool reads_in = d.kind == op_kind::all_reduce || d.kind == op_kind::all_gather ||
-                        d.kind == op_kind::reduce_scatter;
-  if (reads_in && d.in == nullptr) return concat("input buffer is null with count ", d.count);
-  if (d.out == nullptr) return concat("output buffer is null with count ", d.count);
-  switch (d.kind) {
-    case op_kind::all_reduce:
-      if (d.in != d.out && overlaps(d.in, cnt * esz, d.out, cnt * esz))
-        return "input and output overlap partially (only in == out is allowed)";
-      break;
-    case op_kind::all_gather:
-      if (static_cast<const char*>(d.in) !=
-              static_cast<const char*>(d.out) + cnt * esz * static_cast<std::size_t>(me) &&
-          overlaps(d.in, cnt * esz, d.out, cnt * esz * static_cast<std::size_t>(n)))
-        return concat("input overlaps the output (only in == out + rank * count = out + ", me,
-                      " * ", d.count, " is allowed)");
-      break;
-    case op_kind::reduce_scatter:
-      if (static_cast<const char*>(d.out) !=
-              static_cast<const char*>(d.in) + cnt * esz * static_cast<std::size_t>(me) &&
-          overlaps(d.in, cnt * esz * static_cast<std::size_t>(n), d.out, cnt * esz))
-        return concat("output overlaps the input (only out == in + rank * count = in + ", me, " * ",
-                      d.count, " is allowed)");
-      break;
-    default: break;
-  }
-  return {};
-}
-
-inline std::string describe(const op_desc& d) {
-  using fedshard::detail::concat;
-  switch (d.kind) {
-    case op_kind::all_reduce:
-    case op_kind::reduce_scatter:
-      return concat(to_string(d.kind), "(count=", d.count, ", dtype=", to_string(d.type),
-                    ", op=", to_string(d.op), ")");
-    case op_kind::all_gather:
-      return concat(to_string(d.kind), "(count=", d.count, ", dtype=", to_string(d.type), ")");
-    case op_kind::broadcast:
-      return concat(to_string(d.kind), "(count=", d.count, ", dtype=", to_string(d.type),
-                    ", root=", d.root, ")");
-    default: return concat(to_string(d.kind), "()");
-  }
-}
-
-inline bool same_call(const op_desc& a, const op_desc& b) {
-  if (a.kind != b.kind) return false;
-  switch (a.kind) {
-    case op_kind::all_reduce:
-    case op_kind::reduce_scatter: return a.count == b.count && a.type == b.type && a.op == b.op;
-    case op_kind::all_gather: return a.count == b.count && a.type == b.type;
-    case op_kind::broadcast: return a.count == b.count && a.type == b.type && a.root == b.root;
-    default: return true;
-  }
-}
-
 /// Runs one collective, call number seq, for member me. Returns the split result for splits.
 inline std::shared_ptr<group_state> run_collective(group_state& g, int me, std::uint64_t seq,
-                                                   op_desc desc) {
-  using fedshard::detail::concat;
+                                                   const call_args& args) {
   const int n = g.size;
-  const char* what = to_string(desc.kind);
+  const char* what = to_string(args.kind);
   const auto deadline =
       clock::now() + std::chrono::duration_cast<clock::duration>(g.world->timeout);
   auto& s = g.slots[seq % group_state::ring];
   const std::uint64_t gen = seq / group_state::ring;
-  desc.invalid = validate(desc, me, n);
+  const fedshard::detail::call_summary mine = fedshard::detail::summarize(args, me, n);
 
   wait_marks(g, me, s, 2 * gen, what, seq, deadline);  // the slot's previous call is done
-  s.desc[static_cast<std::size_t>(me)] = std::move(desc);
+  s.args[static_cast<std::size_t>(me)] = args;
+  s.calls[static_cast<std::size_t>(me)] = mine;
   arrive(g, s, me, 2 * gen + 1);
   wait_marks(g, me, s, 2 * gen + 1, what, seq, deadline);
 
-  const auto& d = s.desc;
-  auto leave_and_throw = [&](auto exc) {
-    arrive(g, s, me, 2 * gen + 2);
-    throw exc;
-  };
-  for (int p = 0; p < n; ++p)
-    if (!d[p].invalid.empty())
-      leave_and_throw(invalid_argument(concat("fedshard: invalid arguments to ",
-                                              to_string(d[p].kind), " on rank ", p, " of ", n,
-                                              " (call #", seq, "): ", d[p].invalid)));
-  bool agree = true;
-  for (int p = 1; p < n; ++p) agree = agree && same_call(d[0], d[p]);
-  if (!agree) {
-    std::string calls;
-    for (int p = 0; p < n; ++p)
-      calls += concat(p == 0 ? "" : "; ", "rank ", p, ": ", describe(d[p]));
-    std::string differ;
-    for (int p = 1; p < n; ++p)
-      if (!same_call(d[0], d[p])) differ += concat(differ.empty() ? "" : ", ", p);
-    leave_and_throw(collective_mismatch(concat("fedshard: collective_mismatch at call #", seq,
-                                               " on a communicator of ", n, " ranks: ranks ",
-                                               differ, " disagree with rank 0 (", calls, ")")));
+  const auto& d = s.args;
+  try {
+    fedshard::detail::check_calls(s.calls, seq);
+  } catch (...) {
+    arrive(g, s, me, 2 * gen + 2);  // leave the slot to the next call, then throw
+    throw;
   }
 
   std::shared_ptr<group_state> result;
@@ -697,10 +507,7 @@ inline void p2p_post(group_state& g, p2p_op& op) {
   p2p_op& r = op.is_send ? *peer : op;
   std::string err;
   if (s.count != r.count || s.type != r.type) {
-    err = fedshard::detail::concat("fedshard: collective_mismatch: send from rank ", s.src,
-                                   " to rank ", s.dst, " (tag ", s.tag, ") carries ", s.count,
-                                   " x ", to_string(s.type), " but the receive expects ", r.count,
-                                   " x ", to_string(r.type));
+    err = fedshard::detail::p2p_mismatch(s.src, s.dst, s.tag, s.count, s.type, r.count, r.type);
   } else if (s.count > 0) {
     std::memcpy(r.rbuf, s.sbuf, static_cast<std::size_t>(s.count) * size_of(s.type));
   }
@@ -752,14 +559,7 @@ inline void p2p_request::wait() {
 
 inline std::unique_ptr<p2p_op> make_p2p(bool is_send, const void* sbuf, void* rbuf, std::int64_t n,
                                         dtype t, int me, int peer, int tag, int size) {
-  using fedshard::detail::concat;
-  const char* what = is_send ? "send" : "recv";
-  FEDSHARD_EXPECTS(n >= 0, what, ": count must be >= 0, found ", n);
-  FEDSHARD_EXPECTS(is_valid(t), what, ": invalid dtype code ", static_cast<int>(t));
-  FEDSHARD_EXPECTS(peer >= 0 && peer < size, what, ": peer must be in [0, ", size, "), found ",
-                   peer);
-  FEDSHARD_EXPECTS(n == 0 || (is_send ? sbuf != nullptr : rbuf != nullptr), what,
-                   ": buffer is null with count ", n);
+  fedshard::detail::check_p2p_args(is_send, is_send ? sbuf : rbuf, n, t, peer, size);
   auto op = std::make_unique<p2p_op>();
   op->is_send = is_send;
   op->sbuf = sbuf;
@@ -794,17 +594,17 @@ struct rank_handle {
   std::uint64_t next_seq = 0;
   std::unique_ptr<progress_thread> worker;
 
-  std::shared_ptr<group_state> collective(op_desc d) {
-    return run_collective(*group, me, next_seq++, std::move(d));
+  std::shared_ptr<group_state> collective(const call_args& a) {
+    return run_collective(*group, me, next_seq++, a);
   }
-  request collective_async(op_desc d) {
+  request collective_async(const call_args& a) {
     const std::uint64_t seq = next_seq++;
     auto done = std::make_shared<completion>();
     if (!worker) worker = std::make_unique<progress_thread>();
-    worker->post([g = group, m = me, seq, d = std::move(d), done]() mutable {
+    worker->post([g = group, m = me, seq, a, done] {
       std::exception_ptr error;
       try {
-        run_collective(*g, m, seq, std::move(d));
+        run_collective(*g, m, seq, a);
       } catch (...) {
         error = std::current_exception();
       }
@@ -813,19 +613,6 @@ struct rank_handle {
     return request(std::make_unique<async_request>(std::move(done), group, me));
   }
 };
-
-inline op_desc make_desc(op_kind k, const void* in, void* out, std::int64_t n, dtype t,
-                         reduce_op op = reduce_op::sum, int root = 0) {
-  op_desc d;
-  d.kind = k;
-  d.in = in;
-  d.out = out;
-  d.count = n;
-  d.type = t;
-  d.op = op;
-  d.root = root;
-  return d;
-}
 
 }  // namespace detail
 
@@ -850,45 +637,45 @@ class communicator {
 
   /// out = op over ranks of in (count elements); in == out is in place.
   void all_reduce(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
-    h_->collective(detail::make_desc(detail::op_kind::all_reduce, in, out, count, t, op));
+    h_->collective(detail::make_call(detail::op_kind::all_reduce, in, out, count, t, op));
   }
   /// out (count * size() elements) = every rank's in (count elements) in rank order.
   void all_gather(const void* in, void* out, std::int64_t count, dtype t) {
-    h_->collective(detail::make_desc(detail::op_kind::all_gather, in, out, count, t));
+    h_->collective(detail::make_call(detail::op_kind::all_gather, in, out, count, t));
   }
   /// out (count elements) = op over ranks of block rank() of in (count * size() elements).
   void reduce_scatter(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
-    h_->collective(detail::make_desc(detail::op_kind::reduce_scatter, in, out, count, t, op));
+    h_->collective(detail::make_call(detail::op_kind::reduce_scatter, in, out, count, t, op));
   }
   /// buf = root's buf on every rank.
   void broadcast(void* buf, std::int64_t count, dtype t, int root) {
     h_->collective(
-        detail::make_desc(detail::op_kind::broadcast, buf, buf, count, t, reduce_op::sum, root));
+        detail::make_call(detail::op_kind::broadcast, buf, buf, count, t, reduce_op::sum, root));
   }
   /// Returns once every rank has entered the barrier.
   void barrier() {
-    h_->collective(detail::make_desc(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
+    h_->collective(detail::make_call(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
   }
 
   request all_reduce_async(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
     return h_->collective_async(
-        detail::make_desc(detail::op_kind::all_reduce, in, out, count, t, op));
+        detail::make_call(detail::op_kind::all_reduce, in, out, count, t, op));
   }
   request all_gather_async(const void* in, void* out, std::int64_t count, dtype t) {
-    return h_->collective_async(detail::make_desc(detail::op_kind::all_gather, in, out, count, t));
+    return h_->collective_async(detail::make_call(detail::op_kind::all_gather, in, out, count, t));
   }
   request reduce_scatter_async(const void* in, void* out, std::int64_t count, dtype t,
                                reduce_op op) {
     return h_->collective_async(
-        detail::make_desc(detail::op_kind::reduce_scatter, in, out, count, t, op));
+        detail::make_call(detail::op_kind::reduce_scatter, in, out, count, t, op));
   }
   request broadcast_async(void* buf, std::int64_t count, dtype t, int root) {
     return h_->collective_async(
-        detail::make_desc(detail::op_kind::broadcast, buf, buf, count, t, reduce_op::sum, root));
+        detail::make_call(detail::op_kind::broadcast, buf, buf, count, t, reduce_op::sum, root));
   }
   request barrier_async() {
     return h_->collective_async(
-        detail::make_desc(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
+        detail::make_call(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
   }
 
   /// Sends count elements to peer; returns once the receiver has copied them.
@@ -913,10 +700,10 @@ class communicator {
   /// Collective: the communicator of the ranks that passed the same color (>= 0), ordered by
   /// key, then by rank. Sub-communicators run concurrently with each other and the parent.
   communicator split(int color, int key) {
-    auto d = detail::make_desc(detail::op_kind::split, nullptr, nullptr, 0, dtype::f32);
+    auto d = detail::make_call(detail::op_kind::split, nullptr, nullptr, 0, dtype::f32);
     d.color = color;
     d.key = key;
-    auto g = h_->collective(std::move(d));
+    auto g = h_->collective(d);
     int member = 0;
     for (int i = 0; i < g->size; ++i)
       if (g->world_ranks[static_cast<std::size_t>(i)] == world_rank()) member = i;

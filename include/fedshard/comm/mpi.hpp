@@ -5,7 +5,8 @@
 ///  - reduction::rank_order (default): results are bit-identical to inproc's
 ///    (comm/inproc.hpp) for every dtype and op, on every rank and run. MPI only moves bytes;
 ///    fedshard reduces each element in rank order, in float (f32, bf16, f16) or double (f64),
-///    avg = sum / n, min and max propagating NaN, rounded once to the dtype:
+///    avg = sum / n, min and max propagating NaN, rounded once to the dtype, with the core
+///    inproc uses (comm/detail/reduction.hpp):
 ///    - all_reduce of at most options::small_all_reduce_bytes (n * count * element size):
 ///      MPI_Iallgather of the inputs, then every rank reduces every element (one round trip);
 ///    - larger all_reduce: MPI_Ialltoallv sends chunk p of every input to rank p, which
@@ -29,11 +30,12 @@
 /// Checked mode (options::checked: on by default without NDEBUG, or FEDSHARD_MPI_CHECKED=1)
 /// exchanges (kind, count, dtype, op, root, argument validity) with MPI_Iallgather before each
 /// collective, so a mismatch throws collective_mismatch and an invalid argument throws
-/// invalid_argument on every rank, with inproc's messages; a send and its receive exchange
-/// (count, dtype) and both throw collective_mismatch when they disagree (a checked send returns
-/// once the receive is matched). Unchecked, only the rank with an invalid argument throws (its
-/// peers wait in the collective until the timeout), and a mismatched collective is undefined
-/// behaviour of MPI; a receive still reports a message of another size. split always exchanges.
+/// invalid_argument on every rank, with inproc's messages (comm/detail/call.hpp); a send and its
+/// receive exchange (count, dtype) and both throw collective_mismatch when they disagree (a checked
+/// send returns once the receive is matched). Unchecked, only the rank with an invalid argument
+/// throws (its peers wait in the collective until the timeout), and a mismatched collective is
+/// undefined behaviour of MPI; a receive still reports a message of another size. split always
+/// exchanges.
 ///
 /// Failures: an MPI error throws backend_error with MPI's error string (the duplicated
 /// communicators use MPI_ERRORS_RETURN). MPI cannot tell a dead peer from a slow one and
@@ -71,6 +73,8 @@
 #include <vector>
 
 #include "fedshard/comm/communicator.hpp"
+#include "fedshard/comm/detail/call.hpp"
+#include "fedshard/comm/detail/reduction.hpp"
 #include "fedshard/comm/request.hpp"
 #include "fedshard/config.hpp"
 #include "fedshard/core/dtype.hpp"
@@ -134,7 +138,16 @@ class communicator;
 namespace detail {
 
 using clock = std::chrono::steady_clock;
+using fedshard::detail::accum_t;
+using fedshard::detail::call_args;
+using fedshard::detail::call_summary;
+using fedshard::detail::chunk_of;
+using fedshard::detail::combine_fn;
 using fedshard::detail::concat;
+using fedshard::detail::make_call;
+using fedshard::detail::op_kind;
+using fedshard::detail::overlaps;
+using fedshard::detail::reduce_blocks;
 
 inline int to_mpi(thread_level l) {
   switch (l) {
@@ -189,270 +202,6 @@ inline bool mpi_running() {
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
   return init != 0 && fin == 0;
-}
-
-enum class op_kind : std::uint8_t {
-  all_reduce,
-  all_gather,
-  reduce_scatter,
-  broadcast,
-  barrier,
-  split
-};
-
-inline const char* to_string(op_kind k) {
-  switch (k) {
-    case op_kind::all_reduce: return "all_reduce";
-    case op_kind::all_gather: return "all_gather";
-    case op_kind::reduce_scatter: return "reduce_scatter";
-    case op_kind::broadcast: return "broadcast";
-    case op_kind::barrier: return "barrier";
-    case op_kind::split: return "split";
-  }
-  return "unknown";
-}
-
-/// One rank's arguments to one collective.
-struct call_args {
-  op_kind kind = op_kind::barrier;
-  const void* in = nullptr;
-  void* out = nullptr;
-  std::int64_t count = 0;
-  dtype type = dtype::f32;
-  reduce_op op = reduce_op::sum;
-  int root = 0;
-  int color = 0;
-  int key = 0;
-};
-
-/// What ranks exchange in checked mode: the arguments as numbers, pointers reduced to flags.
-struct summary {
-  std::int64_t kind = 0;
-  std::int64_t count = 0;
-  std::int64_t type = 0;
-  std::int64_t op = 0;
-  std::int64_t root = 0;
-  std::int64_t color = 0;
-  std::int64_t key = 0;
-  std::int64_t flags = 0;  // bit 0: in null, 1: out null, 2: overlap, 3: count too large
-
-  static constexpr int words = 8;
-  std::array<std::int64_t, words> pack() const {
-    return {kind, count, type, op, root, color, key, flags};
-  }
-  static summary unpack(const std::int64_t* w) {
-    return {w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]};
-  }
-  op_kind k() const { return static_cast<op_kind>(kind); }
-  dtype t() const { return static_cast<dtype>(type); }
-  reduce_op o() const { return static_cast<reduce_op>(op); }
-};
-
-using fedshard::detail::overlaps;
-
-inline bool is_reduction(op_kind k) {
-  return k == op_kind::all_reduce || k == op_kind::reduce_scatter;
-}
-
-/// The summary of member me's call on a communicator of n ranks.
-inline summary summarize(const call_args& a, int me, int n) {
-  summary s;
-  s.kind = static_cast<std::int64_t>(a.kind);
-  s.count = a.count;
-  s.type = static_cast<std::int64_t>(a.type);
-  s.op = static_cast<std::int64_t>(a.op);
-  s.root = a.root;
-  s.color = a.color;
-  s.key = a.key;
-  if (a.count <= 0 || !is_valid(a.type)) return s;
-  const std::size_t esz = size_of(a.type);
-  if (a.count > std::numeric_limits<std::int64_t>::max() / 8 / n) {
-    s.flags |= 8;
-    return s;
-  }
-  const auto cnt = static_cast<std::size_t>(a.count);
-  const auto un = static_cast<std::size_t>(n);
-  const auto um = static_cast<std::size_t>(me);
-  const bool reads_in = a.kind == op_kind::all_reduce || a.kind == op_kind::all_gather ||
-                        a.kind == op_kind::reduce_scatter;
-  if (reads_in && a.in == nullptr) s.flags |= 1;
-  if (a.out == nullptr) s.flags |= 2;
-  if ((s.flags & 3) != 0) return s;
-  const auto* in = static_cast<const char*>(a.in);
-  const auto* out = static_cast<const char*>(a.out);
-  switch (a.kind) {
-    case op_kind::all_reduce:
-      if (in != out && overlaps(in, cnt * esz, out, cnt * esz)) s.flags |= 4;
-      break;
-    case op_kind::all_gather:
-      if (in != out + cnt * esz * um && overlaps(in, cnt * esz, out, cnt * esz * un)) s.flags |= 4;
-      break;
-    case op_kind::reduce_scatter:
-      if (out != in + cnt * esz * um && overlaps(in, cnt * esz * un, out, cnt * esz)) s.flags |= 4;
-      break;
-    default: break;
-  }
-  return s;
-}
-
-/// What is wrong with member me's call (empty when fine); inproc's wording.
-inline std::string validate(const summary& d, int me, int n) {
-  if (d.count < 0) return concat("count must be >= 0, found ", d.count);
-  if (!is_valid(d.t())) return concat("dtype must be f32, f64, bf16 or f16, found code ", d.type);
-  if (is_reduction(d.k()) && !is_valid(d.o()))
-    return concat("reduce_op must be sum, avg, min or max, found code ", d.op);
-  if (d.k() == op_kind::broadcast && (d.root < 0 || d.root >= n))
-    return concat("root must be in [0, ", n, "), found ", d.root);
-  if (d.k() == op_kind::split && d.color < 0)
-    return concat("split color must be >= 0, found ", d.color);
-  if (d.count == 0) return {};
-  if ((d.flags & 8) != 0)
-    return concat("count ", d.count, " times ", n, " ranks does not fit a 64-bit byte count");
-  if ((d.flags & 1) != 0) return concat("input buffer is null with count ", d.count);
-  if ((d.flags & 2) != 0) return concat("output buffer is null with count ", d.count);
-  if ((d.flags & 4) != 0) {
-    switch (d.k()) {
-      case op_kind::all_reduce:
-        return "input and output overlap partially (only in == out is allowed)";
-      case op_kind::all_gather:
-        return concat("input overlaps the output (only in == out + rank * count = out + ", me,
-                      " * ", d.count, " is allowed)");
-      case op_kind::reduce_scatter:
-        return concat("output overlaps the input (only out == in + rank * count = in + ", me, " * ",
-                      d.count, " is allowed)");
-      default: break;
-    }
-  }
-  return {};
-}
-
-inline std::string describe(const summary& d) {
-  const auto t = is_valid(d.t()) ? std::string(to_string(d.t())) : concat("code ", d.type);
-  switch (d.k()) {
-    case op_kind::all_reduce:
-    case op_kind::reduce_scatter: {
-      const auto o = is_valid(d.o()) ? std::string(to_string(d.o())) : concat("code ", d.op);
-      return concat(to_string(d.k()), "(count=", d.count, ", dtype=", t, ", op=", o, ")");
-    }
-    case op_kind::all_gather:
-      return concat(to_string(d.k()), "(count=", d.count, ", dtype=", t, ")");
-    case op_kind::broadcast:
-      return concat(to_string(d.k()), "(count=", d.count, ", dtype=", t, ", root=", d.root, ")");
-    default: return concat(to_string(d.k()), "()");
-  }
-}
-
-inline bool same_call(const summary& a, const summary& b) {
-  if (a.kind != b.kind) return false;
-  switch (a.k()) {
-    case op_kind::all_reduce:
-    case op_kind::reduce_scatter: return a.count == b.count && a.type == b.type && a.op == b.op;
-    case op_kind::all_gather: return a.count == b.count && a.type == b.type;
-    case op_kind::broadcast: return a.count == b.count && a.type == b.type && a.root == b.root;
-    default: return true;
-  }
-}
-
-/// Throws what inproc throws for the calls d[0..n) at call number seq: invalid_argument for
-/// the first rank with an invalid argument, else collective_mismatch when ranks disagree.
-inline void check_calls(const std::vector<summary>& d, std::uint64_t seq) {
-  const int n = static_cast<int>(d.size());
-  for (int p = 0; p < n; ++p) {
-    const std::string why = validate(d[static_cast<std::size_t>(p)], p, n);
-    if (!why.empty())
-      throw invalid_argument(concat("fedshard: invalid arguments to ",
-                                    to_string(d[static_cast<std::size_t>(p)].k()), " on rank ", p,
-                                    " of ", n, " (call #", seq, "): ", why));
-  }
-  bool agree = true;
-  for (int p = 1; p < n; ++p) agree = agree && same_call(d[0], d[static_cast<std::size_t>(p)]);
-  if (agree) return;
-  std::string calls;
-  std::string differ;
-  for (int p = 0; p < n; ++p) {
-    calls += concat(p == 0 ? "" : "; ", "rank ", p, ": ", describe(d[static_cast<std::size_t>(p)]));
-    if (p > 0 && !same_call(d[0], d[static_cast<std::size_t>(p)]))
-      differ += concat(differ.empty() ? "" : ", ", p);
-  }
-  throw collective_mismatch(concat("fedshard: collective_mismatch at call #", seq,
-                                   " on a communicator of ", n, " ranks: ranks ", differ,
-                                   " disagree with rank 0 (", calls, ")"));
-}
-
-// ------------------------------------------------------------------ local reduction
-
-template <class T>
-using accum_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
-
-template <reduce_op Op>
-struct combine_fn {
-  template <class A>
-  A operator()(A a, A b) const {
-    if constexpr (Op == reduce_op::min)
-      return (a != a || a < b) ? a : b;
-    else if constexpr (Op == reduce_op::max)
-      return (a != a || a > b) ? a : b;
-    else
-      return a + b;
-  }
-};
-
-/// out[j] = op over p = 0..n-1, in rank order, of element j of block p (blocks `stride`
-/// bytes apart from `blocks`), for j < len; accumulated in accum_t<T>, avg divided by n,
-/// rounded once to T: inproc's reduction.
-template <class T, reduce_op Op>
-void reduce_blocks(const unsigned char* blocks, std::size_t stride, int n, void* out,
-                   std::int64_t len) {
-  using A = accum_t<T>;
-  constexpr std::int64_t block = 2048;
-  A acc[block];
-  const combine_fn<Op> combine;
-  auto at = [&](int p, std::int64_t b) {
-    return static_cast<const T*>(
-               static_cast<const void*>(blocks + stride * static_cast<std::size_t>(p))) +
-           b;
-  };
-  T* o = static_cast<T*>(out);
-  for (std::int64_t b = 0; b < len; b += block) {
-    const std::int64_t m = std::min(block, len - b);
-    const T* in0 = at(0, b);
-    for (std::int64_t j = 0; j < m; ++j) acc[j] = static_cast<A>(in0[j]);
-    for (int p = 1; p < n; ++p) {
-      const T* ip = at(p, b);
-      for (std::int64_t j = 0; j < m; ++j) acc[j] = combine(acc[j], static_cast<A>(ip[j]));
-    }
-    if constexpr (Op == reduce_op::avg) {
-      const A div = static_cast<A>(n);
-      for (std::int64_t j = 0; j < m; ++j) acc[j] = acc[j] / div;
-    }
-    if constexpr (std::is_same_v<T, A>) {
-      std::memcpy(o + b, acc, static_cast<std::size_t>(m) * sizeof(T));
-    } else {
-      for (std::int64_t j = 0; j < m; ++j) o[b + j] = T(acc[j]);
-    }
-  }
-}
-
-inline void reduce_blocks(dtype t, reduce_op op, const unsigned char* blocks, std::size_t stride,
-                          int n, void* out, std::int64_t len) {
-  if (len <= 0) return;
-  visit(t, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    switch (op) {
-      case reduce_op::avg: reduce_blocks<T, reduce_op::avg>(blocks, stride, n, out, len); return;
-      case reduce_op::min: reduce_blocks<T, reduce_op::min>(blocks, stride, n, out, len); return;
-      case reduce_op::max: reduce_blocks<T, reduce_op::max>(blocks, stride, n, out, len); return;
-      case reduce_op::sum: break;
-    }
-    reduce_blocks<T, reduce_op::sum>(blocks, stride, n, out, len);
-  });
-}
-
-/// Elements per chunk when n ranks split count elements on cache-line boundaries.
-inline std::int64_t chunk_elems(std::int64_t count, int n, std::size_t elem) {
-  const auto line = std::max<std::int64_t>(1, static_cast<std::int64_t>(cache_line_bytes / elem));
-  const std::int64_t per = (count + n - 1) / n;
-  return (per + line - 1) / line * line;
 }
 
 // ------------------------------------------------------------------ MPI's reductions
@@ -658,14 +407,13 @@ struct coll_op final : op_base {
   call_args a;
   std::uint64_t seq = 0;
   phase ph = phase::first_pending;
-  std::array<std::int64_t, summary::words> mine{};
+  std::array<std::int64_t, call_summary::words> mine{};
   std::vector<std::int64_t> all;
   std::vector<unsigned char> tmp;
   // all_reduce: the pieces, and per piece the counts and displacements (bytes) of its stages
   struct piece {
     std::int64_t begin = 0;  // first element of the piece
     std::int64_t len = 0;    // elements in the piece (all_reduce) or per block
-    std::int64_t chunk = 0;  // elements per rank's chunk (all_reduce)
     std::size_t tmp_off = 0;
     std::vector<int> scount, sdispl, rcount, rdispl;
   };
@@ -705,11 +453,11 @@ struct coll_op final : op_base {
             break;
           case phase::exchanging: {
             if (!test_all()) return;
-            std::vector<summary> d;
+            std::vector<call_summary> d;
             for (int p = 0; p < size; ++p)
-              d.push_back(
-                  summary::unpack(all.data() + static_cast<std::size_t>(p) * summary::words));
-            check_calls(d, seq);
+              d.push_back(call_summary::unpack(all.data() +
+                                               static_cast<std::size_t>(p) * call_summary::words));
+            fedshard::detail::check_calls(d, seq);
             ph = phase::first_pending;
             break;
           }
@@ -742,10 +490,10 @@ struct coll_op final : op_base {
   }
 
   void start_exchange() {
-    all.assign(static_cast<std::size_t>(size) * summary::words, 0);
+    all.assign(static_cast<std::size_t>(size) * call_summary::words, 0);
     reqs.assign(1, MPI_REQUEST_NULL);
-    check(MPI_Iallgather(mine.data(), summary::words, MPI_INT64_T, all.data(), summary::words,
-                         MPI_INT64_T, cs->ctl, &reqs[0]),
+    check(MPI_Iallgather(mine.data(), call_summary::words, MPI_INT64_T, all.data(),
+                         call_summary::words, MPI_INT64_T, cs->ctl, &reqs[0]),
           "MPI_Iallgather");
   }
 
@@ -870,20 +618,15 @@ struct coll_op final : op_base {
       piece pc;
       pc.begin = b;
       pc.len = std::min(step, n - b);
-      pc.chunk = chunk_elems(pc.len, size, esz());
       pc.tmp_off = off;
       const auto us = static_cast<std::size_t>(size);
       pc.scount.resize(us);
       pc.sdispl.resize(us);
       pc.rcount.resize(us);
       pc.rdispl.resize(us);
-      auto range = [&](int p) {
-        const std::int64_t lo = std::min(pc.len, pc.chunk * p);
-        return std::pair{lo, std::min(pc.len, lo + pc.chunk)};
-      };
-      const auto [my_lo, my_hi] = range(rank);
+      const auto [my_lo, my_hi] = chunk_of(pc.len, size, esz(), rank);
       for (int p = 0; p < size; ++p) {
-        const auto [lo, hi] = range(p);
+        const auto [lo, hi] = chunk_of(pc.len, size, esz(), p);
         pc.scount[static_cast<std::size_t>(p)] = static_cast<int>((hi - lo) * e);
         pc.sdispl[static_cast<std::size_t>(p)] = static_cast<int>(lo * e);
         pc.rcount[static_cast<std::size_t>(p)] = static_cast<int>((my_hi - my_lo) * e);
@@ -982,10 +725,10 @@ struct coll_op final : op_base {
           return;
         }
         for (const piece& pc : pieces) {
-          const std::int64_t lo = std::min(pc.len, pc.chunk * rank);
-          const std::int64_t len = std::min(pc.len, lo + pc.chunk) - lo;
-          reduce_blocks(a.type, a.op, tmp.data() + pc.tmp_off, static_cast<std::size_t>(len) * e,
-                        size, out_bytes(pc.begin + lo), len);
+          const auto [lo, hi] = chunk_of(pc.len, size, e, rank);
+          reduce_blocks(a.type, a.op, tmp.data() + pc.tmp_off,
+                        static_cast<std::size_t>(hi - lo) * e, size, out_bytes(pc.begin + lo),
+                        hi - lo);
         }
         return;
       }
@@ -1038,14 +781,13 @@ struct p2p_op final : op_base {
                    : concat("recv from rank ", peer, " (tag ", tag, ")");
   }
 
+  /// The message of a send of s_count x s_type and a receive of r_count x r_type between this
+  /// rank and its peer.
   std::string mismatch_message(std::int64_t s_count, std::int64_t s_type, std::int64_t r_count,
                                std::int64_t r_type) const {
-    const int src = is_send ? rank : peer;
-    const int dst = is_send ? peer : rank;
-    return concat("fedshard: collective_mismatch: send from rank ", src, " to rank ", dst, " (tag ",
-                  tag, ") carries ", s_count, " x ", to_string(static_cast<dtype>(s_type)),
-                  " but the receive expects ", r_count, " x ",
-                  to_string(static_cast<dtype>(r_type)));
+    return fedshard::detail::p2p_mismatch(is_send ? rank : peer, is_send ? peer : rank, tag,
+                                          s_count, static_cast<dtype>(s_type), r_count,
+                                          static_cast<dtype>(r_type));
   }
 
   void on_truncate() override {
@@ -1482,20 +1224,21 @@ class communicator {
   void barrier() { barrier_async().wait(); }
 
   request all_reduce_async(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
-    return collective(make(detail::op_kind::all_reduce, in, out, count, t, op));
+    return collective(detail::make_call(detail::op_kind::all_reduce, in, out, count, t, op));
   }
   request all_gather_async(const void* in, void* out, std::int64_t count, dtype t) {
-    return collective(make(detail::op_kind::all_gather, in, out, count, t));
+    return collective(detail::make_call(detail::op_kind::all_gather, in, out, count, t));
   }
   request reduce_scatter_async(const void* in, void* out, std::int64_t count, dtype t,
                                reduce_op op) {
-    return collective(make(detail::op_kind::reduce_scatter, in, out, count, t, op));
+    return collective(detail::make_call(detail::op_kind::reduce_scatter, in, out, count, t, op));
   }
   request broadcast_async(void* buf, std::int64_t count, dtype t, int root) {
-    return collective(make(detail::op_kind::broadcast, buf, buf, count, t, reduce_op::sum, root));
+    return collective(
+        detail::make_call(detail::op_kind::broadcast, buf, buf, count, t, reduce_op::sum, root));
   }
   request barrier_async() {
-    return collective(make(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
+    return collective(detail::make_call(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
   }
 
   /// Sends count elements to peer (checked mode: returns once the receiver matched them).
@@ -1516,7 +1259,7 @@ class communicator {
   /// Collective: the communicator of the ranks that passed the same color (>= 0), ordered by
   /// key, then by rank (MPI_Comm_split, after an exchange of the arguments in every mode).
   communicator split(int color, int key) {
-    auto a = make(detail::op_kind::split, nullptr, nullptr, 0, dtype::f32);
+    auto a = detail::make_call(detail::op_kind::split, nullptr, nullptr, 0, dtype::f32);
     a.color = color;
     a.key = key;
     auto op = post(a, true);
@@ -1530,19 +1273,6 @@ class communicator {
  private:
   communicator(std::array<MPI_Comm, 3> c, const options& opt)
       : h_(std::make_unique<detail::state_handle>(c[0], c[1], c[2], opt)) {}
-
-  static detail::call_args make(detail::op_kind k, const void* in, void* out, std::int64_t n,
-                                dtype t, reduce_op op = reduce_op::sum, int root = 0) {
-    detail::call_args a;
-    a.kind = k;
-    a.in = in;
-    a.out = out;
-    a.count = n;
-    a.type = t;
-    a.op = op;
-    a.root = root;
-    return a;
-  }
 
   void expect_usable() const {
     const auto& why = (*h_)->broken;
@@ -1562,17 +1292,15 @@ class communicator {
     op->timeout = cs.opt.timeout;
     op->a = a;
     op->seq = cs.next_seq++;
-    op->by_mpi = cs.opt.reduce == reduction::mpi && detail::is_reduction(a.kind);
-    const detail::summary s = detail::summarize(a, cs.rank, cs.size);
+    op->by_mpi = cs.opt.reduce == reduction::mpi && fedshard::detail::is_reduction(a.kind);
+    const detail::call_summary s = fedshard::detail::summarize(a, cs.rank, cs.size);
     if (cs.opt.checked || always_checked) {
       op->mine = s.pack();
       op->ph = detail::coll_op::phase::exchange_pending;
     } else {
-      const std::string why = detail::validate(s, cs.rank, cs.size);
+      const std::string why = fedshard::detail::validate(s, cs.rank, cs.size);
       if (!why.empty())
-        throw invalid_argument(detail::concat("fedshard: invalid arguments to ",
-                                              detail::to_string(a.kind), " on rank ", cs.rank,
-                                              " of ", cs.size, " (call #", op->seq, "): ", why));
+        throw fedshard::detail::invalid_call(a.kind, cs.rank, cs.size, op->seq, why);
       op->ph = detail::coll_op::phase::first_pending;
     }
     cs.colls.push_back(op);
@@ -1588,16 +1316,9 @@ class communicator {
               int tag) {
     detail::comm_state& cs = **h_;
     const char* what = is_send ? "send" : "recv";
-    FEDSHARD_EXPECTS(n >= 0, what, ": count must be >= 0, found ", n);
-    FEDSHARD_EXPECTS(is_valid(t), what, ": invalid dtype code ", static_cast<int>(t));
-    FEDSHARD_EXPECTS(peer >= 0 && peer < cs.size, what, ": peer must be in [0, ", cs.size,
-                     "), found ", peer);
+    fedshard::detail::check_p2p_args(is_send, is_send ? sbuf : rbuf, n, t, peer, cs.size);
     FEDSHARD_EXPECTS(tag >= 0 && tag <= cs.tag_ub, what, ": tag must be in [0, ", cs.tag_ub,
                      "] (MPI_TAG_UB), found ", tag);
-    FEDSHARD_EXPECTS(n == 0 || (is_send ? sbuf != nullptr : rbuf != nullptr), what,
-                     ": buffer is null with count ", n);
-    FEDSHARD_EXPECTS(n <= std::numeric_limits<std::int64_t>::max() / 8, what, ": count ", n,
-                     " does not fit a 64-bit byte count");
     auto& g = detail::global();
     std::lock_guard lock(g.mu);
     expect_usable();

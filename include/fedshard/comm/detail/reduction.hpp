@@ -1,0 +1,125 @@
+#pragma once
+/// The rank-order reduction of the host backends (inproc, mpi and any later one).
+///
+/// Every element is combined over ranks 0, 1, ..., n-1 in that order, in accum_t<T> (float for
+/// f32, bf16 and f16, double for f64); avg divides the sum by n; min and max propagate NaN;
+/// the result is rounded once to T. Backends that reduce through this file are bit-identical
+/// to each other on every rank and run, whoever reduces which element.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "fedshard/config.hpp"
+#include "fedshard/core/dtype.hpp"
+#include "fedshard/core/reduce_op.hpp"
+
+namespace fedshard::detail {
+
+/// The type the rank-order reduction accumulates T in.
+template <class T>
+using accum_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+/// fedshard::combine for an op known at compile time.
+template <reduce_op Op>
+struct combine_fn {
+  template <class A>
+  A operator()(A a, A b) const {
+    return combine(Op, a, b);
+  }
+};
+
+/// Calls f(std::integral_constant<reduce_op, op>{}) (sum for an invalid op).
+template <class F>
+decltype(auto) visit_op(reduce_op op, F&& f) {
+  switch (op) {
+    case reduce_op::avg: return f(std::integral_constant<reduce_op, reduce_op::avg>{});
+    case reduce_op::min: return f(std::integral_constant<reduce_op, reduce_op::min>{});
+    case reduce_op::max: return f(std::integral_constant<reduce_op, reduce_op::max>{});
+    case reduce_op::sum: break;
+  }
+  return f(std::integral_constant<reduce_op, reduce_op::sum>{});
+}
+
+/// Elements reduced per pass: the accumulator stays in L1.
+inline constexpr std::int64_t reduce_block_elems = 2048;
+
+/// acc[j] = combine(acc[j], in[j]) for j < m. A function of its own (with restrict
+/// pointers) so that the compiler vectorises it rather than fusing consecutive passes into
+/// one scalar loop.
+template <class T, reduce_op Op>
+[[gnu::noinline]] void accumulate(accum_t<T>* __restrict acc, const T* __restrict in,
+                                  std::int64_t m) {
+  const combine_fn<Op> f;
+  for (std::int64_t j = 0; j < m; ++j) acc[j] = f(acc[j], static_cast<accum_t<T>>(in[j]));
+}
+
+/// Reduces len elements of n ranks' inputs in rank order, where input(p) points at the first
+/// element of rank p, and stores the result to each of outs[0..nout).
+template <class T, reduce_op Op, class Input>
+void reduce_rank_order(const Input& input, int n, T* const* outs, int nout, std::int64_t len) {
+  using A = accum_t<T>;
+  A acc[reduce_block_elems];
+  for (std::int64_t b = 0; b < len; b += reduce_block_elems) {
+    const std::int64_t m = std::min(reduce_block_elems, len - b);
+    const T* in0 = input(0) + b;
+    for (std::int64_t j = 0; j < m; ++j) acc[j] = static_cast<A>(in0[j]);
+    for (int p = 1; p < n; ++p) accumulate<T, Op>(acc, input(p) + b, m);
+    if constexpr (Op == reduce_op::avg) {
+      const A div = static_cast<A>(n);
+      for (std::int64_t j = 0; j < m; ++j) acc[j] = acc[j] / div;
+    }
+    for (int p = 0; p < nout; ++p) {
+      T* o = outs[p] + b;
+      if constexpr (std::is_same_v<T, A>) {
+        std::memcpy(o, acc, static_cast<std::size_t>(m) * sizeof(T));
+      } else {
+        for (std::int64_t j = 0; j < m; ++j) o[j] = T(acc[j]);
+      }
+    }
+  }
+}
+
+/// out[j] = op over p = 0..n-1, in rank order, of element j of block p, for j < len, where
+/// the blocks lie `stride` bytes apart from `blocks`: the layout in which a transport receives
+/// every rank's part.
+inline void reduce_blocks(dtype t, reduce_op op, const void* blocks, std::size_t stride, int n,
+                          void* out, std::int64_t len) {
+  if (len <= 0) return;
+  visit(t, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const auto* base = static_cast<const unsigned char*>(blocks);
+    const auto input = [&](int p) {
+      return static_cast<const T*>(
+          static_cast<const void*>(base + stride * static_cast<std::size_t>(p)));
+    };
+    T* const o = static_cast<T*>(out);
+    visit_op(op,
+             [&](auto opc) { reduce_rank_order<T, decltype(opc)::value>(input, n, &o, 1, len); });
+  });
+}
+
+/// Elements [begin, end) of a range.
+struct elem_range {
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+};
+
+/// Elements per chunk when n ranks split count elements on cache-line boundaries.
+inline std::int64_t chunk_elems(std::int64_t count, int n, std::size_t elem) {
+  const auto line = std::max<std::int64_t>(1, static_cast<std::int64_t>(cache_line_bytes / elem));
+  const std::int64_t per = (count + n - 1) / n;
+  return (per + line - 1) / line * line;
+}
+
+/// The chunk of rank p when n ranks split count elements on cache-line boundaries (empty for
+/// the ranks past the end).
+inline elem_range chunk_of(std::int64_t count, int n, std::size_t elem, int p) {
+  const std::int64_t c = chunk_elems(count, n, elem);
+  const std::int64_t begin = std::min(count, c * p);
+  return {begin, std::min(count, begin + c)};
+}
+
+}  // namespace fedshard::detail
