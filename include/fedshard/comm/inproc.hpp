@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "fedshard/comm/blocking.hpp"
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/comm/detail/call.hpp"
 #include "fedshard/comm/detail/reduction.hpp"
@@ -618,7 +619,7 @@ struct rank_handle {
 
 /// One rank's handle on an in-process communicator; models fedshard::Communicator.
 /// Move-only; not thread-safe (one thread per rank drives it).
-class communicator {
+class communicator : public blocking_calls<communicator> {
  public:
   communicator(std::shared_ptr<detail::group_state> g, int member)
       : h_(std::make_unique<detail::rank_handle>(std::move(g), member)) {}
@@ -678,14 +679,6 @@ class communicator {
         detail::make_call(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
   }
 
-  /// Sends count elements to peer; returns once the receiver has copied them.
-  void send(const void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
-    send_async(buf, count, t, peer, tag).wait();
-  }
-  /// Receives count elements from peer (matched in order per sender and tag).
-  void recv(void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
-    recv_async(buf, count, t, peer, tag).wait();
-  }
   request send_async(const void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
     auto op = detail::make_p2p(true, buf, nullptr, count, t, h_->me, peer, tag, size());
     detail::p2p_post(*h_->group, *op);

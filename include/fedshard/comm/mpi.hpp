@@ -72,6 +72,7 @@
 #include <utility>
 #include <vector>
 
+#include "fedshard/comm/blocking.hpp"
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/comm/detail/call.hpp"
 #include "fedshard/comm/detail/reduction.hpp"
@@ -1153,7 +1154,7 @@ class environment {
 /// One rank's handle on an MPI communicator; models fedshard::Communicator. Move-only. Owns
 /// three duplicates of the MPI communicator it was built from (freed by the destructor, which
 /// first waits for the pending operations).
-class communicator {
+class communicator : public blocking_calls<communicator> {
  public:
   /// Collective over comm: duplicates it (MPI_Comm_idup) and checks that every rank passed
   /// the same options (but the timeout); invalid_argument on every rank otherwise.
@@ -1204,25 +1205,6 @@ class communicator {
   /// The options the communicator runs with.
   const options& settings() const noexcept { return (*h_)->opt; }
 
-  /// out = op over ranks of in (count elements); in == out is in place.
-  void all_reduce(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
-    all_reduce_async(in, out, count, t, op).wait();
-  }
-  /// out (count * size() elements) = every rank's in (count elements) in rank order.
-  void all_gather(const void* in, void* out, std::int64_t count, dtype t) {
-    all_gather_async(in, out, count, t).wait();
-  }
-  /// out (count elements) = op over ranks of block rank() of in (count * size() elements).
-  void reduce_scatter(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
-    reduce_scatter_async(in, out, count, t, op).wait();
-  }
-  /// buf = root's buf on every rank.
-  void broadcast(void* buf, std::int64_t count, dtype t, int root) {
-    broadcast_async(buf, count, t, root).wait();
-  }
-  /// Returns once every rank has entered the barrier.
-  void barrier() { barrier_async().wait(); }
-
   request all_reduce_async(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
     return collective(detail::make_call(detail::op_kind::all_reduce, in, out, count, t, op));
   }
@@ -1241,14 +1223,6 @@ class communicator {
     return collective(detail::make_call(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
   }
 
-  /// Sends count elements to peer (checked mode: returns once the receiver matched them).
-  void send(const void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
-    send_async(buf, count, t, peer, tag).wait();
-  }
-  /// Receives count elements from peer (matched in order per sender and tag).
-  void recv(void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
-    recv_async(buf, count, t, peer, tag).wait();
-  }
   request send_async(const void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
     return p2p(true, buf, nullptr, count, t, peer, tag);
   }

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "fedshard/comm/blocking.hpp"
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/comm/request.hpp"
 #include "fedshard/core/dtype.hpp"
@@ -151,7 +152,7 @@ class shaped_request final : public fedshard::detail::request_state {
 
 /// Wraps Communicator C; models Communicator itself.
 template <Communicator C>
-class communicator {
+class communicator : public blocking_calls<communicator<C>> {
  public:
   /// Wraps a world communicator (its rank() is the world rank used by the network's
   /// topology); every rank of the world passes the same network.
@@ -179,18 +180,7 @@ class communicator {
   /// The wrapped communicator.
   C& inner() noexcept { return inner_; }
 
-  void all_reduce(const void* in, void* out, std::int64_t n, dtype t, reduce_op op) {
-    all_reduce_async(in, out, n, t, op).wait();
-  }
-  void all_gather(const void* in, void* out, std::int64_t n, dtype t) {
-    all_gather_async(in, out, n, t).wait();
-  }
-  void reduce_scatter(const void* in, void* out, std::int64_t n, dtype t, reduce_op op) {
-    reduce_scatter_async(in, out, n, t, op).wait();
-  }
-  void broadcast(void* buf, std::int64_t n, dtype t, int root) {
-    broadcast_async(buf, n, t, root).wait();
-  }
+  /// The wrapped barrier, then the link's latency when this communicator crosses sites.
   void barrier() {
     inner_.barrier();
     ++seq_;
@@ -208,12 +198,6 @@ class communicator {
   }
   request broadcast_async(void* buf, std::int64_t n, dtype t, int root) {
     return shape(inner_.broadcast_async(buf, n, t, root), detail::kind::broadcast, n, t);
-  }
-  void send(const void* buf, std::int64_t n, dtype t, int peer, int tag = 0) {
-    send_async(buf, n, t, peer, tag).wait();
-  }
-  void recv(void* buf, std::int64_t n, dtype t, int peer, int tag = 0) {
-    recv_async(buf, n, t, peer, tag).wait();
   }
   request send_async(const void* buf, std::int64_t n, dtype t, int peer, int tag = 0) {
     return p2p(inner_.send_async(buf, n, t, peer, tag), peer, n, t);

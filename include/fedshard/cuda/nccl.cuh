@@ -46,7 +46,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -55,6 +54,7 @@
 #include <utility>
 #include <vector>
 
+#include "fedshard/comm/blocking.hpp"
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/comm/request.hpp"
 #include "fedshard/core/dtype.hpp"
@@ -67,15 +67,8 @@ namespace fedshard::nccl {
 
 namespace detail {
 
-/// FEDSHARD_TIMEOUT_S from the environment, else 300 seconds.
-inline std::chrono::duration<double> default_timeout() {
-  if (const char* s = std::getenv("FEDSHARD_TIMEOUT_S")) {
-    char* end = nullptr;
-    const double v = std::strtod(s, &end);
-    if (end != s && v > 0) return std::chrono::duration<double>(v);
-  }
-  return std::chrono::duration<double>(300.0);
-}
+using ::fedshard::detail::default_timeout;
+using ::fedshard::detail::overlaps;
 
 /// The enumerator name of an NCCL result.
 inline const char* result_name(ncclResult_t r) noexcept {
@@ -398,12 +391,6 @@ class event_request final : public fedshard::detail::request_state {
   std::uint64_t call_;
 };
 
-inline bool overlaps(const void* a, std::size_t an, const void* b, std::size_t bn) noexcept {
-  const auto pa = reinterpret_cast<std::uintptr_t>(a);
-  const auto pb = reinterpret_cast<std::uintptr_t>(b);
-  return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
-}
-
 /// What a call checks on its own arguments before anything is enqueued.
 struct call_args {
   const char* what;
@@ -419,7 +406,7 @@ struct call_args {
 
 /// One rank's handle on an NCCL communicator; models fedshard::Communicator with device
 /// buffers (see the file comment). Move-only.
-class communicator {
+class communicator : public blocking_calls<communicator> {
  public:
   /// Adopts an initialised NCCL communicator (destroyed or aborted with this object) and
   /// creates its stream on the communicator's device.
@@ -488,34 +475,6 @@ class communicator {
   /// Aborts the communicator now (ncclCommAbort): operations in flight on any rank fail,
   /// and every later call on this one throws peer_failure.
   void abort() noexcept { s_->abort("abort() was called on this rank"); }
-
-  /// out = op over ranks of in (count elements); in == out is in place.
-  void all_reduce(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
-    all_reduce_async(in, out, count, t, op).wait();
-  }
-  /// out (count * size() elements) = every rank's in (count elements) in rank order.
-  void all_gather(const void* in, void* out, std::int64_t count, dtype t) {
-    all_gather_async(in, out, count, t).wait();
-  }
-  /// out (count elements) = op over ranks of block rank() of in (count * size() elements).
-  void reduce_scatter(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
-    reduce_scatter_async(in, out, count, t, op).wait();
-  }
-  /// buf = root's buf on every rank.
-  void broadcast(void* buf, std::int64_t count, dtype t, int root) {
-    broadcast_async(buf, count, t, root).wait();
-  }
-  /// Sends count elements to peer; returns once they were delivered.
-  void send(const void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
-    send_async(buf, count, t, peer, tag).wait();
-  }
-  /// Receives count elements from peer.
-  void recv(void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
-    recv_async(buf, count, t, peer, tag).wait();
-  }
-  /// Returns once every rank has entered the barrier (and this rank's earlier operations
-  /// on stream() have completed).
-  void barrier() { barrier_async().wait(); }
 
   /// out = sum over ranks r of weight_r * in_r, each rank passing its own weight (rounded
   /// to the dtype); in == out is in place.
@@ -589,6 +548,8 @@ class communicator {
     });
   }
 
+  /// Completes once every rank has entered the barrier and this rank's earlier operations on
+  /// stream() have completed.
   request barrier_async() {
     float* scratch = s_->barrier_scratch();
     return enqueue("barrier", 1, [&](ncclComm_t c, cudaStream_t s) {
