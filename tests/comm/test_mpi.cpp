@@ -1,8 +1,8 @@
 /// Tests of the MPI communicator, run by every rank of `mpirun -np 4` (tests/mpi/main.cpp): the
-/// backend-generic collective checks of tests/support/collective_checks.hpp on the world and on
-/// sub-communicators of 1 to 4 ranks, checked and unchecked, with messages cut into pieces;
-/// results bit-identical to inproc's; every rank's outcome of mismatches and invalid arguments
-/// in checked mode; timeouts; options and the environment.
+/// backend-generic test cases of comm/backend_tests.hpp on communicators of 1 to 4 ranks,
+/// checked and unchecked (the checked ones also the cases of mismatches and invalid
+/// arguments); both all_reduce algorithms, reduction::mpi and messages cut into pieces;
+/// results bit-identical to inproc's; unchecked errors; timeouts; options and the environment.
 
 #include "fedshard/comm/mpi.hpp"
 
@@ -13,14 +13,13 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "comm/backend_tests.hpp"
 #include "fedshard/comm/inproc.hpp"
 #include "mpi/mpi_support.hpp"
 #include "support/collective_checks.hpp"
@@ -34,31 +33,31 @@ using fedshard::mpi::communicator;
 namespace ft = fedshard::test;
 using ft::outcome_kind;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
+using ft::contains;
+using ft::scoped_env;
 
-/// Sets (or unsets, with nullptr) an environment variable for one scope.
-class scoped_env {
- public:
-  scoped_env(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    set(value);
+/// The traits of the MPI communicator for comm/backend_tests.hpp, checked or not: every run
+/// cuts a new duplicate of MPI_COMM_WORLD into groups of n ranks (checked: all_reduce always
+/// in two stages, so that its exchange and both stages are checked).
+template <bool Checked>
+struct mpi_ranks {
+  using comm = communicator;
+  static constexpr int determinism_runs = 3;
+  static int max_ranks() { return ft::world_size(); }
+  template <class F>
+  static auto run(int n, F&& body) {
+    using R = std::invoke_result_t<F&, communicator&>;
+    auto opt = ft::mpi_options(Checked);
+    if (Checked) opt.small_all_reduce_bytes = 0;
+    communicator world = communicator::world(opt);
+    communicator c = world.split(world.rank() / n, world.rank());
+    std::vector<ft::ranked<R>> seen;
+    ft::on_this_rank([&] { seen.push_back({c.rank(), c.size(), body(c)}); });
+    return seen;
   }
-  ~scoped_env() { set(old_ ? old_->c_str() : nullptr); }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-  void set(const char* value) {
-    if (value)
-      ::setenv(name_, value, 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
 };
+using mpi_checked = mpi_ranks<true>;
+using mpi_unchecked = mpi_ranks<false>;
 
 /// Sub-communicators of world: ranks [0, k) and [k, n) for k = 1, 2 (sizes 1, 3, 2, 2) and the
 /// whole world, so every size from 1 to 4 is covered.
@@ -76,19 +75,6 @@ void on_all_sizes(communicator& world, F&& body) {
     CAPTURE(c.size());
     ft::on_this_rank([&] { body(c); });
   }
-}
-
-ft::case_spec spec(ft::coll k, dtype t, reduce_op op, std::int64_t count, bool in_place, int root,
-                   std::uint64_t seed) {
-  ft::case_spec s;
-  s.kind = k;
-  s.type = t;
-  s.op = op;
-  s.count = count;
-  s.in_place = in_place;
-  s.root = root;
-  s.seed = seed;
-  return s;
 }
 
 /// Bits of precision of T's significand.
@@ -156,6 +142,11 @@ void check_mpi_reduction(communicator& c, ft::coll kind, reduce_op op, std::int6
 
 static_assert(fedshard::Communicator<communicator>);
 
+TYPE_TO_STRING_AS("mpi, checked", mpi_checked);
+TYPE_TO_STRING_AS("mpi, unchecked", mpi_unchecked);
+FEDSHARD_COMM_TESTS(mpi_checked, mpi_unchecked)
+FEDSHARD_COMM_CHECKED_TESTS(mpi_checked)
+
 TEST_CASE("mpi: ranks and sizes are MPI's; a communicator can be built from any MPI_Comm") {
   communicator world = communicator::world(ft::mpi_options());
   CHECK(world.rank() == ft::world_rank());
@@ -175,40 +166,6 @@ TEST_CASE("mpi: ranks and sizes are MPI's; a communicator can be built from any 
   }
   MPI_Comm_free(&halves);
   CHECK_THROWS_AS(communicator(MPI_COMM_NULL), fedshard::invalid_argument);
-}
-
-TEST_CASE("mpi: all_reduce of every dtype, op and size, in and out of place, on 1 to 4 ranks") {
-  for (bool checked : {true, false}) {
-    CAPTURE(checked);
-    communicator world = communicator::world(ft::mpi_options(checked));
-    on_all_sizes(world, [](communicator& c) {
-      ft::run_cases(c, ft::case_grid(ft::coll::all_reduce, c.size(), ft::small_counts, 100));
-    });
-  }
-}
-
-TEST_CASE("mpi: all_gather of every dtype and size, in and out of place, on 1 to 4 ranks") {
-  communicator world = communicator::world(ft::mpi_options());
-  on_all_sizes(world, [](communicator& c) {
-    ft::run_cases(c, ft::case_grid(ft::coll::all_gather, c.size(), ft::small_counts, 200));
-  });
-}
-
-TEST_CASE("mpi: reduce_scatter of every dtype, op and size, in and out of place, on 1 to 4 ranks") {
-  for (bool checked : {true, false}) {
-    CAPTURE(checked);
-    communicator world = communicator::world(ft::mpi_options(checked));
-    on_all_sizes(world, [](communicator& c) {
-      ft::run_cases(c, ft::case_grid(ft::coll::reduce_scatter, c.size(), ft::small_counts, 300));
-    });
-  }
-}
-
-TEST_CASE("mpi: broadcast of every dtype and size from every root on 1 to 4 ranks") {
-  communicator world = communicator::world(ft::mpi_options(false));
-  on_all_sizes(world, [](communicator& c) {
-    ft::run_cases(c, ft::case_grid(ft::coll::broadcast, c.size(), ft::small_counts, 400));
-  });
 }
 
 TEST_CASE("mpi: both all_reduce algorithms, gather-all and reduce-scatter + all-gather") {
@@ -251,26 +208,6 @@ TEST_CASE("mpi: reduction::mpi reduces through MPI within rounding, min and max 
       ft::run_cases(c, ft::case_grid(ft::coll::all_gather, c.size(), ft::small_counts, 2500));
     });
   }
-}
-
-TEST_CASE("mpi: a large count that is not a multiple of the ranks") {
-  using ft::coll;
-  const auto big = ft::large_count;
-  communicator world = communicator::world(ft::mpi_options(false));
-  ft::on_this_rank([&] {
-    ft::run_cases(world, {spec(coll::all_reduce, dtype::f32, reduce_op::sum, big, false, 0, 1),
-                          spec(coll::all_reduce, dtype::bf16, reduce_op::max, big, true, 0, 2)});
-  });
-  communicator three = world.split(world.rank() < 3 ? 0 : 1, 0);
-  ft::on_this_rank([&] {
-    ft::run_cases(three, {spec(coll::all_reduce, dtype::f64, reduce_op::avg, big, true, 0, 3),
-                          spec(coll::all_reduce, dtype::f16, reduce_op::min, big, false, 0, 4),
-                          spec(coll::all_gather, dtype::f16, reduce_op::sum, big, true, 0, 5),
-                          spec(coll::reduce_scatter, dtype::bf16, reduce_op::sum, big, true, 0, 6),
-                          spec(coll::reduce_scatter, dtype::f32, reduce_op::avg, big, false, 0, 7),
-                          spec(coll::broadcast, dtype::f64, reduce_op::sum, big, false,
-                               three.size() - 1, 8)});
-  });
 }
 
 TEST_CASE("mpi: messages cut into pieces at max_message_bytes give the same results") {
@@ -324,29 +261,6 @@ TEST_CASE("mpi: nobody leaves a barrier before everyone entered") {
   MPI_Comm_free(&node);
 }
 
-TEST_CASE("mpi: send/recv around a ring for every dtype and size on 1 to 4 ranks") {
-  for (bool checked : {true, false}) {
-    CAPTURE(checked);
-    communicator world = communicator::world(ft::mpi_options(checked));
-    on_all_sizes(world, [](communicator& c) {
-      int tag = 0;
-      for (dtype t : fedshard::all_dtypes)
-        for (std::int64_t count : ft::small_counts) {
-          ft::check_ring(c, t, count, 500 + static_cast<std::uint64_t>(tag), tag);
-          ++tag;
-        }
-    });
-  }
-}
-
-TEST_CASE("mpi: messages are matched by tag and in order per sender and tag") {
-  for (bool checked : {true, false}) {
-    CAPTURE(checked);
-    communicator world = communicator::world(ft::mpi_options(checked));
-    on_all_sizes(world, [](communicator& c) { ft::check_message_order(c, 5, 61, 600); });
-  }
-}
-
 TEST_CASE("mpi: receives completed out of order still match in order") {
   communicator c = communicator::world(ft::mpi_options(true));
   const int n = c.size();
@@ -368,57 +282,6 @@ TEST_CASE("mpi: receives completed out of order still match in order") {
   });
   CHECK(ra[0] == static_cast<float>(left));
   CHECK(rb[7] == static_cast<float>(left + 100));
-}
-
-TEST_CASE("mpi: split by colors and keys, nested, on 1 to 4 ranks") {
-  communicator world = communicator::world(ft::mpi_options());
-  on_all_sizes(world, [](communicator& c) {
-    const int size = c.size();
-    std::vector<int> ids(static_cast<std::size_t>(size));
-    for (int p = 0; p < size; ++p) ids[p] = p;
-    ft::check_split(
-        c, ids, [](int r) { return r % 3; }, [](int r) { return r; }, 700);
-    auto reversed = ft::check_split(
-        c, ids, [](int) { return 0; }, [&](int r) { return size - r; }, 701);
-    CHECK_EQ(reversed.comm.rank(), size - 1 - c.rank());
-    ft::check_split(
-        c, ids, [](int r) { return r % 2; }, [](int) { return 7; }, 702);
-    ft::check_split(
-        c, ids, [](int r) { return r / 2; }, [](int r) { return -r; }, 703);
-    auto half = ft::check_split(
-        c, ids, [](int r) { return r % 2; }, [](int r) { return r; }, 704);
-    auto quarter = ft::check_split(
-        half.comm, half.ids, [](int r) { return r / 2; }, [](int r) { return -r; }, 705);
-    ft::check_split(
-        quarter.comm, quarter.ids, [](int) { return 3; }, [](int r) { return -r; }, 706);
-    CHECK_EQ(quarter.comm.world_rank(), c.world_rank());
-    ft::check_ring(quarter.comm, dtype::bf16, 61, 707);
-  });
-}
-
-TEST_CASE("mpi: sub-communicators used concurrently from the same ranks, async in flight") {
-  for (bool checked : {true, false}) {
-    CAPTURE(checked);
-    communicator world = communicator::world(ft::mpi_options(checked));
-    ft::on_this_rank([&] { ft::check_concurrent_splits(world, 800, 3); });
-    communicator three = world.split(world.rank() < 3 ? 0 : 1, world.rank());
-    if (three.size() >= 2) ft::on_this_rank([&] { ft::check_concurrent_splits(three, 850, 2); });
-  }
-}
-
-TEST_CASE("mpi: async operations in flight together, mixed with blocking ones, polled") {
-  for (bool checked : {true, false}) {
-    CAPTURE(checked);
-    auto opt = ft::mpi_options(checked);
-    opt.small_all_reduce_bytes = checked ? 0 : opt.small_all_reduce_bytes;
-    communicator world = communicator::world(opt);
-    on_all_sizes(world, [](communicator& c) {
-      ft::check_async(c, 900);
-      fedshard::request b = c.barrier_async();
-      b.wait();
-      CHECK_FALSE(b.pending());
-    });
-  }
 }
 
 TEST_CASE("mpi: ranks that wait in different orders or block on another communicator progress") {
@@ -476,20 +339,6 @@ TEST_CASE("mpi: ranks that wait in different orders or block on another communic
   }
 }
 
-TEST_CASE("mpi: a request destroyed without wait() completes its operation") {
-  communicator world = communicator::world(ft::mpi_options());
-  on_all_sizes(world, [](communicator& c) {
-    ft::check_dropped_request(c, 1000);
-    // A failing operation whose request is dropped (checked): the error is dropped.
-    std::vector<float> buf(64 * static_cast<std::size_t>(c.size()));
-    {
-      fedshard::request r = c.all_reduce_async(buf.data(), buf.data(), c.rank() == 0 ? 8 : 9,
-                                               dtype::f32, reduce_op::sum);
-    }
-    ft::check_usable(c, 1001);
-  });
-}
-
 TEST_CASE("mpi: a communicator destroyed with operations pending completes them first") {
   std::vector<float> in(1000, 1.0f);
   std::vector<float> out(1000, 0.0f);
@@ -503,97 +352,26 @@ TEST_CASE("mpi: a communicator destroyed with operations pending completes them 
   CHECK(out[999] == static_cast<float>(ft::world_size()));
 }
 
-TEST_CASE("mpi: results are bit-identical on every rank, every run and to inproc's") {
+TEST_CASE("mpi: results are bit-identical on every process and to inproc's") {
   communicator world = communicator::world(ft::mpi_options(false));
   const int n = world.size();
-  std::vector<std::vector<std::uint64_t>> runs;
-  for (int run = 0; run < 3; ++run) {
-    ft::jitter j(static_cast<std::uint64_t>(run * 64 + world.rank()));
-    ft::on_this_rank([&] { runs.push_back(ft::deterministic_reductions(world, 1100, j)); });
-  }
-  REQUIRE(runs.size() == 3);
+  std::vector<std::uint64_t> mine;
+  ft::jitter j(static_cast<std::uint64_t>(world.rank()));
+  ft::on_this_rank([&] { mine = ft::deterministic_reductions(world, 1100, j); });
   const std::size_t reduce_results = 16;
-  REQUIRE(runs[0].size() == 2 * reduce_results);
-  for (int run = 1; run < 3; ++run) CHECK(runs[static_cast<std::size_t>(run)] == runs[0]);
-  // all_reduce results are the same on every rank.
-  const auto all = ft::gather_world(runs[0]);
+  REQUIRE(mine.size() == 2 * reduce_results);
+  // all_reduce results are the same on every process.
+  const auto all = ft::gather_world(mine);
   for (int p = 0; p < n; ++p)
     for (std::size_t k = 0; k < reduce_results; ++k)
-      CHECK(all[static_cast<std::size_t>(p) * runs[0].size() + k] == runs[0][k]);
+      CHECK(all[static_cast<std::size_t>(p) * mine.size() + k] == mine[k]);
   // The same calls on n inproc ranks give the same bits.
   std::vector<std::vector<std::uint64_t>> inproc(static_cast<std::size_t>(n));
   fedshard::inproc::run(n, [&](fedshard::inproc::communicator& c) {
     ft::jitter j(static_cast<std::uint64_t>(c.rank()));
     inproc[static_cast<std::size_t>(c.rank())] = ft::deterministic_reductions(c, 1100, j);
   });
-  CHECK(inproc[static_cast<std::size_t>(world.rank())] == runs[0]);
-}
-
-TEST_CASE("mpi: checked: a mismatched collective throws collective_mismatch on every rank") {
-  communicator world = communicator::world(ft::mpi_options(true));
-  for (communicator& c : all_sizes(world)) {
-    const int n = c.size();
-    if (n < 2) continue;
-    for (ft::mismatch_in what : ft::all_mismatches)
-      for (int culprit : {0, n - 1})
-        for (bool async : {false, true}) {
-          CAPTURE(n);
-          CAPTURE(ft::to_string(what));
-          CAPTURE(culprit);
-          CAPTURE(async);
-          const ft::outcome o = ft::provoke_mismatch(c, what, culprit, async);
-          ft::on_this_rank([&] { ft::check_usable(c, 1200); });
-          const int odd_root = culprit == n - 1 ? 0 : n - 1;
-          const int root = culprit == n - 1 ? n - 1 : 0;
-          std::string culprit_value, others_value;
-          switch (what) {
-            case ft::mismatch_in::count:
-              culprit_value = std::to_string(ft::mismatch_count_culprit);
-              others_value = std::to_string(ft::mismatch_count_others);
-              break;
-            case ft::mismatch_in::dtype:
-              culprit_value = "f64";
-              others_value = "f32";
-              break;
-            case ft::mismatch_in::op:
-              culprit_value = "max";
-              others_value = "sum";
-              break;
-            case ft::mismatch_in::root:
-              culprit_value = concat("root=", odd_root);
-              others_value = concat("root=", root);
-              break;
-            case ft::mismatch_in::kind:
-              culprit_value = "all_gather";
-              others_value = "all_reduce";
-              break;
-          }
-          CAPTURE(o.what);
-          CHECK(o.kind == outcome_kind::collective_mismatch);
-          CHECK(contains(o.what, concat("rank ", culprit)));
-          CHECK(contains(o.what, culprit_value));
-          CHECK(contains(o.what, others_value));
-        }
-  }
-}
-
-TEST_CASE("mpi: checked: invalid collective arguments throw invalid_argument on every rank") {
-  communicator world = communicator::world(ft::mpi_options(true));
-  auto subs = all_sizes(world);
-  for (communicator* c : {&subs[0], &world}) {
-    const int n = c->size();
-    for (ft::invalid_in what : ft::all_invalid_collective_args)
-      for (int culprit : {-1, n - 1}) {
-        CAPTURE(n);
-        CAPTURE(static_cast<int>(what));
-        CAPTURE(culprit);
-        const ft::outcome o = ft::provoke_invalid(*c, what, culprit);
-        ft::on_this_rank([&] { ft::check_usable(*c, 1300); });
-        CAPTURE(o.what);
-        CHECK(o.kind == outcome_kind::invalid_argument);
-        if (culprit >= 0) CHECK(contains(o.what, concat("rank ", culprit)));
-      }
-  }
+  CHECK(inproc[static_cast<std::size_t>(world.rank())] == mine);
 }
 
 TEST_CASE("mpi: unchecked: invalid arguments throw invalid_argument on the rank that passed them") {
@@ -610,36 +388,14 @@ TEST_CASE("mpi: unchecked: invalid arguments throw invalid_argument on the rank 
   }
 }
 
-TEST_CASE("mpi: invalid point-to-point arguments throw invalid_argument at once") {
+TEST_CASE("mpi: a tag outside [0, MPI_TAG_UB] throws invalid_argument at once") {
   for (bool checked : {true, false}) {
+    CAPTURE(checked);
     communicator world = communicator::world(ft::mpi_options(checked));
-    for (ft::invalid_p2p what : ft::all_invalid_p2p_args) {
-      CAPTURE(static_cast<int>(what));
-      const ft::outcome o = ft::provoke_invalid_p2p(world, what);
-      CAPTURE(o.what);
-      CHECK(o.kind == outcome_kind::invalid_argument);
-      ft::on_this_rank([&] { ft::check_ring(world, dtype::f32, 7, 1400); });
-    }
     std::vector<float> b(4);
     CHECK_THROWS_WITH_AS(world.send(b.data(), 4, dtype::f32, 0, -3),
                          doctest::Contains("tag must be in [0, "), fedshard::invalid_argument);
-  }
-}
-
-TEST_CASE("mpi: checked: a send and a receive that disagree throw collective_mismatch on both") {
-  communicator world = communicator::world(ft::mpi_options(true));
-  for (bool dtype_differs : {false, true}) {
-    CAPTURE(dtype_differs);
-    const ft::outcome o = ft::provoke_p2p_mismatch(world, dtype_differs);
-    ft::on_this_rank([&] { ft::check_ring(world, dtype::f16, 61, 1500); });
-    CAPTURE(o.what);
-    if (world.rank() > 1) {
-      CHECK(o.kind == outcome_kind::ok);
-      continue;
-    }
-    CHECK(o.kind == outcome_kind::collective_mismatch);
-    CHECK(contains(o.what, dtype_differs ? "f64" : "11"));
-    CHECK(contains(o.what, dtype_differs ? "f32" : "10"));
+    ft::on_this_rank([&] { ft::check_ring(world, dtype::f32, 7, 1400); });
   }
 }
 
@@ -779,15 +535,4 @@ TEST_CASE("mpi: the environment reports MPI's thread support; a nested one does 
   CHECK(nested.provided() >= fedshard::mpi::thread_level::funneled);
   CHECK_THROWS_AS(fedshard::mpi::environment(fedshard::mpi::thread_level::multiple),
                   fedshard::backend_error);
-}
-
-TEST_CASE("mpi: a moved communicator keeps working") {
-  communicator c = communicator::world(ft::mpi_options());
-  communicator moved = std::move(c);
-  ft::on_this_rank([&] { ft::check_usable(moved, 1600); });
-  communicator again(std::move(moved));
-  ft::on_this_rank([&] { ft::check_ring(again, dtype::f64, 7, 1601); });
-  communicator other = communicator::world(ft::mpi_options());
-  other = std::move(again);
-  ft::on_this_rank([&] { ft::check_usable(other, 1602); });
 }

@@ -1,10 +1,12 @@
-// The shaped communicator: emulated inter-site link delays, results unchanged.
+/// Tests of the shaped communicator: the backend-generic test cases of comm/backend_tests.hpp
+/// on shaped<inproc> worlds of 1 to 8 ranks on two sites, and the emulated link's delays.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <chrono>
 #include <vector>
 
+#include "comm/backend_tests.hpp"
 #include "fedshard/comm/inproc.hpp"
 #include "fedshard/comm/shaped.hpp"
 #include "support/spawn_ranks.hpp"
@@ -17,7 +19,33 @@ namespace {
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+/// The traits of shaped<inproc> for comm/backend_tests.hpp: every run is an inproc world whose
+/// even and odd ranks sit on two sites joined by a fast link without latency, so that every
+/// communicator of two ranks or more crosses it.
+struct shaped_inproc_ranks {
+  using comm = shaped_comm;
+  static constexpr int determinism_runs = 5;
+  static int max_ranks() { return 8; }
+  template <class F>
+  static auto run(int n, F&& body) {
+    shaped::topology sites{.site_of_rank = {},
+                           .wan = {.bandwidth_bytes_per_s = 1e12, .latency_s = 0.0}};
+    for (int r = 0; r < n; ++r) sites.site_of_rank.push_back(r % 2);
+    auto net = shaped::network::create(std::move(sites));
+    return test::every_rank([&] {
+      return test::collect_ranks(n, [&](inproc::communicator& w) {
+        shaped_comm c(std::move(w), net);
+        return body(c);
+      });
+    });
+  }
+};
 }  // namespace
+
+TYPE_TO_STRING_AS("shaped<inproc>", shaped_inproc_ranks);
+FEDSHARD_COMM_TESTS(shaped_inproc_ranks)
+FEDSHARD_COMM_CHECKED_TESTS(shaped_inproc_ranks)
 
 TEST_CASE("a collective spanning sites waits latency + bus bytes / bandwidth; results unchanged") {
   const shaped::link wan{.bandwidth_bytes_per_s = 1e6, .latency_s = 0.01};

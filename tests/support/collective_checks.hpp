@@ -12,11 +12,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <iomanip>
 #include <limits>
+#include <optional>
 #include <random>
 #include <span>
 #include <sstream>
@@ -802,6 +804,29 @@ outcome capture(F&& f) {
     return {outcome_kind::other, e.what()};
   }
 }
+
+/// Sets (or unsets, with nullptr) an environment variable for one scope.
+class scoped_env {
+ public:
+  scoped_env(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    set(value);
+  }
+  ~scoped_env() { set(old_ ? old_->c_str() : nullptr); }
+  scoped_env(const scoped_env&) = delete;
+  scoped_env& operator=(const scoped_env&) = delete;
+  /// Sets the variable to value (unsets it for nullptr).
+  void set(const char* value) {
+    if (value)
+      ::setenv(name_, value, 1);
+    else
+      ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 /// Checks that c still works: one verified all_reduce.
 template <Communicator C>
