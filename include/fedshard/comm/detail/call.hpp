@@ -65,15 +65,15 @@ struct call_args {
 /// The arguments of a collective without root, color and key (set those afterwards).
 inline call_args make_call(op_kind k, const void* in, void* out, std::int64_t n, dtype t,
                            reduce_op op = reduce_op::sum, int root = 0) {
-  call_args a;
-  a.kind = k;
-  a.in = in;
-  a.out = out;
-  a.count = n;
-  a.type = t;
-  a.op = op;
-  a.root = root;
-  return a;
+  return {.kind = k,
+          .in = in,
+          .out = out,
+          .count = n,
+          .type = t,
+          .op = op,
+          .root = root,
+          .color = 0,
+          .key = 0};
 }
 
 /// What ranks compare: a call's arguments as numbers, its pointers reduced to flags.
