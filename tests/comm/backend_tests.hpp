@@ -104,41 +104,34 @@ inline bool contains(const std::string& text, const std::string& part) {
 
 // ------------------------------------------------------------------ every backend
 
-TEST_CASE_TEMPLATE_DEFINE("all_reduce of every dtype, op and size, in and out of place", B,
-                          comm_all_reduce_grid) {
+/// Runs case_grid(kind, ...) (every dtype, op, size and placement or root) on B's
+/// communicators of 1 to max_ranks() ranks.
+template <class B>
+void check_grid(coll kind, std::uint64_t seed) {
   for (int n : every_rank_count<B>()) {
     CAPTURE(n);
-    on_ranks<B>(
-        n, [](auto& c) { run_cases(c, case_grid(coll::all_reduce, c.size(), small_counts, 100)); });
+    on_ranks<B>(n, [&](auto& c) { run_cases(c, case_grid(kind, c.size(), small_counts, seed)); });
   }
+}
+
+TEST_CASE_TEMPLATE_DEFINE("all_reduce of every dtype, op and size, in and out of place", B,
+                          comm_all_reduce_grid) {
+  check_grid<B>(coll::all_reduce, 100);
 }
 
 TEST_CASE_TEMPLATE_DEFINE("all_gather of every dtype and size, in and out of place", B,
                           comm_all_gather_grid) {
-  for (int n : every_rank_count<B>()) {
-    CAPTURE(n);
-    on_ranks<B>(
-        n, [](auto& c) { run_cases(c, case_grid(coll::all_gather, c.size(), small_counts, 200)); });
-  }
+  check_grid<B>(coll::all_gather, 200);
 }
 
 TEST_CASE_TEMPLATE_DEFINE("reduce_scatter of every dtype, op and size, in and out of place", B,
                           comm_reduce_scatter_grid) {
-  for (int n : every_rank_count<B>()) {
-    CAPTURE(n);
-    on_ranks<B>(n, [](auto& c) {
-      run_cases(c, case_grid(coll::reduce_scatter, c.size(), small_counts, 300));
-    });
-  }
+  check_grid<B>(coll::reduce_scatter, 300);
 }
 
 TEST_CASE_TEMPLATE_DEFINE("broadcast of every dtype and size from every root", B,
                           comm_broadcast_grid) {
-  for (int n : every_rank_count<B>()) {
-    CAPTURE(n);
-    on_ranks<B>(
-        n, [](auto& c) { run_cases(c, case_grid(coll::broadcast, c.size(), small_counts, 400)); });
-  }
+  check_grid<B>(coll::broadcast, 400);
 }
 
 TEST_CASE_TEMPLATE_DEFINE("a large count that is not a multiple of the ranks", B,
