@@ -5,16 +5,18 @@
 /// rule for its own anchor shard and keeps that shard's state only.
 ///
 /// Rules: outer_sgd (FedAvg; lr 1 is plain averaging), nesterov (DiLoCo), fedmom, fedadam,
-/// fedyogi. Their formulas and the rounding of every op are in kernels/outer.hpp. Every
-/// state buffer starts at zero (m = 0, v = 0) and no bias correction is applied (as in
-/// PAPERS.md section 3).
+/// fedyogi. Their formulas and the rounding of every op are in kernels/outer.hpp. The
+/// momentum and FedAdam's and FedYogi's first moment m start at zero; their second moment v
+/// starts at τ² by default (`adaptive_config::initial_v`), as v₋₁ ≥ τ² in Algorithm 2 of
+/// Reddi et al. (2021, "Adaptive Federated Optimization"), so that the first steps are not
+/// oversized where d is tiny. No bias correction is applied (PAPERS.md section 3).
 ///
 /// An OuterRule R provides:
 ///  1. `R::config`, a default-constructible aggregate of float hyper-parameters that holds
 ///     at least `lr`, with the paper's defaults.
 ///  2. `R(config, n)`: validates the config (fedshard::invalid_argument naming the bad
-///     value) and owns zero-initialised outer state for an anchor shard of n elements;
-///     `R()` is R(config{}, 0).
+///     value) and owns outer state for an anchor shard of n elements, each buffer set to
+///     its documented start (zero, or τ² for v); `R()` is R(config{}, 0).
 ///  3. `step(anchor, d)`: one outer update, in place, of the n elements of anchor
 ///     (std::span<float>) from the mean pseudo-gradient d (std::span<const float>); throws
 ///     invalid_argument, before changing anything, unless both spans hold n elements.
@@ -24,14 +26,15 @@
 ///     among any number of rule objects (ranks) evolves bit for bit as the whole would.
 ///  5. `state()`: a std::vector<state_tensor>, one per state buffer, each of n writable
 ///     floats aliasing the live state, in a fixed order and with fixed names (for
-///     checkpoints): none for outer_sgd, {"momentum"} for nesterov and fedmom, {"m", "v"}
-///     for fedadam and fedyogi.
+///     checkpoints, whose restore overwrites the starting values): none for outer_sgd,
+///     {"momentum"} for nesterov and fedmom, {"m", "v"} for fedadam and fedyogi.
 ///  6. `step_count()` (std::int64_t): the outer steps taken so far; `set_step_count(s)`
 ///     (s >= 0) restores it with the state buffers from a checkpoint.
 ///  7. `size()` (std::size_t): n.
 ///  8. `R::name`, a static constexpr std::string_view naming the rule.
 ///  9. Movable.
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -266,15 +269,41 @@ class fedmom {
 };
 
 /// The hyper-parameters of fedadam and fedyogi: the learning rate η, the moment decays β1
-/// and β2, and the adaptivity τ.
+/// and β2, the adaptivity τ, and where the second moment v starts.
 struct adaptive_config {
+  /// The value of `initial_v` that stands for τ² (this config's τ, squared in float).
+  static constexpr float tau_squared = -1.0f;
+
   float lr = 1e-2f;
   float beta1 = 0.9f;
   float beta2 = 0.99f;
   float tau = 1e-3f;
+  /// v before the first step: `tau_squared` (Algorithm 2 of Reddi et al. asks v₋₁ ≥ τ²), or
+  /// any finite value >= 0 (0 reproduces implementations that start v at zero).
+  float initial_v = tau_squared;
 };
 
 namespace detail {
+
+/// The value v starts at under cfg: fl(τ·τ) for adaptive_config::tau_squared, else
+/// cfg.initial_v.
+inline float initial_v(const adaptive_config& cfg) noexcept {
+  return cfg.initial_v == adaptive_config::tau_squared ? kernels::detail::mul_rn(cfg.tau, cfg.tau)
+                                                       : cfg.initial_v;
+}
+
+inline void check_initial_v(std::string_view rule, const adaptive_config& cfg) {
+  FEDSHARD_EXPECTS(cfg.initial_v == adaptive_config::tau_squared ||
+                       (std::isfinite(cfg.initial_v) && cfg.initial_v >= 0.0f),
+                   rule,
+                   ": config.initial_v must be a finite number >= 0, or "
+                   "adaptive_config::tau_squared (-1) for tau^2, found ",
+                   cfg.initial_v);
+  FEDSHARD_EXPECTS(std::isfinite(initial_v(cfg)), rule,
+                   ": config.initial_v is tau_squared, so v starts at tau^2, which must be "
+                   "finite; found tau ",
+                   cfg.tau, " (tau^2 = ", initial_v(cfg), ")");
+}
 
 /// FedAdam and FedYogi, which differ only in the update of v: Derived supplies `name` and
 /// `kernel`, its host loop from kernels/outer.hpp.
@@ -287,9 +316,10 @@ class adaptive_rule {
   /// A rule for an empty shard with the default config.
   adaptive_rule() : adaptive_rule(config{}, 0) {}
 
-  /// Validates cfg and allocates the zero moments m and v of n elements.
-  explicit adaptive_rule(config cfg, std::size_t n)
-      : cfg_(validated(cfg)), size_(n), m_(n), v_(n) {}
+  /// Validates cfg and allocates the moments m (zero) and v (initial_v(cfg)) of n elements.
+  explicit adaptive_rule(config cfg, std::size_t n) : cfg_(validated(cfg)), size_(n), m_(n), v_(n) {
+    std::fill(v_.begin(), v_.end(), initial_v(cfg_));
+  }
 
   /// One outer step of the anchor shard.
   void step(std::span<float> anchor, std::span<const float> d) {
@@ -324,6 +354,7 @@ class adaptive_rule {
     check_unit_interval(Derived::name, "beta1", cfg.beta1);
     check_unit_interval(Derived::name, "beta2", cfg.beta2);
     check_tau(Derived::name, cfg.tau);
+    check_initial_v(Derived::name, cfg);
     return cfg;
   }
 
