@@ -3,9 +3,10 @@
 /// and host loops over typed spans and type-erased buffers.
 ///
 /// Every conversion rounds to nearest, ties to even, exactly once (f64 -> bf16/f16 too, as
-/// from_accum does), and the results are bit for bit those of core/dtype.hpp: NaN stays NaN (quiet,
-/// sign kept), infinities and signed zeros are kept, subnormals are produced and read exactly. The
-/// 16-bit conversions are rewritten here without branches so that host loops vectorise;
+/// from_accum does), and the results are bit for bit those of core/dtype.hpp: NaN stays
+/// NaN (quiet, sign and the payload that fits kept), infinities and signed zeros are kept,
+/// subnormals are produced and read exactly. The conversions from float to bf16 and f16 and
+/// from f16 to float are rewritten here without branches so that host loops vectorise;
 /// they assume the default floating-point rounding mode (to nearest).
 
 #include <cstddef>
@@ -72,8 +73,9 @@ FEDSHARD_HOST_DEVICE constexpr float f16_bits_to_float(std::uint16_t bits) noexc
   const float value = ::fedshard::detail::bit_cast<float>(biased) -
                       ::fedshard::detail::bit_cast<float>((113u << 23) & sub_mask);
   const std::uint32_t inf_nan = 0x7f800000u & (0u - std::uint32_t{exp == 0x7c00u});
+  const std::uint32_t quiet = 0x00400000u & (0u - std::uint32_t{em > 0x7c00u});  // NaN
   return ::fedshard::detail::bit_cast<float>(
-      sign | ::fedshard::detail::bit_cast<std::uint32_t>(value) | inf_nan);
+      sign | ::fedshard::detail::bit_cast<std::uint32_t>(value) | inf_nan | quiet);
 }
 
 }  // namespace detail
