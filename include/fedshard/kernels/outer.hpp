@@ -42,6 +42,7 @@
 #include <span>
 
 #include "fedshard/config.hpp"
+#include "fedshard/kernels/for_each.hpp"
 #include "fedshard/kernels/sgd.hpp"
 
 namespace fedshard::kernels {
@@ -161,55 +162,37 @@ struct outer_fedyogi_update {
 /// One outer SGD step on a host anchor shard.
 inline void outer_sgd_step(std::span<float> anchor, std::span<const float> d,
                            const outer_sgd_scalars& s) noexcept {
-  const outer_sgd_update f{s};
-  float* theta = anchor.data();
-  const float* g = d.data();
-  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i]);
+  for_each_element(outer_sgd_update{s}, anchor.size(), anchor.data(), d.data());
 }
 
 /// One Nesterov step on a host anchor shard and its momentum.
 inline void outer_nesterov_step(std::span<float> anchor, std::span<const float> d,
                                 std::span<float> momentum,
                                 const outer_momentum_scalars& s) noexcept {
-  const outer_nesterov_update f{s};
-  float* theta = anchor.data();
-  const float* g = d.data();
-  float* m = momentum.data();
-  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i], m[i]);
+  for_each_element(outer_nesterov_update{s}, anchor.size(), anchor.data(), d.data(),
+                   momentum.data());
 }
 
 /// One FedMom step on a host anchor shard and its momentum.
 inline void outer_fedmom_step(std::span<float> anchor, std::span<const float> d,
                               std::span<float> momentum, const outer_momentum_scalars& s) noexcept {
-  const outer_fedmom_update f{s};
-  float* theta = anchor.data();
-  const float* g = d.data();
-  float* m = momentum.data();
-  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i], m[i]);
+  for_each_element(outer_fedmom_update{s}, anchor.size(), anchor.data(), d.data(), momentum.data());
 }
 
 /// One FedAdam step on a host anchor shard and its moments m and v.
 inline void outer_fedadam_step(std::span<float> anchor, std::span<const float> d,
                                std::span<float> m, std::span<float> v,
                                const outer_adaptive_scalars& s) noexcept {
-  const outer_fedadam_update f{s};
-  float* theta = anchor.data();
-  const float* g = d.data();
-  float* mp = m.data();
-  float* vp = v.data();
-  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i], mp[i], vp[i]);
+  for_each_element(outer_fedadam_update{s}, anchor.size(), anchor.data(), d.data(), m.data(),
+                   v.data());
 }
 
 /// One FedYogi step on a host anchor shard and its moments m and v.
 inline void outer_fedyogi_step(std::span<float> anchor, std::span<const float> d,
                                std::span<float> m, std::span<float> v,
                                const outer_adaptive_scalars& s) noexcept {
-  const outer_fedyogi_update f{s};
-  float* theta = anchor.data();
-  const float* g = d.data();
-  float* mp = m.data();
-  float* vp = v.data();
-  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i], mp[i], vp[i]);
+  for_each_element(outer_fedyogi_update{s}, anchor.size(), anchor.data(), d.data(), m.data(),
+                   v.data());
 }
 
 }  // namespace fedshard::kernels
