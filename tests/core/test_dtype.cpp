@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__FLT16_MAX__)
@@ -470,6 +471,26 @@ TEST_CASE("visit calls the visitor with the element type of the dtype") {
     CHECK(std::is_same_v<typename decltype(tag)::type, bf16>);
   });
   CHECK(calls == 1);
+}
+
+TEST_CASE("visit of two dtypes calls the visitor once with both element types") {
+  for (dtype a : fedshard::all_dtypes) {
+    for (dtype b : fedshard::all_dtypes) {
+      int calls = 0;
+      const auto seen = fedshard::visit(a, b, [&](auto ta, auto tb) {
+        ++calls;
+        return std::pair{fedshard::dtype_of<typename decltype(ta)::type>,
+                         fedshard::dtype_of<typename decltype(tb)::type>};
+      });
+      CHECK(calls == 1);
+      CHECK(seen.first == a);
+      CHECK(seen.second == b);
+    }
+  }
+  constexpr auto bytes = fedshard::visit(dtype::f16, dtype::f64, [](auto ta, auto tb) {
+    return 10 * sizeof(typename decltype(ta)::type) + sizeof(typename decltype(tb)::type);
+  });
+  static_assert(bytes == 28);
 }
 
 // ---- to_accum / from_accum ----

@@ -201,6 +201,15 @@ constexpr decltype(auto) visit(dtype t, F&& f) {
   return f(type_tag<float>{});
 }
 
+/// Calls f(type_tag<A>{}, type_tag<B>{}) with A and B the element types of a and b (the
+/// double dispatch of kernels between two type-erased buffers).
+template <class F>
+constexpr decltype(auto) visit(dtype a, dtype b, F&& f) {
+  return visit(a, [&](auto ta) -> decltype(auto) {
+    return visit(b, [&](auto tb) -> decltype(auto) { return f(ta, tb); });
+  });
+}
+
 /// Converts any element type to float (the accumulation type of 16-bit types).
 template <class T>
 FEDSHARD_HOST_DEVICE constexpr auto to_accum(T v) noexcept {

@@ -304,22 +304,15 @@ void cast(std::span<From> in, std::span<To> out, cudaStream_t stream) {
   }
 }
 
-/// Converts a type-erased device buffer into another of any dtype (same dtype: a copy).
+/// Converts a type-erased device buffer into another of any dtype (same dtype: a copy); the
+/// checks and messages of kernels::cast.
 inline void cast(const_buffer_view in, buffer_view out, cudaStream_t stream) {
-  FEDSHARD_EXPECTS(is_valid(in.type) && is_valid(out.type), "gpu::cast: invalid dtype (input ",
-                   static_cast<int>(in.type), ", output ", static_cast<int>(out.type), ")");
-  FEDSHARD_EXPECTS(in.count == out.count, "gpu::cast: input has ", in.count, " elements of ",
-                   to_string(in.type), ", output has ", out.count, " elements of ",
-                   to_string(out.type), " (counts must match)");
-  FEDSHARD_EXPECTS(in.count == 0 || (in.data != nullptr && out.data != nullptr),
-                   "gpu::cast: null data pointer for ", in.count, " elements");
-  visit(in.type, [&](auto from) {
+  kernels::detail::check_cast_views(in, out, "gpu::cast");
+  visit(in.type, out.type, [&](auto from, auto to) {
     using From = typename decltype(from)::type;
-    visit(out.type, [&](auto to) {
-      using To = typename decltype(to)::type;
-      cast(std::span<const From>(static_cast<const From*>(in.data), in.count),
-           std::span<To>(static_cast<To*>(out.data), out.count), stream);
-    });
+    using To = typename decltype(to)::type;
+    cast(std::span<const From>(static_cast<const From*>(in.data), in.count),
+         std::span<To>(static_cast<To*>(out.data), out.count), stream);
   });
 }
 
@@ -621,38 +614,16 @@ void weighted_sum(std::span<const In* const> ins, std::span<const double> weight
 /// out has that count and any dtype; the checks and messages of kernels::weighted_sum.
 inline void weighted_sum(std::span<const const_buffer_view> ins, std::span<const double> weights,
                          buffer_view out, cudaStream_t stream) {
-  FEDSHARD_EXPECTS(!ins.empty(), "gpu::weighted_sum: expected at least one input, got 0");
-  FEDSHARD_EXPECTS(weights.size() == ins.size(),
-                   "gpu::weighted_sum: expected one weight per input (", ins.size(),
-                   " inputs), got ", weights.size(), " weights");
-  const const_buffer_view& first = ins[0];
-  FEDSHARD_EXPECTS(is_valid(first.type) && is_valid(out.type),
-                   "gpu::weighted_sum: invalid dtype (input ", static_cast<int>(first.type),
-                   ", output ", static_cast<int>(out.type), ")");
-  for (std::size_t j = 0; j < ins.size(); ++j) {
-    const const_buffer_view& in = ins[j];
-    FEDSHARD_EXPECTS(in.count == first.count && in.type == first.type, "gpu::weighted_sum: input ",
-                     j, " has ", in.count, " elements of ", to_string(in.type), ", input 0 has ",
-                     first.count, " elements of ", to_string(first.type), " (inputs must match)");
-    FEDSHARD_EXPECTS(in.count == 0 || in.data != nullptr, "gpu::weighted_sum: input ", j,
-                     " has a null data pointer for ", in.count, " elements");
-  }
-  FEDSHARD_EXPECTS(out.count == first.count, "gpu::weighted_sum: output has ", out.count,
-                   " elements, the inputs have ", first.count);
-  FEDSHARD_EXPECTS(out.count == 0 || out.data != nullptr,
-                   "gpu::weighted_sum: null output data pointer for ", out.count, " elements");
+  kernels::detail::check_weighted_sum_views(ins, weights, out, "gpu::weighted_sum");
   FEDSHARD_EXPECTS(ins.size() <= max_weighted_sum_inputs, "gpu::weighted_sum: at most ",
                    max_weighted_sum_inputs, " inputs per call, got ", ins.size());
-  visit(first.type, [&](auto it) {
+  visit(ins[0].type, out.type, [&](auto it, auto ot) {
     using In = typename decltype(it)::type;
-    visit(out.type, [&](auto ot) {
-      using Out = typename decltype(ot)::type;
-      std::vector<const In*> pointers(ins.size());
-      for (std::size_t j = 0; j < ins.size(); ++j)
-        pointers[j] = static_cast<const In*>(ins[j].data);
-      weighted_sum<In, Out>(std::span<const In* const>(pointers), weights,
-                            std::span<Out>(static_cast<Out*>(out.data), out.count), stream);
-    });
+    using Out = typename decltype(ot)::type;
+    std::vector<const In*> pointers(ins.size());
+    for (std::size_t j = 0; j < ins.size(); ++j) pointers[j] = static_cast<const In*>(ins[j].data);
+    weighted_sum<In, Out>(std::span<const In* const>(pointers), weights,
+                          std::span<Out>(static_cast<Out*>(out.data), out.count), stream);
   });
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string_view>
 #include <type_traits>
 
 #include "fedshard/config.hpp"
@@ -127,21 +128,29 @@ void cast(std::span<From> in, std::span<To> out) {
   detail::cast_n<std::remove_const_t<From>, To>(in.data(), out.data(), in.size());
 }
 
-/// Converts a type-erased buffer into another of any dtype; same dtype is a plain copy.
-inline void cast(const_buffer_view in, buffer_view out) {
-  FEDSHARD_EXPECTS(is_valid(in.type) && is_valid(out.type), "cast: invalid dtype (input ",
+namespace detail {
+
+/// The checks of a type-erased cast, on the host and on the device: valid dtypes, equal
+/// counts, data where there are elements; `what` starts the message.
+inline void check_cast_views(const_buffer_view in, buffer_view out, std::string_view what) {
+  FEDSHARD_EXPECTS(is_valid(in.type) && is_valid(out.type), what, ": invalid dtype (input ",
                    static_cast<int>(in.type), ", output ", static_cast<int>(out.type), ")");
-  FEDSHARD_EXPECTS(in.count == out.count, "cast: input has ", in.count, " elements of ",
+  FEDSHARD_EXPECTS(in.count == out.count, what, ": input has ", in.count, " elements of ",
                    to_string(in.type), ", output has ", out.count, " elements of ",
                    to_string(out.type), " (counts must match)");
-  FEDSHARD_EXPECTS(in.count == 0 || (in.data != nullptr && out.data != nullptr),
-                   "cast: null data pointer for ", in.count, " elements");
-  visit(in.type, [&](auto from) {
+  FEDSHARD_EXPECTS(in.count == 0 || (in.data != nullptr && out.data != nullptr), what,
+                   ": null data pointer for ", in.count, " elements");
+}
+
+}  // namespace detail
+
+/// Converts a type-erased buffer into another of any dtype; same dtype is a plain copy.
+inline void cast(const_buffer_view in, buffer_view out) {
+  detail::check_cast_views(in, out, "cast");
+  visit(in.type, out.type, [&](auto from, auto to) {
     using From = typename decltype(from)::type;
-    visit(out.type, [&](auto to) {
-      using To = typename decltype(to)::type;
-      detail::cast_n(static_cast<const From*>(in.data), static_cast<To*>(out.data), in.count);
-    });
+    using To = typename decltype(to)::type;
+    detail::cast_n(static_cast<const From*>(in.data), static_cast<To*>(out.data), in.count);
   });
 }
 

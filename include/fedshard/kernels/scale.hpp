@@ -87,12 +87,10 @@ inline void axpy(double a, const_buffer_view x, buffer_view y) {
                    ", y has ", y.count, " elements of ", to_string(y.type), " (counts must match)");
   FEDSHARD_EXPECTS(x.count == 0 || (x.data != nullptr && y.data != nullptr),
                    "axpy: null data pointer for ", x.count, " elements");
-  visit(x.type, [&](auto xt) {
+  visit(x.type, y.type, [&](auto xt, auto yt) {
     using X = typename decltype(xt)::type;
-    visit(y.type, [&](auto yt) {
-      using Y = typename decltype(yt)::type;
-      detail::axpy_n(a, static_cast<const X*>(x.data), static_cast<Y*>(y.data), x.count);
-    });
+    using Y = typename decltype(yt)::type;
+    detail::axpy_n(a, static_cast<const X*>(x.data), static_cast<Y*>(y.data), x.count);
   });
 }
 
