@@ -1,6 +1,7 @@
 // Cluster presets and where the ranks of a mesh sit: nodes, sites and the span of every axis.
 #include <doctest/doctest.h>
 
+#include <string>
 #include <vector>
 
 #include "fedshard/error.hpp"
@@ -20,6 +21,38 @@ TEST_CASE("presets carry the datasheet figures they cite") {
   CHECK(h.peak_flops == 989e12);
   for (const auto& name : cluster_preset_names()) CHECK(cluster_preset(name).name == name);
   CHECK_THROWS_AS(cluster_preset("tpu-pod"), invalid_argument);
+}
+
+TEST_CASE("every field of the presets: the cited figures, NCCL's latencies, the default WAN") {
+  const auto check_common = [](const cluster& c) {
+    CHECK(c.intra.alpha ==
+          microseconds(3.4));  // NCCL 2.8 Ring/Simple: NVLink step, network step, base
+    CHECK(c.inter.alpha == microseconds(9.6));
+    CHECK(c.inter.bandwidth == 0);
+    CHECK(c.op_latency == microseconds(8.4));
+    CHECK(c.wan.alpha == 10e-3);
+    CHECK(c.wan.bandwidth == gbit_per_s(100));
+    CHECK(c.sites == 1);
+  };
+  const cluster a = a100_4gpu_node();
+  check_common(a);
+  CHECK(a.name == "a100-4gpu-node");
+  CHECK(a.nics_per_node == 4);
+  CHECK(a.nic_bandwidth == gbit_per_s(100));
+  CHECK(a.intra.bandwidth == gbyte_per_s(235));
+  CHECK(a.default_mfu == 0.5);
+  const cluster h = h100_8gpu_node();
+  check_common(h);
+  CHECK(h.name == "h100-8gpu-node");
+  CHECK(h.nics_per_node == 8);
+  CHECK(h.nic_bandwidth == gbit_per_s(400));
+  CHECK(h.intra.bandwidth == gbyte_per_s(450));
+  CHECK(h.default_mfu == 0.4);
+  CHECK(cluster_preset_names() == std::vector<std::string>{"a100-4gpu-node", "h100-8gpu-node"});
+  CHECK(cluster_preset("h100-8gpu-node").peak_flops == h.peak_flops);
+  CHECK_THROWS_WITH_AS(cluster_preset("tpu-pod"),
+                       doctest::Contains("expected one of a100-4gpu-node, h100-8gpu-node"),
+                       invalid_argument);
 }
 
 TEST_CASE("ranks sit on nodes in order, and each axis spans the nodes its members are on") {
