@@ -301,40 +301,24 @@ struct fedyogi_traits {
 
 /// Outer SGD (FedAvg): θ ← θ − η·d; with η = 1 the anchor becomes the groups' mean model.
 /// Default lr 1.
-class outer_sgd : public detail::outer_rule<detail::outer_sgd_spec> {
- public:
-  using outer_rule::outer_rule;
-};
+using outer_sgd = detail::outer_rule<detail::outer_sgd_spec>;
 
 /// Nesterov momentum, DiLoCo's outer optimizer: m ← μ·m + d; θ ← θ − η·(μ·m + d). Defaults
 /// are DiLoCo's: lr 0.7, momentum 0.9.
-class nesterov
-    : public detail::outer_rule<
-          detail::momentum_spec<kernels::outer_nesterov_update, detail::nesterov_traits>> {
- public:
-  using outer_rule::outer_rule;
-};
+using nesterov = detail::outer_rule<
+    detail::momentum_spec<kernels::outer_nesterov_update, detail::nesterov_traits>>;
 
 /// Heavy-ball momentum (FedMom): m ← μ·m + d; θ ← θ − η·m. Defaults lr 1, momentum 0.9.
-class fedmom : public detail::outer_rule<
-                   detail::momentum_spec<kernels::outer_fedmom_update, detail::fedmom_traits>> {
- public:
-  using outer_rule::outer_rule;
-};
+using fedmom =
+    detail::outer_rule<detail::momentum_spec<kernels::outer_fedmom_update, detail::fedmom_traits>>;
 
 /// FedAdam: m ← β1·m + (1−β1)·d; v ← β2·v + (1−β2)·d²; θ ← θ − η·m / (√v + τ).
-class fedadam : public detail::outer_rule<
-                    detail::adaptive_spec<kernels::outer_fedadam_update, detail::fedadam_traits>> {
- public:
-  using outer_rule::outer_rule;
-};
+using fedadam = detail::outer_rule<
+    detail::adaptive_spec<kernels::outer_fedadam_update, detail::fedadam_traits>>;
 
 /// FedYogi: as FedAdam, with v ← v − (1−β2)·d²·sign(v − d²).
-class fedyogi : public detail::outer_rule<
-                    detail::adaptive_spec<kernels::outer_fedyogi_update, detail::fedyogi_traits>> {
- public:
-  using outer_rule::outer_rule;
-};
+using fedyogi = detail::outer_rule<
+    detail::adaptive_spec<kernels::outer_fedyogi_update, detail::fedyogi_traits>>;
 
 static_assert(OuterRule<outer_sgd>);
 static_assert(OuterRule<nesterov>);
