@@ -301,6 +301,30 @@ TEST_CASE_TEMPLATE("every 16-bit NaN widens to a quiet NaN with its sign and pay
   }
 }
 
+TEST_CASE_TEMPLATE("operand_fn is cast_fn but for a NaN's quiet bit, for every 16-bit pattern", T,
+                   bf16, f16) {
+  constexpr std::uint32_t quiet16 = 1u << (format<T>::mant - 1);
+  for (std::uint32_t p = 0; p < 65536; ++p) {
+    const T x = T::from_bits(static_cast<std::uint16_t>(p));
+    const float op = kernels::operand_fn<T, float>{}(x);
+    const float cast = kernels::cast_fn<T, float>{}(x);
+    if ((p & 0x7fffu) > inf_bits<T>) {  // NaN: the pattern's own quiet bit, else the same
+      CAPTURE(p);
+      REQUIRE(std::isnan(op));
+      REQUIRE((bits_of(op) | 0x00400000u) == bits_of(cast));
+      REQUIRE(((bits_of(op) & 0x00400000u) != 0) == ((p & quiet16) != 0));
+    } else {
+      REQUIRE(bits_of(op) == bits_of(cast));
+      REQUIRE(bits_of(kernels::operand_fn<T, double>{}(x)) ==
+              bits_of(kernels::cast_fn<T, double>{}(x)));
+    }
+  }
+  CHECK(kernels::operand_fn<float, double>{}(0.1f) == static_cast<double>(0.1f));
+  CHECK(kernels::operand_fn<double, double>{}(0.1) == 0.1);
+  CHECK(kernels::operand_fn<float, float>{}(-0.0f) == 0.0f);
+  CHECK(std::signbit(kernels::operand_fn<float, float>{}(-0.0f)));
+}
+
 TEST_CASE("special values: NaN, infinities, signed zeros, subnormals") {
   const float inf = std::numeric_limits<float>::infinity();
   CHECK(kernels::cast_fn<float, f16>{}(inf).bits == 0x7c00u);

@@ -63,7 +63,9 @@ FEDSHARD_HOST_DEVICE constexpr std::uint16_t float_to_f16_bits(float f) noexcept
 
 /// float(f16::from_bits(bits)), written without branches so that host loops vectorise; the
 /// float subtraction that makes subnormals runs for every element (subtracting 0 where
-/// unused), for the reason given above.
+/// unused), for the reason given above. Quiet = false skips setting a NaN's quiet bit (for
+/// operand_fn).
+template <bool Quiet = true>
 FEDSHARD_HOST_DEVICE constexpr float f16_bits_to_float(std::uint16_t bits) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
   const std::uint32_t em = bits & 0x7fffu;
@@ -74,7 +76,7 @@ FEDSHARD_HOST_DEVICE constexpr float f16_bits_to_float(std::uint16_t bits) noexc
   const float value = ::fedshard::detail::bit_cast<float>(biased) -
                       ::fedshard::detail::bit_cast<float>((113u << 23) & sub_mask);
   const std::uint32_t inf_nan = 0x7f800000u & (0u - std::uint32_t{exp == 0x7c00u});
-  const std::uint32_t quiet = 0x00400000u & (0u - std::uint32_t{em > 0x7c00u});  // NaN
+  const std::uint32_t quiet = Quiet ? 0x00400000u & (0u - std::uint32_t{em > 0x7c00u}) : 0u;
   return ::fedshard::detail::bit_cast<float>(
       sign | ::fedshard::detail::bit_cast<std::uint32_t>(value) | inf_nan | quiet);
 }
@@ -100,6 +102,23 @@ struct cast_fn {
     } else {
       return f16::from_bits(detail::float_to_f16_bits(static_cast<float>(v)));
     }
+  }
+};
+
+/// Converts one element to A (float or double) as an operand of arithmetic, as scale_fn,
+/// axpy_fn and weighted_sum_fn read their inputs: cast_fn's value, except that a NaN keeps
+/// its quiet bit as it is. The arithmetic it feeds returns a quiet NaN either way, and a
+/// 16-bit input widens without the work of quieting it.
+template <class From, class A>
+struct operand_fn {
+  FEDSHARD_HOST_DEVICE constexpr A operator()(From v) const noexcept {
+    if constexpr (std::is_same_v<From, bf16>)
+      return static_cast<A>(
+          ::fedshard::detail::bit_cast<float>(static_cast<std::uint32_t>(v.bits) << 16));
+    else if constexpr (std::is_same_v<From, f16>)
+      return static_cast<A>(detail::f16_bits_to_float<false>(v.bits));
+    else
+      return cast_fn<From, A>{}(v);
   }
 };
 

@@ -35,7 +35,7 @@ struct weighted_sum_fn {
     bool first = true;
     for (std::size_t j = 0; j < k; ++j) {
       if (weights[j] == 0) continue;
-      const accum term = detail::mul_rn(weights[j], cast_fn<In, accum>{}(ins[j][i]));
+      const accum term = detail::mul_rn(weights[j], operand_fn<In, accum>{}(ins[j][i]));
       sum = first ? term : detail::add_rn(sum, term);  // from the first term: keeps a -0 result
       first = false;
     }
@@ -45,9 +45,11 @@ struct weighted_sum_fn {
 
 namespace detail {
 
+/// The host loop of weighted_sum for one pair of element types. A function of its own, so
+/// that its loop compiles alike wherever the dtype dispatch is inlined.
 template <class In, class Out>
-void weighted_sum_n(std::span<const const_buffer_view> ins, std::span<const double> weights,
-                    Out* out, std::size_t n) {
+[[gnu::noinline]] void weighted_sum_n(std::span<const const_buffer_view> ins,
+                                      std::span<const double> weights, Out* out, std::size_t n) {
   using accum = accum_t<In, Out>;
   std::vector<const In*> pointers(ins.size());
   std::vector<accum> w(ins.size());
