@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fedshard/error.hpp"
@@ -24,9 +25,16 @@ TEST_CASE("presets carry the datasheet figures they cite") {
 }
 
 TEST_CASE("every field of the presets: the cited figures, NCCL's latencies, the default WAN") {
-  const auto check_common = [](const cluster& c) {
-    CHECK(c.intra.alpha ==
-          microseconds(3.4));  // NCCL 2.8 Ring/Simple: NVLink step, network step, base
+  const auto check = [](const cluster& c, std::string_view name, int nics, double nic_gbps,
+                        double nvlink_gbs, double mfu) {
+    CAPTURE(name);
+    CHECK(c.name == name);
+    CHECK(c.nics_per_node == nics);
+    CHECK(c.nic_bandwidth == gbit_per_s(nic_gbps));
+    CHECK(c.intra.bandwidth == gbyte_per_s(nvlink_gbs));
+    CHECK(c.default_mfu == mfu);
+    // NCCL 2.8 Ring/Simple latencies: NVLink step, network step, per collective.
+    CHECK(c.intra.alpha == microseconds(3.4));
     CHECK(c.inter.alpha == microseconds(9.6));
     CHECK(c.inter.bandwidth == 0);
     CHECK(c.op_latency == microseconds(8.4));
@@ -34,22 +42,10 @@ TEST_CASE("every field of the presets: the cited figures, NCCL's latencies, the 
     CHECK(c.wan.bandwidth == gbit_per_s(100));
     CHECK(c.sites == 1);
   };
-  const cluster a = a100_4gpu_node();
-  check_common(a);
-  CHECK(a.name == "a100-4gpu-node");
-  CHECK(a.nics_per_node == 4);
-  CHECK(a.nic_bandwidth == gbit_per_s(100));
-  CHECK(a.intra.bandwidth == gbyte_per_s(235));
-  CHECK(a.default_mfu == 0.5);
-  const cluster h = h100_8gpu_node();
-  check_common(h);
-  CHECK(h.name == "h100-8gpu-node");
-  CHECK(h.nics_per_node == 8);
-  CHECK(h.nic_bandwidth == gbit_per_s(400));
-  CHECK(h.intra.bandwidth == gbyte_per_s(450));
-  CHECK(h.default_mfu == 0.4);
+  check(a100_4gpu_node(), "a100-4gpu-node", 4, 100, 235, 0.5);
+  check(h100_8gpu_node(), "h100-8gpu-node", 8, 400, 450, 0.4);
   CHECK(cluster_preset_names() == std::vector<std::string>{"a100-4gpu-node", "h100-8gpu-node"});
-  CHECK(cluster_preset("h100-8gpu-node").peak_flops == h.peak_flops);
+  CHECK(cluster_preset("h100-8gpu-node").peak_flops == h100_8gpu_node().peak_flops);
   CHECK_THROWS_WITH_AS(cluster_preset("tpu-pod"),
                        doctest::Contains("expected one of a100-4gpu-node, h100-8gpu-node"),
                        invalid_argument);
