@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__FLT16_MAX__)
@@ -180,6 +181,59 @@ TEST_CASE_TEMPLATE("every 16-bit pattern converts to its exact float value and b
   CHECK_MESSAGE(roundtrip_bad.count == 0, roundtrip_bad.examples);
   CHECK_MESSAGE(nan_bad.count == 0, nan_bad.examples);
   CHECK_MESSAGE(float16_bad.count == 0, float16_bad.examples);
+}
+
+TEST_CASE_TEMPLATE("every 16-bit NaN widens to a quiet float NaN; every other pattern exactly", T,
+                   bf16, f16) {
+  // A NaN keeps its sign and its whole payload (mant bits shifted to the top of float's 23)
+  // and gets float's quiet bit, as IEEE 754 asks of a conversion; a signalling NaN thus
+  // comes out quiet. Any other pattern becomes the float of its exact value.
+  constexpr int shift = 23 - layout<T>::mant;
+  failures nan_bad, value_bad, float16_bad;
+  std::size_t nans = 0, signalling = 0;
+  for (std::uint32_t b = 0; b <= 0xffffu; ++b) {
+    const auto pattern = static_cast<std::uint16_t>(b);
+    const auto got = std::bit_cast<std::uint32_t>(static_cast<float>(T::from_bits(pattern)));
+    CHECK(std::bit_cast<std::uint32_t>(T::from_bits(pattern).to_float()) == got);
+    std::uint32_t want = 0;
+    if (is_nan_bits<T>(b)) {
+      ++nans;
+      signalling += (b & quiet_bit<T>) == 0;
+      const std::uint32_t payload = b & ((1u << layout<T>::mant) - 1u);
+      want = ((b & 0x8000u) << 16) | 0x7f800000u | 0x00400000u | (payload << shift);
+      if (got != want) nan_bad.add("NaN to float", 0.0, got >> 16, want >> 16);
+      if (!std::isnan(std::bit_cast<float>(got))) nan_bad.add("not NaN", 0.0, got >> 16, b);
+    } else {
+      want = std::bit_cast<std::uint32_t>(static_cast<float>(decode<T>(b)));
+      if (got != want) value_bad.add("to float", decode<T>(b), got >> 16, want >> 16);
+    }
+#if FEDSHARD_TEST_HAS_FLOAT16
+    if constexpr (std::is_same_v<T, f16>) {  // the compiler's own conversion, NaNs included
+      const float g = static_cast<float>(std::bit_cast<_Float16>(pattern));
+      if (std::bit_cast<std::uint32_t>(g) != got)
+        float16_bad.add("to float vs _Float16", g, got >> 16, b);
+    }
+#endif
+  }
+  // 2 signs x (2^mant - 1) payloads, half of them (those without the quiet bit) signalling.
+  CHECK(nans == 2 * ((std::size_t{1} << layout<T>::mant) - 1));
+  CHECK(signalling == 2 * ((std::size_t{1} << (layout<T>::mant - 1)) - 1));
+  CHECK_MESSAGE(nan_bad.count == 0, nan_bad.examples);
+  CHECK_MESSAGE(value_bad.count == 0, value_bad.examples);
+  CHECK_MESSAGE(float16_bad.count == 0, float16_bad.examples);
+}
+
+TEST_CASE("signalling NaNs widen to quiet NaNs: examples") {
+  CHECK(std::bit_cast<std::uint32_t>(static_cast<float>(f16::from_bits(0x7c01))) == 0x7fc02000u);
+  CHECK(std::bit_cast<std::uint32_t>(static_cast<float>(f16::from_bits(0xfd00))) == 0xffe00000u);
+  CHECK(std::bit_cast<std::uint32_t>(static_cast<float>(f16::from_bits(0x7e00))) == 0x7fc00000u);
+  CHECK(std::bit_cast<std::uint32_t>(static_cast<float>(bf16::from_bits(0x7f81))) == 0x7fc10000u);
+  CHECK(std::bit_cast<std::uint32_t>(static_cast<float>(bf16::from_bits(0xffa0))) == 0xffe00000u);
+  CHECK(std::bit_cast<std::uint32_t>(static_cast<float>(bf16::from_bits(0x7fc0))) == 0x7fc00000u);
+  static_assert(std::bit_cast<std::uint32_t>(static_cast<float>(f16::from_bits(0x7c01))) ==
+                0x7fc02000u);
+  static_assert(std::bit_cast<std::uint32_t>(static_cast<float>(bf16::from_bits(0x7f81))) ==
+                0x7fc10000u);
 }
 
 // ---- (b) round to nearest even, around every pattern ----
@@ -417,6 +471,26 @@ TEST_CASE("visit calls the visitor with the element type of the dtype") {
     CHECK(std::is_same_v<typename decltype(tag)::type, bf16>);
   });
   CHECK(calls == 1);
+}
+
+TEST_CASE("visit of two dtypes calls the visitor once with both element types") {
+  for (dtype a : fedshard::all_dtypes) {
+    for (dtype b : fedshard::all_dtypes) {
+      int calls = 0;
+      const auto seen = fedshard::visit(a, b, [&](auto ta, auto tb) {
+        ++calls;
+        return std::pair{fedshard::dtype_of<typename decltype(ta)::type>,
+                         fedshard::dtype_of<typename decltype(tb)::type>};
+      });
+      CHECK(calls == 1);
+      CHECK(seen.first == a);
+      CHECK(seen.second == b);
+    }
+  }
+  constexpr auto bytes = fedshard::visit(dtype::f16, dtype::f64, [](auto ta, auto tb) {
+    return 10 * sizeof(typename decltype(ta)::type) + sizeof(typename decltype(tb)::type);
+  });
+  static_assert(bytes == 28);
 }
 
 // ---- to_accum / from_accum ----

@@ -40,6 +40,10 @@ float rounded(float x) {
   return v;
 }
 
+bool same_bits(float a, float b) {
+  return std::memcmp(&a, &b, sizeof(float)) == 0;
+}
+
 bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() &&
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
@@ -83,13 +87,19 @@ struct reference_fedmom {
   std::vector<std::vector<float>> state() const { return {m}; }
 };
 
+/// Where v starts: τ² rounded to float by default (Reddi et al. 2021, Algorithm 2).
+float start_of_v(const federation::adaptive_config& cfg) {
+  return cfg.initial_v == federation::adaptive_config::tau_squared ? rounded(cfg.tau * cfg.tau)
+                                                                   : cfg.initial_v;
+}
+
 template <bool Yogi>
 struct reference_adaptive {
   federation::adaptive_config cfg;
   std::vector<float> m, v;
   std::size_t v_decreased = 0, v_increased = 0;
   explicit reference_adaptive(federation::adaptive_config c, std::size_t n)
-      : cfg(c), m(n, 0.0f), v(n, 0.0f) {}
+      : cfg(c), m(n, 0.0f), v(n, start_of_v(c)) {}
   void step(std::vector<float>& theta, const std::vector<float>& d) {
     const float c1 = rounded(1.0f - cfg.beta1);
     const float c2 = rounded(1.0f - cfg.beta2);
@@ -176,11 +186,15 @@ TEST_CASE("every rule matches its plain per-element reference bit for bit over 5
     check_against_reference<fedadam, reference_adaptive<false>>({});
     check_against_reference<fedadam, reference_adaptive<false>>(
         {.lr = 0.1f, .beta1 = 0.5f, .beta2 = 0.999f, .tau = 1e-6f});
+    check_against_reference<fedadam, reference_adaptive<false>>({.initial_v = 0.0f});
+    check_against_reference<fedadam, reference_adaptive<false>>({.initial_v = 2.5e-4f});
   }
   SUBCASE("fedyogi") {
     check_against_reference<fedyogi, reference_adaptive<true>>({});
     check_against_reference<fedyogi, reference_adaptive<true>>(
         {.lr = 0.1f, .beta1 = 0.5f, .beta2 = 0.999f, .tau = 1e-6f});
+    check_against_reference<fedyogi, reference_adaptive<true>>({.initial_v = 0.0f});
+    check_against_reference<fedyogi, reference_adaptive<true>>({.initial_v = 2.5e-4f});
   }
 }
 
@@ -195,7 +209,9 @@ TEST_CASE("the defaults are the papers' values and R() is an empty shard") {
   CHECK(adam.settings().beta1 == 0.9f);
   CHECK(adam.settings().beta2 == 0.99f);
   CHECK(adam.settings().tau == 1e-3f);
+  CHECK(adam.settings().initial_v == federation::adaptive_config::tau_squared);
   CHECK(fedyogi{}.settings().tau == 1e-3f);
+  CHECK(fedyogi{}.settings().initial_v == federation::adaptive_config::tau_squared);
   CHECK(adam.size() == 0);
   CHECK(adam.step_count() == 0);
 
@@ -346,8 +362,9 @@ TEST_CASE("outer state sharded in two halves evolves bit for bit as the whole") 
   check_sharded_state<fedyogi>({});
 }
 
+/// The state of a fresh rule: the names, 7 elements each, every element at its start.
 template <class Rule>
-void check_state_layout(const std::vector<std::string>& names) {
+void check_state_layout(const std::vector<std::string>& names, const std::vector<float>& starts) {
   CAPTURE(Rule::name);
   Rule rule({}, 7);
   auto state = rule.state();
@@ -355,22 +372,24 @@ void check_state_layout(const std::vector<std::string>& names) {
   for (std::size_t k = 0; k < names.size(); ++k) {
     CHECK(state[k].name == names[k]);
     CHECK(state[k].data.size() == 7);
-    CHECK(
-        std::all_of(state[k].data.begin(), state[k].data.end(), [](float x) { return x == 0.0f; }));
+    const float start = starts[k];
+    CHECK(std::all_of(state[k].data.begin(), state[k].data.end(),
+                      [&](float x) { return same_bits(x, start); }));
   }
   // The spans alias the live state: a step changes what they show.
   std::vector<float> anchor(7, 1.0f);
   const std::vector<float> d(7, 0.5f);
   rule.step(anchor, d);
-  for (const auto& s : state) CHECK(s.data[3] != 0.0f);
+  for (std::size_t k = 0; k < names.size(); ++k) CHECK(state[k].data[3] != starts[k]);
 }
 
-TEST_CASE("state() names and sizes") {
-  check_state_layout<outer_sgd>({});
-  check_state_layout<nesterov>({"momentum"});
-  check_state_layout<fedmom>({"momentum"});
-  check_state_layout<fedadam>({"m", "v"});
-  check_state_layout<fedyogi>({"m", "v"});
+TEST_CASE("state() names, sizes and starting values: zero, and tau² for v") {
+  const float tau2 = rounded(1e-3f * 1e-3f);
+  check_state_layout<outer_sgd>({}, {});
+  check_state_layout<nesterov>({"momentum"}, {0.0f});
+  check_state_layout<fedmom>({"momentum"}, {0.0f});
+  check_state_layout<fedadam>({"m", "v"}, {0.0f, tau2});
+  check_state_layout<fedyogi>({"m", "v"}, {0.0f, tau2});
 }
 
 /// Ten steps, a restore of state and step count into a fresh object, ten more steps.
@@ -408,13 +427,74 @@ TEST_CASE("a rule restored from state() and step_count() continues bit for bit")
   check_resume<fedyogi>({});
 }
 
-TEST_CASE("fedyogi differs from fedadam once v > d², and only in v's update") {
+TEST_CASE("fedadam's first step starts from v = tau², by hand") {
+  // Defaults: lr 0.01, beta1 0.9, beta2 0.99, tau 0.001; v starts at fl(tau · tau).
+  const federation::adaptive_config cfg{};
+  fedadam adam(cfg, 2);
+  std::vector<float> anchor{1.0f, -0.5f};
+  const std::vector<float> start = anchor;
+  const std::vector<float> d{2e-3f, -1e-5f};  // d² above tau², and far below it
+  adam.step(anchor, d);
+  const float tau2 = rounded(cfg.tau * cfg.tau);
+  const float c1 = rounded(1.0f - cfg.beta1);
+  const float c2 = rounded(1.0f - cfg.beta2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CAPTURE(i);
+    // The op order of kernels/outer.hpp with m = 0 and v = tau².
+    const float m1 = std::fma(d[i], c1, rounded(0.0f * cfg.beta1));
+    const float v1 = std::fma(rounded(d[i] * d[i]), c2, rounded(tau2 * cfg.beta2));
+    const float q = rounded(rounded(std::sqrt(v1)) + cfg.tau);
+    const float theta = std::fma(rounded(m1 / q), -cfg.lr, start[i]);
+    CHECK(same_bits(adam.state()[0].data[i], m1));
+    CHECK(same_bits(adam.state()[1].data[i], v1));
+    CHECK(same_bits(anchor[i], theta));
+    // The formula in double: θ − η (1 − β1) d / (√(β2 τ² + (1 − β2) d²) + τ).
+    const double dd = d[i], tau = cfg.tau;
+    const double step = 0.01 * 0.1 * dd / (std::sqrt(0.99 * tau * tau + 0.01 * dd * dd) + tau);
+    CHECK(std::fabs(static_cast<double>(anchor[i]) - (start[i] - step)) <= 1e-7);
+  }
+  // Where d is tiny the step is about η (1 − β1) d / (2τ) (√(β2 τ²) ≈ τ), half of the
+  // η (1 − β1) d / τ a start from v = 0 would take.
+  const double tiny_step = static_cast<double>(start[1]) - static_cast<double>(anchor[1]);
+  CHECK(std::fabs(tiny_step / (0.01 * 0.1 * -1e-5 / (2 * 1e-3)) - 1) <= 0.02);
+}
+
+TEST_CASE("fedyogi's first step from v = tau² differs from fedadam's, by hand") {
   const federation::adaptive_config cfg{};
   fedadam adam(cfg, 1);
   fedyogi yogi(cfg, 1);
   std::vector<float> adam_anchor{1.0f}, yogi_anchor{1.0f};
+  const std::vector<float> d{2e-3f};  // d² = 4e-6 > tau² = 1e-6
+  adam.step(adam_anchor, d);
+  yogi.step(yogi_anchor, d);
 
-  // From v = 0 < d² both add (1 − β2)·d²: identical first step.
+  const float tau2 = rounded(cfg.tau * cfg.tau);
+  const float c1 = rounded(1.0f - cfg.beta1);
+  const float c2 = rounded(1.0f - cfg.beta2);
+  const float d2 = rounded(d[0] * d[0]);
+  const float m1 = std::fma(d[0], c1, 0.0f);
+  // Yogi: v < d², so v + (1 − β2) d²; Adam: β2 v + (1 − β2) d².
+  const float yogi_v = rounded(tau2 + rounded(c2 * d2));
+  const float adam_v = std::fma(d2, c2, rounded(tau2 * cfg.beta2));
+  CHECK(same_bits(yogi.state()[1].data[0], yogi_v));
+  CHECK(same_bits(adam.state()[1].data[0], adam_v));
+  CHECK(std::fabs(yogi_v - 1.04e-6f) <= 1e-12f);
+  CHECK(std::fabs(adam_v - 1.03e-6f) <= 1e-12f);
+  const float yogi_q = rounded(rounded(std::sqrt(yogi_v)) + cfg.tau);
+  CHECK(same_bits(yogi_anchor[0], std::fma(rounded(m1 / yogi_q), -cfg.lr, 1.0f)));
+  CHECK(bitwise_equal(adam.state()[0].data, yogi.state()[0].data));  // m is the same
+  // Larger v, smaller step: Yogi's anchor moved less.
+  CHECK(yogi_anchor[0] > adam_anchor[0]);
+}
+
+TEST_CASE("fedyogi differs from fedadam once v > d², and only in v's update") {
+  // initial_v = 0: from v = 0 < d² both add (1 − β2)·d², an identical first step.
+  const federation::adaptive_config cfg{.initial_v = 0.0f};
+  fedadam adam(cfg, 1);
+  fedyogi yogi(cfg, 1);
+  CHECK(adam.state()[1].data[0] == 0.0f);
+  std::vector<float> adam_anchor{1.0f}, yogi_anchor{1.0f};
+
   const std::vector<float> big{10.0f};
   adam.step(adam_anchor, big);
   yogi.step(yogi_anchor, big);
@@ -437,6 +517,24 @@ TEST_CASE("fedyogi differs from fedadam once v > d², and only in v's update") {
   CHECK(bitwise_equal(adam.state()[0].data, yogi.state()[0].data));  // m is the same
   // Larger v, smaller step: Yogi's anchor moved less.
   CHECK(yogi_anchor[0] > adam_anchor[0]);
+}
+
+TEST_CASE("initial_v sets where v starts; a restore of state() overwrites it") {
+  fedyogi yogi({.tau = 0.5f, .initial_v = 0.125f}, 3);
+  for (const float v : yogi.state()[1].data) CHECK(v == 0.125f);
+  fedadam default_start({.tau = 0.5f}, 3);
+  for (const float v : default_start.state()[1].data) CHECK(v == 0.25f);  // tau², exact
+
+  // A checkpoint restore writes v through state(); the next step starts from that v.
+  fedadam restored({.tau = 0.5f}, 1);
+  restored.state()[1].data[0] = 4.0f;
+  fedadam from_four({.tau = 0.5f, .initial_v = 4.0f}, 1);
+  std::vector<float> a{1.0f}, b{1.0f};
+  const std::vector<float> d{0.25f};
+  restored.step(a, d);
+  from_four.step(b, d);
+  CHECK(bitwise_equal(a, b));
+  CHECK(bitwise_equal(restored.state()[1].data, from_four.state()[1].data));
 }
 
 TEST_CASE("invalid configs throw invalid_argument naming the value") {
@@ -471,10 +569,25 @@ TEST_CASE("invalid configs throw invalid_argument naming the value") {
   CHECK_THROWS_WITH_AS(fedadam({.tau = -0.001f}, 4), doctest::Contains("found -0.001"),
                        invalid_argument);
   CHECK_THROWS_WITH_AS(fedadam({.tau = inf}, 4), doctest::Contains("found inf"), invalid_argument);
+  CHECK_THROWS_WITH_AS(fedadam({.initial_v = -0.5f}, 4),
+                       doctest::Contains("fedadam: config.initial_v must be a finite number >= 0, "
+                                         "or adaptive_config::tau_squared (-1) for tau^2, found "
+                                         "-0.5"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS(fedyogi({.initial_v = nan}, 4),
+                       doctest::Contains("fedyogi: config.initial_v must be"), invalid_argument);
+  CHECK_THROWS_WITH_AS(fedyogi({.initial_v = inf}, 4), doctest::Contains("found inf"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS(fedadam({.tau = 1e20f}, 4),
+                       doctest::Contains("fedadam: config.initial_v is tau_squared, so v starts "
+                                         "at tau^2, which must be finite; found tau 1e+20"),
+                       invalid_argument);
   // The edges that are allowed.
   CHECK_NOTHROW(outer_sgd({.lr = 0.0f}, 4));
   CHECK_NOTHROW(nesterov({.lr = 0.0f, .momentum = 0.0f}, 4));
   CHECK_NOTHROW(fedyogi({.lr = 0.0f, .beta1 = 0.0f, .beta2 = 0.0f, .tau = 1e-30f}, 4));
+  CHECK_NOTHROW(fedadam({.initial_v = 0.0f}, 4));
+  CHECK_NOTHROW(fedadam({.tau = 1e20f, .initial_v = 1.0f}, 4));
 }
 
 template <class Rule>
@@ -494,8 +607,10 @@ void check_size_mismatch() {
   CHECK(short_anchor == std::vector<float>{1.0f, 2.0f, 3.0f});
   CHECK(anchor == std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f});
   CHECK(rule.step_count() == 0);
-  for (const auto& s : rule.state())
-    CHECK(std::all_of(s.data.begin(), s.data.end(), [](float x) { return x == 0.0f; }));
+  Rule fresh({}, 4);
+  const auto state = rule.state(), fresh_state = fresh.state();
+  for (std::size_t k = 0; k < state.size(); ++k)
+    CHECK(bitwise_equal(state[k].data, fresh_state[k].data));
   CHECK_THROWS_WITH_AS(rule.set_step_count(-3), doctest::Contains("found -3"),
                        fedshard::invalid_argument);
   rule.set_step_count(12);

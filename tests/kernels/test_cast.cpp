@@ -263,11 +263,66 @@ TEST_CASE("16-bit conversions are those of core/dtype.hpp, bit for bit") {
     REQUIRE(h[i].bits == f16(in[i]).bits);
   }
   std::vector<f16> all(65536);
-  for (std::uint32_t p = 0; p < 65536; ++p) all[p] = f16::from_bits(static_cast<std::uint16_t>(p));
-  std::vector<float> wide(all.size());
+  std::vector<bf16> all_b(65536);
+  for (std::uint32_t p = 0; p < 65536; ++p) {
+    all[p] = f16::from_bits(static_cast<std::uint16_t>(p));
+    all_b[p] = bf16::from_bits(static_cast<std::uint16_t>(p));
+  }
+  std::vector<float> wide(all.size()), wide_b(all.size());
   kernels::cast(std::span<const f16>(all), std::span<float>(wide));
-  for (std::uint32_t p = 0; p < 65536; ++p)  // NaN payloads included
+  kernels::cast(std::span<const bf16>(all_b), std::span<float>(wide_b));
+  for (std::uint32_t p = 0; p < 65536; ++p) {  // NaN payloads included
     REQUIRE(bits_of(wide[p]) == bits_of(static_cast<float>(all[p])));
+    REQUIRE(bits_of(wide_b[p]) == bits_of(static_cast<float>(all_b[p])));
+  }
+}
+
+TEST_CASE_TEMPLATE("every 16-bit NaN widens to a quiet NaN with its sign and payload", T, bf16,
+                   f16) {
+  constexpr int mant = format<T>::mant;
+  std::vector<T> in;
+  for (std::uint32_t p = 0; p < 65536; ++p)
+    if ((p & 0x7fffu) > inf_bits<T>) in.push_back(T::from_bits(static_cast<std::uint16_t>(p)));
+  std::vector<float> wide(in.size());
+  std::vector<double> wider(in.size());
+  kernels::cast(std::span<const T>(in), std::span<float>(wide));
+  kernels::cast(std::span<const T>(in), std::span<double>(wider));
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const std::uint32_t b = in[i].bits;
+    CAPTURE(b);
+    const std::uint32_t payload = b & ((1u << mant) - 1u);
+    const std::uint32_t want = ((b & 0x8000u) << 16) | 0x7fc00000u | (payload << (23 - mant));
+    REQUIRE(bits_of(wide[i]) == want);
+    REQUIRE(bits_of(kernels::cast_fn<T, float>{}(in[i])) == want);
+    // To double: the same NaN, widened again (payload at the top of double's 52 bits).
+    const std::uint64_t want64 = (std::uint64_t{b & 0x8000u} << 48) | 0x7ff8000000000000ull |
+                                 (std::uint64_t{payload} << (52 - mant));
+    REQUIRE(bits_of(wider[i]) == want64);
+  }
+}
+
+TEST_CASE_TEMPLATE("operand_fn is cast_fn but for a NaN's quiet bit, for every 16-bit pattern", T,
+                   bf16, f16) {
+  constexpr std::uint32_t quiet16 = 1u << (format<T>::mant - 1);
+  for (std::uint32_t p = 0; p < 65536; ++p) {
+    const T x = T::from_bits(static_cast<std::uint16_t>(p));
+    const float op = kernels::operand_fn<T, float>{}(x);
+    const float cast = kernels::cast_fn<T, float>{}(x);
+    if ((p & 0x7fffu) > inf_bits<T>) {  // NaN: the pattern's own quiet bit, else the same
+      CAPTURE(p);
+      REQUIRE(std::isnan(op));
+      REQUIRE((bits_of(op) | 0x00400000u) == bits_of(cast));
+      REQUIRE(((bits_of(op) & 0x00400000u) != 0) == ((p & quiet16) != 0));
+    } else {
+      REQUIRE(bits_of(op) == bits_of(cast));
+      REQUIRE(bits_of(kernels::operand_fn<T, double>{}(x)) ==
+              bits_of(kernels::cast_fn<T, double>{}(x)));
+    }
+  }
+  CHECK(kernels::operand_fn<float, double>{}(0.1f) == static_cast<double>(0.1f));
+  CHECK(kernels::operand_fn<double, double>{}(0.1) == 0.1);
+  CHECK(kernels::operand_fn<float, float>{}(-0.0f) == 0.0f);
+  CHECK(std::signbit(kernels::operand_fn<float, float>{}(-0.0f)));
 }
 
 TEST_CASE("special values: NaN, infinities, signed zeros, subnormals") {

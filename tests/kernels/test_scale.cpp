@@ -139,6 +139,22 @@ TEST_CASE("axpy in place: y += a * y") {
   CHECK(y == std::vector<float>{1.5f, -3.0f, 6.0f});
 }
 
+TEST_CASE("signalling 16-bit NaNs come out of scale and axpy quiet, sign and payload kept") {
+  // 0x7d01 and 0x7f81 are signalling; the widening keeps them so, the arithmetic quiets them.
+  std::vector<f16> h = {f16::from_bits(0x7d01), f16::from_bits(0xfd01)};
+  kernels::scale(std::span<f16>(h), 2.0);
+  CHECK(h[0].bits == 0x7f01);
+  CHECK(h[1].bits == 0xff01);
+  std::vector<float> y = {1.0f, 1.0f};
+  const std::vector<bf16> x = {bf16::from_bits(0x7f81), bf16::from_bits(0xff81)};
+  kernels::axpy(0.5, std::span<const bf16>(x), std::span<float>(y));
+  std::uint32_t y0 = 0, y1 = 0;
+  std::memcpy(&y0, &y[0], 4);
+  std::memcpy(&y1, &y[1], 4);
+  CHECK(y0 == 0x7fc10000u);
+  CHECK(y1 == 0xffc10000u);
+}
+
 TEST_CASE("scale and axpy check their arguments") {
   std::vector<float> x(3);
   std::vector<bf16> y(2);

@@ -93,4 +93,14 @@ TEST_CASE("the rounding helpers: fma rounds once, add_rn never fuses with a prod
   CHECK(d::div_rn(1.0f, 3.0f) == 1.0f / 3.0f);
   CHECK(d::sqrt_rn(2.0f) == 0x1.6a09e6p0f);
   CHECK(d::add_scalar(1.0, -0x1p-60) == 1.0 - 0x1p-60);
+  // The same in double: b * b = 1 + 2^-26 + 2^-54 ties and rounds to 1 + 2^-26.
+  volatile double vb = 1.0 + 0x1p-27;
+  volatile double ve = -(1.0 + 0x1p-26);
+  const double b = vb;
+  const double e = ve;
+  CHECK(d::add_rn(d::mul_rn(b, b), e) == 0.0);
+  CHECK(d::add_rn(0.1, 0.2) == 0.1 + 0.2);
+  CHECK(std::signbit(d::add_rn(-0.0, -0.0)));
+  CHECK(std::signbit(d::add_rn(-0.0f, -0.0f)));
+  CHECK_FALSE(std::signbit(d::add_rn(-0.0f, 0.0f)));
 }

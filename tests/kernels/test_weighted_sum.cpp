@@ -161,6 +161,20 @@ TEST_CASE("a zero weight leaves its input out, even NaN or infinity") {
   CHECK(out[2] == -inf);
 }
 
+TEST_CASE("a signalling 16-bit NaN input gives a quiet NaN, payload kept") {
+  const std::vector<f16> a = {f16::from_bits(0x7d01), f16(1.0f)};
+  const std::vector<f16> b = {f16(1.0f), f16(2.0f)};
+  const const_buffer_view ins[] = {fedshard::cview(std::span<const f16>(a)),
+                                   fedshard::cview(std::span<const f16>(b))};
+  const double weights[] = {0.5, 0.5};
+  std::vector<float> out(2);
+  kernels::weighted_sum(ins, weights, fedshard::view(std::span<float>(out)));
+  std::uint32_t bits = 0;
+  std::memcpy(&bits, &out[0], 4);
+  CHECK(bits == 0x7fe02000u);  // f16 payload 0x101 at the top of the float's mantissa, quiet
+  CHECK(out[1] == 1.5f);
+}
+
 TEST_CASE("K = 1: a scaled copy, signed zeros kept") {
   const std::vector<f16> a = {f16(1.5f), f16(-0.0f), f16(-3.0f)};
   const const_buffer_view ins[] = {fedshard::cview(std::span<const f16>(a))};

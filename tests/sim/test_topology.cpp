@@ -1,6 +1,8 @@
 // Cluster presets and where the ranks of a mesh sit: nodes, sites and the span of every axis.
 #include <doctest/doctest.h>
 
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "fedshard/error.hpp"
@@ -20,6 +22,33 @@ TEST_CASE("presets carry the datasheet figures they cite") {
   CHECK(h.peak_flops == 989e12);
   for (const auto& name : cluster_preset_names()) CHECK(cluster_preset(name).name == name);
   CHECK_THROWS_AS(cluster_preset("tpu-pod"), invalid_argument);
+}
+
+TEST_CASE("every field of the presets: the cited figures, NCCL's latencies, the default WAN") {
+  const auto check = [](const cluster& c, std::string_view name, int nics, double nic_gbps,
+                        double nvlink_gbs, double mfu) {
+    CAPTURE(name);
+    CHECK(c.name == name);
+    CHECK(c.nics_per_node == nics);
+    CHECK(c.nic_bandwidth == gbit_per_s(nic_gbps));
+    CHECK(c.intra.bandwidth == gbyte_per_s(nvlink_gbs));
+    CHECK(c.default_mfu == mfu);
+    // NCCL 2.8 Ring/Simple latencies: NVLink step, network step, per collective.
+    CHECK(c.intra.alpha == microseconds(3.4));
+    CHECK(c.inter.alpha == microseconds(9.6));
+    CHECK(c.inter.bandwidth == 0);
+    CHECK(c.op_latency == microseconds(8.4));
+    CHECK(c.wan.alpha == 10e-3);
+    CHECK(c.wan.bandwidth == gbit_per_s(100));
+    CHECK(c.sites == 1);
+  };
+  check(a100_4gpu_node(), "a100-4gpu-node", 4, 100, 235, 0.5);
+  check(h100_8gpu_node(), "h100-8gpu-node", 8, 400, 450, 0.4);
+  CHECK(cluster_preset_names() == std::vector<std::string>{"a100-4gpu-node", "h100-8gpu-node"});
+  CHECK(cluster_preset("h100-8gpu-node").peak_flops == h100_8gpu_node().peak_flops);
+  CHECK_THROWS_WITH_AS(cluster_preset("tpu-pod"),
+                       doctest::Contains("expected one of a100-4gpu-node, h100-8gpu-node"),
+                       invalid_argument);
 }
 
 TEST_CASE("ranks sit on nodes in order, and each axis spans the nodes its members are on") {

@@ -2,8 +2,10 @@
 /// Element types fedshard moves and reduces: f32, f64 and its own 16-bit bf16 and f16.
 ///
 /// bf16 and f16 are storage types: arithmetic converts to float. Conversion from float
-/// rounds to nearest, ties to even; NaN stays NaN (quiet), infinities and signed zeros are
-/// preserved, and subnormals are produced and read exactly.
+/// rounds to nearest, ties to even; conversion to float is exact. Both ways NaN stays NaN,
+/// quiet, with its sign and as much of its payload as fits (a signalling NaN comes out
+/// quiet, as IEEE 754 conversions make it); infinities and signed zeros are preserved, and
+/// subnormals are produced and read exactly.
 
 #include <cstddef>
 #include <cstdint>
@@ -20,74 +22,60 @@ FEDSHARD_HOST_DEVICE constexpr To bit_cast(const From& from) noexcept {
   static_assert(sizeof(To) == sizeof(From));
   return __builtin_bit_cast(To, from);
 }
-}  // namespace detail
 
-/// bfloat16: 1 sign, 8 exponent, 7 mantissa bits (the upper half of an IEEE float).
-struct bf16 {
+/// A 16-bit floating-point storage type, Derived, whose bit-level conversions Format
+/// supplies: `from_float(f)`, f rounded to the nearest pattern (ties to even), and
+/// `to_float(bits)`, the exact float value of a pattern.
+template <class Derived, class Format>
+struct float16_storage {
   std::uint16_t bits = 0;
 
-  bf16() = default;
-  /// Rounds a float to the nearest bf16, ties to even.
-  FEDSHARD_HOST_DEVICE constexpr explicit bf16(float f) noexcept : bits(from_float(f)) {}
-  /// The bf16 with the given bit pattern.
-  FEDSHARD_HOST_DEVICE static constexpr bf16 from_bits(std::uint16_t b) noexcept {
-    bf16 r;
+  float16_storage() = default;
+  /// Rounds a float to the nearest value, ties to even.
+  FEDSHARD_HOST_DEVICE constexpr explicit float16_storage(float f) noexcept
+      : bits(Format::from_float(f)) {}
+  /// The value with the given bit pattern.
+  FEDSHARD_HOST_DEVICE static constexpr Derived from_bits(std::uint16_t b) noexcept {
+    Derived r;
     r.bits = b;
     return r;
   }
-  /// The exact float value of this bf16.
+  /// The exact float value (a NaN quiet, with its sign and payload).
   FEDSHARD_HOST_DEVICE constexpr explicit operator float() const noexcept {
-    return detail::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+    return Format::to_float(bits);
   }
-  FEDSHARD_HOST_DEVICE constexpr float to_float() const noexcept { return float(*this); }
+  /// The exact float value, as the conversion operator gives it.
+  FEDSHARD_HOST_DEVICE constexpr float to_float() const noexcept { return Format::to_float(bits); }
 
   /// Round-to-nearest-even conversion of a float's bit pattern.
   FEDSHARD_HOST_DEVICE static constexpr std::uint16_t from_float(float f) noexcept {
-    const std::uint32_t u = detail::bit_cast<std::uint32_t>(f);
+    return Format::from_float(f);
+  }
+};
+
+/// The conversions of bfloat16, the upper half of an IEEE float.
+struct bf16_format {
+  /// Round-to-nearest-even conversion of a float's bit pattern.
+  FEDSHARD_HOST_DEVICE static constexpr std::uint16_t from_float(float f) noexcept {
+    const std::uint32_t u = bit_cast<std::uint32_t>(f);
     if ((u & 0x7fffffffu) > 0x7f800000u)  // NaN: keep sign and top payload, force quiet
       return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
     const std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
     return static_cast<std::uint16_t>((u + rounding) >> 16);
   }
+  /// The exact float value of a pattern; a NaN quiet, with its sign and payload.
+  FEDSHARD_HOST_DEVICE static constexpr float to_float(std::uint16_t bits) noexcept {
+    // The quiet bit is set on the 16 bits, where host loops do 8 elements per 128-bit op.
+    const auto quiet = static_cast<std::uint16_t>((bits & 0x7fffu) > 0x7f80u ? 0x0040u : 0u);
+    return bit_cast<float>(static_cast<std::uint32_t>(bits | quiet) << 16);
+  }
 };
 
-/// IEEE 754 binary16: 1 sign, 5 exponent, 10 mantissa bits.
-struct f16 {
-  std::uint16_t bits = 0;
-
-  f16() = default;
-  /// Rounds a float to the nearest f16, ties to even; overflow gives infinity.
-  FEDSHARD_HOST_DEVICE constexpr explicit f16(float f) noexcept : bits(from_float(f)) {}
-  /// The f16 with the given bit pattern.
-  FEDSHARD_HOST_DEVICE static constexpr f16 from_bits(std::uint16_t b) noexcept {
-    f16 r;
-    r.bits = b;
-    return r;
-  }
-  /// The exact float value of this f16.
-  FEDSHARD_HOST_DEVICE constexpr explicit operator float() const noexcept {
-    const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
-    std::uint32_t exp = (bits >> 10) & 0x1fu;
-    std::uint32_t man = bits & 0x3ffu;
-    if (exp == 0x1fu)  // infinity or NaN (payload kept)
-      return detail::bit_cast<float>(sign | 0x7f800000u | (man << 13));
-    if (exp == 0) {
-      if (man == 0) return detail::bit_cast<float>(sign);
-      exp = 113;  // subnormal: normalise man * 2^-24
-      while ((man & 0x400u) == 0) {
-        man <<= 1;
-        --exp;
-      }
-      man &= 0x3ffu;
-      return detail::bit_cast<float>(sign | (exp << 23) | (man << 13));
-    }
-    return detail::bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));
-  }
-  FEDSHARD_HOST_DEVICE constexpr float to_float() const noexcept { return float(*this); }
-
-  /// Round-to-nearest-even conversion of a float's bit pattern.
+/// The conversions of IEEE 754 binary16.
+struct f16_format {
+  /// Round-to-nearest-even conversion of a float's bit pattern; overflow gives infinity.
   FEDSHARD_HOST_DEVICE static constexpr std::uint16_t from_float(float f) noexcept {
-    const std::uint32_t u = detail::bit_cast<std::uint32_t>(f);
+    const std::uint32_t u = bit_cast<std::uint32_t>(f);
     const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
     const std::uint32_t x = u & 0x7fffffffu;
     if (x > 0x7f800000u)  // NaN: keep top payload bits, force quiet
@@ -108,6 +96,37 @@ struct f16 {
     const std::uint32_t up = (rem > half || (rem == half && (q & 1u))) ? 1u : 0u;
     return static_cast<std::uint16_t>(sign | (q + up));
   }
+  /// The exact float value of a pattern; a NaN quiet, with its sign and payload.
+  FEDSHARD_HOST_DEVICE static constexpr float to_float(std::uint16_t bits) noexcept {
+    const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+    std::uint32_t exp = (bits >> 10) & 0x1fu;
+    std::uint32_t man = bits & 0x3ffu;
+    if (exp == 0x1fu)  // infinity, or NaN: payload kept, quiet bit set
+      return bit_cast<float>(sign | 0x7f800000u | (man != 0 ? 0x00400000u : 0u) | (man << 13));
+    if (exp == 0) {
+      if (man == 0) return bit_cast<float>(sign);
+      exp = 113;  // subnormal: normalise man * 2^-24
+      while ((man & 0x400u) == 0) {
+        man <<= 1;
+        --exp;
+      }
+      man &= 0x3ffu;
+      return bit_cast<float>(sign | (exp << 23) | (man << 13));
+    }
+    return bit_cast<float>(sign | ((exp + 112u) << 23) | (man << 13));
+  }
+};
+
+}  // namespace detail
+
+/// bfloat16: 1 sign, 8 exponent, 7 mantissa bits (the upper half of an IEEE float).
+struct bf16 : detail::float16_storage<bf16, detail::bf16_format> {
+  using float16_storage::float16_storage;
+};
+
+/// IEEE 754 binary16: 1 sign, 5 exponent, 10 mantissa bits; overflow rounds to infinity.
+struct f16 : detail::float16_storage<f16, detail::f16_format> {
+  using float16_storage::float16_storage;
 };
 
 static_assert(sizeof(bf16) == 2 && std::is_trivially_copyable_v<bf16>);
@@ -180,6 +199,15 @@ constexpr decltype(auto) visit(dtype t, F&& f) {
     case dtype::f32: break;
   }
   return f(type_tag<float>{});
+}
+
+/// Calls f(type_tag<A>{}, type_tag<B>{}) with A and B the element types of a and b (the
+/// double dispatch of kernels between two type-erased buffers).
+template <class F>
+constexpr decltype(auto) visit(dtype a, dtype b, F&& f) {
+  return visit(a, [&](auto ta) -> decltype(auto) {
+    return visit(b, [&](auto tb) -> decltype(auto) { return f(ta, tb); });
+  });
 }
 
 /// Converts any element type to float (the accumulation type of 16-bit types).

@@ -24,7 +24,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <span>
 #include <tuple>
 #include <type_traits>
@@ -162,14 +161,14 @@ std::uint64_t tiles_of(const segment& s) {
   return body == 0 ? 1 : (body + t - 1) / t;
 }
 
-/// Tile `tile` of a copy segment: dst[i] = cast(src[i]) through kernels::cast_fn, the
-/// vector body through 16-byte loads; thread block_threads-wide.
-template <class Src, class Dst>
-__device__ void copy_tile(const Src* src, Dst* dst, const segment& s, std::uint64_t tile) {
+/// Tile `tile` of a segment in a Src -> Dst pass, block_threads-wide: one(i) for the
+/// segment's head (in tile 0) and for the tile's tail, body(lo, nvec) for its nvec whole
+/// vectors from element lo.
+template <class Src, class Dst, class One, class Body>
+__device__ __forceinline__ void for_tile(const segment& s, std::uint64_t tile, const One& one,
+                                         Body&& body) {
   constexpr int v = vec_elems<Src, Dst>;
   constexpr std::uint64_t t_elems = tile_elems<Src, Dst>;
-  const kernels::copy_fn<Src, Dst> one{src, dst};
-  const kernels::cast_fn<Src, Dst> cast;
   const unsigned t = threadIdx.x;
   if (tile == 0)
     for (std::uint64_t i = t; i < s.head; i += block_threads) one(i);
@@ -177,6 +176,17 @@ __device__ void copy_tile(const Src* src, Dst* dst, const segment& s, std::uint6
   if (lo >= s.count) return;
   const std::uint64_t hi = lo + t_elems < s.count ? lo + t_elems : s.count;
   const std::uint64_t nvec = (hi - lo) / v;
+  body(lo, nvec);
+  for (std::uint64_t i = lo + nvec * v + t; i < hi; i += block_threads) one(i);
+}
+
+/// Tile `tile` of a copy segment: dst[i] = cast(src[i]) through kernels::cast_fn, the
+/// vector body through 16-byte loads.
+template <class Src, class Dst>
+__device__ void copy_tile(const Src* src, Dst* dst, const segment& s, std::uint64_t tile) {
+  constexpr int v = vec_elems<Src, Dst>;
+  const kernels::cast_fn<Src, Dst> cast;
+  const unsigned t = threadIdx.x;
   auto put = [&](std::uint64_t i, const vec<Src, v>& a) {
     if (s.vector_store != 0) {
       vec<Dst, v> b;
@@ -188,38 +198,34 @@ __device__ void copy_tile(const Src* src, Dst* dst, const segment& s, std::uint6
       for (int l = 0; l < v; ++l) dst[i + l] = cast(a.v[l]);
     }
   };
-  if (nvec == std::uint64_t{block_threads} * tile_vectors) {  // a full tile: loads first
-    vec<Src, v> a[tile_vectors];
+  auto vectors = [&](std::uint64_t lo, std::uint64_t nvec) {
+    if (nvec == std::uint64_t{block_threads} * tile_vectors) {  // a full tile: loads first
+      vec<Src, v> a[tile_vectors];
 #pragma unroll
-    for (int k = 0; k < tile_vectors; ++k)
-      a[k] = load_vec<Src, v>(src + lo + (k * block_threads + t) * v);
+      for (int k = 0; k < tile_vectors; ++k)
+        a[k] = load_vec<Src, v>(src + lo + (k * block_threads + t) * v);
 #pragma unroll
-    for (int k = 0; k < tile_vectors; ++k) put(lo + (k * block_threads + t) * v, a[k]);
-  } else {
-    for (std::uint64_t j = t; j < nvec; j += block_threads)
-      put(lo + j * v, load_vec<Src, v>(src + lo + j * v));
-  }
-  for (std::uint64_t i = lo + nvec * v + t; i < hi; i += block_threads) one(i);
+      for (int k = 0; k < tile_vectors; ++k) put(lo + (k * block_threads + t) * v, a[k]);
+    } else {
+      for (std::uint64_t j = t; j < nvec; j += block_threads)
+        put(lo + j * v, load_vec<Src, v>(src + lo + j * v));
+    }
+  };
+  for_tile<Src, Dst>(s, tile, kernels::copy_fn<Src, Dst>{src, dst}, vectors);
 }
 
 /// Tile `tile` of a padding segment: dst[i] = +0 through kernels::zero_fn and zero vectors.
 template <class Src, class Dst>
 __device__ void zero_tile(Dst* dst, const segment& s, std::uint64_t tile) {
   constexpr int v = vec_elems<Src, Dst>;
-  constexpr std::uint64_t t_elems = tile_elems<Src, Dst>;
-  const kernels::zero_fn<Dst> one{dst};
-  const unsigned t = threadIdx.x;
-  if (tile == 0)
-    for (std::uint64_t i = t; i < s.head; i += block_threads) one(i);
-  const std::uint64_t lo = s.head + tile * t_elems;
-  if (lo >= s.count) return;
-  const std::uint64_t hi = lo + t_elems < s.count ? lo + t_elems : s.count;
-  const std::uint64_t nvec = (hi - lo) / v;
-  vec<Dst, v> z;
+  auto vectors = [&](std::uint64_t lo, std::uint64_t nvec) {
+    vec<Dst, v> z;
 #pragma unroll
-  for (int l = 0; l < v; ++l) z.v[l] = Dst{};
-  for (std::uint64_t j = t; j < nvec; j += block_threads) store_vec<Dst, v>(dst + lo + j * v, z);
-  for (std::uint64_t i = lo + nvec * v + t; i < hi; i += block_threads) one(i);
+    for (int l = 0; l < v; ++l) z.v[l] = Dst{};
+    for (std::uint64_t j = threadIdx.x; j < nvec; j += block_threads)
+      store_vec<Dst, v>(dst + lo + j * v, z);
+  };
+  for_tile<Src, Dst>(s, tile, kernels::zero_fn<Dst>{dst}, vectors);
 }
 
 template <class Src, class Dst>
@@ -304,33 +310,83 @@ void cast(std::span<From> in, std::span<To> out, cudaStream_t stream) {
   }
 }
 
-/// Converts a type-erased device buffer into another of any dtype (same dtype: a copy).
+/// Converts a type-erased device buffer into another of any dtype (same dtype: a copy); the
+/// checks and messages of kernels::cast.
 inline void cast(const_buffer_view in, buffer_view out, cudaStream_t stream) {
-  FEDSHARD_EXPECTS(is_valid(in.type) && is_valid(out.type), "gpu::cast: invalid dtype (input ",
-                   static_cast<int>(in.type), ", output ", static_cast<int>(out.type), ")");
-  FEDSHARD_EXPECTS(in.count == out.count, "gpu::cast: input has ", in.count, " elements of ",
-                   to_string(in.type), ", output has ", out.count, " elements of ",
-                   to_string(out.type), " (counts must match)");
-  FEDSHARD_EXPECTS(in.count == 0 || (in.data != nullptr && out.data != nullptr),
-                   "gpu::cast: null data pointer for ", in.count, " elements");
-  visit(in.type, [&](auto from) {
+  kernels::detail::check_cast_views(in, out, "gpu::cast");
+  visit(in.type, out.type, [&](auto from, auto to) {
     using From = typename decltype(from)::type;
-    visit(out.type, [&](auto to) {
-      using To = typename decltype(to)::type;
-      cast(std::span<const From>(static_cast<const From*>(in.data), in.count),
-           std::span<To>(static_cast<To*>(out.data), out.count), stream);
-    });
+    using To = typename decltype(to)::type;
+    cast(std::span<const From>(static_cast<const From*>(in.data), in.count),
+         std::span<To>(static_cast<To*>(out.data), out.count), stream);
   });
 }
 
 // ---------------------------------------------------------------- pack and unpack
 
+namespace detail {
+
+/// A copy pass prepared once: segments uploaded with their first tiles when built, run as
+/// one launch of segments_kernel<S, D>. What pack_plan and unpack_plan are.
+template <class S, class D>
+class segment_plan {
+ public:
+  /// Enqueues the whole pass on stream.
+  void run(cudaStream_t stream) const { launch_segments<S, D>(table_, tiles_, stream, name_); }
+
+  /// Segments of one run.
+  std::size_t segments() const noexcept { return table_.size(); }
+
+ protected:
+  /// Uploads segs; name is the launch's in error messages.
+  segment_plan(std::vector<segment> segs, const char* name) : name_(name) {
+    std::tie(table_, tiles_) = upload_segments<S, D>(segs);
+  }
+
+ private:
+  device_buffer<segment> table_;
+  std::uint64_t tiles_ = 0;
+  const char* name_;
+};
+
+/// The segments between a unit's tensors (device pointers) and shard, the flat range
+/// [shard_begin, shard_begin + shard.size()), after the checks of kernels::pack (and, with
+/// whole_flat, that every tensor lies inside the flat buffer shard): with ToShard (a pack)
+/// the tensor parts and the padding runs into the shard, else (an unpack) the tensor parts
+/// out of it. S and D are the source and destination element types; name starts messages.
+template <bool ToShard, class S, class D, class T, class Shard>
+std::vector<segment> unit_segments(std::span<const kernels::tensor_ref<T>> tensors,
+                                   std::size_t shard_begin, std::span<Shard> shard, bool whole_flat,
+                                   const char* name) {
+  kernels::check_tensor_layout(tensors, name);
+  if (whole_flat) kernels::detail::check_inside_flat(tensors, shard.size(), name);
+  if (!shard.empty()) check_element_aligned(shard.data(), name, "shard");
+  for (const auto& t : tensors)
+    if (t.count != 0) check_element_aligned(t.data, name, "a tensor");
+  std::vector<segment> segs;
+  kernels::detail::for_each_segment_unchecked(
+      tensors, shard_begin, shard.size(), name, [&](const kernels::pack_segment& p) {
+        const bool padding = p.tensor == kernels::pack_segment::padding;
+        if constexpr (ToShard) {  // padding: a zero fill (no source)
+          const S* src = padding ? nullptr : tensors[p.tensor].data + p.tensor_pos;
+          segs.push_back(make_segment<S, D>(src, shard.data() + p.shard_pos, p.count));
+        } else if (!padding) {
+          segs.push_back(make_segment<S, D>(shard.data() + p.shard_pos,
+                                            tensors[p.tensor].data + p.tensor_pos, p.count));
+        }
+      });
+  return segs;
+}
+
+}  // namespace detail
+
 /// kernels::pack on the device, prepared once: the segments of a unit's tensors (device
 /// pointers) and a shard are computed and uploaded when the plan is built, and run()
-/// enqueues the whole pack as one launch. Src is the tensors' element type (may be const),
-/// Dst the shard's. The tensors and the shard must stay allocated while the plan is run.
+/// enqueues the whole pack as one launch; segments() counts the tensor parts and padding
+/// runs of one run. Src is the tensors' element type (may be const), Dst the shard's. The
+/// tensors and the shard must stay allocated while the plan is run.
 template <class Src, class Dst>
-class pack_plan {
+class pack_plan : public detail::segment_plan<std::remove_const_t<Src>, Dst> {
   using S = std::remove_const_t<Src>;
   static_assert(!std::is_const_v<Dst>, "fedshard::gpu::pack_plan: the shard must be writable");
 
@@ -338,51 +394,25 @@ class pack_plan {
   /// Fills shard, the flat range [shard_begin, shard_begin + shard.size()), from the tensors
   /// and zero elsewhere; the layout rules of kernels::pack hold.
   pack_plan(std::span<const kernels::tensor_ref<Src>> tensors, std::size_t shard_begin,
-            std::span<Dst> shard) {
-    kernels::check_tensor_layout(tensors, "gpu::pack_plan");
-    build(tensors, shard_begin, shard);
-  }
+            std::span<Dst> shard)
+      : pack_plan(tensors, shard_begin, shard, false) {}
   /// Fills the whole flat buffer; every tensor must lie inside it.
-  pack_plan(std::span<const kernels::tensor_ref<Src>> tensors, std::span<Dst> flat) {
-    kernels::check_tensor_layout(tensors, "gpu::pack_plan");
-    kernels::detail::check_inside_flat(tensors, flat.size(), "gpu::pack_plan");
-    build(tensors, 0, flat);
-  }
-
-  /// Enqueues the pack on stream.
-  void run(cudaStream_t stream) const {
-    detail::launch_segments<S, Dst>(table_, tiles_, stream, "fedshard::gpu::pack_plan");
-  }
-
-  /// Segments (tensor parts and padding runs) of one run.
-  std::size_t segments() const noexcept { return table_.size(); }
+  pack_plan(std::span<const kernels::tensor_ref<Src>> tensors, std::span<Dst> flat)
+      : pack_plan(tensors, 0, flat, true) {}
 
  private:
-  void build(std::span<const kernels::tensor_ref<Src>> tensors, std::size_t shard_begin,
-             std::span<Dst> shard) {
-    if (!shard.empty()) detail::check_element_aligned(shard.data(), "gpu::pack_plan", "shard");
-    for (const auto& t : tensors)
-      if (t.count != 0) detail::check_element_aligned(t.data, "gpu::pack_plan", "a tensor");
-    std::vector<detail::segment> segs;
-    kernels::detail::for_each_segment_unchecked(
-        tensors, shard_begin, shard.size(), "gpu::pack_plan", [&](const kernels::pack_segment& p) {
-          const S* src = p.tensor == kernels::pack_segment::padding
-                             ? nullptr
-                             : tensors[p.tensor].data + p.tensor_pos;
-          segs.push_back(detail::make_segment<S, Dst>(src, shard.data() + p.shard_pos, p.count));
-        });
-    std::tie(table_, tiles_) = detail::upload_segments<S, Dst>(segs);
-  }
-
-  device_buffer<detail::segment> table_;
-  std::uint64_t tiles_ = 0;
+  pack_plan(std::span<const kernels::tensor_ref<Src>> tensors, std::size_t shard_begin,
+            std::span<Dst> shard, bool whole_flat)
+      : detail::segment_plan<S, Dst>(detail::unit_segments<true, S, Dst>(
+                                         tensors, shard_begin, shard, whole_flat, "gpu::pack_plan"),
+                                     "fedshard::gpu::pack_plan") {}
 };
 
 /// kernels::unpack on the device, prepared once (see pack_plan): writes a shard back into
-/// the parts of the tensors it covers. Src is the shard's element type (may be const), Dst
-/// the tensors'.
+/// the parts of the tensors it covers; segments() counts the tensor parts written by one
+/// run. Src is the shard's element type (may be const), Dst the tensors'.
 template <class Src, class Dst>
-class unpack_plan {
+class unpack_plan : public detail::segment_plan<std::remove_const_t<Src>, Dst> {
   using S = std::remove_const_t<Src>;
   static_assert(!std::is_const_v<Dst>, "fedshard::gpu::unpack_plan: tensors must be writable");
 
@@ -390,44 +420,19 @@ class unpack_plan {
   /// Writes shard, the flat range [shard_begin, shard_begin + shard.size()), into the tensors;
   /// the layout rules of kernels::unpack hold.
   unpack_plan(std::span<Src> shard, std::size_t shard_begin,
-              std::span<const kernels::tensor_ref<Dst>> tensors) {
-    kernels::check_tensor_layout(tensors, "gpu::unpack_plan");
-    build(shard, shard_begin, tensors);
-  }
+              std::span<const kernels::tensor_ref<Dst>> tensors)
+      : unpack_plan(shard, shard_begin, tensors, false) {}
   /// Writes the whole flat buffer into the tensors; every tensor must lie inside it.
-  unpack_plan(std::span<Src> flat, std::span<const kernels::tensor_ref<Dst>> tensors) {
-    kernels::check_tensor_layout(tensors, "gpu::unpack_plan");
-    kernels::detail::check_inside_flat(tensors, flat.size(), "gpu::unpack_plan");
-    build(flat, 0, tensors);
-  }
-
-  /// Enqueues the unpack on stream.
-  void run(cudaStream_t stream) const {
-    detail::launch_segments<S, Dst>(table_, tiles_, stream, "fedshard::gpu::unpack_plan");
-  }
-
-  /// Tensor parts written by one run.
-  std::size_t segments() const noexcept { return table_.size(); }
+  unpack_plan(std::span<Src> flat, std::span<const kernels::tensor_ref<Dst>> tensors)
+      : unpack_plan(flat, 0, tensors, true) {}
 
  private:
-  void build(std::span<Src> shard, std::size_t shard_begin,
-             std::span<const kernels::tensor_ref<Dst>> tensors) {
-    if (!shard.empty()) detail::check_element_aligned(shard.data(), "gpu::unpack_plan", "shard");
-    for (const auto& t : tensors)
-      if (t.count != 0) detail::check_element_aligned(t.data, "gpu::unpack_plan", "a tensor");
-    std::vector<detail::segment> segs;
-    kernels::detail::for_each_segment_unchecked(
-        tensors, shard_begin, shard.size(), "gpu::unpack_plan",
-        [&](const kernels::pack_segment& p) {
-          if (p.tensor == kernels::pack_segment::padding) return;
-          segs.push_back(detail::make_segment<S, Dst>(
-              shard.data() + p.shard_pos, tensors[p.tensor].data + p.tensor_pos, p.count));
-        });
-    std::tie(table_, tiles_) = detail::upload_segments<S, Dst>(segs);
-  }
-
-  device_buffer<detail::segment> table_;
-  std::uint64_t tiles_ = 0;
+  unpack_plan(std::span<Src> shard, std::size_t shard_begin,
+              std::span<const kernels::tensor_ref<Dst>> tensors, bool whole_flat)
+      : detail::segment_plan<S, Dst>(
+            detail::unit_segments<false, S, Dst>(tensors, shard_begin, shard, whole_flat,
+                                                 "gpu::unpack_plan"),
+            "fedshard::gpu::unpack_plan") {}
 };
 
 // ---------------------------------------------------------------- weighted sum
@@ -621,38 +626,16 @@ void weighted_sum(std::span<const In* const> ins, std::span<const double> weight
 /// out has that count and any dtype; the checks and messages of kernels::weighted_sum.
 inline void weighted_sum(std::span<const const_buffer_view> ins, std::span<const double> weights,
                          buffer_view out, cudaStream_t stream) {
-  FEDSHARD_EXPECTS(!ins.empty(), "gpu::weighted_sum: expected at least one input, got 0");
-  FEDSHARD_EXPECTS(weights.size() == ins.size(),
-                   "gpu::weighted_sum: expected one weight per input (", ins.size(),
-                   " inputs), got ", weights.size(), " weights");
-  const const_buffer_view& first = ins[0];
-  FEDSHARD_EXPECTS(is_valid(first.type) && is_valid(out.type),
-                   "gpu::weighted_sum: invalid dtype (input ", static_cast<int>(first.type),
-                   ", output ", static_cast<int>(out.type), ")");
-  for (std::size_t j = 0; j < ins.size(); ++j) {
-    const const_buffer_view& in = ins[j];
-    FEDSHARD_EXPECTS(in.count == first.count && in.type == first.type, "gpu::weighted_sum: input ",
-                     j, " has ", in.count, " elements of ", to_string(in.type), ", input 0 has ",
-                     first.count, " elements of ", to_string(first.type), " (inputs must match)");
-    FEDSHARD_EXPECTS(in.count == 0 || in.data != nullptr, "gpu::weighted_sum: input ", j,
-                     " has a null data pointer for ", in.count, " elements");
-  }
-  FEDSHARD_EXPECTS(out.count == first.count, "gpu::weighted_sum: output has ", out.count,
-                   " elements, the inputs have ", first.count);
-  FEDSHARD_EXPECTS(out.count == 0 || out.data != nullptr,
-                   "gpu::weighted_sum: null output data pointer for ", out.count, " elements");
+  kernels::detail::check_weighted_sum_views(ins, weights, out, "gpu::weighted_sum");
   FEDSHARD_EXPECTS(ins.size() <= max_weighted_sum_inputs, "gpu::weighted_sum: at most ",
                    max_weighted_sum_inputs, " inputs per call, got ", ins.size());
-  visit(first.type, [&](auto it) {
+  visit(ins[0].type, out.type, [&](auto it, auto ot) {
     using In = typename decltype(it)::type;
-    visit(out.type, [&](auto ot) {
-      using Out = typename decltype(ot)::type;
-      std::vector<const In*> pointers(ins.size());
-      for (std::size_t j = 0; j < ins.size(); ++j)
-        pointers[j] = static_cast<const In*>(ins[j].data);
-      weighted_sum<In, Out>(std::span<const In* const>(pointers), weights,
-                            std::span<Out>(static_cast<Out*>(out.data), out.count), stream);
-    });
+    using Out = typename decltype(ot)::type;
+    std::vector<const In*> pointers(ins.size());
+    for (std::size_t j = 0; j < ins.size(); ++j) pointers[j] = static_cast<const In*>(ins[j].data);
+    weighted_sum<In, Out>(std::span<const In* const>(pointers), weights,
+                          std::span<Out>(static_cast<Out*>(out.data), out.count), stream);
   });
 }
 
@@ -692,7 +675,8 @@ __global__ void __launch_bounds__(block_threads)
   for (std::uint64_t i = head + 4 * nvec + first; i < n; i += stride) f(p[i]...);
 }
 
-/// Launches for_each_kernel over n elements of float arrays (device pointers).
+/// Launches for_each_kernel over n elements of float arrays (device pointers); what names
+/// the launch in messages.
 template <class F, class... P>
 void for_each(const char* what, cudaStream_t stream, std::size_t n, const F& f, P... p) {
   if (n == 0) return;
@@ -710,11 +694,15 @@ void for_each(const char* what, cudaStream_t stream, std::size_t n, const F& f, 
   check_launch(what);
 }
 
-inline void check_sizes(const char* what, std::size_t n,
-                        std::initializer_list<std::size_t> others) {
-  for (std::size_t m : others)
-    FEDSHARD_EXPECTS(m == n, what, ": every array must have ", n, " elements (the first's), found ",
-                     m);
+/// One element-wise step on device spans: f(s0[i], s1[i], ...) for every i, after checking
+/// that every span has the first's size; what ("gpu::<step>") names the step in messages.
+template <class F, class... T>
+void step_spans(const char* what, cudaStream_t stream, const F& f, std::span<T>... spans) {
+  const std::size_t sizes[] = {spans.size()...};
+  for (std::size_t m : sizes)
+    FEDSHARD_EXPECTS(m == sizes[0], what, ": every array must have ", sizes[0],
+                     " elements (the first's), found ", m);
+  for_each(what, stream, sizes[0], f, spans.data()...);
 }
 
 }  // namespace detail
@@ -723,15 +711,10 @@ inline void check_sizes(const char* what, std::size_t n,
 /// s.momentum != 0 and must then have param's size. The arrays do not overlap.
 inline void sgd_step(std::span<float> param, std::span<const float> grad, std::span<float> buf,
                      const kernels::sgd_scalars& s, cudaStream_t stream) {
-  const kernels::sgd_update f{s};
-  if (s.momentum == 0.0f) {
-    detail::check_sizes("gpu::sgd_step", param.size(), {grad.size()});
-    detail::for_each("fedshard::gpu::sgd_step", stream, param.size(), f, param.data(), grad.data());
-  } else {
-    detail::check_sizes("gpu::sgd_step", param.size(), {grad.size(), buf.size()});
-    detail::for_each("fedshard::gpu::sgd_step", stream, param.size(), f, param.data(), grad.data(),
-                     buf.data());
-  }
+  if (s.momentum == 0.0f)
+    detail::step_spans("gpu::sgd_step", stream, kernels::sgd_update{s}, param, grad);
+  else
+    detail::step_spans("gpu::sgd_step", stream, kernels::sgd_update{s}, param, grad, buf);
 }
 
 /// One AdamW step on a device shard (kernels::adamw_update); the arrays have the same size
@@ -739,55 +722,47 @@ inline void sgd_step(std::span<float> param, std::span<const float> grad, std::s
 inline void adamw_step(std::span<float> param, std::span<const float> grad,
                        std::span<float> exp_avg, std::span<float> exp_avg_sq,
                        const kernels::adamw_scalars& s, cudaStream_t stream) {
-  detail::check_sizes("gpu::adamw_step", param.size(),
-                      {grad.size(), exp_avg.size(), exp_avg_sq.size()});
-  detail::for_each("fedshard::gpu::adamw_step", stream, param.size(), kernels::adamw_update{s},
-                   param.data(), grad.data(), exp_avg.data(), exp_avg_sq.data());
+  detail::step_spans("gpu::adamw_step", stream, kernels::adamw_update{s}, param, grad, exp_avg,
+                     exp_avg_sq);
 }
 
 /// One outer SGD step of a device anchor shard (kernels::outer_sgd_update). In every outer
 /// step the arrays have anchor's size and do not overlap, except that d may be anchor.
 inline void outer_sgd_step(std::span<float> anchor, std::span<const float> d,
                            const kernels::outer_sgd_scalars& s, cudaStream_t stream) {
-  detail::check_sizes("gpu::outer_sgd_step", anchor.size(), {d.size()});
-  detail::for_each("fedshard::gpu::outer_sgd_step", stream, anchor.size(),
-                   kernels::outer_sgd_update{s}, anchor.data(), d.data());
+  detail::step_spans("gpu::outer_sgd_step", stream, kernels::outer_sgd_update{s}, anchor, d);
 }
 
 /// One fused Nesterov (DiLoCo) step of a device anchor shard and its momentum.
 inline void outer_nesterov_step(std::span<float> anchor, std::span<const float> d,
                                 std::span<float> momentum, const kernels::outer_momentum_scalars& s,
                                 cudaStream_t stream) {
-  detail::check_sizes("gpu::outer_nesterov_step", anchor.size(), {d.size(), momentum.size()});
-  detail::for_each("fedshard::gpu::outer_nesterov_step", stream, anchor.size(),
-                   kernels::outer_nesterov_update{s}, anchor.data(), d.data(), momentum.data());
+  detail::step_spans("gpu::outer_nesterov_step", stream, kernels::outer_nesterov_update{s}, anchor,
+                     d, momentum);
 }
 
 /// One fused FedMom step of a device anchor shard and its momentum.
 inline void outer_fedmom_step(std::span<float> anchor, std::span<const float> d,
                               std::span<float> momentum, const kernels::outer_momentum_scalars& s,
                               cudaStream_t stream) {
-  detail::check_sizes("gpu::outer_fedmom_step", anchor.size(), {d.size(), momentum.size()});
-  detail::for_each("fedshard::gpu::outer_fedmom_step", stream, anchor.size(),
-                   kernels::outer_fedmom_update{s}, anchor.data(), d.data(), momentum.data());
+  detail::step_spans("gpu::outer_fedmom_step", stream, kernels::outer_fedmom_update{s}, anchor, d,
+                     momentum);
 }
 
 /// One fused FedAdam step of a device anchor shard and its moments m and v.
 inline void outer_fedadam_step(std::span<float> anchor, std::span<const float> d,
                                std::span<float> m, std::span<float> v,
                                const kernels::outer_adaptive_scalars& s, cudaStream_t stream) {
-  detail::check_sizes("gpu::outer_fedadam_step", anchor.size(), {d.size(), m.size(), v.size()});
-  detail::for_each("fedshard::gpu::outer_fedadam_step", stream, anchor.size(),
-                   kernels::outer_fedadam_update{s}, anchor.data(), d.data(), m.data(), v.data());
+  detail::step_spans("gpu::outer_fedadam_step", stream, kernels::outer_fedadam_update{s}, anchor, d,
+                     m, v);
 }
 
 /// One fused FedYogi step of a device anchor shard and its moments m and v.
 inline void outer_fedyogi_step(std::span<float> anchor, std::span<const float> d,
                                std::span<float> m, std::span<float> v,
                                const kernels::outer_adaptive_scalars& s, cudaStream_t stream) {
-  detail::check_sizes("gpu::outer_fedyogi_step", anchor.size(), {d.size(), m.size(), v.size()});
-  detail::for_each("fedshard::gpu::outer_fedyogi_step", stream, anchor.size(),
-                   kernels::outer_fedyogi_update{s}, anchor.data(), d.data(), m.data(), v.data());
+  detail::step_spans("gpu::outer_fedyogi_step", stream, kernels::outer_fedyogi_update{s}, anchor, d,
+                     m, v);
 }
 
 }  // namespace fedshard::gpu

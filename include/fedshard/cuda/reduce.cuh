@@ -110,12 +110,14 @@ void transform_reduce(std::span<const T> x, R* result, Reduce reduce, Transform 
                                                        transform, init, stream));
 }
 
-/// Runs an async reduction into a scratch device value and returns it (waits for stream).
-template <class R, class Enqueue>
-R reduce_now(cudaStream_t stream, Enqueue&& enqueue) {
+/// Runs enqueue(x, result, ws, stream), one of the *_async reductions below, into a scratch
+/// device value with a scratch workspace, and returns the value (waits for stream).
+template <class R, class T>
+R reduce_now(void (*enqueue)(std::span<T>, R*, reduce_workspace&, cudaStream_t), std::span<T> x,
+             cudaStream_t stream) {
   device_buffer<R> result = device_buffer<R>::uninitialized(1);
   reduce_workspace ws;
-  enqueue(result.data(), ws);
+  enqueue(x, result.data(), ws, stream);
   R value{};
   FEDSHARD_CUDA_TRY(
       cudaMemcpyAsync(&value, result.data(), sizeof(R), cudaMemcpyDeviceToHost, stream));
@@ -155,8 +157,7 @@ void count_nonfinite_async(std::span<T> x, unsigned long long* result, reduce_wo
 /// The sum of squares of x; waits for stream.
 template <class T>
 double sum_of_squares(std::span<T> x, cudaStream_t stream) {
-  return detail::reduce_now<double>(
-      stream, [&](double* r, reduce_workspace& ws) { sum_of_squares_async(x, r, ws, stream); });
+  return detail::reduce_now(&sum_of_squares_async<T>, x, stream);
 }
 
 /// The L2 norm of x, sqrt(sum_of_squares(x)); waits for stream.
@@ -168,17 +169,13 @@ double l2_norm(std::span<T> x, cudaStream_t stream) {
 /// The largest |x[i]| (NaN if any element is NaN); waits for stream.
 template <class T>
 double max_abs(std::span<T> x, cudaStream_t stream) {
-  return detail::reduce_now<double>(
-      stream, [&](double* r, reduce_workspace& ws) { max_abs_async(x, r, ws, stream); });
+  return detail::reduce_now(&max_abs_async<T>, x, stream);
 }
 
 /// True when no element of x is NaN or infinite; waits for stream.
 template <class T>
 bool all_finite(std::span<T> x, cudaStream_t stream) {
-  return detail::reduce_now<unsigned long long>(stream,
-                                                [&](unsigned long long* r, reduce_workspace& ws) {
-                                                  count_nonfinite_async(x, r, ws, stream);
-                                                }) == 0;
+  return detail::reduce_now(&count_nonfinite_async<T>, x, stream) == 0;
 }
 
 namespace detail {

@@ -5,16 +5,18 @@
 /// rule for its own anchor shard and keeps that shard's state only.
 ///
 /// Rules: outer_sgd (FedAvg; lr 1 is plain averaging), nesterov (DiLoCo), fedmom, fedadam,
-/// fedyogi. Their formulas and the rounding of every op are in kernels/outer.hpp. Every
-/// state buffer starts at zero (m = 0, v = 0) and no bias correction is applied (as in
-/// PAPERS.md section 3).
+/// fedyogi. Their formulas and the rounding of every op are in kernels/outer.hpp. The
+/// momentum and FedAdam's and FedYogi's first moment m start at zero; their second moment v
+/// starts at τ² by default (`adaptive_config::initial_v`), as v₋₁ ≥ τ² in Algorithm 2 of
+/// Reddi et al. (2021, "Adaptive Federated Optimization"), so that the first steps are not
+/// oversized where d is tiny. No bias correction is applied (PAPERS.md section 3).
 ///
 /// An OuterRule R provides:
 ///  1. `R::config`, a default-constructible aggregate of float hyper-parameters that holds
 ///     at least `lr`, with the paper's defaults.
 ///  2. `R(config, n)`: validates the config (fedshard::invalid_argument naming the bad
-///     value) and owns zero-initialised outer state for an anchor shard of n elements;
-///     `R()` is R(config{}, 0).
+///     value) and owns outer state for an anchor shard of n elements, each buffer set to
+///     its documented start (zero, or τ² for v); `R()` is R(config{}, 0).
 ///  3. `step(anchor, d)`: one outer update, in place, of the n elements of anchor
 ///     (std::span<float>) from the mean pseudo-gradient d (std::span<const float>); throws
 ///     invalid_argument, before changing anything, unless both spans hold n elements.
@@ -24,25 +26,30 @@
 ///     among any number of rule objects (ranks) evolves bit for bit as the whole would.
 ///  5. `state()`: a std::vector<state_tensor>, one per state buffer, each of n writable
 ///     floats aliasing the live state, in a fixed order and with fixed names (for
-///     checkpoints): none for outer_sgd, {"momentum"} for nesterov and fedmom, {"m", "v"}
-///     for fedadam and fedyogi.
+///     checkpoints, whose restore overwrites the starting values): none for outer_sgd,
+///     {"momentum"} for nesterov and fedmom, {"m", "v"} for fedadam and fedyogi.
 ///  6. `step_count()` (std::int64_t): the outer steps taken so far; `set_step_count(s)`
 ///     (s >= 0) restores it with the state buffers from a checkpoint.
 ///  7. `size()` (std::size_t): n.
 ///  8. `R::name`, a static constexpr std::string_view naming the rule.
 ///  9. Movable.
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/kernels/for_each.hpp"
 #include "fedshard/kernels/outer.hpp"
 #include "fedshard/optim/optimizer.hpp"
 
@@ -98,217 +105,92 @@ inline void check_step_count(std::string_view rule, std::int64_t steps) {
 
 }  // namespace detail
 
-/// Outer SGD (FedAvg): θ ← θ − η·d; with η = 1 the anchor becomes the groups' mean model.
-class outer_sgd {
- public:
-  /// The learning rate η.
-  struct config {
-    float lr = 1.0f;
-  };
-
-  /// The rule's name in messages and logs.
-  static constexpr std::string_view name = "outer_sgd";
-
-  /// A rule for an empty shard with the default config.
-  outer_sgd() : outer_sgd(config{}, 0) {}
-
-  /// Validates cfg; outer SGD has no state.
-  explicit outer_sgd(config cfg, std::size_t n) : cfg_(validated(cfg)), size_(n) {}
-
-  /// One outer step of the anchor shard.
-  void step(std::span<float> anchor, std::span<const float> d) {
-    detail::check_step_sizes(name, size_, anchor.size(), d.size());
-    kernels::outer_sgd_step(anchor, d, kernels::make_outer_sgd_scalars(cfg_.lr));
-    ++step_count_;
-  }
-
-  /// No state buffers.
-  std::vector<state_tensor> state() { return {}; }
-
-  /// The outer steps taken so far.
-  std::int64_t step_count() const noexcept { return step_count_; }
-
-  /// Restores the step count from a checkpoint.
-  void set_step_count(std::int64_t steps) {
-    detail::check_step_count(name, steps);
-    step_count_ = steps;
-  }
-
-  /// The number of elements of the anchor shard.
-  std::size_t size() const noexcept { return size_; }
-
-  /// The hyper-parameters.
-  const config& settings() const noexcept { return cfg_; }
-
- private:
-  static config validated(const config& cfg) {
-    detail::check_lr(name, cfg.lr);
-    return cfg;
-  }
-
-  config cfg_;
-  std::size_t size_ = 0;
-  std::int64_t step_count_ = 0;
-};
-
-/// Nesterov momentum, DiLoCo's outer optimizer: m ← μ·m + d; θ ← θ − η·(μ·m + d).
-class nesterov {
- public:
-  /// The learning rate η and momentum μ, with DiLoCo's values.
-  struct config {
-    float lr = 0.7f;
-    float momentum = 0.9f;
-  };
-
-  /// The rule's name in messages and logs.
-  static constexpr std::string_view name = "nesterov";
-
-  /// A rule for an empty shard with the default config.
-  nesterov() : nesterov(config{}, 0) {}
-
-  /// Validates cfg and allocates the zero momentum of n elements.
-  explicit nesterov(config cfg, std::size_t n) : cfg_(validated(cfg)), size_(n), momentum_(n) {}
-
-  /// One outer step of the anchor shard.
-  void step(std::span<float> anchor, std::span<const float> d) {
-    detail::check_step_sizes(name, size_, anchor.size(), d.size());
-    kernels::outer_nesterov_step(anchor, d, momentum_.span(),
-                                 kernels::make_outer_momentum_scalars(cfg_.lr, cfg_.momentum));
-    ++step_count_;
-  }
-
-  /// The state buffers: {"momentum"}.
-  std::vector<state_tensor> state() { return {{"momentum", momentum_.span()}}; }
-
-  /// The outer steps taken so far.
-  std::int64_t step_count() const noexcept { return step_count_; }
-
-  /// Restores the step count from a checkpoint.
-  void set_step_count(std::int64_t steps) {
-    detail::check_step_count(name, steps);
-    step_count_ = steps;
-  }
-
-  /// The number of elements of the anchor shard.
-  std::size_t size() const noexcept { return size_; }
-
-  /// The hyper-parameters.
-  const config& settings() const noexcept { return cfg_; }
-
- private:
-  static config validated(const config& cfg) {
-    detail::check_lr(name, cfg.lr);
-    detail::check_unit_interval(name, "momentum", cfg.momentum);
-    return cfg;
-  }
-
-  config cfg_;
-  std::size_t size_ = 0;
-  std::int64_t step_count_ = 0;
-  aligned_buffer<float> momentum_;
-};
-
-/// Heavy-ball momentum (FedMom): m ← μ·m + d; θ ← θ − η·m.
-class fedmom {
- public:
-  /// The learning rate η and momentum μ.
-  struct config {
-    float lr = 1.0f;
-    float momentum = 0.9f;
-  };
-
-  /// The rule's name in messages and logs.
-  static constexpr std::string_view name = "fedmom";
-
-  /// A rule for an empty shard with the default config.
-  fedmom() : fedmom(config{}, 0) {}
-
-  /// Validates cfg and allocates the zero momentum of n elements.
-  explicit fedmom(config cfg, std::size_t n) : cfg_(validated(cfg)), size_(n), momentum_(n) {}
-
-  /// One outer step of the anchor shard.
-  void step(std::span<float> anchor, std::span<const float> d) {
-    detail::check_step_sizes(name, size_, anchor.size(), d.size());
-    kernels::outer_fedmom_step(anchor, d, momentum_.span(),
-                               kernels::make_outer_momentum_scalars(cfg_.lr, cfg_.momentum));
-    ++step_count_;
-  }
-
-  /// The state buffers: {"momentum"}.
-  std::vector<state_tensor> state() { return {{"momentum", momentum_.span()}}; }
-
-  /// The outer steps taken so far.
-  std::int64_t step_count() const noexcept { return step_count_; }
-
-  /// Restores the step count from a checkpoint.
-  void set_step_count(std::int64_t steps) {
-    detail::check_step_count(name, steps);
-    step_count_ = steps;
-  }
-
-  /// The number of elements of the anchor shard.
-  std::size_t size() const noexcept { return size_; }
-
-  /// The hyper-parameters.
-  const config& settings() const noexcept { return cfg_; }
-
- private:
-  static config validated(const config& cfg) {
-    detail::check_lr(name, cfg.lr);
-    detail::check_unit_interval(name, "momentum", cfg.momentum);
-    return cfg;
-  }
-
-  config cfg_;
-  std::size_t size_ = 0;
-  std::int64_t step_count_ = 0;
-  aligned_buffer<float> momentum_;
-};
-
 /// The hyper-parameters of fedadam and fedyogi: the learning rate η, the moment decays β1
-/// and β2, and the adaptivity τ.
+/// and β2, the adaptivity τ, and where the second moment v starts.
 struct adaptive_config {
+  /// The value of `initial_v` that stands for τ² (this config's τ, squared in float).
+  static constexpr float tau_squared = -1.0f;
+
   float lr = 1e-2f;
   float beta1 = 0.9f;
   float beta2 = 0.99f;
   float tau = 1e-3f;
+  /// v before the first step: `tau_squared` (Algorithm 2 of Reddi et al. asks v₋₁ ≥ τ²), or
+  /// any finite value >= 0 (0 reproduces implementations that start v at zero).
+  float initial_v = tau_squared;
 };
 
 namespace detail {
 
-/// FedAdam and FedYogi, which differ only in the update of v: Derived supplies `name` and
-/// `kernel`, its host loop from kernels/outer.hpp.
-template <class Derived>
-class adaptive_rule {
+/// The value v starts at under cfg: fl(τ·τ) for adaptive_config::tau_squared, else
+/// cfg.initial_v.
+inline float initial_v(const adaptive_config& cfg) noexcept {
+  return cfg.initial_v == adaptive_config::tau_squared ? kernels::detail::mul_rn(cfg.tau, cfg.tau)
+                                                       : cfg.initial_v;
+}
+
+inline void check_initial_v(std::string_view rule, const adaptive_config& cfg) {
+  FEDSHARD_EXPECTS(cfg.initial_v == adaptive_config::tau_squared ||
+                       (std::isfinite(cfg.initial_v) && cfg.initial_v >= 0.0f),
+                   rule,
+                   ": config.initial_v must be a finite number >= 0, or "
+                   "adaptive_config::tau_squared (-1) for tau^2, found ",
+                   cfg.initial_v);
+  FEDSHARD_EXPECTS(std::isfinite(initial_v(cfg)), rule,
+                   ": config.initial_v is tau_squared, so v starts at tau^2, which must be "
+                   "finite; found tau ",
+                   cfg.tau, " (tau^2 = ", initial_v(cfg), ")");
+}
+
+/// What every rule of this file is: validated hyper-parameters, a step count, and K state
+/// buffers of n floats, stepped element by element by a functor of kernels/outer.hpp.
+/// Spec supplies the rest:
+///  - `config`, `name`, and `state_names`, a std::array of the K buffer names;
+///  - `validate(cfg)`, which throws invalid_argument naming a bad value;
+///  - `update(cfg)`, the element functor of one step, called as f(θ, d, state...);
+///  - `start(cfg)`, a std::array of the K values the buffers start at.
+template <class Spec>
+class outer_rule {
  public:
-  /// The hyper-parameters, shared by fedadam and fedyogi.
-  using config = adaptive_config;
+  /// The hyper-parameters.
+  using config = typename Spec::config;
+
+  /// The rule's name in messages and logs.
+  static constexpr std::string_view name = Spec::name;
 
   /// A rule for an empty shard with the default config.
-  adaptive_rule() : adaptive_rule(config{}, 0) {}
+  outer_rule() : outer_rule(config{}, 0) {}
 
-  /// Validates cfg and allocates the zero moments m and v of n elements.
-  explicit adaptive_rule(config cfg, std::size_t n)
-      : cfg_(validated(cfg)), size_(n), m_(n), v_(n) {}
+  /// Validates cfg and allocates the state buffers of n elements at their start values.
+  explicit outer_rule(config cfg, std::size_t n) : cfg_(validated(cfg)), size_(n) {
+    const auto start = Spec::start(cfg_);
+    for (std::size_t k = 0; k < states; ++k) {
+      state_[k] = aligned_buffer<float>(n);
+      std::fill(state_[k].begin(), state_[k].end(), start[k]);
+    }
+  }
 
   /// One outer step of the anchor shard.
   void step(std::span<float> anchor, std::span<const float> d) {
-    check_step_sizes(Derived::name, size_, anchor.size(), d.size());
-    Derived::kernel(
-        anchor, d, m_.span(), v_.span(),
-        kernels::make_outer_adaptive_scalars(cfg_.lr, cfg_.beta1, cfg_.beta2, cfg_.tau));
+    check_step_sizes(name, size_, anchor.size(), d.size());
+    step_elements(anchor.data(), d.data(), std::make_index_sequence<states>{});
     ++step_count_;
   }
 
-  /// The state buffers: {"m", "v"}.
-  std::vector<state_tensor> state() { return {{"m", m_.span()}, {"v", v_.span()}}; }
+  /// The state buffers, named Spec::state_names in that order.
+  std::vector<state_tensor> state() {
+    std::vector<state_tensor> out;
+    for (std::size_t k = 0; k < states; ++k)
+      out.push_back({std::string(Spec::state_names[k]), state_[k].span()});
+    return out;
+  }
 
   /// The outer steps taken so far.
   std::int64_t step_count() const noexcept { return step_count_; }
 
   /// Restores the step count from a checkpoint.
   void set_step_count(std::int64_t steps) {
-    check_step_count(Derived::name, steps);
+    check_step_count(name, steps);
     step_count_ = steps;
   }
 
@@ -319,42 +201,124 @@ class adaptive_rule {
   const config& settings() const noexcept { return cfg_; }
 
  private:
+  static constexpr std::size_t states = Spec::state_names.size();
+
   static config validated(const config& cfg) {
-    check_lr(Derived::name, cfg.lr);
-    check_unit_interval(Derived::name, "beta1", cfg.beta1);
-    check_unit_interval(Derived::name, "beta2", cfg.beta2);
-    check_tau(Derived::name, cfg.tau);
+    Spec::validate(cfg);
     return cfg;
+  }
+
+  template <std::size_t... K>
+  void step_elements(float* anchor, const float* d, std::index_sequence<K...>) {
+    kernels::for_each_element(Spec::update(cfg_), size_, anchor, d, state_[K].data()...);
   }
 
   config cfg_;
   std::size_t size_ = 0;
   std::int64_t step_count_ = 0;
-  aligned_buffer<float> m_;
-  aligned_buffer<float> v_;
+  std::array<aligned_buffer<float>, states> state_;
+};
+
+/// outer_sgd's part of outer_rule: no state.
+struct outer_sgd_spec {
+  /// The learning rate η.
+  struct config {
+    float lr = 1.0f;
+  };
+  static constexpr std::string_view name = "outer_sgd";
+  static constexpr std::array<std::string_view, 0> state_names{};
+  static void validate(const config& cfg) { check_lr(name, cfg.lr); }
+  static kernels::outer_sgd_update update(const config& cfg) {
+    return {kernels::make_outer_sgd_scalars(cfg.lr)};
+  }
+  static std::array<float, 0> start(const config&) { return {}; }
+};
+
+/// nesterov's and fedmom's part of outer_rule: a momentum buffer from zero. They differ in
+/// the element functor Update and in Traits: `name` and the default learning rate `lr`.
+template <class Update, class Traits>
+struct momentum_spec {
+  /// The learning rate η and the momentum μ.
+  struct config {
+    float lr = Traits::lr;
+    float momentum = 0.9f;
+  };
+  static constexpr std::string_view name = Traits::name;
+  static constexpr std::array<std::string_view, 1> state_names{"momentum"};
+  static void validate(const config& cfg) {
+    check_lr(name, cfg.lr);
+    check_unit_interval(name, "momentum", cfg.momentum);
+  }
+  static Update update(const config& cfg) {
+    return {kernels::make_outer_momentum_scalars(cfg.lr, cfg.momentum)};
+  }
+  static std::array<float, 1> start(const config&) { return {0.0f}; }
+};
+
+/// fedadam's and fedyogi's part of outer_rule: the moments m (from zero) and v (from
+/// initial_v(cfg)). They differ in the element functor Update and in Traits::name.
+template <class Update, class Traits>
+struct adaptive_spec {
+  using config = adaptive_config;
+  static constexpr std::string_view name = Traits::name;
+  static constexpr std::array<std::string_view, 2> state_names{"m", "v"};
+  static void validate(const config& cfg) {
+    check_lr(name, cfg.lr);
+    check_unit_interval(name, "beta1", cfg.beta1);
+    check_unit_interval(name, "beta2", cfg.beta2);
+    check_tau(name, cfg.tau);
+    check_initial_v(name, cfg);
+  }
+  static Update update(const config& cfg) {
+    return {kernels::make_outer_adaptive_scalars(cfg.lr, cfg.beta1, cfg.beta2, cfg.tau)};
+  }
+  static std::array<float, 2> start(const config& cfg) { return {0.0f, initial_v(cfg)}; }
+};
+
+/// DiLoCo's values for nesterov.
+struct nesterov_traits {
+  static constexpr std::string_view name = "nesterov";
+  static constexpr float lr = 0.7f;
+};
+
+/// FedMom's defaults.
+struct fedmom_traits {
+  static constexpr std::string_view name = "fedmom";
+  static constexpr float lr = 1.0f;
+};
+
+/// FedAdam's name.
+struct fedadam_traits {
+  static constexpr std::string_view name = "fedadam";
+};
+
+/// FedYogi's name.
+struct fedyogi_traits {
+  static constexpr std::string_view name = "fedyogi";
 };
 
 }  // namespace detail
 
+/// Outer SGD (FedAvg): θ ← θ − η·d; with η = 1 the anchor becomes the groups' mean model.
+/// Default lr 1.
+using outer_sgd = detail::outer_rule<detail::outer_sgd_spec>;
+
+/// Nesterov momentum, DiLoCo's outer optimizer: m ← μ·m + d; θ ← θ − η·(μ·m + d). Defaults
+/// are DiLoCo's: lr 0.7, momentum 0.9.
+using nesterov = detail::outer_rule<
+    detail::momentum_spec<kernels::outer_nesterov_update, detail::nesterov_traits>>;
+
+/// Heavy-ball momentum (FedMom): m ← μ·m + d; θ ← θ − η·m. Defaults lr 1, momentum 0.9.
+using fedmom =
+    detail::outer_rule<detail::momentum_spec<kernels::outer_fedmom_update, detail::fedmom_traits>>;
+
 /// FedAdam: m ← β1·m + (1−β1)·d; v ← β2·v + (1−β2)·d²; θ ← θ − η·m / (√v + τ).
-class fedadam : public detail::adaptive_rule<fedadam> {
- public:
-  using adaptive_rule::adaptive_rule;
-  /// The rule's name in messages and logs.
-  static constexpr std::string_view name = "fedadam";
-  /// The host loop of one step.
-  static constexpr auto kernel = &kernels::outer_fedadam_step;
-};
+using fedadam = detail::outer_rule<
+    detail::adaptive_spec<kernels::outer_fedadam_update, detail::fedadam_traits>>;
 
 /// FedYogi: as FedAdam, with v ← v − (1−β2)·d²·sign(v − d²).
-class fedyogi : public detail::adaptive_rule<fedyogi> {
- public:
-  using adaptive_rule::adaptive_rule;
-  /// The rule's name in messages and logs.
-  static constexpr std::string_view name = "fedyogi";
-  /// The host loop of one step.
-  static constexpr auto kernel = &kernels::outer_fedyogi_step;
-};
+using fedyogi = detail::outer_rule<
+    detail::adaptive_spec<kernels::outer_fedyogi_update, detail::fedyogi_traits>>;
 
 static_assert(OuterRule<outer_sgd>);
 static_assert(OuterRule<nesterov>);

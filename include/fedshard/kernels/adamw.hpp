@@ -45,6 +45,7 @@
 #include <span>
 
 #include "fedshard/config.hpp"
+#include "fedshard/kernels/for_each.hpp"
 #include "fedshard/kernels/sgd.hpp"
 
 namespace fedshard::kernels {
@@ -107,13 +108,8 @@ struct adamw_update {
 inline void adamw_step(std::span<float> param, std::span<const float> grad,
                        std::span<float> exp_avg, std::span<float> exp_avg_sq,
                        const adamw_scalars& s) noexcept {
-  const adamw_update f{s};
-  float* p = param.data();
-  const float* g = grad.data();
-  float* m = exp_avg.data();
-  float* v = exp_avg_sq.data();
-  const std::size_t n = param.size();
-  for (std::size_t i = 0; i < n; ++i) f(p[i], g[i], m[i], v[i]);
+  for_each_element(adamw_update{s}, param.size(), param.data(), grad.data(), exp_avg.data(),
+                   exp_avg_sq.data());
 }
 
 }  // namespace fedshard::kernels

@@ -3,15 +3,17 @@
 /// and host loops over typed spans and type-erased buffers.
 ///
 /// Every conversion rounds to nearest, ties to even, exactly once (f64 -> bf16/f16 too, as
-/// from_accum does), and the results are bit for bit those of core/dtype.hpp: NaN stays NaN (quiet,
-/// sign kept), infinities and signed zeros are kept, subnormals are produced and read exactly. The
-/// 16-bit conversions are rewritten here without branches so that host loops vectorise;
+/// from_accum does), and the results are bit for bit those of core/dtype.hpp: NaN stays
+/// NaN (quiet, sign and the payload that fits kept), infinities and signed zeros are kept,
+/// subnormals are produced and read exactly. The conversions from float to bf16 and f16 and
+/// from f16 to float are rewritten here without branches so that host loops vectorise;
 /// they assume the default floating-point rounding mode (to nearest).
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <string_view>
 #include <type_traits>
 
 #include "fedshard/config.hpp"
@@ -61,7 +63,9 @@ FEDSHARD_HOST_DEVICE constexpr std::uint16_t float_to_f16_bits(float f) noexcept
 
 /// float(f16::from_bits(bits)), written without branches so that host loops vectorise; the
 /// float subtraction that makes subnormals runs for every element (subtracting 0 where
-/// unused), for the reason given above.
+/// unused), for the reason given above. Quiet = false skips setting a NaN's quiet bit (for
+/// operand_fn).
+template <bool Quiet = true>
 FEDSHARD_HOST_DEVICE constexpr float f16_bits_to_float(std::uint16_t bits) noexcept {
   const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
   const std::uint32_t em = bits & 0x7fffu;
@@ -72,8 +76,9 @@ FEDSHARD_HOST_DEVICE constexpr float f16_bits_to_float(std::uint16_t bits) noexc
   const float value = ::fedshard::detail::bit_cast<float>(biased) -
                       ::fedshard::detail::bit_cast<float>((113u << 23) & sub_mask);
   const std::uint32_t inf_nan = 0x7f800000u & (0u - std::uint32_t{exp == 0x7c00u});
+  const std::uint32_t quiet = Quiet ? 0x00400000u & (0u - std::uint32_t{em > 0x7c00u}) : 0u;
   return ::fedshard::detail::bit_cast<float>(
-      sign | ::fedshard::detail::bit_cast<std::uint32_t>(value) | inf_nan);
+      sign | ::fedshard::detail::bit_cast<std::uint32_t>(value) | inf_nan | quiet);
 }
 
 }  // namespace detail
@@ -97,6 +102,23 @@ struct cast_fn {
     } else {
       return f16::from_bits(detail::float_to_f16_bits(static_cast<float>(v)));
     }
+  }
+};
+
+/// Converts one element to A (float or double) as an operand of arithmetic, as scale_fn,
+/// axpy_fn and weighted_sum_fn read their inputs: cast_fn's value, except that a NaN keeps
+/// its quiet bit as it is. The arithmetic it feeds returns a quiet NaN either way, and a
+/// 16-bit input widens without the work of quieting it.
+template <class From, class A>
+struct operand_fn {
+  FEDSHARD_HOST_DEVICE constexpr A operator()(From v) const noexcept {
+    if constexpr (std::is_same_v<From, bf16>)
+      return static_cast<A>(
+          ::fedshard::detail::bit_cast<float>(static_cast<std::uint32_t>(v.bits) << 16));
+    else if constexpr (std::is_same_v<From, f16>)
+      return static_cast<A>(detail::f16_bits_to_float<false>(v.bits));
+    else
+      return cast_fn<From, A>{}(v);
   }
 };
 
@@ -125,21 +147,29 @@ void cast(std::span<From> in, std::span<To> out) {
   detail::cast_n<std::remove_const_t<From>, To>(in.data(), out.data(), in.size());
 }
 
-/// Converts a type-erased buffer into another of any dtype; same dtype is a plain copy.
-inline void cast(const_buffer_view in, buffer_view out) {
-  FEDSHARD_EXPECTS(is_valid(in.type) && is_valid(out.type), "cast: invalid dtype (input ",
+namespace detail {
+
+/// The checks of a type-erased cast, on the host and on the device: valid dtypes, equal
+/// counts, data where there are elements; `what` starts the message.
+inline void check_cast_views(const_buffer_view in, buffer_view out, std::string_view what) {
+  FEDSHARD_EXPECTS(is_valid(in.type) && is_valid(out.type), what, ": invalid dtype (input ",
                    static_cast<int>(in.type), ", output ", static_cast<int>(out.type), ")");
-  FEDSHARD_EXPECTS(in.count == out.count, "cast: input has ", in.count, " elements of ",
+  FEDSHARD_EXPECTS(in.count == out.count, what, ": input has ", in.count, " elements of ",
                    to_string(in.type), ", output has ", out.count, " elements of ",
                    to_string(out.type), " (counts must match)");
-  FEDSHARD_EXPECTS(in.count == 0 || (in.data != nullptr && out.data != nullptr),
-                   "cast: null data pointer for ", in.count, " elements");
-  visit(in.type, [&](auto from) {
+  FEDSHARD_EXPECTS(in.count == 0 || (in.data != nullptr && out.data != nullptr), what,
+                   ": null data pointer for ", in.count, " elements");
+}
+
+}  // namespace detail
+
+/// Converts a type-erased buffer into another of any dtype; same dtype is a plain copy.
+inline void cast(const_buffer_view in, buffer_view out) {
+  detail::check_cast_views(in, out, "cast");
+  visit(in.type, out.type, [&](auto from, auto to) {
     using From = typename decltype(from)::type;
-    visit(out.type, [&](auto to) {
-      using To = typename decltype(to)::type;
-      detail::cast_n(static_cast<const From*>(in.data), static_cast<To*>(out.data), in.count);
-    });
+    using To = typename decltype(to)::type;
+    detail::cast_n(static_cast<const From*>(in.data), static_cast<To*>(out.data), in.count);
   });
 }
 

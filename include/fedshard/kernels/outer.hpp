@@ -4,8 +4,10 @@
 /// float scalars, and host loops over an anchor shard.
 ///
 /// θ is an element of the anchor (the model every group starts a round from), d the same
-/// element of the mean pseudo-gradient θ_anchor − θ_group, m and v the outer state (zero
-/// before the first step; no bias correction). The formulas (PAPERS.md section 3):
+/// element of the mean pseudo-gradient θ_anchor − θ_group, m and v the outer state, which
+/// the caller owns and sets before the first step (federation/outer_rules.hpp: m = 0, and
+/// v = τ² as in Reddi et al. 2021, Algorithm 2); no bias correction. The formulas
+/// (PAPERS.md section 3):
 ///
 ///   outer_sgd  θ ← θ − η·d                                        (η = 1: plain averaging)
 ///   nesterov   m ← μ·m + d;  θ ← θ − η·(μ·m + d)                   (m is the new m)
@@ -30,16 +32,17 @@
 /// step: the DiLoCo outer optimizer, bit for bit (torch's first step copies d into the
 /// buffer; here the zero buffer gives fl(0 + d) = d, which differs only for d = −0). In
 /// FedYogi sign(v − d²) is that of the exact difference (0 when v == d2, and when d is NaN,
-/// which then reaches θ through m); v stays >= 0 because t <= d2. An element reads only
-/// its own θ, d, m and v, so a shard split among objects evolves bit for bit as the whole.
-/// The fma and the separate roundings are explicit (kernels/sgd.hpp: fma_rn, mul_rn,
-/// add_rn, div_rn, sqrt_rn), so neither compiler flags nor host versus device change a
-/// bit. Compile without -ffast-math.
+/// which then reaches θ through m); a v that starts >= 0 stays so because t <= d2. An
+/// element reads only its own θ, d, m and v, so a shard split among objects evolves bit for
+/// bit as the whole. The fma and the separate roundings are explicit (kernels/sgd.hpp:
+/// fma_rn, mul_rn, add_rn, div_rn, sqrt_rn), so neither compiler flags nor host versus
+/// device change a bit. Compile without -ffast-math.
 
 #include <cstddef>
 #include <span>
 
 #include "fedshard/config.hpp"
+#include "fedshard/kernels/for_each.hpp"
 #include "fedshard/kernels/sgd.hpp"
 
 namespace fedshard::kernels {
@@ -159,55 +162,37 @@ struct outer_fedyogi_update {
 /// One outer SGD step on a host anchor shard.
 inline void outer_sgd_step(std::span<float> anchor, std::span<const float> d,
                            const outer_sgd_scalars& s) noexcept {
-  const outer_sgd_update f{s};
-  float* theta = anchor.data();
-  const float* g = d.data();
-  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i]);
+  for_each_element(outer_sgd_update{s}, anchor.size(), anchor.data(), d.data());
 }
 
 /// One Nesterov step on a host anchor shard and its momentum.
 inline void outer_nesterov_step(std::span<float> anchor, std::span<const float> d,
                                 std::span<float> momentum,
                                 const outer_momentum_scalars& s) noexcept {
-  const outer_nesterov_update f{s};
-  float* theta = anchor.data();
-  const float* g = d.data();
-  float* m = momentum.data();
-  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i], m[i]);
+  for_each_element(outer_nesterov_update{s}, anchor.size(), anchor.data(), d.data(),
+                   momentum.data());
 }
 
 /// One FedMom step on a host anchor shard and its momentum.
 inline void outer_fedmom_step(std::span<float> anchor, std::span<const float> d,
                               std::span<float> momentum, const outer_momentum_scalars& s) noexcept {
-  const outer_fedmom_update f{s};
-  float* theta = anchor.data();
-  const float* g = d.data();
-  float* m = momentum.data();
-  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i], m[i]);
+  for_each_element(outer_fedmom_update{s}, anchor.size(), anchor.data(), d.data(), momentum.data());
 }
 
 /// One FedAdam step on a host anchor shard and its moments m and v.
 inline void outer_fedadam_step(std::span<float> anchor, std::span<const float> d,
                                std::span<float> m, std::span<float> v,
                                const outer_adaptive_scalars& s) noexcept {
-  const outer_fedadam_update f{s};
-  float* theta = anchor.data();
-  const float* g = d.data();
-  float* mp = m.data();
-  float* vp = v.data();
-  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i], mp[i], vp[i]);
+  for_each_element(outer_fedadam_update{s}, anchor.size(), anchor.data(), d.data(), m.data(),
+                   v.data());
 }
 
 /// One FedYogi step on a host anchor shard and its moments m and v.
 inline void outer_fedyogi_step(std::span<float> anchor, std::span<const float> d,
                                std::span<float> m, std::span<float> v,
                                const outer_adaptive_scalars& s) noexcept {
-  const outer_fedyogi_update f{s};
-  float* theta = anchor.data();
-  const float* g = d.data();
-  float* mp = m.data();
-  float* vp = v.data();
-  for (std::size_t i = 0, n = anchor.size(); i < n; ++i) f(theta[i], g[i], mp[i], vp[i]);
+  for_each_element(outer_fedyogi_update{s}, anchor.size(), anchor.data(), d.data(), m.data(),
+                   v.data());
 }
 
 }  // namespace fedshard::kernels

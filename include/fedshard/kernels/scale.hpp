@@ -22,7 +22,7 @@ template <class T>
 struct scale_fn {
   accum_t<T> alpha;
   FEDSHARD_HOST_DEVICE constexpr T operator()(T x) const noexcept {
-    return cast_fn<accum_t<T>, T>{}(cast_fn<T, accum_t<T>>{}(x)*alpha);
+    return cast_fn<accum_t<T>, T>{}(operand_fn<T, accum_t<T>>{}(x)*alpha);
   }
 };
 
@@ -32,7 +32,7 @@ struct axpy_fn {
   accum_t<X, Y> a;
   FEDSHARD_HOST_DEVICE constexpr Y operator()(X x, Y y) const noexcept {
     using A = accum_t<X, Y>;
-    return cast_fn<A, Y>{}(cast_fn<Y, A>{}(y) + a * cast_fn<X, A>{}(x));
+    return cast_fn<A, Y>{}(operand_fn<Y, A>{}(y) + a * operand_fn<X, A>{}(x));
   }
 };
 
@@ -44,8 +44,10 @@ void scale_n(T* x, std::size_t n, double alpha) noexcept {
   for (std::size_t i = 0; i < n; ++i) x[i] = f(x[i]);
 }
 
+/// The host loop of axpy for one pair of element types; a function of its own, as
+/// weighted_sum_n is.
 template <class X, class Y>
-void axpy_n(double a, const X* x, Y* y, std::size_t n) noexcept {
+[[gnu::noinline]] void axpy_n(double a, const X* x, Y* y, std::size_t n) noexcept {
   const axpy_fn<X, Y> f{static_cast<accum_t<X, Y>>(a)};
   for (std::size_t i = 0; i < n; ++i) y[i] = f(x[i], y[i]);
 }
@@ -87,12 +89,10 @@ inline void axpy(double a, const_buffer_view x, buffer_view y) {
                    ", y has ", y.count, " elements of ", to_string(y.type), " (counts must match)");
   FEDSHARD_EXPECTS(x.count == 0 || (x.data != nullptr && y.data != nullptr),
                    "axpy: null data pointer for ", x.count, " elements");
-  visit(x.type, [&](auto xt) {
+  visit(x.type, y.type, [&](auto xt, auto yt) {
     using X = typename decltype(xt)::type;
-    visit(y.type, [&](auto yt) {
-      using Y = typename decltype(yt)::type;
-      detail::axpy_n(a, static_cast<const X*>(x.data), static_cast<Y*>(y.data), x.count);
-    });
+    using Y = typename decltype(yt)::type;
+    detail::axpy_n(a, static_cast<const X*>(x.data), static_cast<Y*>(y.data), x.count);
   });
 }
 

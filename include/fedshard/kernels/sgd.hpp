@@ -31,8 +31,10 @@
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 
 #include "fedshard/config.hpp"
+#include "fedshard/kernels/for_each.hpp"
 
 namespace fedshard::kernels {
 
@@ -47,45 +49,49 @@ FEDSHARD_HOST_DEVICE inline float fma_rn(float a, float b, float c) noexcept {
 #endif
 }
 
-/// a * b rounded once; a device compiler may not fuse it into a later addition.
-FEDSHARD_HOST_DEVICE inline float mul_rn(float a, float b) noexcept {
+/// Whether the host has a hardware fma for T (float or double), where GCC contracts
+/// `x * y + z` across statements by default (-ffp-contract=fast).
+template <class T>
+inline constexpr bool host_fast_fma =
+#if defined(__FP_FAST_FMAF) || defined(FP_FAST_FMAF)
+    std::is_same_v<T, float> ||
+#endif
+#if defined(__FP_FAST_FMA) || defined(FP_FAST_FMA)
+    std::is_same_v<T, double> ||
+#endif
+    false;
+
+/// a * b rounded once (float or double); a device compiler may not fuse it into a later
+/// addition.
+template <class T>
+FEDSHARD_HOST_DEVICE inline T mul_rn(T a, T b) noexcept {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
 #if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
+  if constexpr (std::is_same_v<T, float>)
+    return __fmul_rn(a, b);
+  else
+    return __dmul_rn(a, b);
 #else
   return a * b;
 #endif
 }
 
-/// a + b rounded once, never fused with a product that produced a or b. Where the host has
-/// a hardware fma, GCC contracts `x * y + z` across statements by default
-/// (-ffp-contract=fast); fma(a, 1, b) equals a + b exactly and leaves nothing to contract.
-FEDSHARD_HOST_DEVICE inline float add_rn(float a, float b) noexcept {
+/// a + b rounded once (float or double), never fused with a product that produced a or b.
+/// Where the host has a hardware fma (host_fast_fma), fma(a, 1, b) equals a + b exactly and
+/// leaves nothing to contract.
+template <class T>
+FEDSHARD_HOST_DEVICE inline T add_rn(T a, T b) noexcept {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
 #if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#elif defined(__FP_FAST_FMAF) || defined(FP_FAST_FMAF)
-  return std::fma(a, 1.0f, b);
+  if constexpr (std::is_same_v<T, float>)
+    return __fadd_rn(a, b);
+  else
+    return __dadd_rn(a, b);
 #else
-  return a + b;
-#endif
-}
-
-/// a * b in double, rounded once; a device compiler may not fuse it into a later addition.
-FEDSHARD_HOST_DEVICE inline double mul_rn(double a, double b) noexcept {
-#if defined(__CUDA_ARCH__)
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-/// a + b in double, rounded once, never fused with a product (see add_rn(float, float)).
-FEDSHARD_HOST_DEVICE inline double add_rn(double a, double b) noexcept {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
-#elif defined(__FP_FAST_FMA) || defined(FP_FAST_FMA)
-  return std::fma(a, 1.0, b);
-#else
-  return a + b;
+  if constexpr (host_fast_fma<T>)
+    return std::fma(a, T{1}, b);
+  else
+    return a + b;
 #endif
 }
 
@@ -167,16 +173,10 @@ struct sgd_update {
 /// (optim::sgd checks them).
 inline void sgd_step(std::span<float> param, std::span<const float> grad, std::span<float> buf,
                      const sgd_scalars& s) noexcept {
-  const sgd_update f{s};
-  float* p = param.data();
-  const float* g = grad.data();
-  const std::size_t n = param.size();
-  if (s.momentum == 0.0f) {
-    for (std::size_t i = 0; i < n; ++i) f(p[i], g[i]);
-  } else {
-    float* b = buf.data();
-    for (std::size_t i = 0; i < n; ++i) f(p[i], g[i], b[i]);
-  }
+  if (s.momentum == 0.0f)
+    for_each_element(sgd_update{s}, param.size(), param.data(), grad.data());
+  else
+    for_each_element(sgd_update{s}, param.size(), param.data(), grad.data(), buf.data());
 }
 
 }  // namespace fedshard::kernels

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "fedshard/config.hpp"
@@ -34,7 +35,7 @@ struct weighted_sum_fn {
     bool first = true;
     for (std::size_t j = 0; j < k; ++j) {
       if (weights[j] == 0) continue;
-      const accum term = detail::mul_rn(weights[j], cast_fn<In, accum>{}(ins[j][i]));
+      const accum term = detail::mul_rn(weights[j], operand_fn<In, accum>{}(ins[j][i]));
       sum = first ? term : detail::add_rn(sum, term);  // from the first term: keeps a -0 result
       first = false;
     }
@@ -44,9 +45,11 @@ struct weighted_sum_fn {
 
 namespace detail {
 
+/// The host loop of weighted_sum for one pair of element types. A function of its own, so
+/// that its loop compiles alike wherever the dtype dispatch is inlined.
 template <class In, class Out>
-void weighted_sum_n(std::span<const const_buffer_view> ins, std::span<const double> weights,
-                    Out* out, std::size_t n) {
+[[gnu::noinline]] void weighted_sum_n(std::span<const const_buffer_view> ins,
+                                      std::span<const double> weights, Out* out, std::size_t n) {
   using accum = accum_t<In, Out>;
   std::vector<const In*> pointers(ins.size());
   std::vector<accum> w(ins.size());
@@ -58,6 +61,32 @@ void weighted_sum_n(std::span<const const_buffer_view> ins, std::span<const doub
   for (std::size_t i = 0; i < n; ++i) out[i] = f(i);
 }
 
+/// The checks of a type-erased weighted_sum, on the host and on the device: at least one
+/// input and one weight per input, valid dtypes, inputs of one count and dtype, out of that
+/// count, data where there are elements; `what` starts the message.
+inline void check_weighted_sum_views(std::span<const const_buffer_view> ins,
+                                     std::span<const double> weights, buffer_view out,
+                                     std::string_view what) {
+  FEDSHARD_EXPECTS(!ins.empty(), what, ": expected at least one input, got 0");
+  FEDSHARD_EXPECTS(weights.size() == ins.size(), what, ": expected one weight per input (",
+                   ins.size(), " inputs), got ", weights.size(), " weights");
+  const const_buffer_view& first = ins[0];
+  FEDSHARD_EXPECTS(is_valid(first.type) && is_valid(out.type), what, ": invalid dtype (input ",
+                   static_cast<int>(first.type), ", output ", static_cast<int>(out.type), ")");
+  for (std::size_t j = 0; j < ins.size(); ++j) {
+    const const_buffer_view& in = ins[j];
+    FEDSHARD_EXPECTS(in.count == first.count && in.type == first.type, what, ": input ", j, " has ",
+                     in.count, " elements of ", to_string(in.type), ", input 0 has ", first.count,
+                     " elements of ", to_string(first.type), " (inputs must match)");
+    FEDSHARD_EXPECTS(in.count == 0 || in.data != nullptr, what, ": input ", j,
+                     " has a null data pointer for ", in.count, " elements");
+  }
+  FEDSHARD_EXPECTS(out.count == first.count, what, ": output has ", out.count,
+                   " elements, the inputs have ", first.count);
+  FEDSHARD_EXPECTS(out.count == 0 || out.data != nullptr, what, ": null output data pointer for ",
+                   out.count, " elements");
+}
+
 }  // namespace detail
 
 /// out[i] = sum_k weights[k] * ins[k][i]. All inputs have the same count and dtype, out has
@@ -66,31 +95,11 @@ void weighted_sum_n(std::span<const const_buffer_view> ins, std::span<const doub
 /// count and dtype) but must not partly overlap one.
 inline void weighted_sum(std::span<const const_buffer_view> ins, std::span<const double> weights,
                          buffer_view out) {
-  FEDSHARD_EXPECTS(!ins.empty(), "weighted_sum: expected at least one input, got 0");
-  FEDSHARD_EXPECTS(weights.size() == ins.size(), "weighted_sum: expected one weight per input (",
-                   ins.size(), " inputs), got ", weights.size(), " weights");
-  const const_buffer_view& first = ins[0];
-  FEDSHARD_EXPECTS(is_valid(first.type) && is_valid(out.type), "weighted_sum: invalid dtype ",
-                   "(input ", static_cast<int>(first.type), ", output ", static_cast<int>(out.type),
-                   ")");
-  for (std::size_t j = 0; j < ins.size(); ++j) {
-    const const_buffer_view& in = ins[j];
-    FEDSHARD_EXPECTS(in.count == first.count && in.type == first.type, "weighted_sum: input ", j,
-                     " has ", in.count, " elements of ", to_string(in.type), ", input 0 has ",
-                     first.count, " elements of ", to_string(first.type), " (inputs must match)");
-    FEDSHARD_EXPECTS(in.count == 0 || in.data != nullptr, "weighted_sum: input ", j,
-                     " has a null data pointer for ", in.count, " elements");
-  }
-  FEDSHARD_EXPECTS(out.count == first.count, "weighted_sum: output has ", out.count,
-                   " elements, the inputs have ", first.count);
-  FEDSHARD_EXPECTS(out.count == 0 || out.data != nullptr,
-                   "weighted_sum: null output data pointer for ", out.count, " elements");
-  visit(first.type, [&](auto it) {
+  detail::check_weighted_sum_views(ins, weights, out, "weighted_sum");
+  visit(ins[0].type, out.type, [&](auto it, auto ot) {
     using In = typename decltype(it)::type;
-    visit(out.type, [&](auto ot) {
-      using Out = typename decltype(ot)::type;
-      detail::weighted_sum_n<In>(ins, weights, static_cast<Out*>(out.data), out.count);
-    });
+    using Out = typename decltype(ot)::type;
+    detail::weighted_sum_n<In>(ins, weights, static_cast<Out*>(out.data), out.count);
   });
 }
 

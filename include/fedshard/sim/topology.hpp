@@ -82,65 +82,98 @@ inline link_level default_wan() {
   return {10e-3, gbit_per_s(100)};
 }
 
+/// The figures of a cluster preset: nodes of GPUs on NVLink, NICs to an InfiniBand fabric.
+/// Every preset takes NCCL's latencies (above) and the default WAN.
+struct preset_figures {
+  std::string_view name;
+  int gpus_per_node = 1;
+  int nics_per_node = 1;
+  double nic_gbit_per_s = 0;            ///< one NIC, per direction
+  double nvlink_busbw_gbyte_per_s = 0;  ///< nccl-tests busbw of one GPU in a ring
+  double peak_flops = 0;                ///< dense bf16 FLOP/s of one GPU
+  double default_mfu = 0.5;             ///< achieved fraction of peak_flops
+};
+
+/// A Leonardo Booster node (the paper's system).
+inline constexpr preset_figures a100_4gpu_figures{
+    .name = "a100-4gpu-node",
+    // CINECA, Leonardo hardware overview (leonardo-supercomputer.cineca.eu/hpc-system): a
+    // Booster node is 4 x A100 SXM4 64 GB and "2x dual-port HDR network interface (400 Gbps
+    // aggregated)", i.e. 4 ports of HDR100 (100 Gb/s) on an HDR Dragonfly+ fabric.
+    .gpus_per_node = 4,
+    .nics_per_node = 4,
+    .nic_gbit_per_s = 100,
+    // NVLink 3: 12 links x 25 GB/s per direction = 300 GB/s per GPU (A100 datasheet: "NVLink
+    // 600 GB/s", both directions). NCCL's tuning model caps the bus bandwidth of compute
+    // capability 8.0 at 235 GB/s (tuning.cc: `if (compCap80) busBw = std::min(busBw,
+    // 235.0f)`), in line with published nccl-tests busbw of 230-250 GB/s on 8 x A100 SXM4.
+    // We use 235.
+    .nvlink_busbw_gbyte_per_s = 235,
+    // A100 datasheet: BF16 Tensor Core 312 TFLOP/s dense (624 with sparsity).
+    .peak_flops = 312e12,
+    // Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+    // Megatron-LM" (SC'21): 163 TFLOP/s per A100 = 52% of peak on GPT models; PaLM (Chowdhery
+    // et al. 2022, Table 3) reports 46.2% MFU. We take 0.5 for the compute alone.
+    .default_mfu = 0.5};
+
+/// A DGX H100.
+inline constexpr preset_figures h100_8gpu_figures{
+    .name = "h100-8gpu-node",
+    // NVIDIA DGX H100 datasheet: 8 x H100 SXM5, 8 x single-port ConnectX-7 400 Gb/s
+    // InfiniBand.
+    .gpus_per_node = 8,
+    .nics_per_node = 8,
+    .nic_gbit_per_s = 400,
+    // H100 SXM datasheet: NVLink 900 GB/s (both directions) = 450 GB/s per direction;
+    // published nccl-tests busbw on 8 x H100 SXM5 is 450-480 GB/s. We use 450.
+    .nvlink_busbw_gbyte_per_s = 450,
+    // H100 SXM datasheet: BF16 Tensor Core 989 TFLOP/s dense (1979 with sparsity).
+    .peak_flops = 989e12,
+    // Llama 3 (Dubey et al. 2024, Table 4): 38-43% BF16 MFU on H100 at 8K-16K GPUs. We take
+    // 0.4.
+    .default_mfu = 0.4};
+
+/// Every preset, in the order cluster_preset_names() lists them.
+inline constexpr const preset_figures* presets[] = {&a100_4gpu_figures, &h100_8gpu_figures};
+
+/// The cluster of a preset's figures, with NCCL's latencies and the default WAN.
+inline cluster cluster_of(const preset_figures& f) {
+  return {.name = std::string(f.name),
+          .gpus_per_node = f.gpus_per_node,
+          .nics_per_node = f.nics_per_node,
+          .nic_bandwidth = gbit_per_s(f.nic_gbit_per_s),
+          .intra = {microseconds(nccl_ring_simple_nvlink_step_us),
+                    gbyte_per_s(f.nvlink_busbw_gbyte_per_s)},
+          .inter = {microseconds(nccl_ring_simple_net_step_us), 0},
+          .wan = default_wan(),
+          .op_latency = microseconds(nccl_ring_simple_base_us),
+          .peak_flops = f.peak_flops,
+          .default_mfu = f.default_mfu};
+}
+
 }  // namespace detail
 
 /// 4 x A100 per node, 4 x HDR100 InfiniBand: a Leonardo Booster node (the paper's system).
 inline cluster a100_4gpu_node() {
-  cluster c;
-  c.name = "a100-4gpu-node";
-  // CINECA, Leonardo hardware overview (leonardo-supercomputer.cineca.eu/hpc-system): a
-  // Booster node is 4 x A100 SXM4 64 GB and "2x dual-port HDR network interface (400 Gbps
-  // aggregated)", i.e. 4 ports of HDR100 (100 Gb/s) on an HDR Dragonfly+ fabric.
-  c.gpus_per_node = 4;
-  c.nics_per_node = 4;
-  c.nic_bandwidth = gbit_per_s(100);
-  // NVLink 3: 12 links x 25 GB/s per direction = 300 GB/s per GPU (A100 datasheet: "NVLink
-  // 600 GB/s", both directions). NCCL's tuning model caps the bus bandwidth of compute
-  // capability 8.0 at 235 GB/s (tuning.cc: `if (compCap80) busBw = std::min(busBw, 235.0f)`),
-  // in line with published nccl-tests busbw of 230-250 GB/s on 8 x A100 SXM4. We use 235.
-  c.intra = {microseconds(detail::nccl_ring_simple_nvlink_step_us), gbyte_per_s(235)};
-  c.inter = {microseconds(detail::nccl_ring_simple_net_step_us), 0};
-  c.wan = detail::default_wan();
-  c.op_latency = microseconds(detail::nccl_ring_simple_base_us);
-  // A100 datasheet: BF16 Tensor Core 312 TFLOP/s dense (624 with sparsity).
-  c.peak_flops = 312e12;
-  // Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
-  // Megatron-LM" (SC'21): 163 TFLOP/s per A100 = 52% of peak on GPT models; PaLM (Chowdhery
-  // et al. 2022, Table 3) reports 46.2% MFU. We take 0.5 for the compute alone.
-  c.default_mfu = 0.5;
-  return c;
+  return detail::cluster_of(detail::a100_4gpu_figures);
 }
 
 /// 8 x H100 SXM per node, 8 x 400 Gb/s NDR InfiniBand: a DGX H100.
 inline cluster h100_8gpu_node() {
-  cluster c;
-  c.name = "h100-8gpu-node";
-  // NVIDIA DGX H100 datasheet: 8 x H100 SXM5, 8 x single-port ConnectX-7 400 Gb/s InfiniBand.
-  c.gpus_per_node = 8;
-  c.nics_per_node = 8;
-  c.nic_bandwidth = gbit_per_s(400);
-  // H100 SXM datasheet: NVLink 900 GB/s (both directions) = 450 GB/s per direction; published
-  // nccl-tests busbw on 8 x H100 SXM5 is 450-480 GB/s. We use 450.
-  c.intra = {microseconds(detail::nccl_ring_simple_nvlink_step_us), gbyte_per_s(450)};
-  c.inter = {microseconds(detail::nccl_ring_simple_net_step_us), 0};
-  c.wan = detail::default_wan();
-  c.op_latency = microseconds(detail::nccl_ring_simple_base_us);
-  // H100 SXM datasheet: BF16 Tensor Core 989 TFLOP/s dense (1979 with sparsity).
-  c.peak_flops = 989e12;
-  // Llama 3 (Dubey et al. 2024, Table 4): 38-43% BF16 MFU on H100 at 8K-16K GPUs. We take 0.4.
-  c.default_mfu = 0.4;
-  return c;
+  return detail::cluster_of(detail::h100_8gpu_figures);
 }
 
 /// Names of the cluster presets.
 inline std::vector<std::string> cluster_preset_names() {
-  return {"a100-4gpu-node", "h100-8gpu-node"};
+  std::vector<std::string> names;
+  for (const detail::preset_figures* p : detail::presets) names.emplace_back(p->name);
+  return names;
 }
 
 /// The cluster preset called name; invalid_argument naming the presets otherwise.
 inline cluster cluster_preset(std::string_view name) {
-  if (name == "a100-4gpu-node") return a100_4gpu_node();
-  if (name == "h100-8gpu-node") return h100_8gpu_node();
+  for (const detail::preset_figures* p : detail::presets)
+    if (p->name == name) return detail::cluster_of(*p);
   std::string known;
   for (const auto& n : cluster_preset_names()) known += (known.empty() ? "" : ", ") + n;
   FEDSHARD_EXPECTS(false, "sim: unknown cluster preset '", name, "', expected one of ", known);
