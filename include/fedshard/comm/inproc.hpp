@@ -435,14 +435,8 @@ class progress_thread {
     {
       std::lock_guard lock(mu_);
       tasks_.push_back(std::move(task));
-      ++unfinished_;
     }
     cv_.notify_all();
-  }
-  /// Tasks posted and not finished yet.
-  int unfinished() {
-    std::lock_guard lock(mu_);
-    return unfinished_;
   }
 
  private:
@@ -457,15 +451,12 @@ class progress_thread {
         tasks_.pop_front();
       }
       task();
-      std::lock_guard lock(mu_);
-      --unfinished_;
     }
   }
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;
   bool stop_ = false;
-  int unfinished_ = 0;
   std::thread thread_;  // last: starts after the members above exist
 };
 
@@ -579,9 +570,11 @@ struct rank_handle {
   rank_handle(const rank_handle&) = delete;
   rank_handle& operator=(const rank_handle&) = delete;
   ~rank_handle() {
-    // Destroyed while an exception unwinds with async collectives still queued: the peers
-    // would wait for them forever, so fail the world (they throw peer_failure) before draining.
-    if (worker && std::uncaught_exceptions() > 0 && worker->unfinished() > 0) {
+    // Destroyed while an exception unwinds with async collectives still queued or running: the
+    // peers would wait for them forever, so fail the world (they throw peer_failure) before
+    // draining. A collective that already returned needs no peer any more, even if its
+    // task has not finished signalling its request.
+    if (worker && std::uncaught_exceptions() > 0 && running->load() > 0) {
       const int wr = group->world_ranks[static_cast<std::size_t>(me)];
       group->world->fail(
           wr, fedshard::detail::concat("world rank ", wr,
@@ -594,6 +587,8 @@ struct rank_handle {
   int me;
   std::uint64_t next_seq = 0;
   std::unique_ptr<progress_thread> worker;
+  /// Async collectives posted whose run_collective has not returned yet.
+  std::shared_ptr<std::atomic<int>> running = std::make_shared<std::atomic<int>>(0);
 
   std::shared_ptr<group_state> collective(const call_args& a) {
     return run_collective(*group, me, next_seq++, a);
@@ -602,13 +597,15 @@ struct rank_handle {
     const std::uint64_t seq = next_seq++;
     auto done = std::make_shared<completion>();
     if (!worker) worker = std::make_unique<progress_thread>();
-    worker->post([g = group, m = me, seq, a, done] {
+    running->fetch_add(1);
+    worker->post([g = group, m = me, seq, a, done, left = running] {
       std::exception_ptr error;
       try {
         run_collective(*g, m, seq, a);
       } catch (...) {
         error = std::current_exception();
       }
+      left->fetch_sub(1);
       done->finish(std::move(error));  // outside the handler: the waiter owns the exception
     });
     return request(std::make_unique<async_request>(std::move(done), group, me));

@@ -15,6 +15,7 @@
 #include "fedshard/config.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
+#include "fedshard/kernels/cast.hpp"
 
 namespace fedshard::detail {
 
@@ -46,14 +47,16 @@ decltype(auto) visit_op(reduce_op op, F&& f) {
 /// Elements reduced per pass: the accumulator stays in L1.
 inline constexpr std::int64_t reduce_block_elems = 2048;
 
-/// acc[j] = combine(acc[j], in[j]) for j < m. A function of its own (with restrict
-/// pointers) so that the compiler vectorises it rather than fusing consecutive passes into
-/// one scalar loop.
+/// acc[j] = combine(acc[j], in[j]) for j < m, the inputs widened as operands (a NaN keeps its
+/// quiet bit as it is: the result is rounded back to T, which quiets it). A function of its own
+/// (with restrict pointers) so that the compiler vectorises it rather than fusing consecutive
+/// passes into one scalar loop.
 template <class T, reduce_op Op>
 [[gnu::noinline]] void accumulate(accum_t<T>* __restrict acc, const T* __restrict in,
                                   std::int64_t m) {
   const combine_fn<Op> f;
-  for (std::int64_t j = 0; j < m; ++j) acc[j] = f(acc[j], static_cast<accum_t<T>>(in[j]));
+  const kernels::operand_fn<T, accum_t<T>> widen;
+  for (std::int64_t j = 0; j < m; ++j) acc[j] = f(acc[j], widen(in[j]));
 }
 
 /// Reduces len elements of n ranks' inputs in rank order, where input(p) points at the first
@@ -65,7 +68,8 @@ void reduce_rank_order(const Input& input, int n, T* const* outs, int nout, std:
   for (std::int64_t b = 0; b < len; b += reduce_block_elems) {
     const std::int64_t m = std::min(reduce_block_elems, len - b);
     const T* in0 = input(0) + b;
-    for (std::int64_t j = 0; j < m; ++j) acc[j] = static_cast<A>(in0[j]);
+    const kernels::operand_fn<T, A> widen;
+    for (std::int64_t j = 0; j < m; ++j) acc[j] = widen(in0[j]);
     for (int p = 1; p < n; ++p) accumulate<T, Op>(acc, input(p) + b, m);
     if constexpr (Op == reduce_op::avg) {
       const A div = static_cast<A>(n);
