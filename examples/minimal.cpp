@@ -9,16 +9,20 @@ struct linear {
   std::vector<fedshard::unit_spec> units() const { return {{"layer", {{"w", {2}}, {"b", {1}}}}}; }
 
   float forward_backward(fedshard::step_context& ctx, const std::vector<std::vector<float>>& xs) {
+    std::vector<float> err;  // forward: the unit's parameters are gathered, then freed
     ctx.acquire(0);
-    auto w = ctx.param(0, 0), b = ctx.param(0, 1);
+    for (const auto& x : xs)
+      err.push_back(ctx.param(0, 0)[0] * x[0] + ctx.param(0, 0)[1] * x[1] + ctx.param(0, 1)[0] -
+                    (2 * x[0] - x[1] + 0.5f));
+    ctx.release(0);
+    ctx.acquire(0, fedshard::phase::backward);  // backward: gathered again, gradients reduced
     auto gw = ctx.grad(0, 0), gb = ctx.grad(0, 1);
     float loss = 0;
-    for (const auto& x : xs) {
-      const float err = w[0] * x[0] + w[1] * x[1] + b[0] - (2 * x[0] - x[1] + 0.5f);
-      loss += err * err / xs.size();
-      gw[0] += 2 * err * x[0] / xs.size();
-      gw[1] += 2 * err * x[1] / xs.size();
-      gb[0] += 2 * err / xs.size();
+    for (std::size_t i = 0; i < xs.size(); ++i) {
+      loss += err[i] * err[i] / xs.size();
+      gw[0] += 2 * err[i] * xs[i][0] / xs.size();
+      gw[1] += 2 * err[i] * xs[i][1] / xs.size();
+      gb[0] += 2 * err[i] / xs.size();
     }
     ctx.release(0);
     ctx.grads_ready(0);
@@ -29,8 +33,9 @@ struct linear {
 int main() {
   fedshard::inproc::run(8, [](fedshard::inproc::communicator& world) {
     fedshard::mesh mesh(world, {.groups = 2, .replicas = 2, .shards = 2});
-    fedshard::trainer<linear, fedshard::fl_hsdp<8>, fedshard::optim::adamw> t(mesh, linear{},
-                                                                              {.lr = 0.05f});
+    fedshard::trainer<linear, fedshard::fl_hsdp, fedshard::optim::adamw,
+                      fedshard::inproc::communicator>
+        t(mesh, linear{}, {.lr = 0.05f}, {.schedule = {.period = 8}});
     for (int step = 0; step < 200; ++step) {
       std::vector<std::vector<float>> batch;  // each rank draws its own data
       for (int i = 0; i < 4; ++i)

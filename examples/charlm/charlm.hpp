@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "fedshard/error.hpp"
+#include "fedshard/plan/comm_op.hpp"
 #include "fedshard/shard/flat_layout.hpp"
 
 namespace charlm {
@@ -277,7 +278,7 @@ class model {
     // backward
     std::vector<float> dh2, dh1, dx;
     {
-      auto p = ctx.acquire(3);
+      auto p = ctx.acquire(3, fedshard::phase::backward);
       auto g = ctx.grad_buffer(3);
       dense_back(l.tensor_view(p, 3, 0), l.tensor_view(g, 3, 0), l.tensor_view(g, 3, 1), h2,
                  dlogits, H, V, n, &dh2);
@@ -286,7 +287,7 @@ class model {
     }
     for (std::size_t i = 0; i < dh2.size(); ++i) dh2[i] *= 1.0f - h2[i] * h2[i];
     {
-      auto p = ctx.acquire(2);
+      auto p = ctx.acquire(2, fedshard::phase::backward);
       auto g = ctx.grad_buffer(2);
       dense_back(l.tensor_view(p, 2, 0), l.tensor_view(g, 2, 0), l.tensor_view(g, 2, 1), h1, dh2, H,
                  H, n, &dh1);
@@ -295,7 +296,7 @@ class model {
     }
     for (std::size_t i = 0; i < dh1.size(); ++i) dh1[i] *= 1.0f - h1[i] * h1[i];
     {
-      auto p = ctx.acquire(1);
+      auto p = ctx.acquire(1, fedshard::phase::backward);
       auto g = ctx.grad_buffer(1);
       dense_back(l.tensor_view(p, 1, 0), l.tensor_view(g, 1, 0), l.tensor_view(g, 1, 1), x, dh1, KE,
                  H, n, &dx);
@@ -303,7 +304,7 @@ class model {
       ctx.grads_ready(1);
     }
     {
-      ctx.acquire(0);
+      ctx.acquire(0, fedshard::phase::backward);
       auto g = ctx.grad_buffer(0);
       auto gtable = l.tensor_view(g, 0, 0);
       for (std::size_t s = 0; s < n; ++s)

@@ -17,6 +17,8 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "charlm/charlm.hpp"
@@ -41,6 +43,10 @@ struct settings {
   double latency_ms = 5.0;
   float lr = 3e-3f;
   std::uint64_t seed = 1;
+  int k = 8;          // fl_fsdp, fl_hsdp: steps between syncs
+  int h = 16;         // diloco, streaming_diloco: inner steps per outer step
+  int fragments = 2;  // streaming_diloco
+  int delay = 1;      // streaming_diloco: steps a fragment's sync overlaps
   std::string out = "demo-out";
   std::vector<std::string> algorithms{"ddp", "fsdp", "hsdp", "fl_fsdp", "fl_hsdp", "diloco"};
 };
@@ -63,7 +69,12 @@ struct result {
             << "usage: fedshard-demo [--corpus PATH] [--steps N] [--batch N] [--hidden N]\n"
                "       [--eval-every N] [--eval-examples N]\n"
                "       [--bandwidth-gbit G] [--latency-ms MS] [--lr LR] [--seed S] [--out DIR]\n"
-               "       [--algorithms ddp,fsdp,hsdp,fl_fsdp,fl_hsdp,diloco]\n";
+               "       [--k K] [--h H] [--fragments P] [--delay T]\n"
+               "       [--algorithms ddp,fsdp,hsdp,fl_fsdp,fl_hsdp,diloco]\n"
+               "  algorithms: ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, diloco, streaming_diloco;\n"
+               "  --k: steps between syncs of fl_fsdp and fl_hsdp (default 8); --h: inner steps\n"
+               "  of diloco and streaming_diloco (default 16); --fragments, --delay: streaming's\n"
+               "  fragments (default 2) and overlap in steps (default 1)\n";
   std::exit(2);
 }
 
@@ -105,6 +116,14 @@ settings parse(int argc, char** argv) {
       s.seed = static_cast<std::uint64_t>(number(0));
     else if (a == "--out")
       s.out = value();
+    else if (a == "--k")
+      s.k = static_cast<int>(number(1));
+    else if (a == "--h")
+      s.h = static_cast<int>(number(1));
+    else if (a == "--fragments")
+      s.fragments = static_cast<int>(number(1));
+    else if (a == "--delay")
+      s.delay = static_cast<int>(number(0));
     else if (a == "--algorithms") {
       s.algorithms.clear();
       std::stringstream ss(value());
@@ -198,6 +217,30 @@ std::string human_bytes(double b) {
   return buf;
 }
 
+/// The mesh each algorithm runs on: 8 ranks, the federated ones as 2 groups (one per site).
+fedshard::mesh_shape mesh_of(const std::string& algorithm) {
+  if (algorithm == "ddp") return {1, 8, 1};
+  if (algorithm == "fsdp" || algorithm == "zero2") return {1, 1, 8};
+  if (algorithm == "hsdp") return {1, 2, 4};
+  if (algorithm == "fl_fsdp") return {2, 1, 4};
+  return {2, 2, 2};
+}
+
+/// The demo's settings for algorithm A: K for periodic averaging, H (and the streaming
+/// settings) for the outer optimizers.
+template <class A>
+fedshard::trainer_options<A> options_of(const settings& s) {
+  using schedule = typename A::sync_schedule;
+  constexpr bool outer =
+      !std::is_same_v<typename A::federation_policy, fedshard::federation::average>;
+  fedshard::trainer_options<A> o;
+  if constexpr (std::is_same_v<schedule, fedshard::schedule::periodic>)
+    o.schedule = {.period = outer ? s.h : s.k};
+  if constexpr (std::is_same_v<schedule, fedshard::schedule::streaming>)
+    o.schedule = {.period = s.h, .fragments = s.fragments, .delay = s.delay, .alpha = 1.0f};
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,27 +259,20 @@ int main(int argc, char** argv) {
       "cross-site collective.\n",
       s.bandwidth_gbit, s.latency_ms);
   std::printf(
-      "%d steps x %d examples per rank per step; AdamW lr %g; fl_* sync every 8 steps, "
-      "diloco every 16.\n\n",
-      s.steps, s.batch, double(s.lr));
+      "%d steps x %d examples per rank per step; AdamW lr %g; fl_* sync every %d steps, "
+      "diloco every %d.\n\n",
+      s.steps, s.batch, double(s.lr), s.k, s.h);
 
   std::vector<result> results;
   for (const auto& a : s.algorithms) {
     std::printf("%s\n", a.c_str());
-    if (a == "ddp")
-      results.push_back(train<fedshard::ddp>(a, {1, 8, 1}, s, data));
-    else if (a == "fsdp")
-      results.push_back(train<fedshard::fsdp>(a, {1, 1, 8}, s, data));
-    else if (a == "hsdp")
-      results.push_back(train<fedshard::hsdp>(a, {1, 2, 4}, s, data));
-    else if (a == "fl_fsdp")
-      results.push_back(train<fedshard::fl_fsdp<8>>(a, {2, 1, 4}, s, data));
-    else if (a == "fl_hsdp")
-      results.push_back(train<fedshard::fl_hsdp<8>>(a, {2, 2, 2}, s, data));
-    else if (a == "diloco")
-      results.push_back(train<fedshard::diloco<16>>(a, {2, 2, 2}, s, data));
-    else
-      usage(("unknown algorithm '" + a + "'").c_str());
+    bool known = false;
+    fedshard::for_each_algorithm([&]<class A>(std::string_view name) {
+      if (name != a) return;
+      known = true;
+      results.push_back(train<A>(a, mesh_of(a), s, data, options_of<A>(s)));
+    });
+    if (!known) usage(("unknown algorithm '" + a + "'").c_str());
   }
 
   double hsdp_rate = 0;

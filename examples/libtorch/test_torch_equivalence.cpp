@@ -1,5 +1,6 @@
 // examples/libtorch: a LibTorch module trained by fedshard through torch_model equals the same
-// training done by plain LibTorch, computes in fedshard's buffers, and learns.
+// training done by plain LibTorch, computes in fedshard's buffers, carries the plan at the wire
+// (backward re-gathers included) within max_live_units, and learns.
 // LibTorch before doctest: Debian's c10 logs through glog, whose CHECK macros doctest's
 // replace here (torch's headers are already expanded by then).
 #include <torch/torch.h>
@@ -14,17 +15,27 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
+#include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "fedshard/comm/inproc.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/adamw.hpp"
 #include "fedshard/optim/sgd.hpp"
+#include "fedshard/plan/comm_op.hpp"
+#include "fedshard/plan/wire_tap.hpp"
 #include "fedshard/trainer/trainer.hpp"
+#include "support/plan_checks.hpp"
 #include "support/spawn_ranks.hpp"
 #include "torch_model.hpp"
 
@@ -34,6 +45,9 @@ using net_t = torch::nn::Sequential;
 using model_t = fedshard_torch::torch_model<net_t>;
 
 namespace {
+
+template <class Algorithm, class Opt>
+using torch_trainer = trainer<model_t, Algorithm, Opt, inproc::communicator>;
 
 constexpr int kRanks = 4;
 constexpr int kPerRank = 8;
@@ -80,11 +94,15 @@ std::vector<float> flatten(net_t& net) {
   return out;
 }
 
+/// The largest relative difference (infinite where a value is not finite).
 double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
   double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::abs(double(a[i]) - b[i]) / std::max(1e-2, std::abs(double(b[i]))));
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = std::abs(double(a[i]) - b[i]) / std::max(1e-2, std::abs(double(b[i])));
+    worst = std::isfinite(d) ? std::max(worst, d) : std::numeric_limits<double>::infinity();
+    if (std::isinf(worst)) break;
+  }
   return worst;
 }
 
@@ -106,29 +124,91 @@ std::vector<float> train_plain(const net_t& proto, const std::vector<std::vector
   return flatten(net);
 }
 
-/// What the loss function saw of the parameters' storage during forward.
-struct probe {
-  step_context* ctx = nullptr;
-  int checked = 0;
-  int outside = 0;  // parameters or gradients not at their place in fedshard's buffers
+/// A parameter-free module that, in training, overwrites with NaN the memory the given
+/// parameters point at. Appended to the Sequential, it runs after every unit's forward, when
+/// fedshard has released the units: only a backward that gathers each unit again into that
+/// memory computes finite gradients.
+class poison_impl : public torch::nn::Module {
+ public:
+  poison_impl(std::vector<torch::Tensor> params, std::shared_ptr<std::atomic<int>> runs)
+      : params_(std::move(params)), runs_(std::move(runs)) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (!torch::GradMode::is_enabled()) return x;
+    for (const auto& p : params_)
+      torch::from_blob(p.data_ptr(), p.sizes(), torch::kFloat32)
+          .fill_(std::numeric_limits<float>::quiet_NaN());
+    ++*runs_;
+    return x;
+  }
+
+ private:
+  std::vector<torch::Tensor> params_;
+  std::shared_ptr<std::atomic<int>> runs_;
+};
+TORCH_MODULE_IMPL(poison, poison_impl);
+
+/// Where a unit's parameters and their gradients pointed when a pointer_probe ran.
+struct bound_pointers {
+  std::vector<const void*> data, grad;
 };
 
-/// torch_model, with the step_context made visible to the loss function.
-struct probing_model {
-  model_t inner;
-  std::shared_ptr<probe> seen;
+/// A parameter-free module that records where the watched parameters (the unit before it)
+/// and their .grad point when it runs.
+class pointer_probe_impl : public torch::nn::Module {
+ public:
+  pointer_probe_impl(std::vector<torch::Tensor> watched,
+                     std::shared_ptr<std::vector<bound_pointers>> log)
+      : watched_(std::move(watched)), log_(std::move(log)) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    bound_pointers b;
+    for (const auto& t : watched_) {
+      b.data.push_back(t.data_ptr());
+      b.grad.push_back(t.grad().defined() ? t.grad().data_ptr() : nullptr);
+    }
+    log_->push_back(std::move(b));
+    return x;
+  }
 
-  std::vector<unit_spec> units() const { return inner.units(); }
-  std::vector<float> initial_values(const flat_layout& l, std::size_t u) const {
-    return inner.initial_values(l, u);
-  }
-  float forward_backward(step_context& ctx, const batch& b) {
-    seen->ctx = &ctx;
-    const float loss = inner.forward_backward(ctx, b);
-    seen->ctx = nullptr;
-    return loss;
-  }
+ private:
+  std::vector<torch::Tensor> watched_;
+  std::shared_ptr<std::vector<bound_pointers>> log_;
 };
+TORCH_MODULE_IMPL(pointer_probe, pointer_probe_impl);
+
+/// A deep copy of proto with a pointer_probe after each child that has parameters.
+net_t with_probes(const net_t& proto, const std::shared_ptr<std::vector<bound_pointers>>& log) {
+  net_t src = fedshard_torch::deep_copy(proto);
+  net_t out;
+  const auto names = src->named_children();
+  std::size_t i = 0;
+  for (const auto& any : *src) {
+    const std::string name = names[i++].key();
+    out->push_back(std::string(name), any);
+    const auto params = any.ptr()->parameters();
+    if (!params.empty()) out->push_back(name + "_probe", pointer_probe(params, log));
+  }
+  return out;
+}
+
+/// The calls of a, less one of each call of b (multisets).
+std::vector<wire_call> without(std::vector<wire_call> a, std::vector<wire_call> b) {
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  std::vector<wire_call> out;
+  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(out));
+  return out;
+}
+
+/// "3 all_gather on shard, 1 all_reduce on federation".
+std::string count_calls(const std::vector<wire_call>& calls) {
+  std::map<std::pair<comm_kind, axis>, int> n;
+  for (const auto& c : calls) ++n[{c.kind, c.axis}];
+  std::string s;
+  for (const auto& [k, count] : n)
+    s += fedshard::detail::concat(s.empty() ? "" : ", ", count, " ", to_string(k.first), " on ",
+                                  to_string(k.second));
+  return s.empty() ? "none" : s;
+}
 
 }  // namespace
 
@@ -136,8 +216,12 @@ struct probing_model {
 // is θ - lr * (mean of all ranks' gradients); with equal batch sizes that is the gradient of
 // the mean loss over the concatenated batch, i.e. one SGD step of plain LibTorch. The two
 // differ only in float rounding (fedshard averages per-rank gradients in two stages, torch
-// sums over the whole batch at once), so within 1e-6 relative.
-TEST_CASE("fl_hsdp<1> with plain SGD on 4 ranks equals LibTorch SGD on the concatenated batch") {
+// sums over the whole batch at once), so within 1e-6 relative. With `poison`, every gathered
+// parameter is overwritten with NaN at the end of forward: the result stays the same only
+// because each unit's backward gathers it again into the memory its saved tensors alias.
+TEST_CASE(
+    "fl_hsdp with K = 1 and plain SGD on 4 ranks equals LibTorch SGD on the concatenated "
+    "batch") {
   torch::set_num_threads(1);
   constexpr int kSteps = 10;
   constexpr float kLr = 0.1f;
@@ -147,36 +231,49 @@ TEST_CASE("fl_hsdp<1> with plain SGD on 4 ranks equals LibTorch SGD on the conca
   const std::vector<float> expected = train_plain(proto, data, kLr);
   REQUIRE(max_rel(start, expected) > 1e-3);  // training moved the parameters
 
-  for (const mesh_shape shape : {mesh_shape{2, 1, 2}, mesh_shape{2, 2, 1}}) {
-    INFO("mesh ", to_string(shape));
-    std::vector<net_t> nets;
-    for (int r = 0; r < kRanks; ++r) nets.push_back(fedshard_torch::deep_copy(proto));
-    std::vector<std::vector<float>> initial(kRanks), trained(kRanks), loaded(kRanks);
-    test::spawn_ranks(kRanks, [&](inproc::communicator& world) {
-      const auto r = static_cast<std::size_t>(world.rank());
-      mesh m(world, shape);
-      trainer<model_t, fl_hsdp<1>, optim::sgd> t(m, model_t(nets[r], mse), {.lr = kLr},
-                                                 {.total_steps = kSteps});
-      initial[r] = t.parameters();
-      for (const auto& step : data) t.step(step[r]);
-      trained[r] = t.parameters();
-      t.model().load_from(t);
-      loaded[r] = flatten(t.model().net());
-    });
-    for (int r = 0; r < kRanks; ++r) {
-      CHECK(initial[r] == start);  // fedshard starts from the module's own initialisation
-      const double rel = max_rel(trained[r], expected);
-      MESSAGE("rank ", r, ": max relative difference to plain LibTorch ", rel);
-      CHECK(rel <= 1e-6);
-      CHECK(loaded[r] == trained[r]);  // load_from hands the trained values to the module
+  for (const mesh_shape shape : {mesh_shape{2, 1, 2}, mesh_shape{2, 2, 1}})
+    for (const bool poisoned : {false, true}) {
+      const std::string run =
+          to_string(shape) + (poisoned ? ", gathered parameters poisoned after forward" : "");
+      INFO("mesh ", run);
+      std::vector<net_t> nets;
+      auto poisonings = std::make_shared<std::atomic<int>>(0);
+      for (int r = 0; r < kRanks; ++r) {
+        nets.push_back(fedshard_torch::deep_copy(proto));
+        if (poisoned)
+          nets.back()->push_back("poison", poison(nets.back()->parameters(), poisonings));
+      }
+      std::vector<std::vector<float>> initial(kRanks), trained(kRanks), loaded(kRanks);
+      std::vector<std::int64_t> copies(kRanks);
+      test::spawn_ranks(kRanks, [&](inproc::communicator& world) {
+        const auto r = static_cast<std::size_t>(world.rank());
+        mesh m(world, shape);
+        torch_trainer<fl_hsdp, optim::sgd> t(m, model_t(nets[r], mse), {.lr = kLr},
+                                             {.total_steps = kSteps, .schedule = {.period = 1}});
+        initial[r] = t.parameters();
+        for (const auto& step : data) t.step(step[r]);
+        trained[r] = t.parameters();
+        copies[r] = t.model().grad_copies();
+        t.model().load_from(t);
+        loaded[r] = flatten(t.model().net());
+      });
+      if (poisoned) CHECK(poisonings->load() == kRanks * kSteps);  // once per rank and step
+      for (int r = 0; r < kRanks; ++r) {
+        CHECK(initial[r] == start);  // fedshard starts from the module's own initialisation
+        const double rel = max_rel(trained[r], expected);
+        MESSAGE("mesh ", run, ", rank ", r, ": max relative difference to plain LibTorch ", rel);
+        CHECK(rel <= 1e-6);
+        CHECK(loaded[r] == trained[r]);  // load_from hands the trained values to the module
+        CHECK(copies[r] == 0);           // autograd accumulated into fedshard's buffers
+      }
     }
-  }
 }
 
-TEST_CASE("units follow the module's submodules and parameters are fedshard's buffers, no copy") {
+TEST_CASE("units follow the module's children and parameters are fedshard's buffers, no copy") {
   torch::set_num_threads(1);
+  constexpr int kSteps = 3;
   net_t proto = make_net(5);
-  const auto data = make_data(3, 4);
+  const auto data = make_data(kSteps, 4);
 
   const model_t plain(fedshard_torch::deep_copy(proto), mse);
   const auto units = plain.units();
@@ -189,51 +286,172 @@ TEST_CASE("units follow the module's submodules and parameters are fedshard's bu
   CHECK(names == torch_names);  // "0.weight", "0.bias", "2.weight", ...
   CHECK(units[1].tensors[0].shape == std::vector<std::int64_t>{kHidden, kHidden});
 
+  std::vector<std::shared_ptr<std::vector<bound_pointers>>> logs;
   std::vector<net_t> nets;
-  for (int r = 0; r < kRanks; ++r) nets.push_back(fedshard_torch::deep_copy(proto));
+  for (int r = 0; r < kRanks; ++r) {
+    logs.push_back(std::make_shared<std::vector<bound_pointers>>());
+    nets.push_back(with_probes(proto, logs.back()));
+  }
   const std::vector<float> start = flatten(nets[0]);
-  std::vector<std::shared_ptr<probe>> probes;
-  for (int r = 0; r < kRanks; ++r) probes.push_back(std::make_shared<probe>());
   std::vector<std::vector<const void*>> home_before(kRanks), home_after(kRanks);
   std::vector<std::vector<float>> module_after(kRanks);
+  std::vector<int> checked(kRanks), outside(kRanks);
+  std::vector<std::int64_t> copies(kRanks);
 
   test::spawn_ranks(kRanks, [&](inproc::communicator& world) {
     const auto r = static_cast<std::size_t>(world.rank());
-    auto seen = probes[r];
-    auto check_storage = [seen](net_t& net, const batch& b) {
-      step_context& ctx = *seen->ctx;
-      const flat_layout& l = ctx.layout();
-      auto named = net->named_parameters();
-      for (std::size_t u = 0; u < l.num_units(); ++u)
-        for (const auto& slot : l.unit(u).tensors) {
-          const torch::Tensor& p = named[l.unit(u).name + "." + slot.name];
-          ++seen->checked;
-          if (p.data_ptr() != static_cast<const void*>(ctx.params(u).data() + slot.offset) ||
-              !p.grad().defined() ||
-              p.grad().data_ptr() != static_cast<void*>(ctx.grad_buffer(u).data() + slot.offset))
-            ++seen->outside;
-        }
-      return mse(net, b);
-    };
     mesh m(world, {2, 1, 2});
     for (const auto& p : nets[r]->parameters()) home_before[r].push_back(p.data_ptr());
-    trainer<probing_model, fl_hsdp<1>, optim::sgd> t(
-        m, probing_model{model_t(nets[r], check_storage), seen}, {.lr = 0.1f});
-    for (const auto& step : data) t.step(step[r]);
+    torch_trainer<fl_hsdp, optim::sgd> t(m, model_t(nets[r], mse), {.lr = 0.1f});
+    REQUIRE(t.layout().num_units() == 3);  // the probes have no parameters
+    const flat_layout& l = t.layout();
+    for (int s = 0; s < kSteps; ++s) {
+      t.step(data[static_cast<std::size_t>(s)][r]);
+      // The engine keeps each unit's buffers at one address: where are they?
+      t.engine().begin_step();
+      std::vector<const float*> gathered, grads;
+      for (std::size_t u = 0; u < l.num_units(); ++u) {
+        gathered.push_back(t.engine().params(u).data());
+        grads.push_back(t.engine().grad_buffer(u).data());
+      }
+      t.engine().begin_step();
+      const auto& log = *logs[r];
+      REQUIRE(log.size() == (static_cast<std::size_t>(s) + 1) * l.num_units());
+      for (std::size_t u = 0; u < l.num_units(); ++u) {
+        const bound_pointers& seen = log[static_cast<std::size_t>(s) * l.num_units() + u];
+        for (std::size_t k = 0; k < l.unit(u).tensors.size(); ++k) {
+          const std::size_t at = l.unit(u).tensors[k].offset;
+          ++checked[r];
+          if (seen.data[k] != static_cast<const void*>(gathered[u] + at) ||
+              seen.grad[k] != static_cast<const void*>(grads[u] + at))
+            ++outside[r];
+        }
+      }
+    }
+    copies[r] = t.model().grad_copies();
     for (const auto& p : nets[r]->parameters()) home_after[r].push_back(p.data_ptr());
     module_after[r] = flatten(nets[r]);
   });
 
   for (int r = 0; r < kRanks; ++r) {
-    CHECK(probes[r]->checked == 3 * 6);  // 3 steps x 6 parameters
-    CHECK(probes[r]->outside == 0);
+    CHECK(checked[r] == kSteps * 6);  // 3 steps x 6 parameters
+    CHECK(outside[r] == 0);           // each unit ran on views of its gathered buffer
+    CHECK(copies[r] == 0);            // and its gradients accumulated in its gradient buffer
     // Between steps the module is back on its own storage, untouched by training.
     CHECK(home_after[r] == home_before[r]);
     CHECK(module_after[r] == start);
   }
 }
 
-TEST_CASE("fl_hsdp<4> trains the LibTorch module: the loss goes down") {
+namespace {
+/// What the loss function saw of the wire: calls recorded when it returned (end of forward).
+struct wire_probe {
+  const wire_log* log = nullptr;
+  std::size_t at_loss = 0;
+};
+}  // namespace
+
+// The trainer's hooks fire from autograd: every unit is gathered for forward before the loss
+// function returns, gathered again for backward after it (the plan's backward-phase
+// all_gathers, counted at the wire), and the step carries exactly the plans, step by step, with
+// no more than max_live_units gathered units live. Evaluation gathers each unit for forward
+// only.
+TEST_CASE_TEMPLATE("under FSDP-like algorithms the LibTorch path carries the plan at the wire", A,
+                   fl_hsdp, fsdp) {
+  torch::set_num_threads(1);
+  constexpr int kSteps = 6;
+  const mesh_shape shape = std::is_same_v<A, fsdp> ? mesh_shape{1, 1, 4} : mesh_shape{2, 1, 2};
+  net_t proto = make_net(13);
+  const auto data = make_data(kSteps, 14);
+  torch::manual_seed(98);
+  const batch held_out = make_batch(64);
+  auto forward_gather = [](const comm_op& op) {
+    return op.trigger == trigger::acquire && op.phase == phase::forward;
+  };
+  auto backward_gather = [](const comm_op& op) {
+    return op.trigger == trigger::acquire && op.phase == phase::backward;
+  };
+
+  for (const int max_live : {1, 2}) {
+    INFO("mesh ", to_string(shape), ", max_live_units ", max_live);
+    std::vector<net_t> nets;
+    for (int r = 0; r < kRanks; ++r) nets.push_back(fedshard_torch::deep_copy(proto));
+    std::mutex mu;
+    std::vector<std::string> mismatches, observed;
+    std::vector<int> peak(kRanks), live_after(kRanks);
+    std::vector<std::size_t> planned_backward(kRanks), counted_backward(kRanks);
+    std::vector<std::int64_t> copies(kRanks);
+
+    test::spawn_ranks(kRanks, [&](inproc::communicator& world) {
+      const auto r = static_cast<std::size_t>(world.rank());
+      mesh m(world, shape);
+      auto probe = std::make_shared<wire_probe>();
+      auto loss = [probe](net_t& net, const batch& b) {
+        torch::Tensor l = mse(net, b);
+        probe->at_loss = probe->log->calls().size();
+        return l;
+      };
+      trainer_options<A> o;
+      o.total_steps = kSteps;
+      o.max_live_units = max_live;
+      if constexpr (std::is_same_v<A, fl_hsdp>) o.schedule = {.period = 2};
+      torch_trainer<A, optim::adamw> t(m, model_t(nets[r], loss), {.lr = 1e-2f}, o);
+      probe->log = &t.wire();
+      const auto forward_calls = test::calls_of(t.step_plan(), forward_gather);
+      planned_backward[r] = test::calls_of(t.step_plan(), backward_gather).size();
+      auto report = [&](const std::string& what) {
+        std::lock_guard lock(mu);
+        mismatches.push_back(fedshard::detail::concat("rank ", r, ", ", what));
+      };
+
+      t.wire().keep_calls(true);
+      t.wire().take_calls();
+      for (int s = 0; s < kSteps; ++s) {
+        t.step(data[static_cast<std::size_t>(s)][r]);
+        const std::vector<wire_call> calls = t.wire().take_calls();
+        const auto expected = test::expected_step_calls(t, s, kSteps);
+        if (const auto d = test::compare_calls(calls, expected); !d.empty())
+          report(fedshard::detail::concat("step ", s, ": ", d));
+        const auto split = calls.begin() + static_cast<std::ptrdiff_t>(probe->at_loss);
+        const std::vector<wire_call> before(calls.begin(), split), after(split, calls.end());
+        if (const auto d = test::compare_calls(before, forward_calls); !d.empty())
+          report(fedshard::detail::concat("step ", s, ", until the loss returned: ", d));
+        if (const auto d = test::compare_calls(after, without(expected, forward_calls)); !d.empty())
+          report(fedshard::detail::concat("step ", s, ", after the loss returned: ", d));
+        for (const auto& c : after)
+          counted_backward[r] += c.kind == comm_kind::all_gather && c.axis == axis::shard;
+        if (r == 0) {
+          std::lock_guard lock(mu);
+          observed.push_back(fedshard::detail::concat("step ", s, ": forward ", count_calls(before),
+                                                      "; backward and sync ", count_calls(after)));
+        }
+      }
+      t.evaluate(held_out);
+      if (const auto d = test::compare_calls(t.wire().take_calls(), forward_calls); !d.empty())
+        report("evaluate: " + d);
+      peak[r] = t.engine().peak_live_units();
+      live_after[r] = t.engine().live_units();
+      copies[r] = t.model().grad_copies();
+    });
+
+    for (const auto& m : mismatches) FAIL_CHECK(m);
+    CHECK(mismatches.empty());
+    for (const auto& line : observed) MESSAGE("rank 0, max_live_units ", max_live, ", ", line);
+    for (int r = 0; r < kRanks; ++r) {
+      CAPTURE(r);
+      CHECK(planned_backward[r] == 3);  // the plan gathers every unit again for backward ...
+      CHECK(counted_backward[r] == kSteps * planned_backward[r]);  // ... and the wire saw it
+      CHECK(peak[r] >= 1);
+      CHECK(peak[r] <= max_live);
+      CHECK(live_after[r] == 0);
+      CHECK(copies[r] == 0);
+    }
+    MESSAGE("mesh ", to_string(shape), ", max_live_units ", max_live, ": peak live units ", peak[0],
+            " on rank 0");
+  }
+}
+
+TEST_CASE("fl_hsdp with K = 4 trains the LibTorch module: the loss goes down") {
   torch::set_num_threads(1);
   constexpr int kSteps = 150;
   net_t proto = make_net(11);
@@ -247,8 +465,8 @@ TEST_CASE("fl_hsdp<4> trains the LibTorch module: the loss goes down") {
   test::spawn_ranks(kRanks, [&](inproc::communicator& world) {
     const auto r = static_cast<std::size_t>(world.rank());
     mesh m(world, {2, 1, 2});
-    trainer<model_t, fl_hsdp<4>, optim::adamw> t(m, model_t(nets[r], mse), {.lr = 0.02f},
-                                                 {.total_steps = kSteps});
+    torch_trainer<fl_hsdp, optim::adamw> t(m, model_t(nets[r], mse), {.lr = 0.02f},
+                                           {.total_steps = kSteps, .schedule = {.period = 4}});
     eval_before[r] = t.evaluate(held_out);
     for (int s = 0; s < kSteps; ++s) {
       const float loss = t.step(data[static_cast<std::size_t>(s)][r]);

@@ -1,22 +1,41 @@
 #pragma once
-/// A fedshard::Model backed by a LibTorch module: torch computes forward and backward,
-/// fedshard owns the parameters and gradients and moves them.
+/// A fedshard::Model backed by a LibTorch torch::nn::Sequential: torch computes forward and
+/// backward, fedshard owns the parameters and gradients and moves them, and autograd drives
+/// the plan's phases unit by unit (FSDP2's scheme).
 ///
-/// Units: every submodule that owns parameters itself (e.g. each torch::nn::Linear of a
-/// Sequential, with its weight and bias) is one unit, in torch's module order; a unit's
-/// tensors are the submodule's parameters in registration order, and a tensor's qualified
-/// name "unit.tensor" is torch's parameter name ("0.weight"). The starting values are the
-/// module's own, so build one module and give every rank a deep_copy of it.
+/// Units: every child of the Sequential that has parameters (e.g. each torch::nn::Linear, with
+/// its weight and bias; a child with nested modules is one unit with all their parameters) is
+/// one unit, in the Sequential's order; a unit's tensors are the child's parameters in
+/// registration order, and a tensor's qualified name "unit.tensor" is torch's parameter name
+/// ("0.weight"). The starting values are the module's own, so build one module and give every
+/// rank a deep_copy of it.
 ///
-/// In a step, every parameter is pointed at a torch::from_blob view of its slice of the
-/// gathered unit (no copy) and its .grad at a view of the unit's gradient buffer, which
-/// autograd accumulates into in place. Afterwards the module's parameters point back at the
-/// module's own storage, which keeps the starting values until load_from copies the trained
-/// ones in.
+/// A training step: the loss function receives a Sequential that runs the same children, each
+/// unit through a custom autograd function (unit_function):
+///  - forward: acquire(u, forward) right before the unit runs, its parameters pointed at
+///    torch::from_blob views of the gathered unit (no copy) and their .grad at views of
+///    grad_buffer(u); release(u) right after. The unit's own autograd graph is recorded on a
+///    detached input, and its saved tensors alias the gathered buffer.
+///  - backward: when the gradient of the unit's output arrives, acquire(u, backward), which
+///    gathers again into the same memory (the engine keeps each unit's buffers at one address),
+///    then the unit's backward runs (a reentrant autograd call) and accumulates its parameters'
+///    gradients in place into grad_buffer(u) (copied there if autograd replaced a .grad);
+///    then grads_ready(u) starts the unit's reductions and release(u) frees it.
+///  A dummy tensor that requires grad goes through every unit_function, so the backward side
+///  runs for the first unit too, whose input does not require grad. So FSDP's backward
+///  re-gathers run, at most max_live_units gathered units are live, and the wire carries the
+///  plan. Evaluation acquires and releases each unit in forward only, without autograd.
+/// Afterwards the module's parameters point back at the module's own storage, which keeps the
+/// starting values until load_from copies the trained ones in.
 ///
-/// Limits: f32 CPU parameters that require grad; module buffers (e.g. batch-norm running
-/// statistics) are not parameters, so each rank keeps its own; a copy of a torch_model
-/// shares the module.
+/// Limits: the module is a torch::nn::Sequential whose children each map one tensor to one
+/// tensor (units and parameter-free modules); the loss function uses it only through
+/// net->forward(), once per step (a unit's parameters are bound only while it runs, and the
+/// Sequential it receives has no parameters of its own: a penalty on the parameters belongs to
+/// fedshard's optimizer, e.g. adamw's weight decay); a unit does not modify its input in place;
+/// no double backward. f32 CPU parameters that require grad; module buffers (e.g. batch-norm
+/// running statistics) are not parameters, so each rank keeps its own. A copy of a torch_model
+/// shares the module and its step state, so copies must not train concurrently.
 
 #include <torch/torch.h>
 
@@ -26,10 +45,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "fedshard/error.hpp"
+#include "fedshard/plan/comm_op.hpp"
 #include "fedshard/shard/flat_layout.hpp"
 #include "fedshard/trainer/model.hpp"
 
@@ -50,41 +71,337 @@ Net deep_copy(const Net& net) {
   return Net(std::move(copy));
 }
 
-/// A fedshard::Model over Batch computing with the torch module Net (a module holder) and a
-/// loss function loss(net, batch) -> scalar tensor.
+namespace detail {
+
+class unit_driver;
+
+/// What unit u's forward left for its backward: its input (a detached leaf) and output, whose
+/// autograd graph computes the unit's gradients.
+struct unit_record : torch::CustomClassHolder {
+  unit_record(unit_driver* d, std::size_t u) : driver(d), unit(u) {}
+  unit_driver* driver;
+  std::size_t unit;
+  torch::Tensor input;
+  torch::Tensor output;
+};
+
+/// The autograd function that runs one unit: forward acquires, binds and runs it, backward
+/// re-acquires it, runs its backward and signals its gradients ready (see the file comment).
+struct unit_function : torch::autograd::Function<unit_function> {
+  /// Runs unit u of driver on x; dummy requires grad, so the backward always runs.
+  static torch::Tensor forward(torch::autograd::AutogradContext* ac, const torch::Tensor& x,
+                               const torch::Tensor& dummy, unit_driver* driver, std::int64_t u);
+  /// The gradient of the unit's input (undefined when the input did not require grad).
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ac,
+                                                 torch::autograd::variable_list grads);
+};
+
+/// The state a torch_model shares with the modules of its driven Sequential: the units, the
+/// step context of the step under way, and what each unit did in it.
+class unit_driver {
+ public:
+  /// A unit: one child of the Sequential that has parameters.
+  struct unit_binding {
+    std::string name;
+    torch::nn::AnyModule module;
+    std::vector<std::string> tensor_names;
+    std::vector<torch::Tensor> params;  // the module's parameters (same tensor objects)
+    std::vector<torch::Tensor> home;    // the module's own storage
+  };
+
+  /// The units of net, and the driven Sequential over its children.
+  explicit unit_driver(const torch::nn::Sequential& net);
+  unit_driver(const unit_driver&) = delete;
+  unit_driver& operator=(const unit_driver&) = delete;
+
+  /// The units, in the Sequential's order.
+  const std::vector<unit_binding>& units() const noexcept { return units_; }
+  /// The Sequential the loss function receives: the same children, units run through
+  /// unit_function.
+  torch::nn::Sequential& driven() noexcept { return driven_; }
+  /// Times a gradient had to be copied into fedshard's buffer because autograd replaced the
+  /// .grad view instead of accumulating into it.
+  std::int64_t grad_copies() const noexcept { return grad_copies_; }
+
+  /// Starts a step (training: with gradients) computing through ctx.
+  void begin(fedshard::step_context& ctx, bool training);
+  /// Ends the step: the parameters point back at the module's storage and lose their .grad.
+  void end() noexcept;
+  /// Throws unless every unit ran forward in this training step.
+  void check_all_forwarded() const;
+  /// Fires the backward triggers of every unit that ran forward but whose backward did not
+  /// run (its output did not reach the loss), in backward order, so the step still carries
+  /// the plan.
+  void finish_backward();
+
+  /// Runs unit u on x (called by the driven Sequential's unit modules).
+  torch::Tensor run(std::size_t u, const torch::Tensor& x);
+
+  /// unit_function's forward: acquire, bind, record the unit's graph, release.
+  torch::Tensor forward_unit(unit_record& rec, const torch::Tensor& x);
+  /// unit_function's backward: re-acquire, backward through the unit's graph, grads_ready,
+  /// release; returns the gradient of the unit's input.
+  torch::Tensor backward_unit(unit_record& rec, const torch::Tensor& grad_output);
+
+ private:
+  fedshard::step_context& context() const;
+  void bind_params(std::size_t u, std::span<const float> unit_params);
+  void bind_grads(std::size_t u, std::span<float> grads);
+  void collect_grads(std::size_t u, std::span<float> grads);
+  void end_backward(std::size_t u);
+
+  std::vector<unit_binding> units_;
+  torch::nn::Sequential driven_;
+  torch::Tensor dummy_;  // requires grad; routes every unit's backward through unit_function
+  fedshard::step_context* ctx_ = nullptr;
+  bool training_ = false;
+  std::vector<char> forwarded_, backwarded_;  // per unit, in the current step
+  std::vector<const float*> bound_;           // the gathered buffer each unit was bound to
+  std::int64_t grad_copies_ = 0;
+};
+
+/// A parameter-free module standing for unit u in the driven Sequential.
+class unit_module_impl : public torch::nn::Module {
+ public:
+  /// Stands for unit u of driver.
+  unit_module_impl(unit_driver* driver, std::size_t u) : driver_(driver), unit_(u) {}
+  /// Unit u's output for x, computed through fedshard's buffers.
+  torch::Tensor forward(const torch::Tensor& x) { return driver_->run(unit_, x); }
+
+ private:
+  unit_driver* driver_;
+  std::size_t unit_;
+};
+TORCH_MODULE_IMPL(unit_module, unit_module_impl);
+
+inline unit_driver::unit_driver(const torch::nn::Sequential& net)
+    : dummy_(torch::zeros({0}, torch::requires_grad())) {
+  const auto children = net->named_children();
+  FEDSHARD_EXPECTS(children.size() == net->size(), "torch_model: the Sequential has ", net->size(),
+                   " modules but ", children.size(), " children");
+  for (std::size_t i = 0; i < net->size(); ++i) {
+    const torch::nn::AnyModule& any = *(net->begin() + static_cast<std::ptrdiff_t>(i));
+    const std::string& name = children[i].key();
+    FEDSHARD_EXPECTS(children[i].value().get() == any.ptr().get(), "torch_model: child ", i,
+                     " of the Sequential is not its module ", i);
+    unit_binding ub{.name = name, .module = any, .tensor_names = {}, .params = {}, .home = {}};
+    for (const auto& p : any.ptr()->named_parameters(/*recurse=*/true)) {
+      const torch::Tensor& t = p.value();
+      FEDSHARD_EXPECTS(t.scalar_type() == torch::kFloat32 && t.device().is_cpu(),
+                       "torch_model: parameter '", name, ".", p.key(),
+                       "' must be a float32 CPU tensor, found ", t.toString());
+      FEDSHARD_EXPECTS(t.requires_grad(), "torch_model: parameter '", name, ".", p.key(),
+                       "' does not require grad; register a frozen tensor as a buffer instead");
+      ub.tensor_names.push_back(p.key());
+      ub.params.push_back(t);
+      ub.home.push_back(t.data());
+    }
+    if (ub.params.empty()) {
+      driven_->push_back(std::string(name), any);  // parameter-free: runs as it is
+    } else {
+      driven_->push_back(std::string(name), unit_module(this, units_.size()));
+      units_.push_back(std::move(ub));
+    }
+  }
+  FEDSHARD_EXPECTS(!units_.empty(), "torch_model: the module has no parameters");
+  forwarded_.assign(units_.size(), 0);
+  backwarded_.assign(units_.size(), 0);
+  bound_.assign(units_.size(), nullptr);
+}
+
+inline void unit_driver::begin(fedshard::step_context& ctx, bool training) {
+  FEDSHARD_EXPECTS(ctx.layout().num_units() == units_.size(), "torch_model: the layout has ",
+                   ctx.layout().num_units(), " units, the module ", units_.size());
+  FEDSHARD_EXPECTS(ctx_ == nullptr, "torch_model: a step is already under way on this model");
+  ctx_ = &ctx;
+  training_ = training;
+  forwarded_.assign(units_.size(), 0);
+  backwarded_.assign(units_.size(), 0);
+  bound_.assign(units_.size(), nullptr);
+}
+
+inline void unit_driver::end() noexcept {
+  try {
+    torch::NoGradGuard no_grad;
+    for (auto& ub : units_)
+      for (std::size_t t = 0; t < ub.params.size(); ++t) {
+        ub.params[t].set_data(ub.home[t]);
+        ub.params[t].mutable_grad() = torch::Tensor();
+      }
+  } catch (...) {  // set_data to the tensor's own storage; nothing to report
+  }
+  ctx_ = nullptr;
+}
+
+inline void unit_driver::check_all_forwarded() const {
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    FEDSHARD_EXPECTS(forwarded_[u], "torch_model: unit '", units_[u].name,
+                     "' did not run in the loss function; call net->forward() once per step");
+}
+
+inline void unit_driver::finish_backward() {
+  for (std::size_t u = units_.size(); u-- > 0;)
+    if (forwarded_[u] && !backwarded_[u]) {
+      context().acquire(u, fedshard::phase::backward);
+      end_backward(u);
+    }
+}
+
+inline fedshard::step_context& unit_driver::context() const {
+  FEDSHARD_EXPECTS(ctx_ != nullptr,
+                   "torch_model: the driven module runs only inside a step (the loss function)");
+  return *ctx_;
+}
+
+inline torch::Tensor unit_driver::run(std::size_t u, const torch::Tensor& x) {
+  fedshard::step_context& ctx = context();
+  if (!training_) {
+    bind_params(u, ctx.acquire(u, fedshard::phase::forward));
+    torch::Tensor y = units_[u].module.forward(x);
+    ctx.release(u);
+    return y;
+  }
+  FEDSHARD_EXPECTS(!forwarded_[u], "torch_model: unit '", units_[u].name,
+                   "' ran twice in one step; the loss function must call net->forward() once");
+  forwarded_[u] = 1;
+  return unit_function::apply(x, dummy_, this, static_cast<std::int64_t>(u));
+}
+
+inline torch::Tensor unit_driver::forward_unit(unit_record& rec, const torch::Tensor& x) {
+  fedshard::step_context& ctx = context();
+  const std::size_t u = rec.unit;
+  const std::span<const float> params = ctx.acquire(u, fedshard::phase::forward);
+  bind_params(u, params);
+  bound_[u] = params.data();
+  bind_grads(u, ctx.grad_buffer(u));
+  {
+    // unit_function's forward runs without grad mode; the unit's own graph is recorded here,
+    // on a detached input, and run by backward_unit.
+    torch::AutoGradMode grad_mode(true);
+    rec.input = x.detach();
+    if (x.requires_grad()) rec.input.requires_grad_(true);
+    rec.output = units_[u].module.forward(rec.input);
+  }
+  ctx.release(u);
+  return rec.output.detach();
+}
+
+inline torch::Tensor unit_driver::backward_unit(unit_record& rec,
+                                                const torch::Tensor& grad_output) {
+  fedshard::step_context& ctx = context();
+  const std::size_t u = rec.unit;
+  const std::span<const float> params = ctx.acquire(u, fedshard::phase::backward);
+  // The unit's saved tensors alias the buffer it was bound to in forward.
+  FEDSHARD_EXPECTS(params.data() == bound_[u], "torch_model: unit '", units_[u].name,
+                   "' was gathered for backward into other memory than for forward");
+  if (rec.output.requires_grad()) torch::autograd::backward({rec.output}, {grad_output});
+  torch::Tensor grad_input = rec.input.requires_grad() ? rec.input.grad() : torch::Tensor();
+  rec.input = torch::Tensor();
+  rec.output = torch::Tensor();
+  end_backward(u);
+  return grad_input;
+}
+
+inline void unit_driver::end_backward(std::size_t u) {
+  fedshard::step_context& ctx = context();
+  collect_grads(u, ctx.grad_buffer(u));
+  backwarded_[u] = 1;
+  ctx.grads_ready(u);
+  ctx.release(u);
+}
+
+inline void unit_driver::bind_params(std::size_t u, std::span<const float> unit_params) {
+  const fedshard::flat_layout& layout = context().layout();
+  torch::NoGradGuard no_grad;
+  auto& ub = units_[u];
+  for (std::size_t t = 0; t < ub.params.size(); ++t) {
+    // from_blob needs a mutable pointer; parameter views are only read (fedshard's optimizer,
+    // not torch, updates the parameters).
+    const std::span<const float> v = layout.tensor_view(unit_params, u, t);
+    ub.params[t].set_data(torch::from_blob(const_cast<float*>(v.data()),
+                                           layout.unit(u).tensors[t].shape, torch::kFloat32));
+  }
+}
+
+inline void unit_driver::bind_grads(std::size_t u, std::span<float> grads) {
+  const fedshard::flat_layout& layout = context().layout();
+  auto& ub = units_[u];
+  for (std::size_t t = 0; t < ub.params.size(); ++t) {
+    const auto g = layout.tensor_view(grads, u, t);
+    ub.params[t].mutable_grad() =
+        torch::from_blob(g.data(), layout.unit(u).tensors[t].shape, torch::kFloat32);
+  }
+}
+
+/// Autograd accumulates into the bound .grad in place; if it replaced the tensor instead (a
+/// hook, a layout it would not write into), the values are copied into the buffer.
+inline void unit_driver::collect_grads(std::size_t u, std::span<float> grads) {
+  const fedshard::flat_layout& layout = context().layout();
+  torch::NoGradGuard no_grad;
+  auto& ub = units_[u];
+  for (std::size_t t = 0; t < ub.params.size(); ++t) {
+    const auto g = layout.tensor_view(grads, u, t);
+    const torch::Tensor& got = ub.params[t].grad();
+    if (!got.defined() || got.data_ptr() == static_cast<void*>(g.data())) continue;
+    torch::from_blob(g.data(), layout.unit(u).tensors[t].shape, torch::kFloat32).copy_(got);
+    ++grad_copies_;
+  }
+}
+
+inline torch::Tensor unit_function::forward(torch::autograd::AutogradContext* ac,
+                                            const torch::Tensor& x, const torch::Tensor& dummy,
+                                            unit_driver* driver, std::int64_t u) {
+  (void)dummy;
+  auto rec = c10::make_intrusive<unit_record>(driver, static_cast<std::size_t>(u));
+  torch::Tensor y = driver->forward_unit(*rec, x);
+  ac->saved_data["unit"] = c10::IValue::make_capsule(std::move(rec));
+  return y;
+}
+
+inline torch::autograd::variable_list unit_function::backward(
+    torch::autograd::AutogradContext* ac, torch::autograd::variable_list grads) {
+  const auto it = ac->saved_data.find("unit");
+  FEDSHARD_EXPECTS(it != ac->saved_data.end(),
+                   "torch_model: a unit's backward ran twice (retain_graph is not supported)");
+  auto rec = c10::static_intrusive_pointer_cast<unit_record>(it->second.toCapsule());
+  ac->saved_data.erase(it);  // frees the unit's graph once its backward is done
+  torch::Tensor grad_input = rec->driver->backward_unit(*rec, grads.at(0));
+  return {grad_input, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+}
+
+}  // namespace detail
+
+/// A fedshard::Model over Batch computing with the torch::nn::Sequential Net and a loss
+/// function loss(net, batch) -> scalar tensor (see the file comment).
 template <class Net, class Batch = batch>
 class torch_model {
+  static_assert(std::is_same_v<Net, torch::nn::Sequential>,
+                "fedshard_torch::torch_model drives a torch::nn::Sequential of units and "
+                "parameter-free modules; wrap other modules as children of one");
+
  public:
+  /// loss(net, batch): the batch's scalar loss, computed through net->forward() once.
   using loss_function = std::function<torch::Tensor(Net&, const Batch&)>;
 
-  torch_model(Net net, loss_function loss) : net_(std::move(net)), loss_(std::move(loss)) {
+  /// Trains net (its children become the units) on loss; every rank passes its own copy.
+  torch_model(Net net, loss_function loss)
+      : net_(std::move(net)),
+        loss_(std::move(loss)),
+        driver_(std::make_shared<detail::unit_driver>(net_)) {
     FEDSHARD_EXPECTS(static_cast<bool>(loss_), "torch_model: the loss function is empty");
-    for (const auto& m : net_->named_modules()) {
-      unit_binding ub;
-      ub.name = m.key().empty() ? std::string("root") : m.key();
-      for (const auto& p : m.value()->named_parameters(/*recurse=*/false)) {
-        const torch::Tensor& t = p.value();
-        FEDSHARD_EXPECTS(t.scalar_type() == torch::kFloat32 && t.device().is_cpu(),
-                         "torch_model: parameter '", ub.name, ".", p.key(),
-                         "' must be a float32 CPU tensor, found ", t.toString());
-        FEDSHARD_EXPECTS(t.requires_grad(), "torch_model: parameter '", ub.name, ".", p.key(),
-                         "' does not require grad; register a frozen tensor as a buffer instead");
-        ub.tensor_names.push_back(p.key());
-        ub.params.push_back(t);
-        ub.home.push_back(t.data());
-      }
-      if (!ub.params.empty()) units_.push_back(std::move(ub));
-    }
-    FEDSHARD_EXPECTS(!units_.empty(), "torch_model: the module has no parameters");
   }
 
   /// The torch module (holding the starting values, or the trained ones after load_from).
   Net& net() noexcept { return net_; }
 
-  /// One unit per submodule owning parameters, one tensor per parameter.
+  /// Gradients copied into fedshard's buffers because autograd replaced a .grad view (0 when
+  /// every gradient was accumulated in place).
+  std::int64_t grad_copies() const noexcept { return driver_->grad_copies(); }
+
+  /// One unit per child owning parameters, one tensor per parameter.
   std::vector<fedshard::unit_spec> units() const {
     std::vector<fedshard::unit_spec> out;
-    for (const auto& ub : units_) {
+    for (const auto& ub : driver_->units()) {
       fedshard::unit_spec us{ub.name, {}};
       for (std::size_t t = 0; t < ub.params.size(); ++t)
         us.tensors.push_back({ub.tensor_names[t], ub.params[t].sizes().vec()});
@@ -98,7 +415,7 @@ class torch_model {
     const auto& ul = layout.unit(u);
     std::vector<float> v(ul.numel);
     for (std::size_t t = 0; t < ul.tensors.size(); ++t) {
-      const torch::Tensor src = units_.at(u).home[t].contiguous();
+      const torch::Tensor src = driver_->units().at(u).home[t].contiguous();
       std::copy_n(src.data_ptr<float>(), ul.tensors[t].numel, v.begin() + ul.tensors[t].offset);
     }
     return v;
@@ -108,43 +425,23 @@ class torch_model {
   std::int64_t tokens(const Batch& b) const requires requires(const Batch& x) { x.input.size(0); }
   { return b.input.size(0); }
 
-  /// Forward, loss and backward with the parameters and gradients in fedshard's buffers.
+  /// Forward, loss and backward, each unit acquired and released by its autograd function.
   float forward_backward(fedshard::step_context& ctx, const Batch& b) {
-    const fedshard::flat_layout& layout = ctx.layout();
-    check_layout(layout);
-    // Autograd saves tensors it needs for backward (a linear layer saves its weight to compute
-    // the input's gradient) and reads them through the parameters' storage when backward runs.
-    // So every unit is acquired in forward order and released only after backward is done:
-    // the whole model is gathered during a step.
-    rebinding bound(units_);
-    for (std::size_t u = 0; u < units_.size(); ++u) {
-      bind_params(layout, u, ctx.acquire(u));
-      bind_grads(layout, u, ctx.grad_buffer(u));
-    }
-    const torch::Tensor loss = loss_(net_, b);
+    step_scope scope(*driver_, ctx, true);
+    const torch::Tensor loss = loss_(driver_->driven(), b);
     FEDSHARD_EXPECTS(loss.numel() == 1, "torch_model: the loss function must return a scalar, ",
                      "found a tensor of ", loss.numel(), " elements");
+    driver_->check_all_forwarded();
     loss.backward();
-    for (std::size_t u = 0; u < units_.size(); ++u) collect_grads(layout, u, ctx.grad_buffer(u));
-    bound.restore();
-    for (std::size_t u = units_.size(); u-- > 0;) {
-      ctx.grads_ready(u);
-      ctx.release(u);
-    }
+    driver_->finish_backward();
     return loss.item<float>();
   }
 
-  /// The loss without gradients.
+  /// The loss without gradients: each unit acquired for forward and released.
   float evaluate(fedshard::step_context& ctx, const Batch& b) {
-    const fedshard::flat_layout& layout = ctx.layout();
-    check_layout(layout);
     torch::NoGradGuard no_grad;
-    rebinding bound(units_);
-    for (std::size_t u = 0; u < units_.size(); ++u) bind_params(layout, u, ctx.acquire(u));
-    const float loss = loss_(net_, b).template item<float>();
-    bound.restore();
-    for (std::size_t u = 0; u < units_.size(); ++u) ctx.release(u);
-    return loss;
+    step_scope scope(*driver_, ctx, false);
+    return loss_(driver_->driven(), b).template item<float>();
   }
 
   /// Copies unit u's full values (numel, e.g. trainer::unit_parameters(u)) into the module.
@@ -156,98 +453,37 @@ class torch_model {
     torch::NoGradGuard no_grad;
     for (std::size_t t = 0; t < ul.tensors.size(); ++t) {
       const auto& slot = ul.tensors[t];
-      units_.at(u).home[t].copy_(from_span(values.subspan(slot.offset, slot.numel), slot.shape));
+      const std::span<const float> s = values.subspan(slot.offset, slot.numel);
+      driver_->units().at(u).home[t].copy_(
+          torch::from_blob(const_cast<float*>(s.data()), slot.shape, torch::kFloat32));
     }
   }
 
   /// Collective over the trainer's shard axis: the module takes the trained parameters.
   template <class Trainer>
   void load_from(Trainer& t) {
-    for (std::size_t u = 0; u < units_.size(); ++u) load_unit(t.layout(), u, t.unit_parameters(u));
+    for (std::size_t u = 0; u < driver_->units().size(); ++u)
+      load_unit(t.layout(), u, t.unit_parameters(u));
   }
 
  private:
-  struct unit_binding {
-    std::string name;
-    std::vector<std::string> tensor_names;
-    std::vector<torch::Tensor> params;  // the module's parameters (same tensor objects)
-    std::vector<torch::Tensor> home;    // the module's own storage
-  };
-
-  /// Points the parameters back at the module's own storage and drops their gradients, on
-  /// restore() or when leaving the scope early.
-  class rebinding {
+  /// A step of the driver, ended (parameters back on the module's storage) on every exit.
+  class step_scope {
    public:
-    explicit rebinding(std::vector<unit_binding>& units) : units_(&units) {}
-    rebinding(const rebinding&) = delete;
-    rebinding& operator=(const rebinding&) = delete;
-    ~rebinding() {
-      try {
-        restore();
-      } catch (...) {  // set_data to the tensor's own storage; nothing to report
-      }
+    step_scope(detail::unit_driver& d, fedshard::step_context& ctx, bool training) : d_(&d) {
+      d.begin(ctx, training);
     }
-    void restore() {
-      if (done_) return;
-      done_ = true;
-      torch::NoGradGuard no_grad;
-      for (auto& ub : *units_)
-        for (std::size_t t = 0; t < ub.params.size(); ++t) {
-          ub.params[t].set_data(ub.home[t]);
-          ub.params[t].mutable_grad() = torch::Tensor();
-        }
-    }
+    step_scope(const step_scope&) = delete;
+    step_scope& operator=(const step_scope&) = delete;
+    ~step_scope() { d_->end(); }
 
    private:
-    std::vector<unit_binding>* units_;
-    bool done_ = false;
+    detail::unit_driver* d_;
   };
-
-  static torch::Tensor from_span(std::span<const float> s, const std::vector<std::int64_t>& shape) {
-    // from_blob needs a mutable pointer; parameter views are only read (fedshard's optimizer,
-    // not torch, updates the parameters).
-    return torch::from_blob(const_cast<float*>(s.data()), shape, torch::kFloat32);
-  }
-
-  void check_layout(const fedshard::flat_layout& layout) const {
-    FEDSHARD_EXPECTS(layout.num_units() == units_.size(), "torch_model: the layout has ",
-                     layout.num_units(), " units, the module ", units_.size());
-  }
-
-  void bind_params(const fedshard::flat_layout& layout, std::size_t u,
-                   std::span<const float> unit_params) {
-    torch::NoGradGuard no_grad;
-    auto& ub = units_[u];
-    for (std::size_t t = 0; t < ub.params.size(); ++t)
-      ub.params[t].set_data(
-          from_span(layout.tensor_view(unit_params, u, t), layout.unit(u).tensors[t].shape));
-  }
-
-  void bind_grads(const fedshard::flat_layout& layout, std::size_t u, std::span<float> grads) {
-    auto& ub = units_[u];
-    for (std::size_t t = 0; t < ub.params.size(); ++t) {
-      const auto g = layout.tensor_view(grads, u, t);
-      ub.params[t].mutable_grad() =
-          torch::from_blob(g.data(), layout.unit(u).tensors[t].shape, torch::kFloat32);
-    }
-  }
-
-  /// Autograd accumulates into the bound .grad in place; if it replaced the tensor instead
-  /// (a hook, a layout it would not write into), the values are copied into the buffer.
-  void collect_grads(const fedshard::flat_layout& layout, std::size_t u, std::span<float> grads) {
-    torch::NoGradGuard no_grad;
-    auto& ub = units_[u];
-    for (std::size_t t = 0; t < ub.params.size(); ++t) {
-      const auto g = layout.tensor_view(grads, u, t);
-      const torch::Tensor& got = ub.params[t].grad();
-      if (!got.defined() || got.data_ptr() == static_cast<void*>(g.data())) continue;
-      torch::from_blob(g.data(), layout.unit(u).tensors[t].shape, torch::kFloat32).copy_(got);
-    }
-  }
 
   Net net_;
   loss_function loss_;
-  std::vector<unit_binding> units_;
+  std::shared_ptr<detail::unit_driver> driver_;
 };
 
 }  // namespace fedshard_torch

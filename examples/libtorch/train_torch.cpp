@@ -1,8 +1,9 @@
 // A LibTorch MLP trained by fedshard: FL+HSDP (parameters averaged across the 2 groups every
-// 4 steps, each group sharding the model over 2 ranks) on 4 in-process ranks. torch computes
-// forward and backward; fedshard owns the parameters and gradients (see torch_model.hpp).
+// K steps, each group sharding the model over 2 ranks) on 4 in-process ranks. torch computes
+// forward and backward; fedshard owns the parameters and gradients, and autograd fires the
+// plan's gathers and reductions unit by unit (see torch_model.hpp).
 //
-//   train_torch [steps]      (default 300)
+//   train_torch [steps] [K]      (defaults 300 and 4)
 //
 // Task: regress y = sin(2 x0) cos(x1) from x uniform in [-1.5, 1.5]^2; each rank draws its
 // own samples.
@@ -12,7 +13,12 @@
 #include <cstdlib>
 #include <vector>
 
-#include <fedshard/fedshard.hpp>
+#include <fedshard/comm/inproc.hpp>
+#include <fedshard/mesh/axis.hpp>
+#include <fedshard/mesh/mesh.hpp>
+#include <fedshard/optim/adamw.hpp>
+#include <fedshard/trainer/algorithm.hpp>
+#include <fedshard/trainer/trainer.hpp>
 
 #include "torch_model.hpp"
 
@@ -35,8 +41,9 @@ torch::Tensor mse(net_t& net, const fedshard_torch::batch& b) {
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 300;
-  if (steps < 1) {
-    std::fprintf(stderr, "usage: train_torch [steps >= 1]\n");
+  const int period = argc > 2 ? std::atoi(argv[2]) : 4;
+  if (argc > 3 || steps < 1 || period < 1) {
+    std::fprintf(stderr, "usage: train_torch [steps >= 1] [K >= 1]\n");
     return 2;
   }
   constexpr int kRanks = 4;
@@ -54,9 +61,10 @@ int main(int argc, char** argv) {
   fedshard::inproc::run(kRanks, [&](fedshard::inproc::communicator& world) {
     const int rank = world.rank();
     fedshard::mesh mesh(world, {.groups = 2, .replicas = 1, .shards = 2});
-    fedshard::trainer<model, fedshard::fl_hsdp<4>, fedshard::optim::adamw> t(
-        mesh, model(nets[static_cast<std::size_t>(rank)], mse), {.lr = 1e-2f},
-        {.total_steps = steps});
+    fedshard::trainer<model, fedshard::fl_hsdp, fedshard::optim::adamw,
+                      fedshard::inproc::communicator>
+        t(mesh, model(nets[static_cast<std::size_t>(rank)], mse), {.lr = 1e-2f},
+          {.total_steps = steps, .schedule = {.period = period}});
     if (rank == 0) std::printf("%s", t.layout().describe().c_str());
     const double before = t.evaluate(test);
 
@@ -78,9 +86,12 @@ int main(int argc, char** argv) {
     const double plain = mse(t.model().net(), test).item<double>();
     if (rank == 0)
       std::printf(
-          "test loss %.5f -> %.5f (plain LibTorch on the loaded module: %.5f); %.0f bytes/rank "
-          "crossed groups, %.0f stayed in the group\n",
-          before, after, plain, t.traffic()[fedshard::axis::federation].wire_bytes,
-          t.traffic()[fedshard::axis::shard].wire_bytes);
+          "test loss %.5f -> %.5f (plain LibTorch on the loaded module: %.5f); K = %d: %lld "
+          "syncs, %.0f bytes/rank crossed groups, %.0f stayed in the group; at most %d gathered "
+          "units live (limit %d)\n",
+          before, after, plain, period, static_cast<long long>(t.syncs_applied()),
+          t.traffic()[fedshard::axis::federation].wire_bytes,
+          t.traffic()[fedshard::axis::shard].wire_bytes, t.engine().peak_live_units(),
+          t.engine().max_live_units());
   });
 }

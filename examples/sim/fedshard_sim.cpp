@@ -1,9 +1,11 @@
 // fedshard-sim: prices a training schedule before it runs. The step plan of the algorithm's
-// shard policy and the sync plan of its federation (the plans the trainer executes) are
-// placed on a modelled cluster; the tool prints tokens/s per GPU, the step time split into
-// compute and exposed communication per axis, and the bytes per axis. --sweep writes a CSV
-// over K, groups and inter-group bandwidth (plot it with plot_sweep.py); --paper reproduces
-// the 512-GPU setting of the FL+FSDP paper.
+// shard policy and the per-fragment sync plans of its federation (the plans the trainer
+// executes), at the cadence its schedule gives, are placed on a modelled cluster; the tool
+// prints tokens/s per GPU, the step time split into compute and exposed communication per
+// axis, and the bytes per axis. Every alias of fedshard::for_each_algorithm is priced from
+// its name with run-time settings (K, fragments, delay, alpha). --sweep writes a CSV over K,
+// groups and inter-group bandwidth (plot it with plot_sweep.py); --paper reproduces the
+// 512-GPU setting of the FL+FSDP paper.
 #include <fedshard/sim/price.hpp>
 
 #include <algorithm>
@@ -27,7 +29,39 @@ using namespace fedshard::sim;
 
 constexpr double paper_speedup = 8.04;  // PAPERS.md section 1: "up to 8.04x faster data processing"
 
-const char* usage = R"(usage: fedshard-sim [options]
+/// items joined by ", ", wrapped at 92 columns, continuation lines indented by 24.
+std::string wrapped(const std::vector<std::string>& items, std::size_t first_column) {
+  std::string out;
+  std::size_t column = first_column;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::string item = items[i] + (i + 1 < items.size() ? "," : "");
+    if (i > 0 && column + 1 + item.size() > 92) {
+      out += "\n" + std::string(24, ' ');
+      column = 24;
+    } else if (i > 0) {
+      out += ' ';
+      ++column;
+    }
+    out += item;
+    column += item.size();
+  }
+  return out;
+}
+
+/// The --help text, with the algorithms of fedshard::for_each_algorithm and their defaults.
+std::string usage() {
+  std::vector<std::string> names, hybrid, periods;
+  for (const auto& n : algorithm_names()) {
+    const algorithm_desc a = algorithm_by_name(n);
+    names.push_back(n);
+    if (a.shard_policy() == shard::hybrid_shard::name) hybrid.push_back(n);
+    if (a.syncs()) {
+      char k[64];
+      std::snprintf(k, sizeof k, "%s %g", n.c_str(), a.cadence().period());
+      periods.push_back(k);
+    }
+  }
+  return R"(usage: fedshard-sim [options]
 
 What to train
   --model NAME          llama3.1-8b (default), llama3-70b, gpt2-124m, or custom:
@@ -48,11 +82,23 @@ Where
   --wan-latency-ms X    WAN latency per ring step, ms (default 10, illustrative)
 
 How
-  --algo NAME           fsdp (default), hsdp, fl_fsdp, fl_hsdp, ddp, zero2, diloco
-  --groups G            federation groups (fl_*, diloco; default 1)
-  --hsdp S              shards per replica for hsdp / fl_hsdp / diloco (default: GPUs per node)
+  --algo NAME           the algorithm (default fsdp), one of
+                        )" +
+         wrapped(names, 24) + R"(
+  --groups G            federation groups, for algorithms that federate (default 1)
+  --hsdp S              shards per replica (default: GPUs per node), for algorithms whose
+                        shard policy is hybrid_shard: )" +
+         wrapped(hybrid, 54) + R"(
   --mesh GxRxS          the mesh itself (overrides --groups and --hsdp)
-  --K K                 inner steps between syncs (default 8)
+  --K K                 inner steps between syncs: K of a periodic schedule, H of a streaming
+                        one; ignored by algorithms that do not federate (default: the
+                        algorithm's own: )" +
+         wrapped(periods, 42) + R"()
+  --fragments P         streaming: fragments synced separately, each once per H steps
+                        (default 2)
+  --delay T             streaming: steps a fragment's sync stays in flight, overlapping
+                        compute; T < floor(H / P) (default 0)
+  --alpha A             streaming: mixing factor in (0, 1] (default 1; no effect on the price)
   --sync MODE           hierarchical (default) or reference (replica 0 syncs, then broadcasts)
   --param-dtype T       bf16 (default), f16 or f32 on the wire for parameters
   --reduce-dtype T      bf16 (default) or f32 for gradient reductions
@@ -67,6 +113,7 @@ Modes
   --sweep-gbps LIST     inter-group bandwidth in Gb/s: the WAN uplink with --sites > 1, else
                         the node network (default 25,50,100,200,400,800,1600)
 )";
+}
 
 struct options {
   workload work{llama31_8b(), 2, 2048, 0, false};
@@ -77,7 +124,9 @@ struct options {
   int groups = 1;
   int hsdp = 0;
   std::optional<mesh_shape> mesh;
-  int k = 8;
+  std::optional<int> k;  ///< unset: each algorithm's own
+  std::optional<int> fragments, delay;
+  std::optional<float> alpha;
   federation::sync_mode sync = federation::sync_mode::hierarchical;
   price_options pricing{};
   bool paper = false;
@@ -146,7 +195,7 @@ options parse(int argc, char** argv) {
     };
     auto& m = o.work.model;
     if (a == "--help" || a == "-h") {
-      std::fputs(usage, stdout);
+      std::fputs(usage().c_str(), stdout);
       std::exit(0);
     } else if (a == "--model")
       m = model_preset(value());
@@ -198,6 +247,12 @@ options parse(int argc, char** argv) {
       o.mesh = to_mesh(value());
     else if (a == "--K" || a == "-K" || a == "--k")
       o.k = to_int(a, value());
+    else if (a == "--fragments")
+      o.fragments = to_int(a, value());
+    else if (a == "--delay")
+      o.delay = to_int(a, value());
+    else if (a == "--alpha")
+      o.alpha = static_cast<float>(to_double(a, value()));
     else if (a == "--sync") {
       const std::string v = value();
       if (v == "hierarchical")
@@ -238,27 +293,39 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-/// The mesh an algorithm runs on, from --groups and --hsdp.
-mesh_shape mesh_for(const std::string& algo, int gpus, int groups, int hsdp) {
+/// The mesh algorithm a runs on, from --groups and --hsdp: G groups when it federates (else
+/// one), each of R x S ranks: replicated shards of --hsdp ranks under hybrid_shard, else one
+/// replica of all the group's ranks.
+mesh_shape mesh_for(const algorithm_desc& a, int gpus, int groups, int hsdp) {
   auto need = [&](bool ok, const std::string& what) {
-    if (!ok) fail(algo + " on " + std::to_string(gpus) + " GPUs: " + what);
+    if (!ok) fail(a.name() + " on " + std::to_string(gpus) + " GPUs: " + what);
   };
-  if (algo == "fsdp" || algo == "zero2" || algo == "ddp") return {1, 1, gpus};
-  if (algo == "hsdp") {
-    need(hsdp >= 1 && gpus % hsdp == 0, "--hsdp " + std::to_string(hsdp) + " must divide it");
-    return {1, gpus / hsdp, hsdp};
-  }
-  need(groups >= 1 && gpus % groups == 0, "--groups " + std::to_string(groups) + " must divide it");
-  if (algo == "fl_fsdp") return {groups, 1, gpus / groups};
-  need(hsdp >= 1 && (gpus / groups) % hsdp == 0,
-       "--hsdp " + std::to_string(hsdp) + " must divide the " + std::to_string(gpus / groups) +
-           " GPUs of a group");
-  return {groups, gpus / groups / hsdp, hsdp};
+  const bool hybrid = a.shard_policy() == shard::hybrid_shard::name;
+  const int g = a.syncs() ? groups : 1;
+  need(g >= 1 && gpus % g == 0, "--groups " + std::to_string(g) + " must divide it");
+  const int per_group = gpus / g;
+  if (!hybrid) return {g, 1, per_group};
+  need(hsdp >= 1 && per_group % hsdp == 0,
+       "--hsdp " + std::to_string(hsdp) + " must divide " +
+           (g == 1 ? std::string("it") : "the " + std::to_string(per_group) + " GPUs of a group"));
+  return {g, per_group / hsdp, hsdp};
 }
 
-step_price run(const options& o, const std::string& algo, const mesh_shape& shape, int k,
+/// The settings of the command line with K = k (unset: the algorithm's own).
+algorithm_settings settings_of(const options& o, std::optional<int> k) {
+  return {
+      .period = k, .fragments = o.fragments, .delay = o.delay, .alpha = o.alpha, .sync = o.sync};
+}
+
+/// Settings with only K and the sync mode (the fixed configurations of --paper, and the fsdp
+/// baseline).
+algorithm_settings plain_settings(const options& o, std::optional<int> k) {
+  return {.period = k, .sync = o.sync};
+}
+
+step_price run(const options& o, const algorithm_desc& a, const mesh_shape& shape,
                const cluster& c) {
-  return price(algorithm_by_name(algo, k, o.sync), o.work, shape, c, o.pricing);
+  return price(a, o.work, shape, c, o.pricing);
 }
 
 std::string mesh_string(const mesh_shape& s) {
@@ -290,19 +357,41 @@ void print_setting(const options& o, const cluster& c) {
       std::string(to_string(o.pricing.collectives)).c_str());
 }
 
+/// "8", "2.5", "inf".
+std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
+
+/// True when the algorithm syncs the whole model at once and blocking (a plain K).
+bool plain_k(const step_price& p) {
+  return p.fragments == 1 && p.in_flight == 0;
+}
+
 void print_price(const step_price& p, const step_price* fsdp) {
+  std::string cadence;
+  if (p.syncs && plain_k(p))
+    cadence = ", K = " + number(p.period);
+  else if (p.syncs)
+    cadence = ", " + std::to_string(p.fragments) + " fragments, each synced every " +
+              number(p.period) + " steps, in flight " + number(p.in_flight) + " steps";
   std::printf("\n%s on mesh %s (groups x replicas x shards)%s\n", p.algorithm.c_str(),
-              mesh_string(p.shape).c_str(),
-              p.syncs ? (", K = " + std::to_string(p.period)).c_str() : "");
+              mesh_string(p.shape).c_str(), cadence.c_str());
   std::printf("  tokens/s per GPU     %10.1f", p.tokens_per_s_per_gpu);
   if (fsdp) std::printf("   (%.2fx fsdp)", fsdp->step / p.step);
   std::printf("\n  step                 %10.4f s = compute %.4f s + exposed communication %.4f s\n",
               p.step, p.compute, p.exposed_comm());
   std::printf("  overlappable comm    %10.4f s (%.4f s hidden behind compute)\n", p.overlappable,
               p.hidden);
-  if (p.syncs)
-    std::printf("  one sync             %10.4f s, every %d steps: %.4f s per step\n", p.sync,
-                p.period, p.sync_per_step);
+  if (p.syncs && plain_k(p))
+    std::printf("  one sync             %10.4f s, every %s steps: %.4f s per step\n", p.sync,
+                number(p.period).c_str(), p.sync_per_step);
+  else if (p.syncs)
+    std::printf(
+        "  one sync round       %10.4f s (every fragment once, every %s steps): %.4f s per "
+        "step exposed, %.4f s per step hidden behind compute\n",
+        p.sync, number(p.period).c_str(), p.sync_per_step, p.sync_hidden);
   std::printf("  %-11s %-8s %6s %10s %10s %12s %12s %12s %10s\n", "axis", "level", "ranks",
               "GB/step", "GB/sync", "GB/step(K)", "node GB/step", "comm s/step", "exposed s");
   for (axis a : all_axes) {
@@ -311,7 +400,7 @@ void print_price(const step_price& p, const step_price* fsdp) {
     std::printf("  %-11s %-8s %6d %10.3f %10.3f %12.3f %12.3f %12.4f %10.4f\n",
                 std::string(to_string(a)).c_str(), std::string(to_string(x.level)).c_str(), x.ranks,
                 x.step_bytes / 1e9, x.sync_bytes / 1e9, x.bytes_per_step / 1e9,
-                x.node_bytes_per_step / 1e9, x.step_seconds + x.sync_seconds / p.period, x.exposed);
+                x.node_bytes_per_step / 1e9, x.step_seconds + x.sync_seconds_per_step, x.exposed);
   }
   std::printf(
       "  GB: bytes this GPU sends (the traffic counters' wire bytes); GB/step(K): syncs "
@@ -334,7 +423,8 @@ std::vector<paper_row> paper_rows() {
 
 std::vector<step_price> paper_prices(const options& o, const cluster& c) {
   std::vector<step_price> out;
-  for (const auto& r : paper_rows()) out.push_back(run(o, r.algo, r.shape, 8, c));
+  for (const auto& r : paper_rows())
+    out.push_back(run(o, algorithm_by_name(r.algo, plain_settings(o, 8)), r.shape, c));
   return out;
 }
 
@@ -433,6 +523,11 @@ void sweep(const options& o) {
     algos.push_back(o.algo);
   else
     algos = {"fl_fsdp", "fl_hsdp"};
+  // Unknown names and settings an algorithm has no use for are refused before anything runs;
+  // a K its schedule refuses (streaming: fewer steps than fragments) only skips that K.
+  std::vector<algorithm_desc> described;
+  for (const auto& algo : algos) described.push_back(algorithm_by_name(algo, settings_of(o, {})));
+  const algorithm_desc fsdp = algorithm_by_name("fsdp", plain_settings(o, {}));
   std::vector<int> groups = o.sweep_groups;
   if (groups.empty())
     for (int g = 1; g <= o.gpus; g *= 2) groups.push_back(g);
@@ -446,25 +541,33 @@ void sweep(const options& o) {
          "compute_s,exposed_s,exposed_shard_s,exposed_replica_s,exposed_federation_s,"
          "exposed_group_s,exposed_world_s,sync_s,step_s,tokens_per_s_per_gpu,fsdp_step_s,"
          "speedup_vs_fsdp,bytes_shard,bytes_replica,bytes_federation,bytes_group,bytes_world\n";
-  int rows = 0, skipped = 0;
+  int rows = 0, skipped = 0, refused = 0;
   for (double gbps : o.sweep_gbps) {
     cluster c = o.where;
     if (c.sites > 1)
       c.wan.bandwidth = gbit_per_s(gbps);
     else
       c = with_node_gbps(c, gbps);
-    const step_price base = run(o, "fsdp", {1, 1, o.gpus}, 1, c);
-    for (const auto& algo : algos)
+    const step_price base = run(o, fsdp, {1, 1, o.gpus}, c);
+    for (const auto& desc : described)
       for (int g : groups)
         for (int k : o.sweep_k) {
+          const std::string& algo = desc.name();
           mesh_shape shape;
           try {
-            shape = mesh_for(algo, o.gpus, g, o.hsdp);
+            shape = mesh_for(desc, o.gpus, g, o.hsdp);
           } catch (const invalid_argument&) {
             ++skipped;
             continue;
           }
-          const step_price p = run(o, algo, shape, k, c);
+          algorithm_desc a;
+          try {
+            a = algorithm_by_name(algo, settings_of(o, k));
+          } catch (const invalid_argument&) {
+            ++refused;
+            continue;
+          }
+          const step_price p = run(o, a, shape, c);
           out << o.work.model.name << ',' << c.name << ',' << o.gpus << ',' << algo << ','
               << shape.groups << ',' << shape.replicas << ',' << shape.shards << ',' << p.period
               << ',' << gbps << ',' << c.node_bandwidth() * 8 / 1e9 << ',' << c.sites << ','
@@ -477,8 +580,10 @@ void sweep(const options& o) {
           ++rows;
         }
   }
-  std::fprintf(stderr, "fedshard-sim: %d rows%s%s (%d combinations skipped: mesh does not fit)\n",
+  std::fprintf(stderr, "fedshard-sim: %d rows%s%s (%d combinations skipped: mesh does not fit",
                rows, o.csv.empty() ? "" : " written to ", o.csv.c_str(), skipped);
+  if (refused > 0) std::fprintf(stderr, "; %d: K refused by the schedule", refused);
+  std::fprintf(stderr, ")\n");
 }
 
 }  // namespace
@@ -494,12 +599,15 @@ int main(int argc, char** argv) {
       sweep(o);
       return 0;
     }
-    const mesh_shape shape = o.mesh ? *o.mesh : mesh_for(o.algo, o.gpus, o.groups, o.hsdp);
+    const algorithm_desc a = algorithm_by_name(o.algo, settings_of(o, o.k));
+    const mesh_shape shape = o.mesh ? *o.mesh : mesh_for(a, o.gpus, o.groups, o.hsdp);
     if (shape.size() != o.gpus) o.gpus = shape.size();
     print_setting(o, o.where);
-    const step_price p = run(o, o.algo, shape, o.k, o.where);
+    const step_price p = run(o, a, shape, o.where);
     std::optional<step_price> base;
-    if (o.algo != "fsdp") base = run(o, "fsdp", {1, 1, shape.size()}, 1, o.where);
+    if (o.algo != "fsdp")
+      base =
+          run(o, algorithm_by_name("fsdp", plain_settings(o, {})), {1, 1, shape.size()}, o.where);
     print_price(p, base ? &*base : nullptr);
     return 0;
   } catch (const std::exception& e) {

@@ -19,8 +19,9 @@
 #include "fedshard/mesh/mesh.hpp"
 
 #include "fedshard/plan/comm_op.hpp"
-#include "fedshard/plan/executor.hpp"
+#include "fedshard/plan/interpreter.hpp"
 #include "fedshard/plan/traffic.hpp"
+#include "fedshard/plan/wire_tap.hpp"
 
 #include "fedshard/shard/engine.hpp"
 #include "fedshard/shard/flat_layout.hpp"
@@ -40,6 +41,7 @@
 #include "fedshard/federation/none.hpp"
 #include "fedshard/federation/outer_optimizer.hpp"
 #include "fedshard/federation/outer_rules.hpp"
+#include "fedshard/federation/sync.hpp"
 #include "fedshard/federation/sync_plan.hpp"
 #include "fedshard/federation/weighted_average.hpp"
 

@@ -27,7 +27,9 @@ struct plain_hooks {
     }
   }
   const fedshard::flat_layout& layout() const { return l; }
-  std::span<const float> acquire(std::size_t u) { return p[u]; }
+  std::span<const float> acquire(std::size_t u, fedshard::phase = fedshard::phase::forward) {
+    return p[u];
+  }
   void release(std::size_t) {}
   std::span<float> grad_buffer(std::size_t u) { return g[u]; }
   void grads_ready(std::size_t) {}
@@ -110,8 +112,10 @@ TEST_CASE("charlm trains under fl_hsdp on 8 inproc ranks and its eval loss goes 
   std::vector<float> before(8), after(8);
   fedshard::test::spawn_ranks(8, [&](fedshard::inproc::communicator& w) {
     fedshard::mesh m(w, {2, 2, 2});
-    fedshard::trainer<charlm::model, fedshard::fl_hsdp<4>, fedshard::optim::adamw> t(
-        m, charlm::model({data.vocab(), 4, 8, 32}, 1), {.lr = 1e-2f});
+    fedshard::trainer<charlm::model, fedshard::fl_hsdp, fedshard::optim::adamw,
+                      fedshard::inproc::communicator>
+        t(m, charlm::model({data.vocab(), 4, 8, 32}, 1), {.lr = 1e-2f},
+          {.schedule = {.period = 4}});
     const auto eval = charlm::model::eval_batch(data, 4, 64);
     const auto r = static_cast<std::size_t>(w.rank());
     before[r] = t.evaluate(eval);

@@ -26,13 +26,12 @@ struct complete {
   };
   static constexpr std::string_view name = "complete";
   static constexpr bool syncs = true;
-  static constexpr bool uses_weights = false;
   complete(config, std::vector<std::size_t>) {}
   void begin(int, std::span<float>, const sync_info&) {}
   void end(int, std::span<float>, const sync_info&) {}
   void reset(int, std::span<const float>) {}
   std::vector<optim::state_tensor> state() { return {}; }
-  bool averages_inner_moments() const { return false; }
+  plan sync_plan(const sync_context&) const { return {}; }
 };
 
 struct no_reset {
@@ -41,12 +40,11 @@ struct no_reset {
   };
   static constexpr std::string_view name = "no_reset";
   static constexpr bool syncs = true;
-  static constexpr bool uses_weights = false;
   no_reset(config, std::vector<std::size_t>) {}
   void begin(int, std::span<float>, const sync_info&) {}
   void end(int, std::span<float>, const sync_info&) {}
   std::vector<optim::state_tensor> state() { return {}; }
-  bool averages_inner_moments() const { return false; }
+  plan sync_plan(const sync_context&) const { return {}; }
 };
 
 struct config_without_sync {
@@ -55,13 +53,12 @@ struct config_without_sync {
   };
   static constexpr std::string_view name = "config_without_sync";
   static constexpr bool syncs = true;
-  static constexpr bool uses_weights = false;
   config_without_sync(config, std::vector<std::size_t>) {}
   void begin(int, std::span<float>, const sync_info&) {}
   void end(int, std::span<float>, const sync_info&) {}
   void reset(int, std::span<const float>) {}
   std::vector<optim::state_tensor> state() { return {}; }
-  bool averages_inner_moments() const { return false; }
+  plan sync_plan(const sync_context&) const { return {}; }
 };
 
 struct not_constructible_from_sizes {
@@ -70,13 +67,12 @@ struct not_constructible_from_sizes {
   };
   static constexpr std::string_view name = "x";
   static constexpr bool syncs = true;
-  static constexpr bool uses_weights = false;
   explicit not_constructible_from_sizes(config) {}
   void begin(int, std::span<float>, const sync_info&) {}
   void end(int, std::span<float>, const sync_info&) {}
   void reset(int, std::span<const float>) {}
   std::vector<optim::state_tensor> state() { return {}; }
-  bool averages_inner_moments() const { return false; }
+  plan sync_plan(const sync_context&) const { return {}; }
 };
 
 struct begin_takes_const_buffer {
@@ -85,42 +81,39 @@ struct begin_takes_const_buffer {
   };
   static constexpr std::string_view name = "x";
   static constexpr bool syncs = true;
-  static constexpr bool uses_weights = false;
   begin_takes_const_buffer(config, std::vector<std::size_t>) {}
   void begin(int, std::span<const float>, sync_info&) {}  // needs a mutable sync_info
   void end(int, std::span<float>, const sync_info&) {}
   void reset(int, std::span<const float>) {}
   std::vector<optim::state_tensor> state() { return {}; }
-  bool averages_inner_moments() const { return false; }
+  plan sync_plan(const sync_context&) const { return {}; }
 };
 
-struct moments_not_const {
+struct sync_plan_not_const {
   struct config {
     sync_mode sync{};
   };
   static constexpr std::string_view name = "x";
   static constexpr bool syncs = true;
-  static constexpr bool uses_weights = false;
-  moments_not_const(config, std::vector<std::size_t>) {}
+  sync_plan_not_const(config, std::vector<std::size_t>) {}
   void begin(int, std::span<float>, const sync_info&) {}
   void end(int, std::span<float>, const sync_info&) {}
   void reset(int, std::span<const float>) {}
   std::vector<optim::state_tensor> state() { return {}; }
-  bool averages_inner_moments() { return false; }
+  plan sync_plan(const sync_context&) { return {}; }
 };
 
-struct no_uses_weights {
+struct no_sync_plan {
   struct config {
     sync_mode sync{};
   };
   static constexpr std::string_view name = "x";
   static constexpr bool syncs = true;
-  no_uses_weights(config, std::vector<std::size_t>) {}
+  no_sync_plan(config, std::vector<std::size_t>) {}
   void begin(int, std::span<float>, const sync_info&) {}
   void end(int, std::span<float>, const sync_info&) {}
   void reset(int, std::span<const float>) {}
   std::vector<optim::state_tensor> state() { return {}; }
-  bool averages_inner_moments() const { return false; }
 };
 
 }  // namespace
@@ -142,8 +135,8 @@ TEST_CASE("types missing a requirement do not model FederationPolicy") {
   CHECK_FALSE(FederationPolicy<config_without_sync>);
   CHECK_FALSE(FederationPolicy<not_constructible_from_sizes>);
   CHECK_FALSE(FederationPolicy<begin_takes_const_buffer>);
-  CHECK_FALSE(FederationPolicy<moments_not_const>);
-  CHECK_FALSE(FederationPolicy<no_uses_weights>);
+  CHECK_FALSE(FederationPolicy<sync_plan_not_const>);
+  CHECK_FALSE(FederationPolicy<no_sync_plan>);
 }
 
 TEST_CASE("sync modes and sync_info") {
@@ -152,7 +145,8 @@ TEST_CASE("sync modes and sync_info") {
   const sync_info info{};
   CHECK(info.fragment == 0);
   CHECK(info.groups == 1);
-  CHECK(info.weight_scale == 1.0);  // equal weights: the plain mean
+  CHECK(info.group == 0);
+  CHECK(info.group_tokens.empty());  // no weights exchanged
   // every library policy's config defaults to the hierarchical sync
   CHECK(none::config{}.sync == sync_mode::hierarchical);
   CHECK(average::config{}.sync == sync_mode::hierarchical);

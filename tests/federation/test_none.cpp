@@ -14,9 +14,8 @@ TEST_CASE("none models FederationPolicy and never syncs") {
   CHECK(federation::FederationPolicy<none>);
   CHECK(none::name == "none");
   CHECK_FALSE(none::syncs);
-  CHECK_FALSE(none::uses_weights);
   none n({}, {16, 32});
-  CHECK_FALSE(n.averages_inner_moments());
+  CHECK(n.sync_plan({.shape = {4, 2, 1}, .numel = 32}).ops.empty());  // nothing moves
   CHECK(n.state().empty());
   CHECK(none{}.state().empty());
 }
@@ -30,7 +29,7 @@ TEST_CASE("none leaves every buffer as it was, bit for bit") {
                                     3e38f,
                                     -7.25f};
   std::vector<float> buf = original;
-  const federation::sync_info info{0, 4, 2.5};
+  const federation::sync_info info{.fragment = 0, .groups = 4};
   n.reset(0, buf);
   n.begin(0, buf, info);
   n.end(0, buf, info);

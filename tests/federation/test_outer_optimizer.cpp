@@ -1,6 +1,7 @@
 // outer_optimizer<Rule>: anchors per fragment, pseudo-gradients in begin, the rule's step in
 // end, named state for checkpoints, and checks on fragment indices and sizes.
 #include "fedshard/federation/outer_optimizer.hpp"
+#include "fedshard/federation/sync_plan.hpp"
 
 #include <doctest/doctest.h>
 
@@ -26,7 +27,6 @@ TEST_CASE("outer_optimizer: names, flags and default config") {
   CHECK(outer_optimizer<nesterov>::name == "nesterov");
   CHECK(outer_optimizer<fedadam>::name == "fedadam");
   CHECK(outer_optimizer<nesterov>::syncs);
-  CHECK_FALSE(outer_optimizer<nesterov>::uses_weights);
   const outer_optimizer<nesterov>::config c{};
   CHECK(c.sync == sync_mode::hierarchical);
   CHECK_FALSE(c.average_inner_moments);
@@ -130,12 +130,21 @@ TEST_CASE("state() names anchors and rule state per fragment and aliases the liv
   CHECK(outer_optimizer<nesterov>{}.state().empty());
 }
 
-TEST_CASE("averages_inner_moments follows the config; outer steps can be restored") {
+TEST_CASE("the sync plan averages inner moments when the config says so; outer steps restore") {
   outer_optimizer<fedadam>::config c;
-  CHECK_FALSE(outer_optimizer<fedadam>(c, {4}).averages_inner_moments());
+  const federation::sync_context ctx{.shape = {2, 2, 1},
+                                     .coords = {1, 0, 0},
+                                     .fragment = 1,
+                                     .numel = 64,
+                                     .inner_state_buffers = 2};
+  const plan params_only = outer_optimizer<fedadam>(c, {}).sync_plan(ctx);
+  CHECK(params_only.ops == federation::parameter_average_ops(ctx, c.sync).ops);
   c.average_inner_moments = true;
   outer_optimizer<fedadam> o(c, {4});
-  CHECK(o.averages_inner_moments());
+  plan expected = federation::parameter_average_ops(ctx, c.sync);
+  expected.append(federation::moment_average_ops(ctx, c.sync));
+  CHECK(o.sync_plan(ctx).ops == expected.ops);
+  CHECK(expected.ops.size() == 6);  // parameters + 2 moments, each all_reduce + all_gather
   o.set_outer_steps(0, 12);
   CHECK(o.outer_steps(0) == 12);
   CHECK_THROWS_AS(o.set_outer_steps(0, -1), invalid_argument);

@@ -1,5 +1,6 @@
-// The comm_ops of a federation sync: hierarchical (every replica all-reduces 1/R) against the
-// reference (replica 0 all-reduces everything, then broadcasts), weights, moment buffers.
+// The ops of a federation sync: hierarchical (every replica all-reduces 1/R) against the
+// reference (replica 0 all-reduces everything, then broadcasts), the weights' exchange, the
+// moment buffers; and the ops run by the interpreter give every replica the groups' mean.
 #include "fedshard/federation/sync_plan.hpp"
 
 #include <doctest/doctest.h>
@@ -8,7 +9,7 @@
 
 #include "fedshard/comm/inproc.hpp"
 #include "fedshard/mesh/mesh.hpp"
-#include "fedshard/plan/executor.hpp"
+#include "fedshard/plan/interpreter.hpp"
 #include "support/spawn_ranks.hpp"
 
 using namespace fedshard;
@@ -16,10 +17,27 @@ using namespace fedshard::federation;
 
 namespace {
 
-comm_op sync_op(comm_kind k, axis a, std::int64_t bytes, int ranks, dtype t = dtype::f32,
-                reduce_op op = reduce_op::avg) {
-  return {k, a, bytes, t, -1, phase::sync, ranks, op, false};
+/// A sync op written out by hand: an average over the groups of role `what` of fragment 2.
+comm_op sync_op(comm_kind k, axis a, std::int64_t bytes, int ranks, trigger t, operand in,
+                operand out) {
+  comm_op op{.kind = k, .axis = a, .dtype = dtype::f32, .bytes = bytes, .ranks = ranks};
+  if (reduces(k)) op.reduce = reduce_op::avg;
+  op.trigger = t;
+  op.phase = phase::sync;
+  op.fragment = 2;
+  op.in = in;
+  op.out = out;
+  op.overlappable = false;
+  return op;
 }
+
+sync_context ctx_of(mesh_shape shape, mesh_coords me, std::size_t numel, int inner = 0) {
+  return {
+      .shape = shape, .coords = me, .fragment = 2, .numel = numel, .inner_state_buffers = inner};
+}
+
+const operand whole{.role = role::fragment};
+const operand piece{.role = role::fragment, .piece = axis::replica};
 
 }  // namespace
 
@@ -53,113 +71,112 @@ TEST_CASE("hierarchical: every replica all-reduces its 1/R over the groups, then
     const int R = shape.replicas, G = shape.groups;
     for (int r = 0; r < R; ++r)
       for (int s = 0; s < shape.shards; ++s) {
-        const plan p = average_plan(shape, {1, r, s}, sync_mode::hierarchical, numel);
-        std::vector<comm_op> expected{
-            sync_op(comm_kind::all_reduce, axis::federation, bytes / R, G)};
-        if (R > 1) expected.push_back(sync_op(comm_kind::all_gather, axis::replica, bytes, R));
+        const plan p =
+            parameter_average_ops(ctx_of(shape, {1, r, s}, numel), sync_mode::hierarchical);
+        std::vector<comm_op> expected{sync_op(comm_kind::all_reduce, axis::federation, bytes / R, G,
+                                              trigger::sync_start, piece, piece)};
+        if (R > 1)
+          expected.push_back(sync_op(comm_kind::all_gather, axis::replica, bytes, R,
+                                     trigger::sync_finish, piece, whole));
         CHECK(p.ops == expected);
-        CHECK(p.wire_bytes_on(axis::federation) ==
-              doctest::Approx(2.0 * (G - 1) / G * double(bytes) / R));
+        CHECK_NOTHROW(p.check());
       }
   }
+  CHECK_THROWS_WITH_AS(parameter_average_ops(ctx_of({2, 3, 1}, {}, 100), sync_mode::hierarchical),
+                       doctest::Contains("100 elements do not divide evenly"), invalid_argument);
 }
 
 TEST_CASE("reference: replica 0 all-reduces the whole buffer and broadcasts it to the others") {
-  const std::size_t numel = 64;
-  const std::int64_t bytes = 256;
-  const mesh_shape shape{4, 2, 2};
-  const plan p0 = average_plan(shape, {0, 0, 1}, sync_mode::reference, numel);
-  CHECK(p0.ops == std::vector<comm_op>{sync_op(comm_kind::all_reduce, axis::federation, bytes, 4),
-                                       sync_op(comm_kind::broadcast, axis::replica, bytes, 2)});
-  const plan p1 = average_plan(shape, {3, 1, 0}, sync_mode::reference, numel);
-  CHECK(p1.ops == std::vector<comm_op>{sync_op(comm_kind::broadcast, axis::replica, bytes, 2)});
-  CHECK(p1.calls_on(axis::federation) == 0);
-  // one replica: no broadcast, and the same all_reduce as hierarchical
-  const plan single = average_plan({4, 1, 2}, {0, 0, 0}, sync_mode::reference, numel);
-  CHECK(single.ops ==
-        std::vector<comm_op>{sync_op(comm_kind::all_reduce, axis::federation, bytes, 4)});
-  CHECK(single.ops == average_plan({4, 1, 2}, {0, 0, 0}, sync_mode::hierarchical, numel).ops);
+  const std::size_t numel = 48;
+  const std::int64_t bytes = 48 * 4;
+  const mesh_shape shape{3, 2, 2};
+  for (int r = 0; r < 2; ++r) {
+    const plan p = parameter_average_ops(ctx_of(shape, {0, r, 1}, numel), sync_mode::reference);
+    std::vector<comm_op> expected;
+    if (r == 0)
+      expected.push_back(sync_op(comm_kind::all_reduce, axis::federation, bytes, 3,
+                                 trigger::sync_start, whole, whole));
+    expected.push_back(
+        sync_op(comm_kind::broadcast, axis::replica, bytes, 2, trigger::sync_finish, {}, whole));
+    CHECK(p.ops == expected);
+  }
+  // one replica: just the all_reduce
+  CHECK(parameter_average_ops(ctx_of({3, 1, 2}, {}, numel), sync_mode::reference).ops.size() == 1);
 }
 
 TEST_CASE("per group, both modes put the same bytes on the federation links") {
   const std::size_t numel = 192;
-  for (int R : {2, 3, 4}) {
-    const mesh_shape shape{3, R, 1};
+  for (int R : {1, 2, 3, 4}) {
+    const mesh_shape shape{4, R, 2};
     double hier = 0, ref = 0;
     for (int r = 0; r < R; ++r) {
-      const double h = average_plan(shape, {0, r, 0}, sync_mode::hierarchical, numel)
-                           .wire_bytes_on(axis::federation);
-      const double f = average_plan(shape, {0, r, 0}, sync_mode::reference, numel)
-                           .wire_bytes_on(axis::federation);
-      hier += h;
-      ref += f;
-      if (r > 0) CHECK(f == 0.0);
+      hier += parameter_average_ops(ctx_of(shape, {0, r, 0}, numel), sync_mode::hierarchical)
+                  .wire_bytes_on(axis::federation);
+      ref += parameter_average_ops(ctx_of(shape, {0, r, 0}, numel), sync_mode::reference)
+                 .wire_bytes_on(axis::federation);
     }
     CAPTURE(R);
-    CHECK(hier == doctest::Approx(ref));
-    // replica 0 carries R times the hierarchical share in the reference mode
-    CHECK(average_plan(shape, {0, 0, 0}, sync_mode::reference, numel)
-              .wire_bytes_on(axis::federation) ==
-          doctest::Approx(R * average_plan(shape, {0, 0, 0}, sync_mode::hierarchical, numel)
-                                  .wire_bytes_on(axis::federation)));
+    CHECK(hier == ref);
   }
 }
 
-TEST_CASE("weights_plan: the group's token sum, then every group's over the federation axis") {
-  const plan p = weights_plan({5, 2, 3});
-  CHECK(p.ops ==
-        std::vector<comm_op>{
-            sync_op(comm_kind::all_reduce, axis::group, 8, 6, dtype::f64, reduce_op::sum),
-            sync_op(comm_kind::all_gather, axis::federation, 40, 5, dtype::f64, reduce_op::sum)});
-}
-
-TEST_CASE("sync_plan: weights first, then the average of parameters and of each moment buffer") {
-  const mesh_shape shape{2, 2, 2};
-  const mesh_coords me{1, 1, 0};
-  for (sync_mode mode : {sync_mode::hierarchical, sync_mode::reference}) {
-    CAPTURE(to_string(mode));
-    const plan avg = average_plan(shape, me, mode, 128);
-    CHECK(sync_plan(shape, me, mode, 128, false, 0).ops == avg.ops);
-    plan expected = weights_plan(shape);
-    expected.append(avg);
-    CHECK(sync_plan(shape, me, mode, 128, true, 0).ops == expected.ops);
-    // Photon: AdamW's two moments are averaged like the parameters
-    expected.append(avg).append(avg);
-    CHECK(sync_plan(shape, me, mode, 128, true, 2).ops == expected.ops);
-    plan no_weights = avg;
-    no_weights.append(avg);
-    CHECK(sync_plan(shape, me, mode, 128, false, 1).ops == no_weights.ops);
+TEST_CASE("weights_ops: the group's token sum, then every group's over the federation axis") {
+  const plan p = weights_ops(ctx_of({3, 2, 2}, {}, 64));
+  REQUIRE(p.ops.size() == 2);
+  CHECK(p.ops[0].kind == comm_kind::all_reduce);
+  CHECK(p.ops[0].axis == axis::group);
+  CHECK(p.ops[0].dtype == dtype::f64);
+  CHECK(p.ops[0].bytes == 8);
+  CHECK(p.ops[0].ranks == 4);
+  CHECK(p.ops[0].reduce == reduce_op::sum);
+  CHECK(p.ops[0].in.role == role::tokens);
+  CHECK(p.ops[0].out.role == role::tokens);
+  CHECK(p.ops[1].kind == comm_kind::all_gather);
+  CHECK(p.ops[1].axis == axis::federation);
+  CHECK(p.ops[1].bytes == 24);
+  CHECK(p.ops[1].ranks == 3);
+  CHECK(p.ops[1].in.role == role::tokens);
+  CHECK(p.ops[1].out.role == role::group_tokens);
+  for (const comm_op& op : p.ops) {
+    CHECK(op.trigger == trigger::sync_begin);
+    CHECK(op.fragment == 2);
   }
 }
 
-TEST_CASE("both plans run on the executor and give every replica the mean over groups") {
-  // 2 groups x 2 replicas; each rank's fragment is 32 floats (padded for R = 2)
+TEST_CASE("moment_average_ops: every inner-optimizer buffer averaged after the apply") {
+  const sync_context ctx = ctx_of({2, 2, 1}, {}, 32, 2);
+  const plan p = moment_average_ops(ctx, sync_mode::hierarchical);
+  REQUIRE(p.ops.size() == 4);
+  for (std::size_t i = 0; i < p.ops.size(); ++i) {
+    CHECK(p.ops[i].trigger == trigger::sync_after);
+    CHECK(p.ops[i].out.role == role::moment);
+    CHECK(p.ops[i].out.index == static_cast<int>(i / 2));
+  }
+  CHECK(moment_average_ops(ctx_of({2, 2, 1}, {}, 32, 0), sync_mode::reference).ops.empty());
+}
+
+TEST_CASE("both modes run on the interpreter and give every replica the mean over groups") {
   for (sync_mode mode : {sync_mode::hierarchical, sync_mode::reference}) {
     CAPTURE(to_string(mode));
-    test::spawn_ranks(4, [&](inproc::communicator& world) {
-      mesh m(world, {2, 2, 1});
-      executor<inproc::communicator> ex(m);
-      const std::size_t n = padded_fragment_numel(20, 2);
-      REQUIRE(n == 32);
-      std::vector<float> buf(n);
-      const int g = m.coords().group, r = m.coords().replica;
-      // replicas of a group hold the same values (they train in lock step)
-      for (std::size_t i = 0; i < n; ++i) buf[i] = float(4 * g + i % 8);
-      // replica 1 of the reference mode receives only: scribble on it to see the broadcast
-      if (mode == sync_mode::reference && r == 1) std::fill(buf.begin(), buf.end(), -1.0f);
-      const plan p = average_plan(m.shape(), m.coords(), mode, n);
-      for (const comm_op& op : p.ops) {
-        if (op.kind == comm_kind::all_reduce) {
-          float* piece = buf.data() + (mode == sync_mode::hierarchical ? n / 2 * r : 0);
-          ex.run(op, piece, piece);
-        } else if (op.kind == comm_kind::all_gather) {
-          ex.run(op, buf.data() + n / 2 * r, buf.data());
-        } else {
-          ex.run(op, nullptr, buf.data());
-        }
-      }
-      for (std::size_t i = 0; i < n; ++i) CHECK(buf[i] == float(2 + i % 8));  // (0 + 4) / 2
-      CHECK(ex.traffic().same_traffic(traffic_counters::of(p)));
+    const mesh_shape shape{2, 2, 2};
+    test::spawn_ranks(8, [&](inproc::communicator& world) {
+      mesh m(world, shape);
+      interpreter<inproc::communicator> in(m);
+      const std::size_t numel = padded_fragment_numel(40, 2);
+      std::vector<float> buf(numel);
+      const auto& c = m.coords();
+      for (std::size_t i = 0; i < numel; ++i) buf[i] = float(c.group * 8 + c.shard) + float(i);
+      const plan p = parameter_average_ops(ctx_of(shape, c, numel), mode);
+      auto bind = [&](const comm_op&, const operand&) {
+        return buffer_view{buf.data(), buf.size(), dtype::f32};
+      };
+      in.wait(
+          in.fire(p, {.trigger = trigger::sync_start, .phase = phase::sync, .fragment = 2}, bind));
+      in.wait(
+          in.fire(p, {.trigger = trigger::sync_finish, .phase = phase::sync, .fragment = 2}, bind));
+      for (std::size_t i = 0; i < numel; ++i)
+        CHECK(buf[i] == (float(c.shard) + float(i) + float(8 + c.shard) + float(i)) / 2.0f);
+      CHECK(in.traffic().same_traffic(traffic_counters::of(p)));
     });
   }
 }

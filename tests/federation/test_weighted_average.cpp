@@ -10,37 +10,53 @@
 #include <limits>
 #include <vector>
 
+#include "fedshard/federation/sync_plan.hpp"
+
 using namespace fedshard;
 using federation::sync_info;
 using federation::weighted_average;
 
-TEST_CASE("weighted_average models FederationPolicy and asks for weights") {
+namespace {
+/// What a sync tells group `group` when the groups processed `tokens`.
+sync_info info(const std::vector<double>& tokens, int group) {
+  static thread_local std::vector<std::vector<double>> keep;  // the span must outlive the call
+  keep.push_back(tokens);
+  return {.fragment = 0,
+          .groups = static_cast<int>(tokens.size()),
+          .group = group,
+          .group_tokens = keep.back()};
+}
+}  // namespace
+
+TEST_CASE("weighted_average models FederationPolicy and exchanges the weights first") {
   CHECK(federation::FederationPolicy<weighted_average>);
   CHECK(weighted_average::name == "weighted_average");
   CHECK(weighted_average::syncs);
-  CHECK(weighted_average::uses_weights);
   weighted_average w({}, {8});
-  CHECK_FALSE(w.averages_inner_moments());
   CHECK(w.state().empty());
+  const federation::sync_context ctx{.shape = {3, 2, 2}, .coords = {1, 1, 0}, .numel = 32};
+  plan expected = federation::weights_ops(ctx);
+  expected.append(federation::parameter_average_ops(ctx, federation::sync_mode::hierarchical));
+  CHECK(w.sync_plan(ctx).ops == expected.ops);
 }
 
-TEST_CASE("begin scales the buffer by weight_scale; end and reset change nothing") {
+TEST_CASE("begin scales the buffer by G w_g / W; end and reset change nothing") {
   weighted_average w({}, {4});
   std::vector<float> buf{1.0f, -2.0f, 0.75f, 3.0f};
-  w.begin(0, buf, {0, 2, 0.5});
+  w.begin(0, buf, info({1, 3}, 0));  // 2 * 1 / 4
   CHECK(buf == std::vector<float>{0.5f, -1.0f, 0.375f, 1.5f});
-  w.begin(0, buf, {0, 2, 4.0});
-  CHECK(buf == std::vector<float>{2.0f, -4.0f, 1.5f, 6.0f});
-  w.begin(0, buf, {0, 2, 0.0});  // a group that processed nothing contributes nothing
+  w.begin(0, buf, info({0, 4, 2}, 1));  // 3 * 4 / 6 = 2
+  CHECK(buf == std::vector<float>{1.0f, -2.0f, 0.75f, 3.0f});
+  w.begin(0, buf, info({0, 5}, 0));  // a group that processed nothing contributes nothing
   CHECK(buf == std::vector<float>{0.0f, -0.0f, 0.0f, 0.0f});
 
   std::vector<float> v{3.0f, 6.0f};
-  w.begin(0, v, {0, 3, 1.0 / 3.0});
+  w.begin(0, v, info({1, 1, 7}, 0));  // 3 * 1 / 9
   CHECK(v[0] == doctest::Approx(1.0).epsilon(1e-7));
   CHECK(v[1] == doctest::Approx(2.0).epsilon(1e-7));
 
   const std::vector<float> before = v;
-  w.end(0, v, {0, 3, 1.0 / 3.0});
+  w.end(0, v, info({1, 1, 7}, 0));
   w.reset(0, v);
   CHECK(v == before);
 }
@@ -53,7 +69,8 @@ TEST_CASE("a scale of exactly 1 leaves the buffer untouched, bit for bit") {
   std::vector<float> buf;
   for (std::uint32_t b : bits) buf.push_back(std::bit_cast<float>(b));
   volatile double one = 1.0;  // a runtime value: no constant folding of x * 1
-  w.begin(0, buf, {0, 2, one});
+  std::vector<double> equal{one * 5, one * 5};
+  w.begin(0, buf, {.fragment = 0, .groups = 2, .group = 1, .group_tokens = equal});
   for (std::size_t i = 0; i < bits.size(); ++i) {
     CAPTURE(i);
     CHECK(std::bit_cast<std::uint32_t>(buf[i]) == bits[i]);
@@ -64,11 +81,26 @@ TEST_CASE("scaled, then averaged: the token-weighted mean of the groups") {
   // 2 groups with 1 and 3 tokens: scales 2*1/4 = 0.5 and 2*3/4 = 1.5
   weighted_average w({}, {3});
   std::vector<float> g0{4.0f, 8.0f, -2.0f}, g1{8.0f, 0.0f, 2.0f};
-  w.begin(0, g0, {0, 2, 0.5});
-  w.begin(0, g1, {0, 2, 1.5});
+  w.begin(0, g0, info({1, 3}, 0));
+  w.begin(0, g1, info({1, 3}, 1));
   for (std::size_t i = 0; i < 3; ++i) {
     const float mean = (g0[i] + g1[i]) / 2.0f;  // what the AVG all_reduce computes
     const float theta0[] = {4.0f, 8.0f, -2.0f}, theta1[] = {8.0f, 0.0f, 2.0f};
     CHECK(mean == (1.0f * theta0[i] + 3.0f * theta1[i]) / 4.0f);
   }
+}
+
+TEST_CASE("weights that cannot be averaged are refused naming every group's") {
+  weighted_average w({}, {2});
+  std::vector<float> buf{1.0f, 2.0f};
+  CHECK_THROWS_WITH_AS(
+      w.begin(0, buf, info({0, 0}, 0)),
+      doctest::Contains("must be >= 0 and not all zero, found group 0: 0, group 1: 0"),
+      invalid_argument);
+  CHECK_THROWS_WITH_AS(w.begin(0, buf, info({3, -1}, 1)), doctest::Contains("group 1: -1"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS(w.begin(0, buf, {.fragment = 0, .groups = 2}),
+                       doctest::Contains("expected the token counts of 2 groups, found 0"),
+                       invalid_argument);
+  CHECK(buf == std::vector<float>{1.0f, 2.0f});  // nothing changed
 }

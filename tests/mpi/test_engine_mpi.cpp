@@ -47,6 +47,8 @@ run_result train_on(C& world, mesh_shape shape, shard::precision prec = {}) {
   tiny_mlp model;
   mesh m(world, shape);
   shard::engine<P, C> e(m, model.units(), prec);
+  CHECK(e.traffic().same_traffic(traffic_counters::of(e.setup_plan())));  // the layout check
+  e.traffic().reset();
   for (std::size_t u = 0; u < e.layout().num_units(); ++u)
     e.set_unit(u, model.init_unit(e.layout(), u, kSeed));
   const int group_size = shape.replicas * shape.shards;
@@ -63,8 +65,8 @@ run_result train_on(C& world, mesh_shape shape, shard::precision prec = {}) {
     auto g = e.grad();
     for (std::size_t i = 0; i < p.size(); ++i) p[i] -= kLr * g[i];
   }
+  out.traffic = e.traffic();  // the steps only
   for (std::size_t u = 0; u < e.layout().num_units(); ++u) out.units.push_back(e.gather_unit(u));
-  out.traffic = e.traffic();
   out.step_plan = e.step_plan();
   out.padded_numel = e.layout().total_padded_numel();
   return out;

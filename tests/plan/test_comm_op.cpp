@@ -1,4 +1,5 @@
-// comm_op and plan: names, nccl-tests bus factors, wire bytes, describe(), per-axis sums.
+// comm_op and plan: names, nccl-tests bus factors, wire bytes, describe(), validation of an
+// op's fields, trigger points, per-axis sums and the plan's selections.
 #include "fedshard/plan/comm_op.hpp"
 
 #include <doctest/doctest.h>
@@ -18,18 +19,22 @@ comm_op make(comm_kind k, axis a, std::int64_t bytes, int ranks, dtype t = dtype
              phase when = phase::backward) {
   comm_op op;
   op.kind = k;
-  op.on = a;
+  op.axis = a;
   op.bytes = bytes;
-  op.type = t;
+  op.dtype = t;
   op.unit = unit;
-  op.when = when;
+  op.phase = when;
   op.ranks = ranks;
+  op.trigger = trigger::grads_ready;
+  op.in = {.role = role::grad};
+  op.out = {.role = role::grad_shard};
+  if (reduces(k)) op.reduce = reduce_op::avg;
   return op;
 }
 
 }  // namespace
 
-TEST_CASE("kinds and phases have distinct names") {
+TEST_CASE("kinds, phases, triggers and roles have distinct names") {
   CHECK(to_string(comm_kind::all_gather) == "all_gather");
   CHECK(to_string(comm_kind::reduce_scatter) == "reduce_scatter");
   CHECK(to_string(comm_kind::all_reduce) == "all_reduce");
@@ -39,19 +44,36 @@ TEST_CASE("kinds and phases have distinct names") {
   CHECK(to_string(phase::backward) == "backward");
   CHECK(to_string(phase::optimizer) == "optimizer");
   CHECK(to_string(phase::sync) == "sync");
+  CHECK(to_string(phase::setup) == "setup");
+  CHECK(to_string(trigger::acquire) == "acquire");
+  CHECK(to_string(trigger::grads_ready) == "grads_ready");
+  CHECK(to_string(trigger::end_of_backward) == "end_of_backward");
+  CHECK(to_string(trigger::sync_begin) == "sync_begin");
+  CHECK(to_string(trigger::sync_start) == "sync_start");
+  CHECK(to_string(trigger::sync_finish) == "sync_finish");
+  CHECK(to_string(trigger::sync_after) == "sync_after");
+  CHECK(to_string(trigger::on_demand) == "on_demand");
+  CHECK(to_string(role::param_shard) == "param_shard");
+  CHECK(to_string(role::group_tokens) == "group_tokens");
   CHECK(to_string(static_cast<comm_kind>(99)) == "unknown-kind");
   CHECK(to_string(static_cast<phase>(99)) == "unknown-phase");
+  CHECK(to_string(static_cast<trigger>(99)) == "unknown-trigger");
+  CHECK(to_string(static_cast<role>(99)) == "unknown-role");
 }
 
-TEST_CASE("a default comm_op is an averaging all_reduce of nothing on the world") {
+TEST_CASE("a default comm_op is an on-demand all_reduce of nothing on the world, with no roles") {
   const comm_op op;
   CHECK(op.kind == comm_kind::all_reduce);
-  CHECK(op.on == axis::world);
+  CHECK(op.axis == axis::world);
   CHECK(op.bytes == 0);
-  CHECK(op.type == dtype::f32);
+  CHECK(op.dtype == dtype::f32);
   CHECK(op.unit == -1);
+  CHECK(op.fragment == -1);
   CHECK(op.ranks == 1);
-  CHECK(op.op == reduce_op::avg);
+  CHECK_FALSE(op.reduce.has_value());
+  CHECK(op.trigger == trigger::on_demand);
+  CHECK(op.in.role == role::none);
+  CHECK(op.out.role == role::none);
   CHECK(op.overlappable);
   CHECK(wire_bytes(op) == 0.0);
 }
@@ -59,16 +81,22 @@ TEST_CASE("a default comm_op is an averaging all_reduce of nothing on the world"
 TEST_CASE("comm_op equality compares every field") {
   const comm_op base = make(comm_kind::all_gather, axis::shard, 4096, 4, dtype::bf16, 2);
   CHECK(base == base);
-  std::vector<comm_op> changed(9, base);
+  std::vector<comm_op> changed(15, base);
   changed[0].kind = comm_kind::reduce_scatter;
-  changed[1].on = axis::replica;
+  changed[1].axis = axis::replica;
   changed[2].bytes = 4098;
-  changed[3].type = dtype::f16;
+  changed[3].dtype = dtype::f16;
   changed[4].unit = 3;
-  changed[5].when = phase::forward;
+  changed[5].phase = phase::forward;
   changed[6].ranks = 8;
-  changed[7].op = reduce_op::sum;
+  changed[7].reduce = reduce_op::sum;
   changed[8].overlappable = false;
+  changed[9].trigger = trigger::acquire;
+  changed[10].fragment = 1;
+  changed[11].root = 1;
+  changed[12].in.piece = axis::replica;
+  changed[13].out.index = 2;
+  changed[14].in.role = role::params;
   for (const comm_op& c : changed) CHECK_FALSE(c == base);
 }
 
@@ -112,7 +140,8 @@ TEST_CASE("wire_bytes is the bus factor times the array bytes") {
   CHECK(wire_bytes(make(comm_kind::all_reduce, axis::world, big, 2)) == double(big));
 }
 
-TEST_CASE("describe names the kind, axis, ranks, bytes, dtype, unit and phase") {
+TEST_CASE(
+    "describe names the kind, axis, ranks, bytes, dtype, reduction, unit, trigger, phase, roles") {
   const std::string s =
       describe(make(comm_kind::reduce_scatter, axis::replica, 4096, 3, dtype::bf16, 7));
   CHECK(s.find("reduce_scatter") != std::string::npos);
@@ -121,11 +150,18 @@ TEST_CASE("describe names the kind, axis, ranks, bytes, dtype, unit and phase") 
   CHECK(s.find("4096 B") != std::string::npos);
   CHECK(s.find("bf16") != std::string::npos);
   CHECK(s.find("unit 7") != std::string::npos);
-  CHECK(s.find("backward") != std::string::npos);
-  const std::string w =
-      describe(make(comm_kind::broadcast, axis::federation, 8, 2, dtype::f64, -1, phase::sync));
-  CHECK(w.find("broadcast on federation (2 ranks), 8 B of f64, unit -1, sync") !=
-        std::string::npos);
+  CHECK(s.find("grads_ready in backward") != std::string::npos);
+  CHECK(s.find("avg") != std::string::npos);
+  CHECK(s.find("grad -> grad_shard") != std::string::npos);
+  comm_op b = make(comm_kind::broadcast, axis::replica, 8, 2, dtype::f32, -1, phase::sync);
+  b.reduce.reset();
+  b.trigger = trigger::sync_finish;
+  b.fragment = 3;
+  b.out = {.role = role::fragment};
+  CHECK(describe(b) ==
+        "broadcast on replica (2 ranks), 8 B of f32, fragment 3, sync_finish in sync -> fragment");
+  CHECK(describe(operand{.role = role::moment, .index = 1, .piece = axis::replica}) ==
+        "moment 1 (piece on replica)");
 }
 
 TEST_CASE("plan: wire bytes and calls per axis, append keeps order") {
@@ -163,4 +199,80 @@ TEST_CASE("plan: wire bytes and calls per axis, append keeps order") {
   plan self = q;
   self.append(self);
   CHECK(self.ops.size() == 2);
+}
+
+TEST_CASE("check accepts consistent ops and names what is wrong with the others") {
+  const comm_op ok = make(comm_kind::reduce_scatter, axis::shard, 4096, 4, dtype::bf16, 2);
+  CHECK_NOTHROW(check(ok));
+  auto fails = [](comm_op op, const char* what) {
+    CAPTURE(what);
+    CHECK_THROWS_WITH_AS(check(op), doctest::Contains(what), invalid_argument);
+  };
+  comm_op c = ok;
+  c.ranks = 0;
+  fails(c, "ranks must be >= 1");
+  c = ok;
+  c.bytes = 4095;
+  fails(c, "bytes must be a whole number of 2-byte elements");
+  c = ok;
+  c.bytes = 2 * 6;
+  fails(c, "6 elements do not split evenly over 4 ranks");
+  c = ok;
+  c.reduce.reset();
+  fails(c, "a reducing op needs a reduce op");
+  c = make(comm_kind::all_gather, axis::shard, 64, 2);
+  c.reduce = reduce_op::sum;
+  fails(c, "only all_reduce and reduce_scatter carry a reduce op");
+  c = ok;
+  c.kind = comm_kind::send_recv;
+  c.reduce.reset();
+  fails(c, "send_recv ops are not executable yet");
+  c = ok;
+  c.out = {};
+  fails(c, "the output has no role");
+  c = ok;
+  c.in = {};
+  fails(c, "the input has no role");
+  c = ok;
+  c.unit = -1;
+  fails(c, "a grads_ready op needs a unit");
+  c = ok;
+  c.trigger = trigger::acquire;
+  c.phase = phase::sync;
+  fails(c, "acquire ops run in forward or backward");
+  c = ok;
+  c.trigger = trigger::sync_start;
+  fails(c, "a sync_start op needs a fragment");
+  c = make(comm_kind::broadcast, axis::replica, 8, 2);
+  c.reduce.reset();
+  c.root = 2;
+  fails(c, "root must be a rank of the axis, in [0, 2)");
+}
+
+TEST_CASE("trigger points select the ops of one event; writes and reads look at roles") {
+  plan p;
+  comm_op fwd = make(comm_kind::all_gather, axis::shard, 64, 2, dtype::f32, 1, phase::forward);
+  fwd.reduce.reset();
+  fwd.trigger = trigger::acquire;
+  fwd.in = {.role = role::param_shard};
+  fwd.out = {.role = role::params};
+  comm_op bwd = fwd;
+  bwd.phase = phase::backward;
+  const comm_op rs = make(comm_kind::reduce_scatter, axis::shard, 64, 2, dtype::f32, 1);
+  comm_op other = rs;
+  other.unit = 0;
+  p.ops = {fwd, bwd, rs, other};
+  CHECK(p.at({trigger::acquire, phase::forward, 1}).ops == std::vector<comm_op>{fwd});
+  CHECK(p.at({trigger::acquire, phase::backward, 1}).ops == std::vector<comm_op>{bwd});
+  CHECK(p.at({trigger::grads_ready, phase::backward, 1}).ops == std::vector<comm_op>{rs});
+  CHECK(p.at({trigger::acquire, phase::forward, 0}).ops.empty());
+  CHECK(p.at({.trigger = trigger::sync_start, .phase = phase::sync, .fragment = 0}).ops.empty());
+  CHECK(p.writes(role::params, 1));
+  CHECK_FALSE(p.writes(role::params, 0));
+  CHECK(p.reads(role::grad, 0));
+  CHECK_FALSE(p.reads(role::params, 1));
+  CHECK(p.select([](const comm_op& op) { return op.unit == 0; }).ops.size() == 1);
+  CHECK_NOTHROW(p.check());
+  p.ops.back().ranks = 0;
+  CHECK_THROWS_AS(p.check(), invalid_argument);
 }

@@ -10,7 +10,7 @@ namespace {
 comm_op make(comm_kind k, axis a, std::int64_t bytes, int ranks) {
   comm_op op;
   op.kind = k;
-  op.on = a;
+  op.axis = a;
   op.bytes = bytes;
   op.ranks = ranks;
   return op;

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "fedshard/error.hpp"
@@ -28,11 +29,16 @@ std::vector<std::int64_t> sync_steps(const S& s, std::int64_t total, std::int64_
 
 using steps = std::vector<std::int64_t>;
 
+fs::periodic every(int k) {
+  return fs::periodic({.period = k});
+}
+
 }  // namespace
 
-TEST_CASE("periodic<K> syncs after steps K-1, 2K-1, ... and the final step") {
-  const fs::periodic<3> s;
-  CHECK(fs::periodic<3>::period == 3);
+TEST_CASE("periodic syncs after steps K-1, 2K-1, ... and the final step") {
+  const fs::periodic s = every(3);
+  CHECK(s.period() == 3);
+  CHECK(s.settings().period == 3);
   CHECK(sync_steps(s, 9, 9) == steps{2, 5, 8});
   CHECK(sync_steps(s, 10, 10) == steps{2, 5, 8, 9});
   CHECK(sync_steps(s, 11, 11) == steps{2, 5, 8, 10});
@@ -40,41 +46,42 @@ TEST_CASE("periodic<K> syncs after steps K-1, 2K-1, ... and the final step") {
   CHECK(sync_steps(s, 2, 2) == steps{1});
 }
 
-TEST_CASE("periodic<1> syncs every step") {
-  const fs::periodic<1> s;
+TEST_CASE("periodic with K = 1 syncs every step") {
+  const fs::periodic s = every(1);
   CHECK(sync_steps(s, 5, 5) == steps{0, 1, 2, 3, 4});
   CHECK(sync_steps(s, 0, 4) == steps{0, 1, 2, 3});
 }
 
-TEST_CASE("periodic<K> with K larger than the run syncs only at the final step") {
-  const fs::periodic<8> s;
+TEST_CASE("periodic with K larger than the run syncs only at the final step") {
+  const fs::periodic s;  // K = 8 by default
+  CHECK(s.period() == 8);
   CHECK(sync_steps(s, 5, 5) == steps{4});
   CHECK(sync_steps(s, 8, 8) == steps{7});
 }
 
-TEST_CASE("periodic<K> with an unknown total has no final-step sync") {
-  const fs::periodic<4> s;
+TEST_CASE("periodic with an unknown total has no final-step sync") {
+  const fs::periodic s = every(4);
   CHECK(sync_steps(s, 0, 10) == steps{3, 7});
   CHECK(sync_steps(s, -1, 10) == steps{3, 7});
 }
 
-TEST_CASE("periodic<K> past the final step keeps its period") {
-  const fs::periodic<4> s;
+TEST_CASE("periodic past the final step keeps its period") {
+  const fs::periodic s = every(4);
   CHECK(sync_steps(s, 6, 13) == steps{3, 5, 7, 11});
 }
 
-TEST_CASE("valid_period rejects K < 1 (periodic<K> static_asserts it)") {
-  // periodic<0> cannot be named in a test: instantiating it fails with the static_assert
-  // "periodic<K>: K, the number of steps between syncs, must be >= 1". The static_assert's
-  // condition is valid_period<K>, checked here.
-  static_assert(!fs::valid_period<0>);
-  static_assert(!fs::valid_period<-5>);
-  static_assert(fs::valid_period<1>);
-  static_assert(fs::valid_period<500>);
+TEST_CASE("periodic refuses K < 1, naming the value") {
+  CHECK_THROWS_WITH_AS(
+      every(0),
+      doctest::Contains("periodic: period (K, the number of steps between syncs) must be >= 1, "
+                        "found 0"),
+      fedshard::invalid_argument);
+  CHECK_THROWS_WITH_AS(every(-5), doctest::Contains("found -5"), fedshard::invalid_argument);
+  CHECK(every(500).period() == 500);
 }
 
 TEST_CASE("periodic's one fragment holds every unit; bad arguments throw") {
-  const fs::periodic<2> s{fs::periodic<2>::config{}};
+  const fs::periodic s{fs::periodic::config{.period = 2}};
   CHECK(s.fragments() == 1);
   CHECK(s.mixing() == 1.0f);
   CHECK(s.fragment_units(0, 3) == std::vector<int>{0, 1, 2});

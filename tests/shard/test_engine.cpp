@@ -17,6 +17,7 @@
 
 #include "fedshard/comm/inproc.hpp"
 #include "fedshard/mesh/mesh.hpp"
+#include "fedshard/plan/comm_op.hpp"
 #include "fedshard/shard/engine.hpp"
 #include "fedshard/shard/full_shard.hpp"
 #include "fedshard/shard/hybrid_shard.hpp"
@@ -38,8 +39,10 @@ constexpr float kLr = 0.2f;
 struct run_result {
   std::vector<std::vector<float>> units;  // full parameters after training (from rank 0)
   std::vector<float> losses;              // rank 0's loss per step
-  traffic_counters traffic;               // rank 0's counters
-  plan step_plan;
+  traffic_counters traffic;               // rank 0's counters over the steps
+  traffic_counters setup_traffic;         // ... over construction
+  traffic_counters read_traffic;          // ... reading the units at the end
+  plan step_plan, setup_plan, read_plan;
   std::size_t padded_numel = 0;
 };
 
@@ -52,6 +55,8 @@ run_result train(mesh_shape shape, shard::precision prec = {}, int batch_per_ran
   test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
     mesh m(world, shape);
     shard::engine<P, inproc::communicator> e(m, model.units(), prec);
+    const traffic_counters setup = e.traffic();
+    e.traffic().reset();
     for (std::size_t u = 0; u < e.layout().num_units(); ++u)
       e.set_unit(u, model.init_unit(e.layout(), u, kSeed));
     const int group_size = shape.replicas * shape.shards;
@@ -69,13 +74,19 @@ run_result train(mesh_shape shape, shard::precision prec = {}, int batch_per_ran
       auto g = e.grad();
       for (std::size_t i = 0; i < p.size(); ++i) p[i] -= kLr * g[i];
     }
+    const traffic_counters steps = e.traffic();
+    e.traffic().reset();
     std::vector<std::vector<float>> units;
     for (std::size_t u = 0; u < e.layout().num_units(); ++u) units.push_back(e.gather_unit(u));
     if (world.rank() == 0) {
       out.units = units;
       out.losses = losses;
-      out.traffic = e.traffic();
+      out.traffic = steps;
+      out.setup_traffic = setup;
+      out.read_traffic = e.traffic();
       out.step_plan = e.step_plan();
+      out.setup_plan = e.setup_plan();
+      out.read_plan = e.read_plan();
       out.padded_numel = e.layout().total_padded_numel();
     }
   });
@@ -142,6 +153,16 @@ TEST_CASE("mixed precision: bf16 on the wire, f32 master; policies still agree b
 }
 
 TEST_CASE("bytes per step read from the traffic counters equal the plan and the closed forms") {
+  SUBCASE("construction checks the layout over the world; reading the units runs the read plan") {
+    const run_result r = train<shard::full_shard>({1, 1, 4});
+    CHECK(r.setup_traffic.same_traffic(traffic_counters::of(r.setup_plan)));
+    CHECK(r.setup_traffic[axis::world].calls == 2);
+    CHECK(r.read_traffic.same_traffic(traffic_counters::of(r.read_plan)));
+    CHECK(r.read_traffic[axis::shard].calls == 3);
+    const run_result d = train<shard::replicate>({1, 4, 1});
+    CHECK(d.read_plan.ops.empty());  // every rank holds whole units: nothing moves
+    CHECK(d.read_traffic.total().calls == 0);
+  }
   SUBCASE("full_shard: 3 (S-1)/S |theta| per rank per step in the wire dtype") {
     for (auto prec : {shard::precision{}, shard::precision{dtype::bf16, dtype::bf16}}) {
       const int S = 4;
@@ -277,16 +298,17 @@ TEST_CASE(
       e.acquire(2);
       e.release(2);
       // backward: acquiring u starts u - 1's gather; reductions overlap
-      e.acquire(2);
+      e.acquire(2, phase::backward);
+      CHECK(e.step_phase() == phase::backward);
       CHECK(e.in_flight(1) == (limit >= 2));
       e.grad_buffer(2);
       e.release(2);
       e.grads_ready(2);
-      e.acquire(1);
+      e.acquire(1, phase::backward);
       e.grad_buffer(1);
       e.release(1);
       e.grads_ready(1);
-      e.acquire(0);
+      e.acquire(0, phase::backward);
       e.release(0);
       e.grads_ready(0);
       e.finish_backward();
@@ -315,8 +337,78 @@ TEST_CASE("a model that calls no hook gets its units gathered on use and reduced
     e.grad_buffer(1)[0] = 1.0f;  // only unit 1 gets a gradient
     e.finish_backward();
     if (m.coords().shard == 0) CHECK(e.grad_of(1)[0] == 1.0f);  // (1 + 1) / 2
-    CHECK(e.traffic().same_traffic(traffic_counters::of(
-        plan{{e.step_plan().ops[1], e.step_plan().ops[4], e.step_plan().ops[6],
-              e.step_plan().ops[8]}})));  // one forward gather, three reduce_scatters
+    // construction's layout check, one forward gather, the read of unit 1, three reductions
+    CHECK(e.traffic().same_traffic(traffic_counters::of(plan{
+        {e.setup_plan().ops[0], e.setup_plan().ops[1], e.step_plan().ops[1], e.read_plan().ops[1],
+         e.step_plan().ops[4], e.step_plan().ops[6], e.step_plan().ops[8]}})));
+  });
+}
+
+namespace {
+/// A policy whose plan names a buffer the engine does not hold.
+struct bad_role_policy {
+  static constexpr std::string_view name = "bad_role_policy";
+  static int layout_shards(const mesh_shape& s) { return s.shards; }
+  static void check(const mesh_shape&) {}
+  static plan step_plan(const flat_layout& l, const mesh_shape& s, const shard::precision& p) {
+    plan out = shard::full_shard::step_plan(l, s, p);
+    out.ops[0].out = {.role = role::fragment};
+    return out;
+  }
+};
+}  // namespace
+
+TEST_CASE("what the engine keeps and frees follows the plan; buffers keep their address") {
+  tiny_mlp model;
+  // shard_grad_op: gathered once, kept through backward, freed when reduced
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, {1, 1, 2});
+    shard::engine<shard::shard_grad_op, inproc::communicator> e(m, model.units());
+    e.begin_step();
+    const float* p0 = e.acquire(0).data();
+    e.release(0);
+    CHECK(e.is_live(0));  // no backward gather planned: kept
+    CHECK(e.acquire(0, phase::backward).data() == p0);
+    e.grads_ready(0);
+    CHECK_FALSE(e.is_live(0));
+    CHECK_THROWS_WITH_AS(e.acquire(0, phase::backward),
+                         doctest::Contains("unit 0 ('layer0') is not gathered and the "
+                                           "shard_grad_op plan gathers it only for forward, not "
+                                           "for backward"),
+                         invalid_argument);
+    e.finish_backward();
+  });
+  // full_shard: freed on release, gathered again into the same memory
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, {1, 1, 2});
+    shard::engine<shard::full_shard, inproc::communicator> e(m, model.units());
+    e.set_max_live_units(1);
+    const float* first = nullptr;
+    for (int step = 0; step < 2; ++step) {
+      e.begin_step();
+      const float* p = e.acquire(1).data();
+      if (first == nullptr) first = p;
+      CHECK(p == first);
+      e.release(1);
+      CHECK_FALSE(e.is_live(1));
+      CHECK(e.acquire(1, phase::backward).data() == first);
+      CHECK(e.is_live(1));
+      e.grads_ready(1);
+      e.finish_backward();
+      CHECK(e.live_units() == 0);
+    }
+    CHECK(e.peak_live_units() == 1);
+    CHECK_THROWS_WITH_AS(e.acquire(0, phase::sync),
+                         doctest::Contains("phase must be forward or backward, found sync"),
+                         invalid_argument);
+  });
+  // a plan naming a buffer the engine does not hold is refused on every rank
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, {1, 1, 2});
+    using E = shard::engine<bad_role_policy, inproc::communicator>;
+    CHECK_THROWS_WITH_AS(E(m, model.units()),
+                         doctest::Contains("uses role fragment, but the shard engine holds only "
+                                           "param_shard, params, grad and grad_shard"),
+                         invalid_argument);
   });
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "support/step_ops.hpp"
 #include "support/tiny_mlp.hpp"
 
 using namespace fedshard;
@@ -15,7 +16,7 @@ using shard::precision;
 namespace {
 
 comm_op op(comm_kind k, std::int64_t bytes, dtype t, int unit, phase when, int ranks) {
-  return {k, axis::shard, bytes, t, unit, when, ranks};
+  return test::step_op(k, axis::shard, bytes, t, unit, when, ranks);
 }
 
 /// |θ| in bytes of type t: the padded units of a layout.
@@ -25,12 +26,16 @@ double theta(const flat_layout& l, dtype t) {
 
 }  // namespace
 
-TEST_CASE("full_shard: name, traits, one shard per rank of a replica") {
+TEST_CASE("full_shard: name, one shard per rank of a replica, gathered again for backward") {
   CHECK(shard::ShardPolicy<full_shard>);
   CHECK(full_shard::name == "full_shard");
-  CHECK(full_shard::traits.shards_params);
-  CHECK(full_shard::traits.regather_for_backward);
-  CHECK_FALSE(full_shard::traits.reduce_over_replicas);
+  const flat_layout l(test::tiny_mlp{}.units(), 4);
+  const plan p = full_shard::step_plan(l, {1, 1, 4}, {});
+  for (int u = 0; u < 3; ++u) {
+    CHECK(p.at({trigger::acquire, phase::forward, u}).ops.size() == 1);
+    CHECK(p.at({trigger::acquire, phase::backward, u}).ops.size() == 1);
+    CHECK(p.at({trigger::grads_ready, phase::backward, u}).ops.size() == 1);
+  }
   CHECK(full_shard::layout_shards({1, 1, 4}) == 4);
   CHECK(full_shard::layout_shards({8, 1, 2}) == 2);
   CHECK(full_shard::layout_shards({3, 1, 1}) == 1);
@@ -93,7 +98,7 @@ TEST_CASE("full_shard moves 3 (S-1)/S |θ| per rank per step, all on the shard a
       for (axis a : {axis::replica, axis::federation, axis::group, axis::world})
         CHECK(p.calls_on(a) == 0);
       // every reduction averages; the federation groups do not change the step
-      for (const comm_op& o : p.ops) CHECK(o.op == reduce_op::avg);
+      for (const comm_op& o : p.ops) CHECK(o.reduce.value_or(reduce_op::avg) == reduce_op::avg);
       CHECK(p.ops == full_shard::step_plan(l, {1, 1, S}, {}).ops);
     }
   }

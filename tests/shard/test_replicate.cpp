@@ -6,17 +6,18 @@
 
 #include <vector>
 
+#include "support/step_ops.hpp"
 #include "support/tiny_mlp.hpp"
 
 using namespace fedshard;
 using shard::replicate;
 
-TEST_CASE("replicate: name, traits, never shards, runs on any mesh") {
+TEST_CASE("replicate: name, never shards, never gathers, runs on any mesh") {
   CHECK(shard::ShardPolicy<replicate>);
   CHECK(replicate::name == "replicate");
-  CHECK_FALSE(replicate::traits.shards_params);
-  CHECK_FALSE(replicate::traits.regather_for_backward);
-  CHECK_FALSE(replicate::traits.reduce_over_replicas);
+  const flat_layout l(test::tiny_mlp{}.units(), 1);
+  for (const comm_op& op : replicate::step_plan(l, {1, 2, 2}, {}).ops)
+    CHECK(op.kind == comm_kind::all_reduce);
   for (mesh_shape s :
        {mesh_shape{1, 1, 1}, mesh_shape{1, 4, 1}, mesh_shape{1, 2, 2}, mesh_shape{4, 2, 8}}) {
     CHECK(replicate::layout_shards(s) == 1);
@@ -32,17 +33,17 @@ TEST_CASE("replicate step plan of the tiny MLP: all_reduce of each whole unit, l
   SUBCASE("4 ranks in 2 replicas x 2 shards, f32") {
     const plan p = replicate::step_plan(l, {1, 2, 2}, {});
     const std::vector<comm_op> expected{
-        {comm_kind::all_reduce, axis::group, 320, dtype::f32, 2, b, 4},
-        {comm_kind::all_reduce, axis::group, 1088, dtype::f32, 1, b, 4},
-        {comm_kind::all_reduce, axis::group, 576, dtype::f32, 0, b, 4}};
+        test::step_op(comm_kind::all_reduce, axis::group, 320, dtype::f32, 2, b, 4),
+        test::step_op(comm_kind::all_reduce, axis::group, 1088, dtype::f32, 1, b, 4),
+        test::step_op(comm_kind::all_reduce, axis::group, 576, dtype::f32, 0, b, 4)};
     CHECK(p.ops == expected);
   }
   SUBCASE("the param dtype does not travel; gradients go in the reduce dtype; G is not involved") {
     const plan p = replicate::step_plan(l, {3, 1, 2}, {dtype::f16, dtype::bf16});
     const std::vector<comm_op> expected{
-        {comm_kind::all_reduce, axis::group, 160, dtype::bf16, 2, b, 2},
-        {comm_kind::all_reduce, axis::group, 544, dtype::bf16, 1, b, 2},
-        {comm_kind::all_reduce, axis::group, 288, dtype::bf16, 0, b, 2}};
+        test::step_op(comm_kind::all_reduce, axis::group, 160, dtype::bf16, 2, b, 2),
+        test::step_op(comm_kind::all_reduce, axis::group, 544, dtype::bf16, 1, b, 2),
+        test::step_op(comm_kind::all_reduce, axis::group, 288, dtype::bf16, 0, b, 2)};
     CHECK(p.ops == expected);
   }
 }
@@ -63,7 +64,7 @@ TEST_CASE("replicate moves 2 (n-1)/n |θ| per step over the group's n = R * S ra
       CHECK(p.calls_on(a) == 0);
     for (const comm_op& o : p.ops) {
       CHECK(o.ranks == n);
-      CHECK(o.op == reduce_op::avg);
+      CHECK(o.reduce == reduce_op::avg);
     }
   }
   CHECK(replicate::step_plan(l, {1, 4, 1}, {}).wire_bytes_on(axis::group) == 1.5 * theta);

@@ -1,5 +1,5 @@
-// The ShardPolicy concept, mixed precision settings, and the step plan every sharding policy
-// derives from its traits (order of ops, axes, dtypes, bytes).
+// The ShardPolicy concept, mixed precision settings, and the builders of the ops policies are
+// made of (order of ops, axes, dtypes, bytes, roles and triggers).
 #include "fedshard/shard/shard_policy.hpp"
 
 #include <doctest/doctest.h>
@@ -14,7 +14,6 @@
 
 using namespace fedshard;
 using shard::precision;
-using shard::shard_traits;
 
 namespace {
 
@@ -27,13 +26,11 @@ std::vector<unit_spec> three_units() {
 // Types that each miss one requirement of the concept.
 struct no_step_plan {
   static constexpr std::string_view name = "no_step_plan";
-  static constexpr shard_traits traits{};
   static int layout_shards(const mesh_shape& s) { return s.shards; }
   static void check(const mesh_shape&) {}
 };
 struct step_plan_returns_ops {
   static constexpr std::string_view name = "bad";
-  static constexpr shard_traits traits{};
   static int layout_shards(const mesh_shape& s) { return s.shards; }
   static void check(const mesh_shape&) {}
   static std::vector<comm_op> step_plan(const flat_layout&, const mesh_shape&, const precision&) {
@@ -42,37 +39,32 @@ struct step_plan_returns_ops {
 };
 struct no_check {
   static constexpr std::string_view name = "no_check";
-  static constexpr shard_traits traits{};
   static int layout_shards(const mesh_shape& s) { return s.shards; }
   static plan step_plan(const flat_layout&, const mesh_shape&, const precision&) { return {}; }
 };
 struct no_name {
-  static constexpr shard_traits traits{};
-  static int layout_shards(const mesh_shape& s) { return s.shards; }
-  static void check(const mesh_shape&) {}
-  static plan step_plan(const flat_layout&, const mesh_shape&, const precision&) { return {}; }
-};
-struct no_traits {
-  static constexpr std::string_view name = "no_traits";
   static int layout_shards(const mesh_shape& s) { return s.shards; }
   static void check(const mesh_shape&) {}
   static plan step_plan(const flat_layout&, const mesh_shape&, const precision&) { return {}; }
 };
 struct no_layout_shards {
   static constexpr std::string_view name = "no_layout_shards";
-  static constexpr shard_traits traits{};
   static void check(const mesh_shape&) {}
   static plan step_plan(const flat_layout&, const mesh_shape&, const precision&) { return {}; }
 };
-/// A policy of one's own built on the shared plan: ZeRO-2 that never averages over replicas.
-struct my_zero2 {
-  static constexpr std::string_view name = "my_zero2";
-  static constexpr shard_traits traits{
-      .shards_params = true, .regather_for_backward = false, .reduce_over_replicas = false};
+/// A policy of one's own built from the builders: ZeRO-2 that never averages over replicas
+/// and gathers again for backward (a ZeRO-3 without replica averaging).
+struct my_zero3 {
+  static constexpr std::string_view name = "my_zero3";
   static int layout_shards(const mesh_shape& s) { return s.shards; }
   static void check(const mesh_shape&) {}
   static plan step_plan(const flat_layout& l, const mesh_shape& s, const precision& p) {
-    return shard::detail::sharded_step_plan(traits, l, s, p);
+    plan out = shard::ops::forward_gathers(l, s, p.param);
+    for (int u : shard::ops::backward_order(l)) {
+      out.ops.push_back(shard::ops::gather(l, s, p.param, u, phase::backward));
+      out.ops.push_back(shard::ops::reduce_scatter(l, s, p.reduce, u));
+    }
+    return out;
   }
 };
 
@@ -83,25 +75,20 @@ TEST_CASE("ShardPolicy holds for the four policies and a custom one, not for inc
   CHECK(shard::ShardPolicy<shard::shard_grad_op>);
   CHECK(shard::ShardPolicy<shard::full_shard>);
   CHECK(shard::ShardPolicy<shard::hybrid_shard>);
-  CHECK(shard::ShardPolicy<my_zero2>);
+  CHECK(shard::ShardPolicy<my_zero3>);
   CHECK_FALSE(shard::ShardPolicy<no_step_plan>);
   CHECK_FALSE(shard::ShardPolicy<step_plan_returns_ops>);
   CHECK_FALSE(shard::ShardPolicy<no_check>);
   CHECK_FALSE(shard::ShardPolicy<no_name>);
-  CHECK_FALSE(shard::ShardPolicy<no_traits>);
   CHECK_FALSE(shard::ShardPolicy<no_layout_shards>);
   CHECK_FALSE(shard::ShardPolicy<int>);
 }
 
-TEST_CASE("the four policies have distinct names and traits") {
+TEST_CASE("the four policies have distinct names") {
   CHECK(shard::replicate::name == "replicate");
   CHECK(shard::shard_grad_op::name == "shard_grad_op");
   CHECK(shard::full_shard::name == "full_shard");
   CHECK(shard::hybrid_shard::name == "hybrid_shard");
-  const shard_traits d{};
-  CHECK(d.shards_params);
-  CHECK(d.regather_for_backward);
-  CHECK_FALSE(d.reduce_over_replicas);
 }
 
 TEST_CASE("precision: f32 by default; param f32/bf16/f16, reduce f32/bf16") {
@@ -128,87 +115,80 @@ TEST_CASE("precision: f32 by default; param f32/bf16/f16, reduce f32/bf16") {
                        invalid_argument);
 }
 
-TEST_CASE("sharded_step_plan: forward gathers by ascending unit, backward ops by descending unit") {
+TEST_CASE("ops builders: what each step op moves, reads, writes and waits for") {
   const precision prec{dtype::bf16, dtype::f32};
-  for (bool regather : {false, true})
-    for (bool over_replicas : {false, true})
-      for (mesh_shape shape : {mesh_shape{1, 1, 4}, mesh_shape{2, 3, 2}, mesh_shape{1, 2, 1}}) {
-        const shard_traits t{true, regather, over_replicas};
-        CAPTURE(regather);
-        CAPTURE(over_replicas);
-        CAPTURE(to_string(shape));
-        const flat_layout l(three_units(), shape.shards);
-        const plan p = shard::detail::sharded_step_plan(t, l, shape, prec);
-        const int U = 3;
-        const bool ar = over_replicas && shape.replicas > 1;
-        REQUIRE(p.ops.size() == static_cast<std::size_t>(U + U * (1 + int(regather) + int(ar))));
-        std::size_t i = 0;
-        for (int u = 0; u < U; ++u, ++i) {
-          const comm_op& op = p.ops[i];
-          CHECK(op.kind == comm_kind::all_gather);
-          CHECK(op.when == phase::forward);
-          CHECK(op.unit == u);
-          CHECK(op.on == axis::shard);
-          CHECK(op.type == dtype::bf16);
-          CHECK(op.ranks == shape.shards);
-          CHECK(op.bytes == std::int64_t(l.unit(std::size_t(u)).padded_numel) * 2);
-        }
-        for (int u = U - 1; u >= 0; --u) {
-          const auto padded = std::int64_t(l.unit(std::size_t(u)).padded_numel);
-          if (regather) {
-            const comm_op& g = p.ops[i++];
-            CHECK(g.kind == comm_kind::all_gather);
-            CHECK(g.when == phase::backward);
-            CHECK(g.unit == u);
-            CHECK(g.type == dtype::bf16);
-            CHECK(g.bytes == padded * 2);
-          }
-          const comm_op& rs = p.ops[i++];
-          CHECK(rs.kind == comm_kind::reduce_scatter);
-          CHECK(rs.on == axis::shard);
-          CHECK(rs.when == phase::backward);
-          CHECK(rs.unit == u);
-          CHECK(rs.type == dtype::f32);
-          CHECK(rs.ranks == shape.shards);
-          CHECK(rs.op == reduce_op::avg);
-          CHECK(rs.bytes == padded * 4);
-          if (ar) {
-            const comm_op& a = p.ops[i++];
-            CHECK(a.kind == comm_kind::all_reduce);
-            CHECK(a.on == axis::replica);
-            CHECK(a.when == phase::backward);
-            CHECK(a.unit == u);
-            CHECK(a.type == dtype::f32);
-            CHECK(a.ranks == shape.replicas);
-            CHECK(a.op == reduce_op::avg);
-            CHECK(a.bytes == padded / shape.shards * 4);  // one shard of the unit
-          }
-        }
-        for (const comm_op& op : p.ops) CHECK(op.overlappable);
+  for (mesh_shape shape : {mesh_shape{1, 1, 4}, mesh_shape{2, 3, 2}, mesh_shape{1, 2, 1}}) {
+    CAPTURE(to_string(shape));
+    const flat_layout l(three_units(), shape.shards);
+    for (int u = 0; u < 3; ++u) {
+      const auto padded = std::int64_t(l.unit(std::size_t(u)).padded_numel);
+      for (phase ph : {phase::forward, phase::backward}) {
+        const comm_op g = shard::ops::gather(l, shape, prec.param, u, ph);
+        CHECK(g.kind == comm_kind::all_gather);
+        CHECK(g.axis == axis::shard);
+        CHECK(g.dtype == dtype::bf16);
+        CHECK(g.bytes == padded * 2);
+        CHECK(g.ranks == shape.shards);
+        CHECK_FALSE(g.reduce.has_value());
+        CHECK(g.trigger == trigger::acquire);
+        CHECK(g.phase == ph);
+        CHECK(g.unit == u);
+        CHECK(g.in == operand{.role = role::param_shard});
+        CHECK(g.out == operand{.role = role::params});
+        CHECK(g.overlappable);
+        CHECK_NOTHROW(check(g));
       }
-}
-
-TEST_CASE("sharded_step_plan for replicated parameters: one gradient all_reduce per unit") {
-  const shard_traits t{false, false, false};
-  const flat_layout l(three_units(), 1);
-  const plan p = shard::detail::sharded_step_plan(t, l, {2, 3, 2}, {dtype::f16, dtype::bf16});
-  REQUIRE(p.ops.size() == 3);
-  for (std::size_t i = 0; i < 3; ++i) {
-    const comm_op& op = p.ops[i];
-    CHECK(op.kind == comm_kind::all_reduce);
-    CHECK(op.on == axis::group);
-    CHECK(op.unit == int(2 - i));
-    CHECK(op.type == dtype::bf16);
-    CHECK(op.ranks == 6);
-    CHECK(op.bytes == std::int64_t(l.unit(2 - i).padded_numel) * 2);
-    CHECK(op.when == phase::backward);
-    CHECK(op.op == reduce_op::avg);
+      const comm_op rs = shard::ops::reduce_scatter(l, shape, prec.reduce, u);
+      CHECK(rs.kind == comm_kind::reduce_scatter);
+      CHECK(rs.axis == axis::shard);
+      CHECK(rs.dtype == dtype::f32);
+      CHECK(rs.bytes == padded * 4);
+      CHECK(rs.reduce == reduce_op::avg);
+      CHECK(rs.trigger == trigger::grads_ready);
+      CHECK(rs.in.role == role::grad);
+      CHECK(rs.out.role == role::grad_shard);
+      const comm_op ar = shard::ops::replica_average(l, shape, prec.reduce, u);
+      CHECK(ar.axis == axis::replica);
+      CHECK(ar.ranks == shape.replicas);
+      CHECK(ar.bytes == padded / shape.shards * 4);  // one shard of the unit
+      CHECK(ar.in.role == role::grad_shard);
+      CHECK(ar.out.role == role::grad_shard);
+      const comm_op ga = shard::ops::group_average(l, shape, dtype::bf16, u);
+      CHECK(ga.axis == axis::group);
+      CHECK(ga.ranks == shape.replicas * shape.shards);
+      CHECK(ga.bytes == padded * 2);
+      CHECK(ga.in.role == role::grad);
+      CHECK(ga.out.role == role::grad);
+      for (const comm_op& op : {rs, ar, ga}) CHECK_NOTHROW(check(op));
+    }
+    CHECK(shard::ops::forward_order(l) == std::vector<int>{0, 1, 2});
+    CHECK(shard::ops::backward_order(l) == std::vector<int>{2, 1, 0});
+    const plan fwd = shard::ops::forward_gathers(l, shape, prec.param);
+    REQUIRE(fwd.ops.size() == 3);
+    for (int u = 0; u < 3; ++u) CHECK(fwd.ops[std::size_t(u)].unit == u);
   }
 }
 
-TEST_CASE("a custom policy built on the shared plan runs its own traits") {
+TEST_CASE("read_units: on-demand f32 gathers into a caller's buffer, none when not sharded") {
+  const flat_layout sharded(three_units(), 2);
+  const plan p = shard::ops::read_units(sharded, {1, 1, 2});
+  REQUIRE(p.ops.size() == 3);
+  for (int u = 0; u < 3; ++u) {
+    const comm_op& op = p.ops[std::size_t(u)];
+    CHECK(op.kind == comm_kind::all_gather);
+    CHECK(op.dtype == dtype::f32);
+    CHECK(op.trigger == trigger::on_demand);
+    CHECK(op.unit == u);
+    CHECK(op.out.role == role::value);
+    CHECK(op.bytes == std::int64_t(sharded.unit(std::size_t(u)).padded_numel) * 4);
+  }
+  CHECK(shard::ops::read_units(flat_layout(three_units(), 1), {1, 4, 1}).ops.empty());
+}
+
+TEST_CASE("a custom policy built from the builders plans its own schedule") {
   const flat_layout l(three_units(), 2);
-  const plan p = my_zero2::step_plan(l, {1, 2, 2}, {});
-  CHECK(p.calls_on(axis::shard) == 6);  // 3 gathers + 3 reduce_scatters
+  const plan p = my_zero3::step_plan(l, {1, 2, 2}, {});
+  CHECK(p.calls_on(axis::shard) == 9);  // 3 forward + 3 backward gathers + 3 reduce_scatters
   CHECK(p.calls_on(axis::replica) == 0);
+  CHECK_NOTHROW(p.check());
 }

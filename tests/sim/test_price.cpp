@@ -1,10 +1,14 @@
-// Pricing a step: the priced plans are the trainer's (bytes equal its traffic counters), the
-// limits behave, and hierarchical federation sync moves R times fewer inter-group bytes.
+// Pricing a step: the priced plans are the trainer's (bytes equal what its wire recorded, for
+// every alias, streaming_diloco and custom algorithms included), the cadence comes from the
+// schedule, the limits behave, hierarchical federation sync moves R times fewer inter-group
+// bytes, and streaming's delay hides its all_reduce behind compute.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "fedshard/comm/inproc.hpp"
@@ -38,23 +42,46 @@ workload small_gpt() {
   return {gpt2_small(), 2, 1024, 0, false};
 }
 
+/// The message of the invalid_argument f throws ("" when it throws none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
 /// What a trainer run on inproc ranks recorded, per world rank.
 struct recorded {
   std::vector<traffic_counters> traffic;
-  std::vector<plan> step_plans, sync_plans;
+  std::vector<plan> step_plans;
+  std::vector<std::vector<plan>> sync_plans;  // per rank, per fragment
 };
 
-template <class Algorithm>
-recorded train(mesh_shape shape, int steps, trainer_options<Algorithm> opts) {
+/// Trains test::mlp_model with A and AdamW for `steps` steps of a run of `total_steps`
+/// (trainer_options::total_steps) on inproc ranks, with the simulator's settings o; counts what
+/// the wire recorded after construction.
+template <Algorithm A>
+recorded train(mesh_shape shape, int steps, std::int64_t total_steps, const algorithm_options<A>& o,
+               const shard::precision& prec) {
   recorded out;
   const int W = shape.size();
   out.traffic.resize(W);
   out.step_plans.resize(W);
   out.sync_plans.resize(W);
-  opts.total_steps = steps;
+  trainer_options<A> opts;
+  opts.precision = prec;
+  opts.total_steps = total_steps;
+  opts.federation = o.federation;
+  opts.schedule = o.schedule;
   test::spawn_ranks(W, [&](inproc::communicator& world) {
     mesh m(world, shape);
-    trainer<test::mlp_model, Algorithm, optim::adamw> t(m, test::mlp_model{}, {.lr = 1e-2f}, opts);
+    trainer<test::mlp_model, A, optim::adamw, inproc::communicator> t(m, test::mlp_model{},
+                                                                      {.lr = 1e-2f}, opts);
+    CHECK(static_cast<int>(t.optimizer().state().size()) == o.inner_state_buffers);
+    t.traffic().reset();  // count training only, not the construction's layout check
     const int gs = shape.replicas * shape.shards;
     const int local = m.coords().replica * shape.shards + m.coords().shard;
     for (int s = 0; s < steps; ++s)
@@ -62,47 +89,178 @@ recorded train(mesh_shape shape, int steps, trainer_options<Algorithm> opts) {
     const auto r = static_cast<std::size_t>(world.rank());
     out.traffic[r] = t.traffic();
     out.step_plans[r] = t.step_plan();
-    out.sync_plans[r] = t.sync_plan();
+    for (int f = 0; f < t.schedule().fragments(); ++f) out.sync_plans[r].push_back(t.sync_plan(f));
   });
   return out;
 }
 
-}  // namespace
+/// A 2 x 2 x 2 mesh when A's shard policy accepts replicas, else 2 x 1 x 3.
+template <Algorithm A>
+mesh_shape test_mesh() {
+  const mesh_shape replicated{2, 2, 2};
+  return error_of([&] { A::shard_policy::check(replicated); }).empty() ? replicated
+                                                                       : mesh_shape{2, 1, 3};
+}
 
-TEST_CASE_TEMPLATE("priced bytes equal the executor's traffic counters for the same plan", A,
-                   fl_hsdp<2>, fl_fsdp<2>, hsdp) {
-  constexpr int K = 2, steps = 4;
-  const mesh_shape shape =
-      std::is_same_v<A, fl_fsdp<2>> ? mesh_shape{2, 1, 3} : mesh_shape{2, 2, 2};
+/// Trains A with settings o twice on its test mesh and checks, on every rank and axis, that
+/// what the wire recorded is what the simulator says: (1) the trainer's plans are the
+/// simulator's; (2) a run of 7 steps with total_steps = 7 (final-step syncs) moves
+/// run_traffic's calls and bytes; (3) a run of 12 steps of unknown length (a whole number of
+/// patterns: K = 2 or 3, H = 6, every step, post-local's window of 12) moves 12 x the priced
+/// bytes per step and, with one fragment, 12 x step_calls plus sync_calls per sync.
+template <Algorithm A>
+void check_against_wire(std::string_view name, const algorithm_desc& a,
+                        const algorithm_options<A>& o) {
+  CAPTURE(name);
+  const mesh_shape shape = test_mesh<A>();
+  CAPTURE(to_string(shape));
   const shard::precision prec{dtype::bf16, dtype::f32};
-  trainer_options<A> opts;
-  opts.precision = prec;
-  const recorded run = train<A>(shape, steps, opts);
-
-  const algorithm_desc a = describe<A>("under test");
-  const int syncs = a.syncs ? steps / K : 0;
-  const flat_layout layout = layout_of(a, test::mlp_model{}.units(), shape);
+  const auto units = test::mlp_model{}.units();
   price_options po;
   po.precision = prec;
-  const step_price p =
-      price_plans(a, test::mlp_model{}.units(), shape, a100_4gpu_node(), 1.0, 1.0, po);
-  CHECK(p.period == (a.syncs ? K : 1));
+
+  const recorded finite = train<A>(shape, 7, 7, o, prec);
+  const flat_layout layout = layout_of(a, units, shape);
   for (int r = 0; r < shape.size(); ++r) {
     CAPTURE(r);
     const auto ur = static_cast<std::size_t>(r);
     // The simulator builds the trainer's very plans...
-    CHECK(step_plan_of(a, layout, shape, prec).ops == run.step_plans[ur].ops);
-    CHECK(sync_plan_of(a, layout, shape, r).ops == run.sync_plans[ur].ops);
-    // ...so what it prices is what the executor counted, axis by axis.
+    CHECK(step_plan_of(a, layout, shape, prec).ops == finite.step_plans[ur].ops);
+    const auto syncs = sync_plans_of(a, layout, shape, r);
+    REQUIRE(syncs.size() == finite.sync_plans[ur].size());
+    for (std::size_t f = 0; f < syncs.size(); ++f)
+      CHECK(syncs[f].ops == finite.sync_plans[ur][f].ops);
+    // ...and fires them as the trainer does: the same calls and bytes, axis by axis.
+    const traffic_counters sim = run_traffic(a, units, shape, r, 7, 7, prec);
+    for (axis ax : all_axes) {
+      CAPTURE(to_string(ax));
+      CHECK(finite.traffic[ur][ax].calls == sim[ax].calls);
+      CHECK(finite.traffic[ur][ax].payload_bytes == sim[ax].payload_bytes);
+      CHECK(finite.traffic[ur][ax].wire_bytes == sim[ax].wire_bytes);
+    }
+  }
+
+  // 12 steps are a whole number of the pattern of every setting below, so the priced bytes
+  // per step, times 12, are what the wire recorded.
+  const recorded open = train<A>(shape, 12, 0, o, prec);
+  const step_price p = price_plans(a, units, shape, a100_4gpu_node(), 1.0, 1.0, po);
+  const double syncs_in_run = 12 * a.cadence().starts_per_step();
+  for (int r = 0; r < shape.size(); ++r) {
+    CAPTURE(r);
+    const auto ur = static_cast<std::size_t>(r);
+    CHECK(run_traffic(a, units, shape, r, 12, 0, prec).same_traffic(open.traffic[ur]));
     for (axis ax : all_axes) {
       CAPTURE(to_string(ax));
       const axis_price& priced = p.ranks[ur].axes[static_cast<std::size_t>(ax)];
-      const axis_traffic& counted = run.traffic[ur][ax];
-      CHECK(counted.wire_bytes ==
-            doctest::Approx(steps * priced.step_bytes + syncs * priced.sync_bytes));
-      CHECK(counted.calls == steps * priced.step_calls + syncs * priced.sync_calls);
-      CHECK(priced.bytes_per_step == doctest::Approx(priced.step_bytes + priced.sync_bytes / K));
+      const axis_traffic& counted = open.traffic[ur][ax];
+      CHECK(counted.wire_bytes == doctest::Approx(12 * priced.bytes_per_step));
+      if (a.fragments() == 1)  // then every sync runs sync_calls calls
+        CHECK(static_cast<double>(counted.calls) ==
+              doctest::Approx(12.0 * static_cast<double>(priced.step_calls) +
+                              syncs_in_run * static_cast<double>(priced.sync_calls)));
     }
+  }
+}
+
+/// fl_hsdp's sync with token weights and Photon's averaged inner moments (sync_begin and
+/// sync_after ops), on ZeRO-2 inside groups and a post-local schedule: a custom algorithm.
+using weighted_post_local =
+    algorithm<shard::shard_grad_op, federation::weighted_average, schedule::post_local>;
+using photon_like =
+    algorithm<shard::hybrid_shard, federation::outer_optimizer<federation::fedmom>,
+              schedule::periodic, defaults<schedule::periodic::config{.period = 3}>>;
+
+}  // namespace
+
+TEST_CASE("priced bytes equal the trainer's wire traffic, for every alias") {
+  int aliases = 0;
+  for (auto mode : {federation::sync_mode::hierarchical, federation::sync_mode::reference}) {
+    CAPTURE(to_string(mode));
+    for_each_algorithm([&]<class A>(std::string_view name) {
+      ++aliases;
+      // K = 2 for the periodic aliases; streaming: H = 6, 3 fragments (one unit each), a
+      // fragment in flight for 1 step, mixing 0.5.
+      algorithm_settings s{.period = 2, .sync = mode};
+      if constexpr (requires(typename A::sync_schedule::config c) { c.fragments; })
+        s = {.period = 6, .fragments = 3, .delay = 1, .alpha = 0.5f, .sync = mode};
+      const algorithm_options<A> o = options_for<A>(name, s);
+      const algorithm_desc a = describe<A>(std::string(name), o);
+      // The by-name description is the same algorithm with the same settings.
+      const algorithm_desc by_name = algorithm_by_name(name, s);
+      CHECK(by_name.shard_policy() == a.shard_policy());
+      CHECK(by_name.federation_policy() == a.federation_policy());
+      CHECK(by_name.sync_schedule() == a.sync_schedule());
+      CHECK(by_name.cadence().window == a.cadence().window);
+      CHECK(by_name.cadence().mean_in_flight() == a.cadence().mean_in_flight());
+      check_against_wire<A>(name, a, o);
+    });
+  }
+  CHECK(aliases == 2 * static_cast<int>(algorithm_names().size()));
+}
+
+TEST_CASE("priced bytes equal the trainer's wire traffic, for custom algorithms") {
+  SUBCASE("token-weighted averaging, ZeRO-2, post-local SGD") {
+    // Synchronous for 2 steps, then every 5: syncs after steps 0, 1, 6 and 11 of 12. The
+    // cadence is read over those 12 steps.
+    algorithm_options<weighted_post_local> o{.schedule = {.switch_step = 2, .k = 5},
+                                             .cadence_window = 12};
+    const algorithm_desc a = describe<weighted_post_local>("weighted post-local", o);
+    CHECK(a.cadence().fragments.at(0).starts == 4);
+    check_against_wire<weighted_post_local>("weighted post-local", a, o);
+  }
+  SUBCASE("an outer optimizer that averages the inner moments too (Photon)") {
+    algorithm_options<photon_like> o;
+    o.federation.average_inner_moments = true;
+    const algorithm_desc a = describe<photon_like>("photon-like", o);
+    CHECK(a.cadence().window == 3);
+    check_against_wire<photon_like>("photon-like", a, o);
+  }
+}
+
+TEST_CASE("the cadence is read from the schedule's actions") {
+  SUBCASE("periodic: one blocking sync per K steps") {
+    const sync_cadence c = cadence_of(schedule::periodic({.period = 5}), 5);
+    REQUIRE(c.fragments.size() == 1);
+    CHECK(c.fragments[0].starts == 1);
+    CHECK(c.fragments[0].applies == 1);
+    CHECK(c.fragments[0].in_flight == std::vector<std::int64_t>{0});
+    CHECK(c.period() == 5);
+    CHECK(c.mean_in_flight() == 0);
+  }
+  SUBCASE("streaming: each fragment once per H steps, in flight tau steps") {
+    const schedule::streaming s({.period = 10, .fragments = 2, .delay = 3, .alpha = 1.0f});
+    const sync_cadence c = cadence_of(s, 10);
+    REQUIRE(c.fragments.size() == 2);
+    for (const auto& f : c.fragments) {
+      CHECK(f.starts == 1);
+      CHECK(f.applies == 1);
+      CHECK(f.in_flight == std::vector<std::int64_t>{3});
+    }
+    CHECK(c.period() == 10);
+    CHECK(c.mean_in_flight() == 3);
+  }
+  SUBCASE("every_step over any window") {
+    const sync_cadence c = cadence_of(schedule::every_step{}, 7);
+    CHECK(c.fragments.at(0).starts == 7);
+    CHECK(c.period() == 1);
+  }
+  SUBCASE("the alias's run-time settings set the window") {
+    CHECK(algorithm_by_name("fl_hsdp").cadence().window == 8);  // the alias's default K
+    CHECK(algorithm_by_name("diloco").cadence().window == 500);
+    CHECK(algorithm_by_name("fl_hsdp", {.period = 3}).cadence().window == 3);
+    const algorithm_desc s =
+        algorithm_by_name("streaming_diloco", {.period = 40, .fragments = 4, .delay = 2});
+    CHECK(s.fragments() == 4);
+    CHECK(s.cadence().window == 40);
+    CHECK(s.cadence().period() == 40);
+    CHECK(s.cadence().mean_in_flight() == 2);
+  }
+  SUBCASE("windows that cannot be scanned are refused") {
+    CHECK(error_of([] { cadence_of(schedule::periodic({.period = 5}), 0); }).find("[1, ") !=
+          std::string::npos);
+    CHECK(error_of([] {
+            algorithm_by_name("fl_fsdp", {.period = int{max_cadence_window} + 1});
+          }).find("cannot be scanned") != std::string::npos);
   }
 }
 
@@ -116,9 +274,12 @@ TEST_CASE("infinite bandwidth and zero latency give the compute time") {
                                                        {"hsdp", {1, 16, 4}},
                                                        {"fl_fsdp", {16, 1, 4}},
                                                        {"fl_hsdp", {4, 4, 4}},
-                                                       {"ddp", {1, 1, 64}}}) {
+                                                       {"ddp", {1, 1, 64}},
+                                                       {"zero2", {1, 1, 64}},
+                                                       {"diloco", {4, 4, 4}},
+                                                       {"streaming_diloco", {4, 4, 4}}}) {
     CAPTURE(name);
-    const step_price p = price(algorithm_by_name(name, 4), w, shape, c);
+    const step_price p = price(algorithm_by_name(name, {.period = 4}), w, shape, c);
     CHECK(p.compute == doctest::Approx(compute));
     CHECK(p.step == doctest::Approx(compute));
     CHECK(p.tokens_per_s_per_gpu == doctest::Approx(w.tokens_per_gpu() / compute));
@@ -127,7 +288,8 @@ TEST_CASE("infinite bandwidth and zero latency give the compute time") {
   // Infinite bandwidth alone leaves only latency: a small step over many ranks.
   cluster latency_only = c;
   latency_only.intra.alpha = latency_only.inter.alpha = 1e-5;
-  const step_price p = price(algorithm_by_name("fl_fsdp", 4), w, {16, 1, 4}, latency_only);
+  const step_price p =
+      price(algorithm_by_name("fl_fsdp", {.period = 4}), w, {16, 1, 4}, latency_only);
   CHECK(p.step > compute);
   CHECK(p.step < compute + 1e-2);
 }
@@ -137,18 +299,19 @@ TEST_CASE("K to infinity removes the federation cost; the cost falls as K grows"
   const workload w = small_gpt();
   const mesh_shape shape{16, 1, 4};
   // fl_fsdp and fsdp share the step plan on this mesh (full_shard over each group).
-  algorithm_desc plain = describe<fsdp>("fsdp inside groups");
-  const step_price no_sync = price(plain, w, shape, c);
+  const step_price no_sync = price(describe<fsdp>("fsdp inside groups"), w, shape, c);
   double previous = inf;
-  for (int k : {1, 4, 64, 1 << 20, std::numeric_limits<int>::max()}) {
+  for (int k : {1, 4, 64, 1 << 20, int{max_cadence_window}}) {
     CAPTURE(k);
-    const step_price p = price(algorithm_by_name("fl_fsdp", k), w, shape, c);
+    const step_price p = price(algorithm_by_name("fl_fsdp", {.period = k}), w, shape, c);
+    CHECK(p.period == k);
     CHECK(p.sync > 0);
     CHECK(p.sync_per_step == doctest::Approx(p.sync / k));
     CHECK(p.step <= previous);
+    CHECK(p.step - no_sync.step == doctest::Approx(p.sync / k).epsilon(1e-6));
     previous = p.step;
   }
-  CHECK(previous == doctest::Approx(no_sync.step).epsilon(1e-9));
+  CHECK(previous == doctest::Approx(no_sync.step).epsilon(1e-7));
   CHECK(no_sync.sync == 0);
 }
 
@@ -156,10 +319,12 @@ TEST_CASE("hierarchical federation sync prices R times fewer inter-group bytes p
   const cluster c = a100_4gpu_node();
   const workload w = small_gpt();
   const mesh_shape shape{4, 4, 2};  // R = 4
-  const auto hier =
-      price(algorithm_by_name("fl_hsdp", 8, federation::sync_mode::hierarchical), w, shape, c);
+  const auto hier = price(
+      algorithm_by_name("fl_hsdp", {.period = 8, .sync = federation::sync_mode::hierarchical}), w,
+      shape, c);
   const auto ref =
-      price(algorithm_by_name("fl_hsdp", 8, federation::sync_mode::reference), w, shape, c);
+      price(algorithm_by_name("fl_hsdp", {.period = 8, .sync = federation::sync_mode::reference}),
+            w, shape, c);
   const int replica0 = rank_of(shape, {1, 0, 1});
   const double h = hier.ranks[replica0].axes[static_cast<std::size_t>(axis::federation)].sync_bytes;
   const double r = ref.ranks[replica0].axes[static_cast<std::size_t>(axis::federation)].sync_bytes;
@@ -175,17 +340,18 @@ TEST_CASE("hierarchical federation sync prices R times fewer inter-group bytes p
   CHECK(coords_of(shape, ref.critical_rank).replica == 0);
 }
 
-TEST_CASE("overlap: overlappable step ops hide behind compute, syncs are exposed") {
+TEST_CASE("overlap: overlappable step ops hide behind compute, blocking syncs are exposed") {
   const cluster c = a100_4gpu_node();
   workload w = small_gpt();
   const mesh_shape shape{16, 1, 4};
-  const auto a = algorithm_by_name("fl_fsdp", 4);
+  const auto a = algorithm_by_name("fl_fsdp", {.period = 4});
   // Lots of compute: the FSDP gathers and reduce-scatters hide entirely.
   w.micro_batch = 512;
   const step_price slow = price(a, w, shape, c);
   CHECK(slow.overlappable > 0);
   CHECK(slow.hidden == doctest::Approx(slow.overlappable));
   CHECK(slow.exposed_step == 0);
+  CHECK(slow.sync_hidden == 0);  // K syncs are blocking: nothing in flight
   CHECK(slow.step == doctest::Approx(slow.compute + slow.sync / 4));
   // Infinitely fast compute: nothing hides.
   const step_price fast = price_plans(a, transformer_units(w.model), shape, c, 0.0, 1.0);
@@ -199,6 +365,73 @@ TEST_CASE("overlap: overlappable step ops hide behind compute, syncs are exposed
   }
 }
 
+TEST_CASE("streaming_diloco: each fragment once per H steps, and a delay hides its all_reduce") {
+  const cluster c = a100_4gpu_node();
+  // 14 units (fragments of 4, 4, 3 and 3), and enough compute for a fragment's all_reduce to
+  // fit behind two steps.
+  const workload w{gpt2_small(), 64, 1024, 0, false};
+  const mesh_shape shape{4, 2, 4};
+  constexpr int H = 100, P = 4;
+  const algorithm_desc blocking =
+      algorithm_by_name("streaming_diloco", {.period = H, .fragments = P, .delay = 0});
+  const step_price p0 = price(blocking, w, shape, c);
+  CHECK(p0.fragments == P);
+  CHECK(p0.period == H);
+  CHECK(p0.in_flight == 0);
+
+  // Federation bytes per step: every fragment's sync bytes once per H steps, i.e. the whole
+  // model's sync bytes / H.
+  const flat_layout layout = layout_of(blocking, transformer_units(w.model), shape);
+  const auto syncs = sync_plans_of(blocking, layout, shape, p0.critical_rank);
+  REQUIRE(syncs.size() == P);
+  double model_sync = 0;
+  for (const plan& f : syncs) {
+    CHECK(f.wire_bytes_on(axis::federation) > 0);
+    model_sync += f.wire_bytes_on(axis::federation);
+  }
+  CHECK(p0[axis::federation].sync_bytes == doctest::Approx(model_sync));
+  CHECK(p0[axis::federation].bytes_per_step == doctest::Approx(model_sync / H));
+  // That is DiLoCo's per-step federation bytes at K = H, up to each fragment's padding.
+  const step_price diloco = price(algorithm_by_name("diloco", {.period = H}), w, shape, c);
+  const double padding = P * 16.0 * shape.replicas * sizeof(float) / shape.replicas *
+                         bus_factor(comm_kind::all_reduce, shape.groups) / H;
+  CHECK(std::abs(p0[axis::federation].bytes_per_step - diloco[axis::federation].bytes_per_step) <=
+        padding);
+  // Blocking (tau = 0), a round of P fragment syncs costs what one whole-model sync per H
+  // steps costs, give or take the latency of P smaller messages.
+  CHECK(p0.sync_per_step == doctest::Approx(p0.sync / H));
+  CHECK(p0.sync_hidden == 0);
+
+  // tau = 2: the fragments' all_reduces run behind two inner steps of compute each.
+  const algorithm_desc delayed =
+      algorithm_by_name("streaming_diloco", {.period = H, .fragments = P, .delay = 2});
+  const step_price p2 = price(delayed, w, shape, c);
+  CHECK(p2.in_flight == 2);
+  for (axis ax : all_axes) {
+    CAPTURE(to_string(ax));
+    CHECK(p2[ax].bytes_per_step == p0[ax].bytes_per_step);  // the same bytes move
+  }
+  CHECK(p2.sync_hidden > 0);
+  CHECK(p2.sync_per_step < p0.sync_per_step);
+  CHECK(p2.step < p0.step);
+  CHECK(p2.sync_per_step + p2.sync_hidden == doctest::Approx(p0.sync_per_step));
+  // Here compute leaves enough slack for the whole all_reduce: the federation axis (the
+  // sync_start ops) is fully hidden; the replicas' all_gather (sync_finish) still blocks.
+  CHECK(p2[axis::federation].exposed == 0);
+  CHECK(p0[axis::federation].exposed > 0);
+  CHECK(p2[axis::replica].exposed == doctest::Approx(p0[axis::replica].exposed));
+  double sum = 0;
+  for (axis ax : all_axes) sum += p2[ax].exposed;
+  CHECK(sum == doctest::Approx(p2.step - p2.compute));
+
+  // No compute to hide behind: the delay hides nothing.
+  const auto units = transformer_units(w.model);
+  const step_price f0 = price_plans(blocking, units, shape, c, 0.0, 1.0);
+  const step_price f2 = price_plans(delayed, units, shape, c, 0.0, 1.0);
+  CHECK(f2.sync_hidden == 0);
+  CHECK(f2.step == doctest::Approx(f0.step));
+}
+
 TEST_CASE("bandwidth-bound, the step-time ratio is the ratio of bytes leaving a node") {
   cluster c = free_links(a100_4gpu_node());
   c.nic_bandwidth = 1e3;  // a trickle: the network is all that counts
@@ -206,7 +439,7 @@ TEST_CASE("bandwidth-bound, the step-time ratio is the ratio of bytes leaving a 
   price_options ring;  // node bytes count ring traffic; a hierarchical one moves a bit less
   ring.collectives = collective_algorithm::ring;
   const auto f = price(algorithm_by_name("fsdp"), w, {1, 1, 64}, c, ring);
-  const auto fl = price(algorithm_by_name("fl_fsdp", 8), w, {16, 1, 4}, c, ring);
+  const auto fl = price(algorithm_by_name("fl_fsdp", {.period = 8}), w, {16, 1, 4}, c, ring);
   auto egress = [](const step_price& p) {
     double e = 0;
     for (axis ax : all_axes) e += p[ax].node_bytes_per_step;
@@ -217,33 +450,76 @@ TEST_CASE("bandwidth-bound, the step-time ratio is the ratio of bytes leaving a 
   CHECK(f.step / fl.step == doctest::Approx(egress(f) / egress(fl)).epsilon(1e-3));
 }
 
-TEST_CASE("the bytes per axis are the plan's wire bytes, as traffic_counters::of counts them") {
+TEST_CASE("the bytes per axis are the plans' wire bytes, as traffic_counters::of counts them") {
   const cluster c = a100_4gpu_node();
   const workload w{llama31_8b(), 2, 2048, 0, false};
   const mesh_shape shape{16, 8, 4};
-  const auto a = algorithm_by_name("fl_hsdp", 8);
-  const step_price p = price(a, w, shape, c);
-  const flat_layout layout = layout_of(a, transformer_units(w.model), shape);
-  const int r = p.critical_rank;
-  const auto steps =
-      traffic_counters::of(step_plan_of(a, layout, shape, price_options{}.precision));
-  const auto syncs = traffic_counters::of(sync_plan_of(a, layout, shape, r));
-  for (axis ax : all_axes) {
-    CHECK(p[ax].step_bytes == steps[ax].wire_bytes);
-    CHECK(p[ax].sync_bytes == syncs[ax].wire_bytes);
+  for (const char* name : {"fl_hsdp", "streaming_diloco"}) {
+    CAPTURE(name);
+    const auto a = algorithm_by_name(name);
+    const step_price p = price(a, w, shape, c);
+    const flat_layout layout = layout_of(a, transformer_units(w.model), shape);
+    const int r = p.critical_rank;
+    const auto steps =
+        traffic_counters::of(step_plan_of(a, layout, shape, price_options{}.precision));
+    traffic_counters syncs;
+    for (const plan& f : sync_plans_of(a, layout, shape, r))
+      for (const auto& op : f.ops) syncs.record(op);
+    for (axis ax : all_axes) {
+      CHECK(p[ax].step_bytes == steps[ax].wire_bytes);
+      CHECK(p[ax].sync_bytes == doctest::Approx(syncs[ax].wire_bytes));
+      CHECK(p[ax].sync_calls == syncs[ax].calls);
+    }
+    CHECK(p[axis::shard].level == level_kind::intra);
+    CHECK(p[axis::replica].level == level_kind::inter);
+    CHECK(p[axis::federation].level == level_kind::inter);
   }
-  CHECK(p[axis::shard].level == level_kind::intra);
-  CHECK(p[axis::replica].level == level_kind::inter);
-  CHECK(p[axis::federation].level == level_kind::inter);
 }
 
-TEST_CASE("bad input is refused") {
+TEST_CASE("the names are for_each_algorithm's aliases") {
+  std::vector<std::string> aliases;
+  for_each_algorithm([&]<class A>(std::string_view n) { aliases.emplace_back(n); });
+  CHECK(algorithm_names() == aliases);
+  for (const auto& n : aliases) CHECK(algorithm_by_name(n).name() == n);
+  // Each keeps its own default cadence unless told otherwise; K changes only those that
+  // federate.
+  CHECK(algorithm_by_name("streaming_diloco").cadence().period() == 100);
+  CHECK_FALSE(algorithm_by_name("fsdp", {.period = 5}).syncs());
+  CHECK(price(algorithm_by_name("fsdp", {.period = 5}), small_gpt(), {1, 1, 8}, a100_4gpu_node())
+            .period == 1);
+}
+
+TEST_CASE("bad input is refused with a clear message") {
   const cluster c = a100_4gpu_node();
-  CHECK_THROWS_AS(algorithm_by_name("fedsgd"), invalid_argument);
-  CHECK_THROWS_AS(algorithm_by_name("fl_fsdp", 0), invalid_argument);
+  const std::string unknown = error_of([] { algorithm_by_name("fedsgd"); });
+  CHECK(unknown.find("unknown algorithm 'fedsgd'") != std::string::npos);
+  for (const auto& n : algorithm_names()) CHECK(unknown.find(n) != std::string::npos);
+  for (const char* name : {"fl_fsdp", "streaming_diloco", "fsdp"}) {
+    CAPTURE(name);
+    CHECK(error_of([&] {
+            algorithm_by_name(name, {.period = 0});
+          }).find("K (period, the steps between syncs) must be >= 1, found 0") !=
+          std::string::npos);
+  }
+  CHECK(error_of([] {
+          algorithm_by_name("fl_hsdp", {.fragments = 4});
+        }).find("fl_hsdp: its schedule 'periodic' has no 'fragments' setting") !=
+        std::string::npos);
+  CHECK(error_of([] {
+          algorithm_by_name("streaming_diloco", {.period = 8, .fragments = 4, .delay = 2});
+        }).find("delay (tau) must be < floor(period / fragments)") != std::string::npos);
   // full_shard needs R = 1.
-  CHECK_THROWS_AS(price(algorithm_by_name("fl_fsdp", 8), small_gpt(), {2, 2, 2}, c),
-                  invalid_argument);
+  const std::string mesh = error_of([&] {
+    price(algorithm_by_name("fl_fsdp", {.period = 8}), small_gpt(), {2, 2, 2}, c);
+  });
+  CHECK(mesh.find("fl_fsdp cannot run on mesh 2x2x2") != std::string::npos);
+  CHECK(mesh.find("replicas == 1, found 2") != std::string::npos);
+  // More fragments than units.
+  CHECK(error_of([&] {
+          price_plans(algorithm_by_name("streaming_diloco", {.fragments = 4}),
+                      test::mlp_model{}.units(), {2, 1, 1}, c, 1.0, 1.0);
+        }).find("4 fragments but the model has only 3 units") != std::string::npos);
   CHECK_THROWS_AS(price(algorithm_by_name("fsdp"), {gpt2_small(), 0, 1024, 0, false}, {1, 1, 4}, c),
                   invalid_argument);
+  CHECK(error_of([] { algorithm_desc{}.syncs(); }).find("empty description") != std::string::npos);
 }

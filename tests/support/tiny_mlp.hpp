@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "fedshard/plan/comm_op.hpp"
 #include "fedshard/shard/flat_layout.hpp"
 
 namespace fedshard::test {
@@ -107,9 +108,9 @@ struct tiny_mlp {
           loss += 0.5f * diff * diff;
           dy[n * O + k] = diff / static_cast<float>(B);
         }
-      // backward of the head (parameters still acquired: second acquire is backward)
+      // backward of the head: released after forward, acquired again for backward
       e.release(2);
-      p = e.acquire(2);
+      p = e.acquire(2, phase::backward);
       w2 = l.tensor_view(p, 2, 0);
       auto g = e.grad_buffer(2);
       auto gw2 = l.tensor_view(g, 2, 0), gb2 = l.tensor_view(g, 2, 1);
@@ -126,7 +127,7 @@ struct tiny_mlp {
       e.grads_ready(2);
     }
     {
-      auto p = e.acquire(1);
+      auto p = e.acquire(1, phase::backward);
       auto w1 = l.tensor_view(p, 1, 0);
       auto g = e.grad_buffer(1);
       auto gw1 = l.tensor_view(g, 1, 0), gb1 = l.tensor_view(g, 1, 1);
@@ -143,7 +144,7 @@ struct tiny_mlp {
       e.grads_ready(1);
     }
     {
-      e.acquire(0);
+      e.acquire(0, phase::backward);
       auto g = e.grad_buffer(0);
       auto gw0 = l.tensor_view(g, 0, 0), gb0 = l.tensor_view(g, 0, 1);
       for (std::size_t n = 0; n < B; ++n)

@@ -92,7 +92,11 @@ struct setup {
 };
 
 template <class Alg, class Opt>
-using trainer_t = trainer<mlp_model, Alg, Opt>;
+using trainer_t = trainer<mlp_model, Alg, Opt, inproc::communicator>;
+
+/// Default schedule settings of a periodic algorithm that syncs every K steps.
+template <int K>
+using every = defaults<schedule::periodic::config{.period = K}>;
 
 /// The batch of this rank at a (global) step: the same whichever process trains it.
 template <class Alg, class Opt>
@@ -172,8 +176,9 @@ void check_same(const result& got, const result& want) {
 template <class F>
 bool with_scenario(std::string_view name, F&& f) {
   if (name == "fl_hsdp") {
-    // periodic<3> syncs after steps 2, 5 and the final 7: N = 4 is mid-period.
-    setup<fl_hsdp<3>, optim::adamw> s{{2, 2, 2}, {.lr = 1e-2f}};
+    // K = 3 syncs after steps 2, 5 and the final 7: N = 4 is mid-period.
+    setup<fl_hsdp, optim::adamw> s{{2, 2, 2}, {.lr = 1e-2f}};
+    s.opts.schedule = {.period = 3};
     s.opts.total_steps = 8;
     f(s, 4, 4);
     return true;
@@ -189,7 +194,8 @@ bool with_scenario(std::string_view name, F&& f) {
   }
   if (name == "diloco") {
     // H = 4: outer steps after 3, 7 and the final 10; N = 6 has one outer step and momentum.
-    setup<diloco<4>, optim::sgd> s{{2, 2, 1}, {.lr = 0.05f, .momentum = 0.9f}};
+    setup<diloco, optim::sgd> s{{2, 2, 1}, {.lr = 0.05f, .momentum = 0.9f}};
+    s.opts.schedule = {.period = 4};
     s.opts.total_steps = 11;
     f(s, 6, 5);
     return true;
@@ -314,10 +320,11 @@ TEST_CASE("resuming in the same process is bit-identical, and saving does not pe
     CHECK_FALSE(bit_equal(saver[0].params_at_save, straight[0].params));
   };
   SUBCASE("weighted_average with unequal tokens per group, SGD with momentum, lr schedule") {
-    // periodic<3> syncs after steps 2 and 5; saved after step 3, whose tokens (3 vs 2 per rank)
+    // K = 3 syncs after steps 2 and 5; saved after step 3, whose tokens (3 vs 2 per rank)
     // count towards the sync after step 5 (3 + 1 + 1 vs 2 + 2 + 2): without them the weights
     // would be 1 : 2 instead of 5 : 6.
-    using wavg = algorithm<shard::full_shard, federation::weighted_average, schedule::periodic<3>>;
+    using wavg =
+        algorithm<shard::full_shard, federation::weighted_average, schedule::periodic, every<3>>;
     setup<wavg, optim::sgd> s{{2, 1, 2}, {.lr = 0.1f, .momentum = 0.9f}};
     s.batch_size = [](int g, int step) { return g == 0 ? (step < 4 ? 3 : 1) : 2; };
     s.opts.total_steps = 9;
@@ -326,7 +333,7 @@ TEST_CASE("resuming in the same process is bit-identical, and saving does not pe
   }
   SUBCASE("fedadam outer optimizer (moments and step count), inner moments averaged") {
     using fedadam = algorithm<shard::hybrid_shard, federation::outer_optimizer<federation::fedadam>,
-                              schedule::periodic<2>>;
+                              schedule::periodic, every<2>>;
     setup<fedadam, optim::adamw> s{{2, 2, 1}, {.lr = 1e-2f}};
     s.opts.federation.average_inner_moments = true;
     s.opts.federation.rule.lr = 0.1f;
@@ -404,11 +411,12 @@ void check_refused_unchanged(const std::vector<attempt>& as) {
   }
 }
 
-using ckpt_alg = diloco<3>;
+using ckpt_alg = diloco;
 using ckpt_opt = optim::adamw;
 /// The run whose checkpoints the refusal tests corrupt: DiLoCo on {2,1,2}, AdamW.
 setup<ckpt_alg, ckpt_opt> ckpt_setup() {
   setup<ckpt_alg, ckpt_opt> s{{2, 1, 2}, {.lr = 1e-2f}};
+  s.opts.schedule = {.period = 3};
   s.opts.total_steps = 8;
   return s;
 }
@@ -468,7 +476,8 @@ TEST_CASE(
     }
   }
   SUBCASE("DiLoCo's checkpoint loaded by fl_fsdp") {
-    setup<fl_fsdp<3>, optim::adamw> s{{2, 1, 2}, {.lr = 1e-2f}};
+    setup<fl_fsdp, optim::adamw> s{{2, 1, 2}, {.lr = 1e-2f}};
+    s.opts.schedule = {.period = 3};
     const auto as = try_load(s, 1, dir.path);
     check_refused_unchanged(as);
     for (const auto& a : as) {

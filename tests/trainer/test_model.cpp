@@ -38,8 +38,10 @@ struct plain_hooks final : detail::unit_hooks {
     }
   }
   const flat_layout& layout() const override { return l; }
-  std::span<const float> acquire(std::size_t u) override {
+  phase last_phase = phase::setup;
+  std::span<const float> acquire(std::size_t u, phase ph) override {
     ++acquires;
+    last_phase = ph;
     return p.at(u);
   }
   std::span<const float> params(std::size_t u) override {
@@ -123,9 +125,12 @@ TEST_CASE("step_context: parameters and gradients by index and by name") {
   // the hooks are forwarded as they are called
   const int before_acquires = h.acquires;
   ctx.acquire(1);
+  CHECK(h.last_phase == phase::forward);  // the default phase
+  ctx.acquire(1, phase::backward);
+  CHECK(h.last_phase == phase::backward);
   ctx.release(1);
   ctx.grads_ready(1);
-  CHECK(h.acquires == before_acquires + 1);
+  CHECK(h.acquires == before_acquires + 2);
   CHECK(h.releases == 1);
   CHECK(h.readies == 1);
   CHECK(ctx.params(0).data() == h.p[0].data());
@@ -230,7 +235,7 @@ struct rank_error {
 }  // namespace
 
 TEST_CASE("a model writing outside a tensor in a trainer step fails the step on every rank") {
-  using fsdp_trainer = trainer<writes_outside, fsdp, optim::sgd>;
+  using fsdp_trainer = trainer<writes_outside, fsdp, optim::sgd, inproc::communicator>;
   SUBCASE("every rank writes outside: each gets its own invalid_argument") {
     std::vector<rank_error> errors(2);
     test::spawn_ranks(

@@ -16,6 +16,7 @@
 #include "fedshard/optim/adamw.hpp"
 #include "fedshard/optim/sgd.hpp"
 #include "fedshard/trainer/trainer.hpp"
+#include "support/plan_checks.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
 
@@ -34,14 +35,26 @@ struct outcome {
   std::vector<traffic_counters> traffic;       // per world rank
   std::vector<plan> step_plans, sync_plans;
   std::vector<std::vector<std::vector<std::int64_t>>> sync_steps;  // per rank, per fragment
+  std::vector<std::string> wire_mismatches;  // per step and rank where the wire differs
 };
 
+template <class Algorithm, class Opt>
+using mlp_trainer = trainer<mlp_model, Algorithm, Opt, inproc::communicator>;
+
+/// Options of an algorithm with a periodic schedule, syncing every k steps.
+template <class Algorithm>
+trainer_options<Algorithm> every(int k) {
+  trainer_options<Algorithm> o;
+  o.schedule = {.period = k};
+  return o;
+}
+
 template <class Algorithm, class Opt = optim::sgd>
-outcome train(mesh_shape shape, int steps, typename Opt::config oc,
-              std::type_identity_t<trainer_options<Algorithm>> opts = {}, int per_rank = 2,
-              std::function<int(int group)> batch_size = {},
-              std::type_identity_t<std::function<void(trainer<mlp_model, Algorithm, Opt>&, int)>>
-                  setup = {}) {
+outcome train(
+    mesh_shape shape, int steps, typename Opt::config oc,
+    std::type_identity_t<trainer_options<Algorithm>> opts = {}, int per_rank = 2,
+    std::function<int(int group)> batch_size = {},
+    std::type_identity_t<std::function<void(mlp_trainer<Algorithm, Opt>&, int)>> setup = {}) {
   outcome out;
   const int W = shape.size();
   out.params.resize(W);
@@ -53,9 +66,10 @@ outcome train(mesh_shape shape, int steps, typename Opt::config oc,
   out.eval_before.resize(W);
   out.eval_after.resize(W);
   if (opts.total_steps == 0) opts.total_steps = steps;
+  std::mutex mu;
   test::spawn_ranks(W, [&](inproc::communicator& world) {
     mesh m(world, shape);
-    trainer<mlp_model, Algorithm, Opt> t(m, mlp_model{}, oc, opts);
+    mlp_trainer<Algorithm, Opt> t(m, mlp_model{}, oc, opts);
     const int g = m.coords().group;
     if (setup) setup(t, g);
     const int gs = shape.replicas * shape.shards;
@@ -65,9 +79,20 @@ outcome train(mesh_shape shape, int steps, typename Opt::config oc,
     const auto held_out = t.model().batch(kData + 1, 0, 0, 1, 0, 1, 32);
     out.eval_before[r] = t.evaluate(held_out);
     t.traffic().reset();  // count training only
+    t.wire().keep_calls(true);
+    t.wire().take_calls();
     std::vector<float> losses;
-    for (int s = 0; s < steps; ++s)
+    for (int s = 0; s < steps; ++s) {
       losses.push_back(t.step(t.model().batch(kData, s, g, shape.groups, local, gs, n)));
+      const std::string diff = test::compare_calls(
+          t.wire().take_calls(), test::expected_step_calls(t, s, opts.total_steps));
+      if (!diff.empty()) {
+        std::lock_guard lock(mu);
+        out.wire_mismatches.push_back(
+            fedshard::detail::concat("rank ", world.rank(), ", step ", s, ": ", diff));
+      }
+    }
+    t.wire().keep_calls(false);
     out.traffic[r] = t.traffic();
     out.eval_after[r] = t.evaluate(held_out);
     out.params[r] = t.parameters();
@@ -105,7 +130,7 @@ double mean(const std::vector<float>& v, std::size_t from, std::size_t to) {
 // two differ only in float rounding (two-stage average vs one-stage), so within 1e-6.
 TEST_CASE("fl_fsdp with K=1, average and plain SGD equals fsdp on the same data") {
   const optim::sgd::config sgd{.lr = 0.2f};
-  const outcome fl = train<fl_fsdp<1>>({2, 1, 2}, 6, sgd);
+  const outcome fl = train<fl_fsdp>({2, 1, 2}, 6, sgd, every<fl_fsdp>(1));
   // The same 4 ranks' data as one FSDP group: group g, local l of fl is local 2g + l here.
   const outcome fs = train<fsdp>({1, 1, 4}, 6, sgd);
   for (int r = 0; r < 4; ++r) CHECK(max_rel(fl.params[r], fs.params[0]) <= 1e-6);
@@ -113,9 +138,10 @@ TEST_CASE("fl_fsdp with K=1, average and plain SGD equals fsdp on the same data"
 }
 
 TEST_CASE("outer_sgd with lr 1 equals average") {
-  using avg = algorithm<shard::full_shard, federation::average, schedule::periodic<3>>;
+  using avg = algorithm<shard::full_shard, federation::average, schedule::periodic,
+                        defaults<schedule::periodic::config{.period = 3}>>;
   using outer = algorithm<shard::full_shard, federation::outer_optimizer<federation::outer_sgd>,
-                          schedule::periodic<3>>;
+                          schedule::periodic, defaults<schedule::periodic::config{.period = 3}>>;
   const optim::adamw::config adam{.lr = 1e-2f};
   const auto a = train<avg, optim::adamw>({2, 1, 2}, 9, adam);
   const auto o = train<outer, optim::adamw>({2, 1, 2}, 9, adam);
@@ -138,7 +164,7 @@ struct plain_model {
     }
   }
   const flat_layout& layout() const { return l; }
-  std::span<const float> acquire(std::size_t u) { return p[u]; }
+  std::span<const float> acquire(std::size_t u, phase = phase::forward) { return p[u]; }
   void release(std::size_t) {}
   std::span<float> grad_buffer(std::size_t u) { return g[u]; }
   void grads_ready(std::size_t) {}
@@ -154,7 +180,7 @@ struct plain_model {
 TEST_CASE("diloco matches a plain reference implementation over 3 outer steps") {
   constexpr int H = 4, G = 2, outer_steps = 3, per_rank = 2;
   const optim::sgd::config sgd{.lr = 0.1f};
-  const outcome d = train<diloco<H>>({G, 1, 1}, H * outer_steps, sgd, {}, per_rank);
+  const outcome d = train<diloco>({G, 1, 1}, H * outer_steps, sgd, every<diloco>(H), per_rank);
 
   test::tiny_mlp net;
   test::mlp_model data;
@@ -199,8 +225,10 @@ TEST_CASE("diloco matches a plain reference implementation over 3 outer steps") 
 }
 
 TEST_CASE("weighted_average: equal weights equal average, unequal weights the hand-computed mean") {
-  using wavg = algorithm<shard::full_shard, federation::weighted_average, schedule::periodic<2>>;
-  using avg = algorithm<shard::full_shard, federation::average, schedule::periodic<2>>;
+  using every2 = defaults<schedule::periodic::config{.period = 2}>;
+  using wavg =
+      algorithm<shard::full_shard, federation::weighted_average, schedule::periodic, every2>;
+  using avg = algorithm<shard::full_shard, federation::average, schedule::periodic, every2>;
   const optim::sgd::config sgd{.lr = 0.1f};
   SUBCASE("equal weights: bit-identical to average") {
     const auto w = train<wavg>({2, 1, 2}, 6, sgd);
@@ -212,7 +240,7 @@ TEST_CASE("weighted_average: equal weights equal average, unequal weights the ha
     // give (w0 θ0 + w1 θ1) / (w0 + w1) with w_g = tokens of group g over both steps.
     const optim::sgd::config frozen{.lr = 0.0f};
     std::vector<std::vector<float>> start(2);
-    auto setup = [&](trainer<mlp_model, wavg, optim::sgd>& t, int g) {
+    auto setup = [&](mlp_trainer<wavg, optim::sgd>& t, int g) {
       std::vector<float> b0(16);
       for (std::size_t i = 0; i < b0.size(); ++i) b0[i] = float(g + 1) * 0.25f + 0.01f * float(i);
       t.set_tensor("b0", b0);
@@ -232,7 +260,7 @@ TEST_CASE("weighted_average: equal weights equal average, unequal weights the ha
 TEST_CASE("fl_hsdp moves hsdp's intra-group bytes plus federation bytes once every K steps") {
   constexpr int K = 3, steps = 8;  // syncs after steps 2, 5 and the final step 7
   const optim::adamw::config adam{.lr = 1e-2f};
-  const auto fl = train<fl_hsdp<K>, optim::adamw>({2, 2, 2}, steps, adam);
+  const auto fl = train<fl_hsdp, optim::adamw>({2, 2, 2}, steps, adam, every<fl_hsdp>(K));
   const auto h = train<hsdp, optim::adamw>({1, 2, 2}, steps, adam);
   for (int r = 0; r < 8; ++r) {
     const auto& t = fl.traffic[r];
@@ -256,11 +284,11 @@ TEST_CASE(
     "hierarchical federation sync: same result as the reference, R times fewer inter-group bytes") {
   constexpr int R = 2;
   const optim::sgd::config sgd{.lr = 0.1f};
-  trainer_options<fl_hsdp<2>> hier, ref;
+  auto hier = every<fl_hsdp>(2), ref = every<fl_hsdp>(2);
   hier.federation.sync = federation::sync_mode::hierarchical;
   ref.federation.sync = federation::sync_mode::reference;
-  const auto h = train<fl_hsdp<2>>({2, R, 2}, 4, sgd, hier);
-  const auto f = train<fl_hsdp<2>>({2, R, 2}, 4, sgd, ref);
+  const auto h = train<fl_hsdp>({2, R, 2}, 4, sgd, hier);
+  const auto f = train<fl_hsdp>({2, R, 2}, 4, sgd, ref);
   for (int r = 0; r < 8; ++r) CHECK(bit_equal(h.params[r], f.params[r]));
   // Rank 0 is replica 0 (it all-reduces the whole shard in reference mode); rank 2 is replica 1.
   const double hier_bytes = h.traffic[0][axis::federation].wire_bytes;
@@ -296,19 +324,45 @@ TEST_CASE("streaming syncs each fragment once per period at its offset") {
   }
 }
 
-TEST_CASE_TEMPLATE("every alias trains a small model and its loss goes down", A, ddp, zero2, fsdp,
-                   hsdp, fl_fsdp<2>, fl_hsdp<2>, diloco<3>, streaming_diloco) {
+namespace {
+/// Algorithms of one's own: ZeRO-2 groups averaged by tokens on a post-local schedule, and
+/// FSDP groups under FedAdam that also average the inner moments (Photon).
+using zero2_weighted =
+    algorithm<shard::shard_grad_op, federation::weighted_average, schedule::post_local>;
+using fsdp_photon = algorithm<shard::full_shard, federation::outer_optimizer<federation::fedadam>,
+                              schedule::periodic>;
+}  // namespace
+
+TEST_CASE_TEMPLATE(
+    "every alias and custom algorithms train, and the wire carries their plans op by op", A, ddp,
+    zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, diloco, streaming_diloco, zero2_weighted, fsdp_photon) {
   trainer_options<A> o;
-  if constexpr (std::is_same_v<A, streaming_diloco>)
-    o.schedule = {.period = 6, .fragments = 3, .delay = 1, .alpha = 0.5f};
-  // ddp/zero2/fsdp/hsdp run one group of 4 ranks; the federated ones 2 groups of 2 or 2x2x1.
   mesh_shape shape{2, 1, 2};
+  if constexpr (std::is_same_v<A, streaming_diloco>) {
+    o.schedule = {.period = 6, .fragments = 3, .delay = 1, .alpha = 0.5f};
+    shape = {2, 2, 1};
+  } else if constexpr (std::is_same_v<typename A::sync_schedule, schedule::periodic>) {
+    o.schedule = {.period = 3};
+  }
+  if constexpr (std::is_same_v<A, zero2_weighted>) {
+    o.schedule = {.switch_step = 4, .k = 5};
+    o.federation.sync = federation::sync_mode::reference;
+    shape = {2, 2, 2};
+  }
+  if constexpr (std::is_same_v<A, fsdp_photon>) {
+    o.federation.average_inner_moments = true;
+    o.federation.rule = {.lr = 0.01f};
+  }
+  // ddp/zero2/fsdp/hsdp run one group of 4 ranks; the federated ones 2 groups.
   if constexpr (std::is_same_v<A, ddp> || std::is_same_v<A, hsdp>) shape = {1, 2, 2};
   if constexpr (std::is_same_v<A, zero2> || std::is_same_v<A, fsdp>) shape = {1, 1, 4};
-  if constexpr (std::is_same_v<A, fl_hsdp<2>>) shape = {2, 2, 1};
+  if constexpr (std::is_same_v<A, fl_hsdp>) shape = {2, 2, 1};
   const auto out = train<A, optim::adamw>(shape, 24, {.lr = 1e-2f}, o, 4);
   for (int r = 0; r < shape.size(); ++r) CHECK(out.eval_after[r] < 0.7f * out.eval_before[r]);
-  // Traffic follows the plans: the inner plan every step, on the intra-group axes.
+  // Every step put on the wire exactly the ops of the plans (see support/plan_checks.hpp).
+  for (const auto& m : out.wire_mismatches) FAIL_CHECK(m);
+  CHECK(out.wire_mismatches.empty());
+  // ... and the totals agree with the plans' too.
   for (int r = 0; r < shape.size(); ++r)
     CHECK(out.traffic[r][axis::shard].wire_bytes ==
           traffic_counters::of(out.step_plans[r], 24)[axis::shard].wire_bytes);
@@ -316,7 +370,7 @@ TEST_CASE_TEMPLATE("every alias trains a small model and its loss goes down", A,
 
 TEST_CASE("Photon option: inner optimizer moments are averaged across groups at each sync") {
   using photon = algorithm<shard::full_shard, federation::outer_optimizer<federation::fedadam>,
-                           schedule::periodic<2>>;
+                           schedule::periodic, defaults<schedule::periodic::config{.period = 2}>>;
   for (bool avg_moments : {false, true}) {
     trainer_options<photon> o;
     o.federation.average_inner_moments = avg_moments;
@@ -325,7 +379,7 @@ TEST_CASE("Photon option: inner optimizer moments are averaged across groups at 
     std::mutex mu;
     test::spawn_ranks(4, [&](inproc::communicator& world) {
       mesh m(world, {2, 1, 2});
-      trainer<mlp_model, photon, optim::adamw> t(m, mlp_model{}, {.lr = 1e-2f}, o);
+      mlp_trainer<photon, optim::adamw> t(m, mlp_model{}, {.lr = 1e-2f}, o);
       for (int s = 0; s < 4; ++s)
         t.step(t.model().batch(kData, s, m.coords().group, 2, m.coords().shard, 2, 2));
       std::lock_guard lock(mu);
@@ -356,7 +410,7 @@ TEST_CASE("bad input is refused with clear errors on every rank") {
     o.schedule = {.switch_step = 2, .k = 0};
     for (const auto& e : errors_of(2, [&](inproc::communicator& w) {
            mesh m(w, {2, 1, 1});
-           trainer<mlp_model, pl, optim::sgd> t(m, mlp_model{}, {}, o);
+           mlp_trainer<pl, optim::sgd> t(m, mlp_model{}, {}, o);
          }))
       CHECK(e.find("0") != std::string::npos);
   }
@@ -365,12 +419,13 @@ TEST_CASE("bad input is refused with clear errors on every rank") {
     o.schedule = {.period = 8, .fragments = 4, .delay = 0, .alpha = 1.0f};
     for (const auto& e : errors_of(2, [&](inproc::communicator& w) {
            mesh m(w, {2, 1, 1});
-           trainer<mlp_model, streaming_diloco, optim::sgd> t(m, mlp_model{}, {}, o);
+           mlp_trainer<streaming_diloco, optim::sgd> t(m, mlp_model{}, {}, o);
          }))
       CHECK(e.find("4 fragments but the model has only 3 units") != std::string::npos);
   }
   SUBCASE("negative or all-zero weights") {
-    using wavg = algorithm<shard::replicate, federation::weighted_average, schedule::periodic<1>>;
+    using wavg = algorithm<shard::replicate, federation::weighted_average, schedule::periodic,
+                           defaults<schedule::periodic::config{.period = 1}>>;
     struct counted : mlp_model {
       std::int64_t per_batch = 0;
       std::int64_t tokens(const std::vector<test::sample>&) const { return per_batch; }
@@ -380,10 +435,11 @@ TEST_CASE("bad input is refused with clear errors on every rank") {
         mesh m(w, {2, 2, 1});
         counted model;
         model.per_batch = m.coords().group == 0 ? (group1_tokens == 0 ? 0 : 3) : group1_tokens;
-        trainer<counted, wavg, optim::sgd> t(m, model, {});
+        trainer<counted, wavg, optim::sgd, inproc::communicator> t(m, model, {});
         t.step(t.model().batch(kData, 0, m.coords().group, 2, m.coords().replica, 2, 1));
       });
       for (const auto& e : errors) {
+        CAPTURE(e);
         CHECK(e.find("weights (tokens since the last sync) must be >= 0 and not all zero") !=
               std::string::npos);
         CHECK(e.find(group1_tokens == 0 ? "group 1: 0" : "group 1: -10") != std::string::npos);
@@ -395,7 +451,7 @@ TEST_CASE("bad input is refused with clear errors on every rank") {
     o.total_steps = -1;
     for (const auto& e : errors_of(2, [&](inproc::communicator& w) {
            mesh m(w, {1, 1, 2});
-           trainer<mlp_model, fsdp, optim::sgd> t(m, mlp_model{}, {}, o);
+           mlp_trainer<fsdp, optim::sgd> t(m, mlp_model{}, {}, o);
          }))
       CHECK(e.find("total_steps must be >= 0, found -1") != std::string::npos);
   }

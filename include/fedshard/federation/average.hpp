@@ -3,30 +3,29 @@
 /// averaged (AVG all_reduce) over the federation axis; inner optimizer moments untouched.
 
 #include <cstddef>
-#include <span>
 #include <string_view>
 #include <vector>
 
 #include "fedshard/federation/federation_policy.hpp"
+#include "fedshard/federation/sync_plan.hpp"
 
 namespace fedshard::federation {
 
 /// Plain averaging of the groups' parameters.
-struct average {
+struct average : detail::stateless {
   struct config {
     sync_mode sync = sync_mode::hierarchical;
   };
   static constexpr std::string_view name = "average";
   static constexpr bool syncs = true;
-  static constexpr bool uses_weights = false;
 
   average() = default;
-  average(config, std::vector<std::size_t>) {}
-  void begin(int, std::span<float>, const sync_info&) {}
-  void end(int, std::span<float>, const sync_info&) {}
-  void reset(int, std::span<const float>) {}
-  std::vector<optim::state_tensor> state() { return {}; }
-  bool averages_inner_moments() const { return false; }
+  average(config c, std::vector<std::size_t>) : config_(c) {}
+  /// The parameters' average (parameter_average_ops).
+  plan sync_plan(const sync_context& ctx) const { return parameter_average_ops(ctx, config_.sync); }
+
+ private:
+  config config_{};
 };
 
 }  // namespace fedshard::federation

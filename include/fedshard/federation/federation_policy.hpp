@@ -2,23 +2,27 @@
 /// The FederationPolicy concept: how the groups' models are combined at a sync point.
 ///
 /// At a sync point of fragment f (a set of units, all units unless the schedule streams) the
-/// trainer copies the rank's master parameters of the fragment into one buffer, lets the
-/// policy turn them into the values to average (begin), averages that buffer over the
-/// federation axis (mesh[:, r, s]), lets the policy turn the average into the synchronised
-/// parameters (end), and mixes those into the local parameters.
+/// sync state machine (federation/sync.hpp) packs the rank's master parameters of the
+/// fragment into one buffer (role `fragment`), runs the policy's sync plan around the
+/// policy's transforms, and mixes the result into the local parameters:
+///   sync_begin ops (e.g. the groups' token counts) -> begin() -> sync_start ops (the
+///   averaging; may stay in flight across steps) ... sync_finish ops (finish it inside the
+///   group) -> end() -> mix in -> sync_after ops (e.g. inner-optimizer moments).
 ///
 /// A FederationPolicy F provides:
 ///  1. `F::config`, a default-constructible aggregate with a `sync_mode sync` member;
 ///  2. `F::name`, a std::string_view;
 ///  3. `F::syncs` (bool): false for a policy that never communicates (none);
-///  4. `F::uses_weights` (bool): true when begin() needs sync_info::weight_scale;
-///  5. `F(config, fragment_sizes)`: per-fragment state for buffers of those sizes;
+///  4. `F(config, fragment_sizes)`: per-fragment state for buffers of those sizes;
+///  5. `sync_plan(ctx)` (const): the executable ops of one sync of fragment ctx.fragment for
+///     this rank (triggers sync_begin, sync_start, sync_finish, sync_after; roles fragment,
+///     moment, tokens, group_tokens); it depends on the config and ctx alone (a policy built
+///     for no fragments gives the same plan); sync_plan.hpp has the builders;
 ///  6. `begin(f, buf, info)`: buf holds the fragment's parameters; turn it into what is
 ///     averaged;
 ///  7. `end(f, buf, info)`: buf holds the average; turn it into the synchronised parameters;
 ///  8. `reset(f, params)`: (re)start from these parameters (sets anchors);
-///  9. `state()`: anchors and outer-optimizer state as named buffers (checkpoints);
-/// 10. `averages_inner_moments()`: true when the inner optimizer's state is averaged too.
+///  9. `state()`: anchors and outer-optimizer state as named buffers (checkpoints).
 
 #include <concepts>
 #include <cstddef>
@@ -27,7 +31,9 @@
 #include <string_view>
 #include <vector>
 
+#include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/optimizer.hpp"
+#include "fedshard/plan/comm_op.hpp"
 
 namespace fedshard::federation {
 
@@ -45,12 +51,23 @@ constexpr std::string_view to_string(sync_mode m) noexcept {
   return m == sync_mode::hierarchical ? "hierarchical" : "reference";
 }
 
+/// What a policy's sync_plan is planned for: one rank's sync of one fragment.
+struct sync_context {
+  mesh_shape shape{};
+  mesh_coords coords{};
+  int fragment = 0;
+  std::size_t numel = 0;        ///< f32 elements of the packed (padded) fragment buffer
+  int inner_state_buffers = 0;  ///< the inner optimizer's state buffers (role moment 0..n-1)
+};
+
 /// What a policy is told at a sync point.
 struct sync_info {
   int fragment = 0;
   int groups = 1;
-  /// G * w_g / sum of w: this group's weight relative to the plain mean (1 when equal).
-  double weight_scale = 1.0;
+  int group = 0;  ///< this rank's group
+  /// Every group's tokens since the fragment's last sync, when the plan exchanged them
+  /// (role group_tokens), else empty.
+  std::span<const double> group_tokens{};
 };
 
 /// See the numbered requirements above.
@@ -58,16 +75,25 @@ template <class F>
 concept FederationPolicy = std::default_initializable<typename F::config> &&
     std::constructible_from<F, typename F::config, std::vector<std::size_t>> &&
     requires(F& f, const F& cf, int frag, std::span<float> buf, std::span<const float> cbuf,
-             const sync_info& info, typename F::config c) {
+             const sync_info& info, const sync_context& ctx, typename F::config c) {
   { c.sync } -> std::convertible_to<sync_mode>;
   { F::name } -> std::convertible_to<std::string_view>;
   { F::syncs } -> std::convertible_to<bool>;
-  { F::uses_weights } -> std::convertible_to<bool>;
+  { cf.sync_plan(ctx) } -> std::same_as<plan>;
   f.begin(frag, buf, info);
   f.end(frag, buf, info);
   f.reset(frag, cbuf);
   { f.state() } -> std::same_as<std::vector<optim::state_tensor>>;
-  { cf.averages_inner_moments() } -> std::same_as<bool>;
 };
+
+namespace detail {
+/// A policy without per-fragment state: begin, end and reset change nothing, no state.
+struct stateless {
+  void begin(int, std::span<float>, const sync_info&) {}
+  void end(int, std::span<float>, const sync_info&) {}
+  void reset(int, std::span<const float>) {}
+  std::vector<optim::state_tensor> state() { return {}; }
+};
+}  // namespace detail
 
 }  // namespace fedshard::federation

@@ -16,6 +16,7 @@
 #include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/outer_rules.hpp"
+#include "fedshard/federation/sync_plan.hpp"
 
 namespace fedshard::federation {
 
@@ -30,7 +31,6 @@ struct outer_optimizer {
   };
   static constexpr std::string_view name = Rule::name;
   static constexpr bool syncs = true;
-  static constexpr bool uses_weights = false;
 
   outer_optimizer() = default;
   outer_optimizer(config c, std::vector<std::size_t> fragment_sizes) : config_(c) {
@@ -38,6 +38,14 @@ struct outer_optimizer {
       anchors_.emplace_back(n);
       rules_.emplace_back(c.rule, n);
     }
+  }
+
+  /// The mean pseudo-gradient's average (parameter_average_ops) and, with
+  /// average_inner_moments, every inner-optimizer state buffer's (moment_average_ops).
+  plan sync_plan(const sync_context& ctx) const {
+    plan p = parameter_average_ops(ctx, config_.sync);
+    if (config_.average_inner_moments) p.append(moment_average_ops(ctx, config_.sync));
+    return p;
   }
 
   /// buf: θ_g  ->  Δ_g = θ_anchor − θ_g.
@@ -67,7 +75,6 @@ struct outer_optimizer {
     }
     return s;
   }
-  bool averages_inner_moments() const { return config_.average_inner_moments; }
   /// Outer steps taken by fragment f's rule.
   std::int64_t outer_steps(int f) const { return rules_[index(f)].step_count(); }
   void set_outer_steps(int f, std::int64_t s) { rules_[index(f)].set_step_count(s); }

@@ -1,5 +1,5 @@
 #pragma once
-/// The comm_ops of one federation sync of a fragment, for one rank of the mesh.
+/// Builders of the ops a federation policy's sync plan is made of, for one rank.
 
 #include <cstddef>
 #include <cstdint>
@@ -18,54 +18,106 @@ inline std::size_t padded_fragment_numel(std::size_t numel, int replicas) {
   return (numel + q - 1) / q * q;
 }
 
-/// The ops one rank runs to average a padded fragment buffer of `numel` f32 values over the
-/// federation axis (then share it with the other replicas of its group).
-inline plan average_plan(const mesh_shape& shape, const mesh_coords& me, sync_mode mode,
-                         std::size_t numel) {
+/// The ops that average the f32 buffer `what` (a fragment or a moment, ctx.numel elements)
+/// over the federation axis for this rank: the cross-group average runs at trigger
+/// `start`, sharing it with the group's other replicas at trigger `finish`.
+///  - hierarchical: every replica all-reduces its 1/R piece over the groups, then the
+///    replicas all-gather the pieces;
+///  - reference: replica 0 all-reduces the whole buffer over the groups, then broadcasts it
+///    to the other replicas (which only receive).
+inline plan average_ops(const sync_context& ctx, sync_mode mode, operand what, trigger start,
+                        trigger finish) {
   plan p;
-  const auto bytes = static_cast<std::int64_t>(numel * sizeof(float));
-  const int G = shape.groups, R = shape.replicas;
-  FEDSHARD_EXPECTS(mode != sync_mode::hierarchical || numel % static_cast<std::size_t>(R) == 0,
-                   "average_plan: a hierarchical sync splits the fragment over ", R,
-                   " replicas, but its ", numel,
-                   " elements do not divide evenly (pad it with "
-                   "padded_fragment_numel)");
+  const auto bytes = static_cast<std::int64_t>(ctx.numel * sizeof(float));
+  const int G = ctx.shape.groups, R = ctx.shape.replicas;
+  FEDSHARD_EXPECTS(mode != sync_mode::hierarchical || ctx.numel % static_cast<std::size_t>(R) == 0,
+                   "average_ops: a hierarchical sync splits the fragment over ", R,
+                   " replicas, but its ", ctx.numel,
+                   " elements do not divide evenly (pad it with padded_fragment_numel)");
+  const comm_op across{.kind = comm_kind::all_reduce,
+                       .axis = axis::federation,
+                       .dtype = dtype::f32,
+                       .bytes = bytes,
+                       .ranks = G,
+                       .reduce = reduce_op::avg,
+                       .trigger = start,
+                       .phase = phase::sync,
+                       .fragment = ctx.fragment,
+                       .in = what,
+                       .out = what,
+                       .overlappable = false};
+  // Shares the result with the group's other replicas, at `finish`.
+  auto within_group = [&](comm_kind k, operand in) {
+    comm_op op = across;
+    op.kind = k;
+    op.axis = axis::replica;
+    op.ranks = R;
+    op.reduce.reset();
+    op.trigger = finish;
+    op.in = in;
+    return op;
+  };
   if (mode == sync_mode::hierarchical) {
-    p.ops.push_back({comm_kind::all_reduce, axis::federation, bytes / R, dtype::f32, -1,
-                     phase::sync, G, reduce_op::avg, false});
-    if (R > 1)
-      p.ops.push_back({comm_kind::all_gather, axis::replica, bytes, dtype::f32, -1, phase::sync, R,
-                       reduce_op::avg, false});
-  } else {
-    if (me.replica == 0)
-      p.ops.push_back({comm_kind::all_reduce, axis::federation, bytes, dtype::f32, -1, phase::sync,
-                       G, reduce_op::avg, false});
-    if (R > 1)
-      p.ops.push_back({comm_kind::broadcast, axis::replica, bytes, dtype::f32, -1, phase::sync, R,
-                       reduce_op::avg, false});
+    operand piece = what;
+    piece.piece = axis::replica;
+    comm_op ar = across;
+    ar.bytes = bytes / R;
+    ar.in = ar.out = piece;
+    p.ops.push_back(ar);
+    if (R > 1) p.ops.push_back(within_group(comm_kind::all_gather, piece));
+    return p;
   }
+  if (ctx.coords.replica == 0) p.ops.push_back(across);
+  if (R > 1) p.ops.push_back(within_group(comm_kind::broadcast, {}));
   return p;
 }
 
-/// The ops that exchange the groups' weights (tokens since the last sync): a sum over the
-/// group, then an all_gather over the federation axis.
-inline plan weights_plan(const mesh_shape& shape) {
+/// The ops that exchange the groups' weights (tokens since the fragment's last sync) at
+/// sync_begin: this rank's tokens summed over the group, then every group's sum gathered
+/// over the federation axis (role group_tokens, ordered by group).
+inline plan weights_ops(const sync_context& ctx) {
   plan p;
-  p.ops.push_back({comm_kind::all_reduce, axis::group, 8, dtype::f64, -1, phase::sync,
-                   shape.replicas * shape.shards, reduce_op::sum, false});
-  p.ops.push_back({comm_kind::all_gather, axis::federation, 8 * shape.groups, dtype::f64, -1,
-                   phase::sync, shape.groups, reduce_op::sum, false});
+  const mesh_shape& s = ctx.shape;
+  p.ops.push_back({.kind = comm_kind::all_reduce,
+                   .axis = axis::group,
+                   .dtype = dtype::f64,
+                   .bytes = 8,
+                   .ranks = s.replicas * s.shards,
+                   .reduce = reduce_op::sum,
+                   .trigger = trigger::sync_begin,
+                   .phase = phase::sync,
+                   .fragment = ctx.fragment,
+                   .in = {.role = role::tokens},
+                   .out = {.role = role::tokens},
+                   .overlappable = false});
+  p.ops.push_back({.kind = comm_kind::all_gather,
+                   .axis = axis::federation,
+                   .dtype = dtype::f64,
+                   .bytes = 8 * static_cast<std::int64_t>(s.groups),
+                   .ranks = s.groups,
+                   .trigger = trigger::sync_begin,
+                   .phase = phase::sync,
+                   .fragment = ctx.fragment,
+                   .in = {.role = role::tokens},
+                   .out = {.role = role::group_tokens},
+                   .overlappable = false});
   return p;
 }
 
-/// Everything one sync of a fragment moves for this rank: weights (if the policy uses
-/// them), the parameters, and each inner-optimizer state buffer when moments are averaged.
-inline plan sync_plan(const mesh_shape& shape, const mesh_coords& me, sync_mode mode,
-                      std::size_t numel, bool weights, int moment_buffers) {
+/// The ops that average the fragment's parameters: average_ops on role fragment, started
+/// at sync_start and finished at sync_finish.
+inline plan parameter_average_ops(const sync_context& ctx, sync_mode mode) {
+  return average_ops(ctx, mode, {.role = role::fragment}, trigger::sync_start,
+                     trigger::sync_finish);
+}
+
+/// The ops that average every inner-optimizer state buffer of the fragment (Photon), after
+/// the parameters are applied (trigger sync_after).
+inline plan moment_average_ops(const sync_context& ctx, sync_mode mode) {
   plan p;
-  if (weights) p.append(weights_plan(shape));
-  const plan avg = average_plan(shape, me, mode, numel);
-  for (int i = 0; i <= moment_buffers; ++i) p.append(avg);
+  for (int k = 0; k < ctx.inner_state_buffers; ++k)
+    p.append(average_ops(ctx, mode, {.role = role::moment, .index = k}, trigger::sync_after,
+                         trigger::sync_after));
   return p;
 }
 

@@ -3,40 +3,72 @@
 /// group g processed since the fragment's last sync, so unequal groups combine correctly:
 /// θ = Σ_g w_g θ_g / Σ_g w_g.
 ///
-/// Computed as the plain mean of (G w_g / W) θ_g with W = Σ w: equal weights give a scale of
-/// exactly 1, so the result is then bit-identical to `average`. The weights are exchanged at
-/// each sync (every rank sees all of them); a negative weight, or all weights zero, is an
+/// The sync plan exchanges the weights first (weights_ops: every rank sees all of them), then
+/// averages (G w_g / W) θ_g with W = Σ w: equal weights give a scale of exactly 1, so the
+/// result is then bit-identical to `average`. A negative weight, or all weights zero, is an
 /// invalid_argument on every rank.
 
 #include <cstddef>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
+#include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
+#include "fedshard/federation/sync_plan.hpp"
 
 namespace fedshard::federation {
 
 /// Token-weighted averaging of the groups' parameters.
-struct weighted_average {
+struct weighted_average : detail::stateless {
   struct config {
     sync_mode sync = sync_mode::hierarchical;
   };
   static constexpr std::string_view name = "weighted_average";
   static constexpr bool syncs = true;
-  static constexpr bool uses_weights = true;
 
   weighted_average() = default;
-  weighted_average(config, std::vector<std::size_t>) {}
+  weighted_average(config c, std::vector<std::size_t>) : config_(c) {}
+
+  /// The weights' exchange (weights_ops), then the parameters' average.
+  plan sync_plan(const sync_context& ctx) const {
+    plan p = weights_ops(ctx);
+    return p.append(parameter_average_ops(ctx, config_.sync));
+  }
+
+  /// G w_g / W for this rank's group g, from the exchanged weights; invalid_argument naming
+  /// every group's weight unless all are >= 0 and not all zero.
+  static double weight_scale(const sync_info& info) {
+    double total = 0;
+    bool negative = false;
+    std::string listing;
+    for (std::size_t g = 0; g < info.group_tokens.size(); ++g) {
+      total += info.group_tokens[g];
+      negative = negative || info.group_tokens[g] < 0;
+      listing += fedshard::detail::concat(g ? ", " : "", "group ", g, ": ", info.group_tokens[g]);
+    }
+    FEDSHARD_EXPECTS(
+        info.group_tokens.size() == static_cast<std::size_t>(info.groups) && info.groups > 0,
+        "weighted_average: expected the token counts of ", info.groups, " groups, found ",
+        info.group_tokens.size());
+    FEDSHARD_EXPECTS(!negative && total > 0,
+                     "weighted_average: weights (tokens since the last sync) must be >= 0 and not "
+                     "all zero, found ",
+                     listing);
+    return static_cast<double>(info.groups) *
+           info.group_tokens[static_cast<std::size_t>(info.group)] / total;
+  }
+  /// buf: θ_g -> (G w_g / W) θ_g.
   void begin(int, std::span<float> buf, const sync_info& info) {
-    if (info.weight_scale == 1.0) return;
-    const auto s = static_cast<float>(info.weight_scale);
+    const double scale = weight_scale(info);
+    if (scale == 1.0) return;
+    const auto s = static_cast<float>(scale);
     for (float& x : buf) x *= s;
   }
-  void end(int, std::span<float>, const sync_info&) {}
-  void reset(int, std::span<const float>) {}
-  std::vector<optim::state_tensor> state() { return {}; }
-  bool averages_inner_moments() const { return false; }
+
+ private:
+  config config_{};
 };
 
 }  // namespace fedshard::federation

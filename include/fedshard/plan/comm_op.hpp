@@ -1,13 +1,21 @@
 #pragma once
-/// The schedule as data: comm_op (one collective of a step) and plan (a step's list of them).
+/// The schedule as data: comm_op (one collective, executable) and plan (a list of them).
 ///
-/// Policies describe what must move as a plan; the executor runs it on real communicators and
-/// counts what it ran; the simulator prices the same plan. `bytes` is the size of the whole
-/// array in the nccl-tests sense (the gathered unit for all_gather, the input for
-/// reduce_scatter, the buffer for all_reduce and broadcast); the bytes each rank sends follow
-/// from the bus factor of the op and the number of ranks on its axis.
+/// An op says what moves (kind, axis, dtype, bytes, reduce op), which buffers it reads and
+/// writes, by role (the parameter shard of unit u, the gathered unit u, the fragment f of a
+/// sync, ...; see `role`), and when it runs: its trigger (the model acquires unit u in a
+/// phase, u's gradients are ready, a sync of fragment f starts, ...). Policies emit plans;
+/// the interpreter (plan/interpreter.hpp) binds roles to real buffers and runs each op when
+/// its trigger fires; the wire tap (plan/wire_tap.hpp) counts what actually moved; the
+/// simulator prices the same plans.
+///
+/// `bytes` is the size of the whole array in the nccl-tests sense (the gathered buffer for
+/// all_gather, the input for reduce_scatter, the buffer for all_reduce and broadcast); the
+/// bytes each rank sends follow from the bus factor of the kind and the ranks on the axis.
+/// Ops of one trigger run in plan order, each after the previous one completed (a chain).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,9 +36,67 @@ enum class comm_kind : std::uint8_t {
   send_recv
 };
 
-/// When in a step a comm_op runs.
-enum class phase : std::uint8_t { forward, backward, optimizer, sync };
+/// The part of training an op belongs to.
+enum class phase : std::uint8_t { forward, backward, optimizer, sync, setup };
 
+/// The event that runs an op.
+enum class trigger : std::uint8_t {
+  acquire,          ///< the model acquires `unit` for `phase` (forward or backward)
+  grads_ready,      ///< the model's gradients of `unit` are complete
+  end_of_backward,  ///< backward is over, before the optimizer step
+  sync_begin,       ///< a sync of `fragment` starts, before the policy transforms the buffer
+  sync_start,       ///< the policy transformed the buffer: the averaging starts (may stay in
+                    ///< flight across steps)
+  sync_finish,      ///< the sync of `fragment` is applied: finish it inside the group
+  sync_after,       ///< after the policy's end(): what else the sync moves (inner moments)
+  on_demand,        ///< a library call asks for it (layout check, means, checkpoints, reads)
+};
+
+/// The buffer an operand names; the engine, the sync state machine or the caller binds it.
+enum class role : std::uint8_t {
+  none,          ///< no buffer (a broadcast's input)
+  param_shard,   ///< this rank's f32 master parameters of `unit` (the whole unit if unsharded)
+  params,        ///< the gathered parameters of `unit` (padded unit) the model computes with
+  grad,          ///< the full (padded) gradient of `unit` as the model wrote it
+  grad_shard,    ///< this rank's reduced f32 gradient of `unit`, laid out like param_shard
+  fragment,      ///< the packed f32 sync buffer of `fragment` (padded)
+  moment,        ///< the packed f32 buffer of inner-optimizer state `index` of `fragment`
+  tokens,        ///< this rank's token count since the fragment's last sync (one f64)
+  group_tokens,  ///< every group's token count (G f64, ordered by group)
+  value,         ///< a buffer the caller of an on-demand op passes
+};
+
+/// A buffer reference: a role, which instance of it (index: the inner-optimizer state of a
+/// `moment`), and optionally only this rank's 1/n piece along an axis of n ranks.
+struct operand {
+  fedshard::role role = fedshard::role::none;
+  int index = 0;
+  std::optional<fedshard::axis> piece{};
+
+  friend bool operator==(const operand&, const operand&) = default;
+};
+
+/// One collective of a plan: what moves, between which buffers, and when.
+struct comm_op {
+  comm_kind kind = comm_kind::all_reduce;
+  fedshard::axis axis = fedshard::axis::world;
+  fedshard::dtype dtype = fedshard::dtype::f32;
+  std::int64_t bytes = 0;             ///< size of the whole array (nccl-tests S) in `dtype`
+  int ranks = 1;                      ///< ranks on the axis
+  std::optional<reduce_op> reduce{};  ///< the reduction (reducing kinds only)
+  int root = 0;                       ///< broadcast root, as a rank of the axis
+  fedshard::trigger trigger = fedshard::trigger::on_demand;
+  fedshard::phase phase = fedshard::phase::setup;
+  int unit = -1;             ///< the unit of a unit trigger or unit role, else -1
+  int fragment = -1;         ///< the fragment of a sync trigger or fragment role, else -1
+  operand in{};              ///< what it reads (ignored by broadcast)
+  operand out{};             ///< what it writes
+  bool overlappable = true;  ///< may run behind compute (the simulator's overlap model)
+
+  friend bool operator==(const comm_op&, const comm_op&) = default;
+};
+
+/// The names of the enumerators.
 constexpr std::string_view to_string(comm_kind k) noexcept {
   switch (k) {
     case comm_kind::all_gather: return "all_gather";
@@ -41,31 +107,49 @@ constexpr std::string_view to_string(comm_kind k) noexcept {
   }
   return "unknown-kind";
 }
-
 constexpr std::string_view to_string(phase p) noexcept {
   switch (p) {
     case phase::forward: return "forward";
     case phase::backward: return "backward";
     case phase::optimizer: return "optimizer";
     case phase::sync: return "sync";
+    case phase::setup: return "setup";
   }
   return "unknown-phase";
 }
+constexpr std::string_view to_string(trigger t) noexcept {
+  switch (t) {
+    case trigger::acquire: return "acquire";
+    case trigger::grads_ready: return "grads_ready";
+    case trigger::end_of_backward: return "end_of_backward";
+    case trigger::sync_begin: return "sync_begin";
+    case trigger::sync_start: return "sync_start";
+    case trigger::sync_finish: return "sync_finish";
+    case trigger::sync_after: return "sync_after";
+    case trigger::on_demand: return "on_demand";
+  }
+  return "unknown-trigger";
+}
+constexpr std::string_view to_string(role r) noexcept {
+  switch (r) {
+    case role::none: return "none";
+    case role::param_shard: return "param_shard";
+    case role::params: return "params";
+    case role::grad: return "grad";
+    case role::grad_shard: return "grad_shard";
+    case role::fragment: return "fragment";
+    case role::moment: return "moment";
+    case role::tokens: return "tokens";
+    case role::group_tokens: return "group_tokens";
+    case role::value: return "value";
+  }
+  return "unknown-role";
+}
 
-/// One collective of a step's schedule.
-struct comm_op {
-  comm_kind kind = comm_kind::all_reduce;
-  axis on = axis::world;
-  std::int64_t bytes = 0;  ///< size of the whole array (nccl-tests S), in `type`
-  dtype type = dtype::f32;
-  int unit = -1;  ///< the unit it moves, -1 for all units at once
-  phase when = phase::forward;
-  int ranks = 1;  ///< ranks on the axis
-  reduce_op op = reduce_op::avg;
-  bool overlappable = true;  ///< may run behind compute (the simulator's overlap model)
-
-  friend bool operator==(const comm_op&, const comm_op&) = default;
-};
+/// True for the kinds that combine values (all_reduce, reduce_scatter).
+constexpr bool reduces(comm_kind k) noexcept {
+  return k == comm_kind::all_reduce || k == comm_kind::reduce_scatter;
+}
 
 /// nccl-tests bus factor: bytes each rank sends = factor x bytes (ring algorithms).
 constexpr double bus_factor(comm_kind k, int ranks) noexcept {
@@ -86,28 +170,92 @@ constexpr double wire_bytes(const comm_op& op) noexcept {
   return bus_factor(op.kind, op.ranks) * static_cast<double>(op.bytes);
 }
 
-/// A human-readable line for op.
-inline std::string describe(const comm_op& op) {
-  return detail::concat(to_string(op.kind), " on ", to_string(op.on), " (", op.ranks, " ranks), ",
-                        op.bytes, " B of ", to_string(op.type), ", unit ", op.unit, ", ",
-                        to_string(op.when));
+/// "fragment 2", "param_shard", "moment 1 (piece on replica)".
+inline std::string describe(const operand& o) {
+  std::string s(to_string(o.role));
+  if (o.role == role::moment) s += detail::concat(' ', o.index);
+  if (o.piece) s += detail::concat(" (piece on ", to_string(*o.piece), ')');
+  return s;
 }
 
-/// A step's schedule: comm_ops in the order they are issued.
+/// A human-readable line for op.
+inline std::string describe(const comm_op& op) {
+  std::string s = detail::concat(to_string(op.kind), " on ", to_string(op.axis), " (", op.ranks,
+                                 " ranks), ", op.bytes, " B of ", to_string(op.dtype));
+  if (op.reduce) s += detail::concat(", ", to_string(*op.reduce));
+  if (op.unit >= 0) s += detail::concat(", unit ", op.unit);
+  if (op.fragment >= 0) s += detail::concat(", fragment ", op.fragment);
+  s += detail::concat(", ", to_string(op.trigger), " in ", to_string(op.phase));
+  if (op.kind != comm_kind::broadcast) s += detail::concat(", ", describe(op.in));
+  return s + detail::concat(" -> ", describe(op.out));
+}
+
+/// Throws invalid_argument naming op unless its fields are consistent: a known kind, ranks
+/// >= 1, whole elements that split evenly over the ranks where the kind cuts the array, a
+/// reduce op exactly on reducing kinds, a root on the axis, an output role, a unit for unit
+/// triggers and a fragment for sync triggers.
+inline void check(const comm_op& op) {
+  using detail::concat;
+  FEDSHARD_EXPECTS(op.kind != comm_kind::send_recv, "plan: ", describe(op),
+                   ": send_recv ops are not executable yet");
+  FEDSHARD_EXPECTS(op.ranks >= 1, "plan: ", describe(op), ": ranks must be >= 1");
+  FEDSHARD_EXPECTS(is_valid(op.dtype), "plan: ", describe(op), ": invalid dtype");
+  const auto esz = static_cast<std::int64_t>(size_of(op.dtype));
+  FEDSHARD_EXPECTS(op.bytes >= 0 && op.bytes % esz == 0, "plan: ", describe(op),
+                   ": bytes must be a whole number of ", esz, "-byte elements");
+  if (op.kind == comm_kind::all_gather || op.kind == comm_kind::reduce_scatter)
+    FEDSHARD_EXPECTS(op.bytes / esz % op.ranks == 0, "plan: ", describe(op), ": ", op.bytes / esz,
+                     " elements do not split evenly over ", op.ranks, " ranks");
+  FEDSHARD_EXPECTS(reduces(op.kind) == op.reduce.has_value(), "plan: ", describe(op),
+                   reduces(op.kind) ? ": a reducing op needs a reduce op"
+                                    : ": only all_reduce and reduce_scatter carry a reduce op");
+  FEDSHARD_EXPECTS(op.root >= 0 && op.root < op.ranks, "plan: ", describe(op),
+                   ": root must be a rank of the axis, in [0, ", op.ranks, ")");
+  FEDSHARD_EXPECTS(op.out.role != role::none, "plan: ", describe(op), ": the output has no role");
+  FEDSHARD_EXPECTS(op.kind == comm_kind::broadcast || op.in.role != role::none,
+                   "plan: ", describe(op), ": the input has no role");
+  const bool unit_trigger = op.trigger == trigger::acquire || op.trigger == trigger::grads_ready;
+  FEDSHARD_EXPECTS(!unit_trigger || op.unit >= 0, "plan: ", describe(op), ": a ",
+                   to_string(op.trigger), " op needs a unit");
+  FEDSHARD_EXPECTS(
+      op.trigger != trigger::acquire || op.phase == phase::forward || op.phase == phase::backward,
+      "plan: ", describe(op), ": acquire ops run in forward or backward");
+  const bool sync_trigger = op.trigger == trigger::sync_begin ||
+                            op.trigger == trigger::sync_start ||
+                            op.trigger == trigger::sync_finish || op.trigger == trigger::sync_after;
+  FEDSHARD_EXPECTS(!sync_trigger || op.fragment >= 0, "plan: ", describe(op), ": a ",
+                   to_string(op.trigger), " op needs a fragment");
+}
+
+/// The moment a trigger fires: which event, in which phase, for which unit or fragment.
+struct trigger_point {
+  fedshard::trigger trigger = fedshard::trigger::on_demand;
+  fedshard::phase phase = fedshard::phase::setup;
+  int unit = -1;
+  int fragment = -1;
+
+  /// True when op runs at this point.
+  bool matches(const comm_op& op) const noexcept {
+    if (op.trigger != trigger || op.unit != unit || op.fragment != fragment) return false;
+    return trigger != fedshard::trigger::acquire || op.phase == phase;
+  }
+};
+
+/// A list of comm_ops in the order they are issued.
 struct plan {
   std::vector<comm_op> ops;
 
   /// Bytes one rank sends on axis a over the whole plan.
-  double wire_bytes_on(axis a) const {
+  double wire_bytes_on(fedshard::axis a) const {
     double b = 0;
     for (const auto& op : ops)
-      if (op.on == a) b += wire_bytes(op);
+      if (op.axis == a) b += wire_bytes(op);
     return b;
   }
   /// Number of ops on axis a.
-  std::int64_t calls_on(axis a) const {
+  std::int64_t calls_on(fedshard::axis a) const {
     std::int64_t c = 0;
-    for (const auto& op : ops) c += (op.on == a) ? 1 : 0;
+    for (const auto& op : ops) c += (op.axis == a) ? 1 : 0;
     return c;
   }
   /// Appends the ops of another plan.
@@ -116,6 +264,34 @@ struct plan {
     ops.reserve(ops.size() + n);
     for (std::size_t i = 0; i < n; ++i) ops.push_back(other.ops[i]);
     return *this;
+  }
+  /// The ops for which keep(op) is true, in order.
+  template <class Pred>
+  plan select(Pred keep) const {
+    plan p;
+    for (const auto& op : ops)
+      if (keep(op)) p.ops.push_back(op);
+    return p;
+  }
+  /// The ops that run at trigger point t, in order.
+  plan at(const trigger_point& t) const {
+    return select([&](const comm_op& op) { return t.matches(op); });
+  }
+  /// True when some op writes (out) role r of unit u.
+  bool writes(fedshard::role r, int u) const {
+    for (const auto& op : ops)
+      if (op.out.role == r && op.unit == u) return true;
+    return false;
+  }
+  /// True when some op reads (in) role r of unit u.
+  bool reads(fedshard::role r, int u) const {
+    for (const auto& op : ops)
+      if (op.in.role == r && op.unit == u && op.kind != comm_kind::broadcast) return true;
+    return false;
+  }
+  /// Checks every op (see fedshard::check(const comm_op&)).
+  void check() const {
+    for (const auto& op : ops) fedshard::check(op);
   }
 };
 

@@ -1,5 +1,7 @@
 #pragma once
-/// Traffic counters: what the executor actually ran, per mesh axis.
+/// Traffic counters: calls, bytes and time per mesh axis. The wire tap (plan/wire_tap.hpp)
+/// records what each call actually moved into them; traffic_counters::of(plan) gives what a
+/// plan would move, so tests compare the two.
 
 #include <array>
 #include <cstdint>
@@ -12,25 +14,29 @@ namespace fedshard {
 /// Totals for one axis.
 struct axis_traffic {
   std::int64_t calls = 0;
-  std::int64_t payload_bytes = 0;  ///< sum of comm_op::bytes
+  std::int64_t payload_bytes = 0;  ///< sum of the calls' array bytes (nccl-tests S)
   double wire_bytes = 0;           ///< bytes this rank sent (bus factor x payload)
-  double seconds = 0;              ///< time this rank spent in (or waiting for) the ops
+  double seconds = 0;              ///< time this rank spent in (or waiting for) the calls
 
   friend bool operator==(const axis_traffic&, const axis_traffic&) = default;
 };
 
-/// Per-axis counters of one rank; the executor records into them, tests and the demo read them.
+/// Per-axis counters of one rank.
 class traffic_counters {
  public:
-  /// Counts one executed op (and the time it took).
-  void record(const comm_op& op, double seconds = 0) {
-    auto& t = per_axis_[index(op.on)];
+  /// Counts one call of `kind` moving an array of `bytes` over `ranks` ranks on axis a.
+  void record(axis a, comm_kind kind, std::int64_t bytes, int ranks, double seconds = 0) {
+    auto& t = per_axis_[index(a)];
     ++t.calls;
-    t.payload_bytes += op.bytes;
-    t.wire_bytes += wire_bytes(op);
+    t.payload_bytes += bytes;
+    t.wire_bytes += bus_factor(kind, ranks) * static_cast<double>(bytes);
     t.seconds += seconds;
   }
-  /// Adds time spent waiting for an op already counted.
+  /// Counts one op as the plan describes it.
+  void record(const comm_op& op, double seconds = 0) {
+    record(op.axis, op.kind, op.bytes, op.ranks, seconds);
+  }
+  /// Adds time spent waiting for a call already counted.
   void add_time(axis a, double seconds) { per_axis_[index(a)].seconds += seconds; }
   const axis_traffic& operator[](axis a) const { return per_axis_[index(a)]; }
   /// Sums over all axes.

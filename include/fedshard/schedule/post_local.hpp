@@ -14,7 +14,7 @@ namespace fedshard::schedule {
 /// then after the steps with (step + 1 - switch_step) % k == 0 (switch_step + k - 1,
 /// switch_step + 2k - 1, ...), and after the final step. switch_step = 0 is periodic<k>;
 /// k = 1 is every_step.
-class post_local {
+class post_local : public whole_model<post_local> {
  public:
   /// The settings.
   struct config {
@@ -37,9 +37,6 @@ class post_local {
   /// The settings.
   const config& settings() const noexcept { return config_; }
 
-  /// 1.
-  int fragments() const noexcept { return 1; }
-
   /// start_and_apply at the sync steps described above, else none.
   sync_action action(int fragment, std::int64_t step, std::int64_t total_steps) const {
     detail::check_action_args(name, fragment, 1, step);
@@ -48,17 +45,6 @@ class post_local {
                       detail::is_final_step(step, total_steps);
     return sync ? sync_action::start_and_apply : sync_action::none;
   }
-
-  /// 1: the synchronised parameters replace the local ones.
-  float mixing() const noexcept { return 1.0f; }
-
-  /// All units, ascending.
-  std::vector<int> fragment_units(int fragment, int num_units) const {
-    return detail::strided_units(name, fragment, 1, num_units);
-  }
-
-  /// Throws invalid_argument when num_units < 1.
-  void check(int num_units) const { detail::check_units(name, 1, num_units); }
 
  private:
   config config_;

@@ -126,4 +126,20 @@ constexpr bool is_final_step(std::int64_t step, std::int64_t total_steps) noexce
 }
 
 }  // namespace detail
+
+/// What the schedules that sync the whole model as one fragment (every_step, periodic,
+/// post_local) share: requirements 2, 4, 5 and 6; Derived provides the name and action().
+template <class Derived>
+struct whole_model {
+  /// 1.
+  int fragments() const noexcept { return 1; }
+  /// 1: the synchronised parameters replace the local ones.
+  float mixing() const noexcept { return 1.0f; }
+  /// All units, ascending.
+  std::vector<int> fragment_units(int fragment, int num_units) const {
+    return detail::strided_units(Derived::name, fragment, 1, num_units);
+  }
+  /// Throws invalid_argument when num_units < 1.
+  void check(int num_units) const { detail::check_units(Derived::name, 1, num_units); }
+};
 }  // namespace fedshard::schedule

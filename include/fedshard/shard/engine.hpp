@@ -1,22 +1,29 @@
 #pragma once
 /// The shard engine: one rank's parameter and gradient storage under a ShardPolicy, and the
-/// execution of the policy's step plan through unit hooks.
+/// triggers that run the policy's step plan through the interpreter.
 ///
 /// Storage: master() holds the rank's f32 master parameters (each unit's shard, back to back,
-/// in unit order; the whole padded unit when the policy replicates) and grad() the reduced
-/// gradients in the same layout; the optimizer acts on these two spans.
-/// A step: begin_step(); for each unit acquire(u) (gathers it: the first acquire of a step is
-/// forward, the second backward), release(u); write gradients into grad_buffer(u) and call
-/// grads_ready(u) (reduces them); finish_backward() reduces whatever is left. Every
-/// collective is one of the plan's comm_ops, run by the executor, so the traffic counters
-/// equal the plan.
+/// in unit order; the whole padded unit when the layout is not sharded) and grad() the reduced
+/// gradients in the same layout; the optimizer acts on these two spans. A unit the plan gathers
+/// (an op writes its role `params`) has a gathered buffer of its own; a unit whose gradient
+/// the plan reduces into another buffer (an op reads role `grad` and writes elsewhere) has a
+/// full gradient buffer of its own, otherwise the model writes into its gradient shard. These
+/// buffers are kept from step to step (no allocation per step after the first), so a tensor
+/// view a model keeps of them (torch::from_blob) stays valid.
+///
+/// A step: begin_step(); for each unit acquire(u, phase::forward), release(u); in backward
+/// acquire(u, phase::backward), write gradients into grad_buffer(u), release(u) and call
+/// grads_ready(u); finish_backward() reduces whatever is left and waits. Each hook fires its
+/// trigger (the interpreter runs the plan's ops for it); what the engine keeps or frees
+/// follows from the plan: a unit the plan gathers again for backward is freed (not live)
+/// when released, a unit gathered once is freed when its gradients are ready. Acquiring a
+/// unit prefetches the next unit of the same phase, in the order the plan gathers them,
+/// while at most max_live_units() gathered units are live.
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <deque>
-#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -28,28 +35,33 @@
 #include "fedshard/kernels/cast.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/plan/comm_op.hpp"
-#include "fedshard/plan/executor.hpp"
+#include "fedshard/plan/interpreter.hpp"
 #include "fedshard/shard/flat_layout.hpp"
 #include "fedshard/shard/shard_policy.hpp"
 
 namespace fedshard::shard {
 
-/// Executes ShardPolicy P for one rank of a mesh over Communicator C.
+/// Runs ShardPolicy P for one rank of a mesh over Communicator C.
 template <ShardPolicy P, Communicator C>
 class engine {
  public:
-  /// Collective over the mesh's world: checks the policy against the mesh and that every rank
-  /// declared the same units.
+  /// Collective over the mesh's world: checks the policy against the mesh and the plan, and
+  /// that every rank declared the same units.
   engine(mesh<C>& m, std::vector<unit_spec> units, precision prec = {})
       : mesh_(&m),
         prec_((prec.check(), prec)),
         layout_((P::check(m.shape()), std::move(units)), P::layout_shards(m.shape())),
         plan_(P::step_plan(layout_, m.shape(), prec_)),
-        exec_(m),
+        read_plan_(ops::read_units(layout_, m.shape())),
+        setup_plan_(layout_check_plan(axis::world, m.size())),
+        interp_(m),
         master_(layout_.total_shard_numel()),
         grad_(layout_.total_shard_numel()),
         units_(layout_.num_units()) {
-    verify_same_layout(m.world(), layout_);
+    plan_.check();
+    learn_from_plan();
+    verify_same_layout(layout_, m.rank(), m.size(), setup_plan_,
+                       [&](const comm_op& op, buffer_view b) { run(op, b); });
   }
 
   engine(const engine&) = delete;
@@ -59,23 +71,27 @@ class engine {
   const precision& mixed_precision() const noexcept { return prec_; }
   /// The comm_ops of one step.
   const plan& step_plan() const noexcept { return plan_; }
-  /// What this rank ran so far, per axis.
-  traffic_counters& traffic() noexcept { return exec_.traffic(); }
-  executor<C>& exec() noexcept { return exec_; }
+  /// The on-demand ops that read each unit's full parameters (gather_unit).
+  const plan& read_plan() const noexcept { return read_plan_; }
+  /// The ops construction ran (the layout check over the world).
+  const plan& setup_plan() const noexcept { return setup_plan_; }
+  /// What this rank moved so far, per axis, as counted at the wire.
+  traffic_counters& traffic() noexcept { return interp_.traffic(); }
+  /// The interpreter that runs every collective of this engine.
+  interpreter<C>& interp() noexcept { return interp_; }
   mesh<C>& topology() noexcept { return *mesh_; }
+  const mesh<C>& topology() const noexcept { return *mesh_; }
 
   /// This rank's f32 master parameters (unit shards back to back; padding stays zero).
   std::span<float> master() noexcept { return master_.span(); }
+  std::span<const float> master() const noexcept { return master_.span(); }
   /// This rank's reduced f32 gradients, laid out like master().
   std::span<float> grad() noexcept { return grad_.span(); }
   /// The part of master() that belongs to unit u.
-  std::span<float> master_of(std::size_t u) {
-    return master_.span().subspan(slice(u).first, slice(u).second);
-  }
+  std::span<float> master_of(std::size_t u) { return slice_of(master_.span(), u); }
+  std::span<const float> master_of(std::size_t u) const { return slice_of(master_.span(), u); }
   /// The part of grad() that belongs to unit u.
-  std::span<float> grad_of(std::size_t u) {
-    return grad_.span().subspan(slice(u).first, slice(u).second);
-  }
+  std::span<float> grad_of(std::size_t u) { return slice_of(grad_.span(), u); }
 
   /// Sets unit u's parameters from its full values (numel elements, the same on every rank);
   /// each rank keeps its part.
@@ -84,10 +100,9 @@ class engine {
     const auto& ul = layout_.unit(u);
     FEDSHARD_EXPECTS(values.size() == ul.numel, "set_unit: unit '", ul.name, "' has ", ul.numel,
                      " elements, got ", values.size());
-    const auto [off, len] = slice(u);
     const std::size_t begin = first_element(u);
-    std::span<float> dst = master_.span().subspan(off, len);
-    for (std::size_t i = 0; i < len; ++i)
+    std::span<float> dst = master_of(u);
+    for (std::size_t i = 0; i < dst.size(); ++i)
       dst[i] = (begin + i < ul.numel) ? values[begin + i] : 0.0f;
   }
 
@@ -99,29 +114,40 @@ class engine {
     const auto& ts = layout_.unit(u).tensors[t];
     FEDSHARD_EXPECTS(values.size() == ts.numel, "set_tensor: tensor '", name, "' has ", ts.numel,
                      " elements, got ", values.size());
-    const auto [off, len] = slice(u);
+    std::span<float> dst = master_of(u);
     const std::size_t begin = first_element(u);
     for (std::size_t i = 0; i < ts.numel; ++i) {
       const std::size_t e = ts.offset + i;
-      if (e >= begin && e < begin + len) master_[off + (e - begin)] = values[i];
+      if (e >= begin && e < begin + dst.size()) dst[e - begin] = values[i];
     }
   }
 
-  /// Collective over the shard axis: unit u's full f32 master values (numel elements).
+  /// Collective over the axis the layout is sharded on (the read_plan's op for u; nothing
+  /// moves when the layout is not sharded): unit u's full f32 master values (numel elements).
   std::vector<float> gather_unit(std::size_t u) {
     check_unit(u);
     const auto& ul = layout_.unit(u);
     std::vector<float> full(ul.padded_numel);
-    if (!P::traits.shards_params) {
-      auto m = master_of(u);
+    const trigger_point at{.trigger = trigger::on_demand, .unit = static_cast<int>(u)};
+    if (read_plan_.at(at).ops.empty()) {
+      const auto m = master_of(u);
       std::copy(m.begin(), m.end(), full.begin());
     } else {
-      auto m = master_of(u);
-      mesh_->shard().all_gather(m.data(), full.data(), static_cast<std::int64_t>(m.size()),
-                                dtype::f32);
+      interp_.wait(interp_.fire(read_plan_, at, [&](const comm_op& op, const operand& o) {
+        return o.role == role::value ? buffer_view{full.data(), full.size(), dtype::f32}
+                                     : bind(op, o);
+      }));
     }
     full.resize(ul.numel);
     return full;
+  }
+
+  /// Runs an on-demand op whose value operands are the buffer b (both in and out), through
+  /// the interpreter (counted on its axis).
+  void run(const comm_op& op, buffer_view b) {
+    interp_.run(op, [&](const comm_op& o, const operand& which) {
+      return which.role == role::value ? b : bind(o, which);
+    });
   }
 
   /// How many gathered units may be alive at once through prefetching (FSDP's
@@ -134,59 +160,63 @@ class engine {
   /// Gathered (or gathering) units alive now, and the most seen since construction.
   int live_units() const noexcept { return live_; }
   int peak_live_units() const noexcept { return peak_live_; }
-  /// True while unit u's parameters are gathered or being gathered.
-  bool is_live(std::size_t u) const { return units_.at(u).state != gather_state::idle; }
+  /// True while unit u's gathered parameters are valid or being gathered.
+  bool is_live(std::size_t u) const { return units_.at(u).live; }
   /// True while unit u's gather is in flight (started by a prefetch, not waited for yet).
-  bool in_flight(std::size_t u) const { return units_.at(u).state == gather_state::gathering; }
+  bool in_flight(std::size_t u) const {
+    const auto& s = units_.at(u);
+    return s.live && !interp_.done(s.gather);
+  }
   /// Gradient reductions started and not finished yet.
-  std::size_t reductions_in_flight() const noexcept { return pending_.size(); }
+  std::size_t reductions_in_flight() const {
+    std::size_t n = 0;
+    for (const auto& s : units_) n += s.reduced && !interp_.done(s.reduction) ? 1 : 0;
+    return n;
+  }
+  /// The phase of the step so far: forward until a unit is acquired for backward or its
+  /// gradients are ready.
+  fedshard::phase step_phase() const noexcept { return phase_; }
 
-  /// Starts a step: completes whatever is in flight, every unit becomes not gathered and no
-  /// gradients are reduced.
+  /// Starts a step: completes whatever is in flight; no unit is live and no gradient reduced.
   void begin_step() {
-    drain_reductions();
+    interp_.wait_all();
     for (std::size_t u = 0; u < units_.size(); ++u) {
+      free(u);
       auto& s = units_[u];
-      free_params(u);  // the master changed since the last gather
-      s.acquisitions = 0;
+      s.gathered_for = {false, false};
       s.reduced = false;
       s.grad_touched = false;
+      s.rounded = false;  // the master changed since the last step
     }
+    phase_ = phase::forward;
   }
 
-  /// Unit u's parameters as the model computes with them (padded_numel f32 values; use
-  /// layout().tensor_view for tensors), gathering them if needed. The first acquire of a
-  /// step is forward, the next backward; each prefetches the next unit in its direction
-  /// (u + 1 forward, u - 1 backward) while the model computes.
-  std::span<const float> acquire(std::size_t u) {
+  /// Unit u's parameters for phase ph (padded_numel f32 values; use layout().tensor_view for
+  /// tensors): fires the plan's gathers of (acquire, ph, u) unless u is live, waits for them,
+  /// and prefetches the next unit of phase ph.
+  std::span<const float> acquire(std::size_t u, fedshard::phase ph = phase::forward) {
     check_unit(u);
-    auto& s = units_[u];
-    const phase ph = (s.acquisitions++ == 0) ? phase::forward : phase::backward;
-    if (s.state == gather_state::idle) start_gather(u, ph);
-    if (s.state == gather_state::gathering) complete_gather(u);
-    if (ph == phase::forward && u + 1 < units_.size()) prefetch(u + 1, phase::forward);
-    if (ph == phase::backward && u > 0) prefetch(u - 1, phase::backward);
+    FEDSHARD_EXPECTS(ph == phase::forward || ph == phase::backward,
+                     "acquire: the phase must be forward or backward, found ", to_string(ph));
+    if (ph == phase::backward) phase_ = phase::backward;
+    ensure(u, ph);
+    prefetch(u, ph);
     return params_view(u);
   }
 
-  /// Unit u's parameters without counting an acquisition: gathers them if they are not
-  /// live (a model that calls no hook gets its units gathered on first use, kept until the
-  /// end of the step).
+  /// Unit u's parameters without prefetching, gathered for the step's phase (step_phase())
+  /// if they are not live: a model that calls no hook gets its units gathered on first use.
   std::span<const float> params(std::size_t u) {
     check_unit(u);
-    auto& s = units_[u];
-    if (s.state == gather_state::idle) {
-      if (s.acquisitions == 0) s.acquisitions = 1;
-      start_gather(u, s.acquisitions <= 1 ? phase::forward : phase::backward);
-    }
-    if (s.state == gather_state::gathering) complete_gather(u);
+    ensure(u, phase_);
     return params_view(u);
   }
 
-  /// The model is done with unit u's parameters for now (freed by policies that re-gather).
+  /// The model is done with unit u's parameters for now: freed when the plan gathers u again
+  /// for backward.
   void release(std::size_t u) {
     check_unit(u);
-    if (P::traits.shards_params && P::traits.regather_for_backward) free_params(u);
+    if (has_gather(u, phase::backward)) free(u);
   }
 
   /// Unit u's full f32 gradient buffer (padded_numel), zeroed on first use in a step; the
@@ -196,235 +226,221 @@ class engine {
     auto& s = units_[u];
     FEDSHARD_EXPECTS(!s.reduced, "grad_buffer: unit ", u, " ('", layout_.unit(u).name,
                      "') was already reduced in this step");
-    const std::size_t n = layout_.unit(u).padded_numel;
-    if (!P::traits.shards_params) {
-      auto g = grad_of(u);
-      if (!s.grad_touched) std::fill(g.begin(), g.end(), 0.0f);
-      s.grad_touched = true;
-      return g;
-    }
-    if (s.full_grad.size() != n)
-      s.full_grad = aligned_buffer<float>(n);
-    else if (!s.grad_touched)
-      std::fill(s.full_grad.begin(), s.full_grad.end(), 0.0f);
+    const std::span<float> g = full_grad(u);
+    if (!s.grad_touched) std::fill(g.begin(), g.end(), 0.0f);
     s.grad_touched = true;
-    return s.full_grad.span();
+    return g;
   }
 
-  /// Unit u's gradients are complete: starts their reduction (averaged over the group's
-  /// ranks) into grad_of(u); it overlaps whatever the model does next.
+  /// Unit u's gradients are complete: fires the plan's reductions of (grads_ready, u), which
+  /// average them over the group into grad_of(u) and overlap what the model does next.
   void grads_ready(std::size_t u) {
     check_unit(u);
     auto& s = units_[u];
     FEDSHARD_EXPECTS(!s.reduced, "grads_ready: unit ", u, " ('", layout_.unit(u).name,
                      "') was already reduced in this step");
     if (!s.grad_touched) grad_buffer(u);  // no gradient written: contribute zeros
+    phase_ = phase::backward;
     s.reduced = true;
     s.grad_touched = false;
-    if (P::traits.shards_params && !P::traits.regather_for_backward) free_params(u);
-    start_reduction(u);
-    advance_reductions(false);
+    if (!has_gather(u, phase::backward)) free(u);  // gathered once: kept until now
+    s.reduction =
+        interp_.fire(plan_, {trigger::grads_ready, phase::backward, static_cast<int>(u)}, binder());
+    interp_.progress();
   }
 
-  /// Reduces the gradients of every unit not reduced yet (in backward order) and waits for
-  /// all reductions: afterwards grad() holds the step's averaged gradients.
+  /// Reduces the gradients of every unit not reduced yet (in backward order), fires
+  /// end_of_backward and waits for every reduction: afterwards grad() holds the step's
+  /// averaged gradients.
   void finish_backward() {
     for (std::size_t u = units_.size(); u-- > 0;)
       if (!units_[u].reduced) grads_ready(u);
-    drain_reductions();
-    for (std::size_t u = 0; u < units_.size(); ++u)
-      if (P::traits.shards_params) free_params(u);
+    interp_.fire(plan_, {.trigger = trigger::end_of_backward, .phase = phase::backward}, binder());
+    interp_.wait_all();
+    for (std::size_t u = 0; u < units_.size(); ++u) free(u);
   }
 
  private:
-  enum class gather_state : std::uint8_t { idle, gathering, gathered };
-  enum class reduce_stage : std::uint8_t { scatter, replicas };
-
   struct unit_state {
-    int acquisitions = 0;
-    gather_state state = gather_state::idle;
+    bool live = false;                   // gathered parameters valid or in flight
+    std::array<bool, 2> gathered_for{};  // gathered this step for forward / backward
     bool reduced = false;
     bool grad_touched = false;
-    aligned_buffer<float> params;        // gathered f32 parameters
-    aligned_buffer<std::byte> wire_in;   // parameter shard in the wire dtype
-    aligned_buffer<std::byte> wire_out;  // gathered unit in the wire dtype
-    pending_op gather_op;
-    aligned_buffer<float> full_grad;          // full f32 gradients (sharded policies)
-    aligned_buffer<std::byte> grad_wire_in;   // gradients in the reduce dtype
-    aligned_buffer<std::byte> grad_wire_out;  // reduced gradient shard in the reduce dtype
+    bool rounded = false;  // params holds the master rounded to the param dtype
+    ticket gather;
+    ticket reduction;
+    aligned_buffer<float> params;     // gathered (or rounded) f32 parameters, padded
+    aligned_buffer<float> full_grad;  // the model's full gradient, when the plan reduces it
   };
 
-  struct reduction {
-    std::size_t unit;
-    reduce_stage stage;
-    pending_op op;
+  /// What the plan says about unit u.
+  struct unit_plan {
+    std::array<bool, 2> gathers{};  // the plan gathers u when acquired for forward / backward
+    bool own_params = false;        // some op writes role params of u
+    bool own_grad = false;          // some op reads role grad of u into another buffer
   };
+
+  static std::size_t phase_index(fedshard::phase ph) { return ph == phase::backward ? 1 : 0; }
+
+  void learn_from_plan() {
+    plans_.resize(units_.size());
+    for (const comm_op& op : plan_.ops) {
+      FEDSHARD_EXPECTS(op.unit >= 0 && static_cast<std::size_t>(op.unit) < units_.size(), "the ",
+                       P::name, " plan's ", describe(op), " names no unit of the layout's ",
+                       units_.size());
+      for (const operand* o : {&op.in, &op.out}) {
+        const bool held = o->role == role::param_shard || o->role == role::params ||
+                          o->role == role::grad || o->role == role::grad_shard ||
+                          o->role == role::none;  // a broadcast reads no input
+        FEDSHARD_EXPECTS(held, "the ", P::name, " plan's ", describe(op), " uses role ",
+                         describe(*o),
+                         ", but the shard engine holds only param_shard, params, grad and "
+                         "grad_shard of a unit");
+      }
+      auto& up = plans_[static_cast<std::size_t>(op.unit)];
+      if (op.out.role == role::params) up.own_params = true;
+      if (op.trigger == trigger::acquire) {
+        up.gathers[phase_index(op.phase)] = true;
+        auto& order = order_[phase_index(op.phase)];
+        if (std::find(order.begin(), order.end(), op.unit) == order.end()) order.push_back(op.unit);
+      }
+      if (op.in.role == role::grad && op.out.role != role::grad) up.own_grad = true;
+    }
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      FEDSHARD_EXPECTS(
+          plans_[u].own_grad || layout_.unit(u).shard_numel == layout_.unit(u).padded_numel, "the ",
+          P::name, " plan reduces no gradient of unit ", u, " ('", layout_.unit(u).name,
+          "') into its shard, so the model would write its gradients into the "
+          "shard, which holds ",
+          layout_.unit(u).shard_numel, " of its ", layout_.unit(u).padded_numel, " elements");
+  }
+
+  bool has_gather(std::size_t u, fedshard::phase ph) const {
+    return plans_[u].gathers[phase_index(ph)];
+  }
 
   void check_unit(std::size_t u) const {
     FEDSHARD_EXPECTS(u < units_.size(), "unit index must be < ", units_.size(), ", found ", u);
   }
-  /// (offset, length) of unit u in master()/grad().
-  std::pair<std::size_t, std::size_t> slice(std::size_t u) const {
-    const std::size_t len =
-        P::traits.shards_params ? layout_.unit(u).shard_numel : layout_.unit(u).padded_numel;
-    return {layout_.shard_offset(u), len};
+  template <class T>
+  std::span<T> slice_of(std::span<T> all, std::size_t u) const {
+    check_unit(u);
+    return all.subspan(layout_.shard_offset(u), layout_.unit(u).shard_numel);
   }
   /// Index inside the unit of the first element this rank's master holds.
   std::size_t first_element(std::size_t u) const {
-    return P::traits.shards_params ? layout_.shard_of(u, mesh_->coords().shard).begin : 0;
-  }
-  const comm_op& find_op(std::size_t u, comm_kind k, phase ph, axis a) const {
-    for (const auto& op : plan_.ops)
-      if (op.unit == static_cast<int>(u) && op.kind == k && op.when == ph && op.on == a) return op;
-    throw invalid_argument(fedshard::detail::concat("fedshard: the ", P::name, " plan has no ",
-                                                    to_string(k), " on the ", to_string(a),
-                                                    " axis for unit ", u, " in ", to_string(ph)));
-  }
-  std::span<const float> params_view(std::size_t u) {
-    if (!P::traits.shards_params && prec_.param == dtype::f32) return master_of(u);
-    return units_[u].params.span();
+    return layout_.shards() > 1 ? layout_.shard_of(u, mesh_->coords().shard).begin : 0;
   }
 
-  void prefetch(std::size_t v, phase ph) {
+  /// The buffers of the roles this engine holds.
+  auto binder() {
+    return [this](const comm_op& op, const operand& o) { return bind(op, o); };
+  }
+  buffer_view bind(const comm_op& op, const operand& o) {
+    FEDSHARD_EXPECTS(op.unit >= 0 && static_cast<std::size_t>(op.unit) < units_.size(), "the ",
+                     P::name, " plan's ", describe(op), " names no unit of the layout");
+    const auto u = static_cast<std::size_t>(op.unit);
+    switch (o.role) {
+      case role::param_shard: return view(master_of(u));
+      case role::params: return view(gathered(u));
+      case role::grad: return view(full_grad(u));
+      case role::grad_shard: return view(grad_of(u));
+      default: break;
+    }
+    throw invalid_argument(
+        fedshard::detail::concat("fedshard: the shard engine holds no buffer of role ", describe(o),
+                                 " (", describe(op), ")"));
+  }
+
+  std::span<float> gathered(std::size_t u) {
+    auto& s = units_[u];
+    const std::size_t n = layout_.unit(u).padded_numel;
+    if (s.params.size() != n) s.params = aligned_buffer<float>(n);
+    return s.params.span();
+  }
+  std::span<float> full_grad(std::size_t u) {
+    if (!plans_[u].own_grad) return grad_of(u);
+    auto& s = units_[u];
+    const std::size_t n = layout_.unit(u).padded_numel;
+    if (s.full_grad.size() != n) s.full_grad = aligned_buffer<float>(n);
+    return s.full_grad.span();
+  }
+
+  /// Makes unit u's parameters valid for phase ph: waits for a gather in flight, or fires the
+  /// plan's gathers for (acquire, ph, u).
+  void ensure(std::size_t u, fedshard::phase ph) {
+    auto& s = units_[u];
+    if (!plans_[u].own_params) return;  // the master itself (see params_view)
+    if (!s.live) {
+      FEDSHARD_EXPECTS(has_gather(u, ph), "acquire: unit ", u, " ('", layout_.unit(u).name,
+                       "') is not gathered and the ", P::name, " plan gathers it only for ",
+                       has_gather(u, phase::forward) ? "forward" : "backward", ", not for ",
+                       to_string(ph));
+      start_gather(u, ph);
+    }
+    interp_.wait(s.gather);
+  }
+
+  void start_gather(std::size_t u, fedshard::phase ph) {
+    auto& s = units_[u];
+    set_live(s, true);
+    s.gathered_for[phase_index(ph)] = true;
+    s.gather = interp_.fire(plan_, {trigger::acquire, ph, static_cast<int>(u)}, binder());
+  }
+
+  /// Starts the gather of the unit after u in phase ph's order, if the limit allows.
+  void prefetch(std::size_t u, fedshard::phase ph) {
+    const auto& order = order_[phase_index(ph)];
+    const auto it = std::find(order.begin(), order.end(), static_cast<int>(u));
+    if (it == order.end() || it + 1 == order.end()) return;
+    const auto v = static_cast<std::size_t>(*(it + 1));
     const auto& s = units_[v];
-    const int expected = (ph == phase::forward) ? 0 : 1;
-    if (s.state != gather_state::idle || s.acquisitions != expected || live_ >= max_live_) return;
-    if (ph == phase::backward && !P::traits.regather_for_backward) return;
+    if (s.live || s.gathered_for[phase_index(ph)] || s.reduced || live_ >= max_live_) return;
     start_gather(v, ph);
   }
 
-  void start_gather(std::size_t u, phase ph) {
+  std::span<const float> params_view(std::size_t u) {
     auto& s = units_[u];
-    const std::size_t n = layout_.unit(u).padded_numel;
-    auto m = master_of(u);
-    set_live(s, gather_state::gathering);
-    if (s.params.size() != n) s.params = aligned_buffer<float>(n);
-    if (!P::traits.shards_params) {  // replicated: at most a precision round trip
-      if (prec_.param != dtype::f32) round_trip(m, s.params.span(), prec_.param);
-      s.state = gather_state::gathered;
-      return;
+    if (plans_[u].own_params) return s.params.span();
+    if (prec_.param == dtype::f32) return master_of(u);
+    // Not gathered but computed with in the param dtype: the master rounded through it.
+    const std::span<float> p = gathered(u);
+    if (!s.rounded) {
+      const auto m = master_of(u);
+      aligned_buffer<std::byte> tmp(m.size() * size_of(prec_.param));
+      kernels::cast(cview(m), buffer_view{tmp.data(), m.size(), prec_.param});
+      kernels::cast(const_buffer_view{tmp.data(), m.size(), prec_.param}, view(p));
+      s.rounded = true;
     }
-    const comm_op& op = find_op(u, comm_kind::all_gather, ph, axis::shard);
-    if (prec_.param == dtype::f32) {
-      s.gather_op = exec_.start(op, m.data(), s.params.data());
-      return;
-    }
-    const std::size_t esz = size_of(prec_.param);
-    s.wire_in = aligned_buffer<std::byte>(m.size() * esz);
-    s.wire_out = aligned_buffer<std::byte>(n * esz);
-    kernels::cast(cview(m), buffer_view{s.wire_in.data(), m.size(), prec_.param});
-    s.gather_op = exec_.start(op, s.wire_in.data(), s.wire_out.data());
+    return p;
   }
 
-  void complete_gather(std::size_t u) {
+  void free(std::size_t u) {
     auto& s = units_[u];
-    exec_.wait(s.gather_op);
-    if (prec_.param != dtype::f32 && P::traits.shards_params) {
-      kernels::cast(const_buffer_view{s.wire_out.data(), s.params.size(), prec_.param},
-                    view(s.params.span()));
-      s.wire_in = aligned_buffer<std::byte>();
-      s.wire_out = aligned_buffer<std::byte>();
-    }
-    s.state = gather_state::gathered;
+    if (!s.live) return;
+    interp_.wait(s.gather);
+    set_live(s, false);
   }
 
-  void free_params(std::size_t u) {
-    auto& s = units_[u];
-    if (s.state == gather_state::gathering) complete_gather(u);
-    if (s.state == gather_state::idle) return;
-    if (P::traits.shards_params) s.params = aligned_buffer<float>();
-    set_live(s, gather_state::idle);
-  }
-
-  void set_live(unit_state& s, gather_state next) {
-    const bool was = s.state != gather_state::idle, is = next != gather_state::idle;
-    live_ += static_cast<int>(is) - static_cast<int>(was);
+  void set_live(unit_state& s, bool is) {
+    live_ += static_cast<int>(is) - static_cast<int>(s.live);
     peak_live_ = std::max(peak_live_, live_);
-    s.state = next;
-  }
-
-  void start_reduction(std::size_t u) {
-    auto& s = units_[u];
-    auto g = grad_of(u);
-    if (!P::traits.shards_params) {
-      const comm_op& op = find_op(u, comm_kind::all_reduce, phase::backward, axis::group);
-      pending_.push_back({u, reduce_stage::replicas, start_in_reduce_dtype(op, u, g)});
-      return;
-    }
-    const comm_op& rs = find_op(u, comm_kind::reduce_scatter, phase::backward, axis::shard);
-    if (prec_.reduce == dtype::f32) {
-      pending_.push_back({u, reduce_stage::scatter, exec_.start(rs, s.full_grad.data(), g.data())});
-      return;
-    }
-    const std::size_t esz = size_of(prec_.reduce);
-    const std::size_t n = s.full_grad.size();
-    s.grad_wire_in = aligned_buffer<std::byte>(n * esz);
-    s.grad_wire_out = aligned_buffer<std::byte>(g.size() * esz);
-    kernels::cast(cview(s.full_grad.span()), buffer_view{s.grad_wire_in.data(), n, prec_.reduce});
-    pending_.push_back(
-        {u, reduce_stage::scatter, exec_.start(rs, s.grad_wire_in.data(), s.grad_wire_out.data())});
-  }
-
-  /// Replicated policies reduce the whole unit over the group, in the reduce dtype.
-  pending_op start_in_reduce_dtype(const comm_op& op, std::size_t u, std::span<float> g) {
-    auto& s = units_[u];
-    if (op.type == dtype::f32) return exec_.start(op, g.data(), g.data());
-    s.grad_wire_out = aligned_buffer<std::byte>(g.size() * size_of(op.type));
-    kernels::cast(cview(g), buffer_view{s.grad_wire_out.data(), g.size(), op.type});
-    return exec_.start(op, s.grad_wire_out.data(), s.grad_wire_out.data());
-  }
-
-  /// Moves finished reductions on to their next stage, in the order they were started (so
-  /// every rank issues the follow-up all_reduces in the same order). With wait = false only
-  /// reductions that already completed move on.
-  void advance_reductions(bool wait) {
-    while (!pending_.empty()) {
-      reduction& r = pending_.front();
-      if (!wait && !r.op.req.test()) return;
-      exec_.wait(r.op);
-      auto& s = units_[r.unit];
-      auto g = grad_of(r.unit);
-      const bool wire = prec_.reduce != dtype::f32;
-      if (r.stage == reduce_stage::scatter) {
-        s.full_grad = aligned_buffer<float>();
-        s.grad_wire_in = aligned_buffer<std::byte>();
-        if (P::traits.reduce_over_replicas && mesh_->shape().replicas > 1) {
-          const comm_op& ar =
-              find_op(r.unit, comm_kind::all_reduce, phase::backward, axis::replica);
-          void* buf = wire ? static_cast<void*>(s.grad_wire_out.data()) : g.data();
-          r.stage = reduce_stage::replicas;
-          r.op = exec_.start(ar, buf, buf);
-          pending_.push_back(std::move(r));
-          pending_.pop_front();
-          continue;
-        }
-      }
-      if (wire) {
-        kernels::cast(const_buffer_view{s.grad_wire_out.data(), g.size(), prec_.reduce}, view(g));
-        s.grad_wire_out = aligned_buffer<std::byte>();
-      }
-      pending_.pop_front();
-    }
-  }
-
-  void drain_reductions() { advance_reductions(true); }
-
-  /// dst = src rounded to dtype t and back to f32.
-  static void round_trip(std::span<const float> src, std::span<float> dst, dtype t) {
-    aligned_buffer<std::byte> tmp(src.size() * size_of(t));
-    kernels::cast(cview(src), buffer_view{tmp.data(), src.size(), t});
-    kernels::cast(const_buffer_view{tmp.data(), src.size(), t}, view(dst));
+    s.live = is;
   }
 
   mesh<C>* mesh_;
   precision prec_;
   flat_layout layout_;
   plan plan_;
-  executor<C> exec_;
+  plan read_plan_;
+  plan setup_plan_;
+  interpreter<C> interp_;
   aligned_buffer<float> master_;
   aligned_buffer<float> grad_;
   std::vector<unit_state> units_;
-  std::deque<reduction> pending_;
+  std::vector<unit_plan> plans_;
+  std::array<std::vector<int>, 2> order_;  // units in the order the plan gathers them
+  fedshard::phase phase_ = phase::forward;
   int max_live_ = 2;
   int live_ = 0;
   int peak_live_ = 0;

@@ -32,9 +32,13 @@
 
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/config.hpp"
+#include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/mesh/axis.hpp"
+#include "fedshard/plan/comm_op.hpp"
+#include "fedshard/plan/start_op.hpp"
 
 namespace fedshard {
 
@@ -398,19 +402,42 @@ inline std::string digest_summary(const std::array<double, 6>& d) {
 
 }  // namespace detail
 
-/// Collective over comm: checks that every rank built the same layout as rank 0. If any rank
-/// differs, every rank throws invalid_argument naming the ranks that differ, with rank 0's
-/// summary and its own.
-template <Communicator C>
-void verify_same_layout(C& comm, const flat_layout& layout) {
+/// The ops of a layout check on an axis of n ranks: rank 0's digest (role value 0: 6 f64)
+/// is broadcast, then every rank's "differs from rank 0" flag (value 1: n f64) is
+/// max-reduced, so every rank learns which ranks differ.
+inline plan layout_check_plan(axis a, int n) {
+  plan p;
+  p.ops.push_back({.kind = comm_kind::broadcast,
+                   .axis = a,
+                   .dtype = dtype::f64,
+                   .bytes = 6 * 8,
+                   .ranks = n,
+                   .out = {.role = role::value, .index = 0},
+                   .overlappable = false});
+  p.ops.push_back({.kind = comm_kind::all_reduce,
+                   .axis = a,
+                   .dtype = dtype::f64,
+                   .bytes = 8 * static_cast<std::int64_t>(n),
+                   .ranks = n,
+                   .reduce = reduce_op::max,
+                   .in = {.role = role::value, .index = 1},
+                   .out = {.role = role::value, .index = 1},
+                   .overlappable = false});
+  return p;
+}
+
+/// Checks that every one of the n ranks (this is rank `me`) built the same layout as rank 0,
+/// running the ops of layout_check_plan with run(op, buffer) (buffer: the op's value, in and
+/// out). If any rank differs, every rank throws invalid_argument naming the ranks that
+/// differ, with rank 0's summary and its own.
+template <class Run>
+void verify_same_layout(const flat_layout& layout, int me, int n, const plan& check, Run&& run) {
   const std::array<double, 6> mine = detail::layout_digest(layout);
   std::array<double, 6> root = mine;
-  comm.broadcast(root.data(), static_cast<std::int64_t>(root.size()), dtype::f64, 0);
-  const int n = comm.size();
-  const int me = comm.rank();
+  run(check.ops.at(0), buffer_view{root.data(), root.size(), dtype::f64});
   std::vector<double> differs(static_cast<std::size_t>(n), 0.0);
   differs[static_cast<std::size_t>(me)] = root != mine ? 1.0 : 0.0;
-  comm.all_reduce(differs.data(), differs.data(), n, dtype::f64, reduce_op::max);
+  run(check.ops.at(1), buffer_view{differs.data(), differs.size(), dtype::f64});
   std::string ranks;
   for (int r = 0; r < n; ++r)
     if (differs[static_cast<std::size_t>(r)] != 0.0)
@@ -418,6 +445,15 @@ void verify_same_layout(C& comm, const flat_layout& layout) {
   FEDSHARD_EXPECTS(ranks.empty(), "verify_same_layout: the flat layout of rank(s) ", ranks, " of ",
                    n, " differs from rank 0's; rank 0 has ", detail::digest_summary(root),
                    "; this rank (", me, ") has ", detail::digest_summary(mine));
+}
+
+/// Collective over comm: verify_same_layout with the check's ops called on comm directly.
+template <Communicator C>
+void verify_same_layout(C& comm, const flat_layout& layout) {
+  const plan check = layout_check_plan(axis::world, comm.size());
+  verify_same_layout(
+      layout, comm.rank(), comm.size(), check,
+      [&](const comm_op& op, buffer_view b) { start_op(comm, op, b.data, b.data).wait(); });
 }
 
 }  // namespace fedshard

@@ -12,8 +12,6 @@ namespace fedshard::shard {
 /// FSDP FULL_SHARD over the group's S ranks.
 struct full_shard {
   static constexpr std::string_view name = "full_shard";
-  static constexpr shard_traits traits{
-      .shards_params = true, .regather_for_backward = true, .reduce_over_replicas = false};
   static int layout_shards(const mesh_shape& s) { return s.shards; }
   static void check(const mesh_shape& s) {
     FEDSHARD_EXPECTS(s.replicas == 1,
@@ -21,8 +19,14 @@ struct full_shard {
                      "needs replicas == 1, found ",
                      s.replicas, " (use hybrid_shard to replicate shards)");
   }
+  /// Forward gathers; per unit backward: gather again, reduce_scatter.
   static plan step_plan(const flat_layout& l, const mesh_shape& s, const precision& p) {
-    return detail::sharded_step_plan(traits, l, s, p);
+    plan out = ops::forward_gathers(l, s, p.param);
+    for (int u : ops::backward_order(l)) {
+      out.ops.push_back(ops::gather(l, s, p.param, u, phase::backward));
+      out.ops.push_back(ops::reduce_scatter(l, s, p.reduce, u));
+    }
+    return out;
   }
 };
 

@@ -11,12 +11,18 @@ namespace fedshard::shard {
 /// HSDP: FSDP inside a replica, gradient-shard all_reduce across replicas.
 struct hybrid_shard {
   static constexpr std::string_view name = "hybrid_shard";
-  static constexpr shard_traits traits{
-      .shards_params = true, .regather_for_backward = true, .reduce_over_replicas = true};
   static int layout_shards(const mesh_shape& s) { return s.shards; }
   static void check(const mesh_shape&) {}
+  /// full_shard's plan inside each replica; each reduce_scatter is followed by the
+  /// replicas' average when R > 1.
   static plan step_plan(const flat_layout& l, const mesh_shape& s, const precision& p) {
-    return detail::sharded_step_plan(traits, l, s, p);
+    plan out = ops::forward_gathers(l, s, p.param);
+    for (int u : ops::backward_order(l)) {
+      out.ops.push_back(ops::gather(l, s, p.param, u, phase::backward));
+      out.ops.push_back(ops::reduce_scatter(l, s, p.reduce, u));
+      if (s.replicas > 1) out.ops.push_back(ops::replica_average(l, s, p.reduce, u));
+    }
+    return out;
   }
 };
 

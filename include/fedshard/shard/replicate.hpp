@@ -11,12 +11,13 @@ namespace fedshard::shard {
 /// DDP: full parameters on every rank, gradient all_reduce over the group.
 struct replicate {
   static constexpr std::string_view name = "replicate";
-  static constexpr shard_traits traits{
-      .shards_params = false, .regather_for_backward = false, .reduce_over_replicas = false};
   static int layout_shards(const mesh_shape&) { return 1; }
   static void check(const mesh_shape&) {}
+  /// No gathers; per unit, in backward order, the group's average of its gradient.
   static plan step_plan(const flat_layout& l, const mesh_shape& s, const precision& p) {
-    return detail::sharded_step_plan(traits, l, s, p);
+    plan out;
+    for (int u : ops::backward_order(l)) out.ops.push_back(ops::group_average(l, s, p.reduce, u));
+    return out;
   }
 };
 

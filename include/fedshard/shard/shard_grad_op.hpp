@@ -12,12 +12,17 @@ namespace fedshard::shard {
 /// ZeRO-2: one gather per step, gradient reduce_scatter, sharded optimizer state.
 struct shard_grad_op {
   static constexpr std::string_view name = "shard_grad_op";
-  static constexpr shard_traits traits{
-      .shards_params = true, .regather_for_backward = false, .reduce_over_replicas = true};
   static int layout_shards(const mesh_shape& s) { return s.shards; }
   static void check(const mesh_shape&) {}
+  /// Forward gathers only (kept through backward); per unit: reduce_scatter, then the
+  /// replicas' average when R > 1.
   static plan step_plan(const flat_layout& l, const mesh_shape& s, const precision& p) {
-    return detail::sharded_step_plan(traits, l, s, p);
+    plan out = ops::forward_gathers(l, s, p.param);
+    for (int u : ops::backward_order(l)) {
+      out.ops.push_back(ops::reduce_scatter(l, s, p.reduce, u));
+      if (s.replicas > 1) out.ops.push_back(ops::replica_average(l, s, p.reduce, u));
+    }
+    return out;
   }
 };
 

@@ -3,18 +3,22 @@
 ///
 /// A ShardPolicy P provides:
 ///  1. `P::name`, a std::string_view.
-///  2. `P::traits`, a shard_traits saying what each rank keeps and what is re-gathered.
-///  3. `P::layout_shards(shape)`: how many pieces each unit is cut into (1 when parameters are
-///     replicated, else the mesh's S).
-///  4. `P::check(shape)`: throws invalid_argument when the policy cannot run on that mesh.
-///  5. `P::step_plan(layout, shape, precision)`: the comm_ops of one training step, in issue
-///     order (forward gathers by ascending unit, then backward ops by descending unit).
-/// The engine (shard/engine.hpp) executes the plan: it runs a unit's gathers when the model
-/// acquires the unit and its reductions when the model reports the unit's gradients ready.
+///  2. `P::layout_shards(shape)`: how many pieces each unit is cut into (1 when parameters are
+///     replicated, else the mesh's S); each rank's master parameters are its piece.
+///  3. `P::check(shape)`: throws invalid_argument when the policy cannot run on that mesh.
+///  4. `P::step_plan(layout, shape, precision)`: the executable comm_ops of one training step
+///     (plan/comm_op.hpp), each with its buffers by role and its trigger: the gathers run when
+///     the model acquires a unit (role params, phase forward or backward), the reductions when
+///     a unit's gradients are ready (role grad into grad_shard). Order: forward gathers by
+///     ascending unit, then backward ops by descending unit.
+/// The shard engine (shard/engine.hpp) runs the plan through the interpreter; what it stores
+/// and frees follows from the plan (a unit gathered again in backward is freed after
+/// forward), never from the policy's identity. The builders in `shard::ops` make the ops.
 
 #include <concepts>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
@@ -41,57 +45,126 @@ struct precision {
   }
 };
 
-/// What a policy keeps on each rank between and during steps.
-struct shard_traits {
-  bool shards_params = true;          ///< master parameters are 1/S of each unit (else full)
-  bool regather_for_backward = true;  ///< a unit is freed after forward and gathered again
-  bool reduce_over_replicas = false;  ///< gradient shards are all-reduced over the replica axis
-};
-
 /// See the numbered requirements above.
 template <class P>
 concept ShardPolicy = requires(const mesh_shape& shape, const flat_layout& layout,
                                const precision& prec) {
   { P::name } -> std::convertible_to<std::string_view>;
-  { P::traits } -> std::convertible_to<shard_traits>;
   { P::layout_shards(shape) } -> std::convertible_to<int>;
   P::check(shape);
   { P::step_plan(layout, shape, prec) } -> std::same_as<plan>;
 };
 
-namespace detail {
+/// Builders of the ops shard policies are made of.
+namespace ops {
 
-/// The step plan every sharding policy follows, driven by its traits.
-inline plan sharded_step_plan(const shard_traits& t, const flat_layout& layout,
-                              const mesh_shape& shape, const precision& prec) {
+namespace detail {
+inline std::int64_t bytes(std::size_t elems, dtype t) {
+  return static_cast<std::int64_t>(elems * size_of(t));
+}
+inline std::size_t padded(const flat_layout& l, int u) {
+  return l.unit(static_cast<std::size_t>(u)).padded_numel;
+}
+}  // namespace detail
+
+/// The all_gather over the shard axis, in dtype `param`, that rebuilds unit u (role params)
+/// from every rank's master shard when the model acquires u in phase ph.
+inline comm_op gather(const flat_layout& l, const mesh_shape& s, dtype param, int u, phase ph) {
+  return {.kind = comm_kind::all_gather,
+          .axis = axis::shard,
+          .dtype = param,
+          .bytes = detail::bytes(detail::padded(l, u), param),
+          .ranks = s.shards,
+          .trigger = trigger::acquire,
+          .phase = ph,
+          .unit = u,
+          .in = {.role = role::param_shard},
+          .out = {.role = role::params}};
+}
+
+/// The reduce_scatter (average) over the shard axis, in dtype `reduce`, of unit u's gradient
+/// into this rank's gradient shard, when u's gradients are ready.
+inline comm_op reduce_scatter(const flat_layout& l, const mesh_shape& s, dtype reduce, int u) {
+  return {.kind = comm_kind::reduce_scatter,
+          .axis = axis::shard,
+          .dtype = reduce,
+          .bytes = detail::bytes(detail::padded(l, u), reduce),
+          .ranks = s.shards,
+          .reduce = reduce_op::avg,
+          .trigger = trigger::grads_ready,
+          .phase = phase::backward,
+          .unit = u,
+          .in = {.role = role::grad},
+          .out = {.role = role::grad_shard}};
+}
+
+/// The all_reduce (average) over the replica axis, in dtype `reduce`, of unit u's gradient
+/// shard, in place (after its reduce_scatter).
+inline comm_op replica_average(const flat_layout& l, const mesh_shape& s, dtype reduce, int u) {
+  return {.kind = comm_kind::all_reduce,
+          .axis = axis::replica,
+          .dtype = reduce,
+          .bytes = detail::bytes(l.unit(static_cast<std::size_t>(u)).shard_numel, reduce),
+          .ranks = s.replicas,
+          .reduce = reduce_op::avg,
+          .trigger = trigger::grads_ready,
+          .phase = phase::backward,
+          .unit = u,
+          .in = {.role = role::grad_shard},
+          .out = {.role = role::grad_shard}};
+}
+
+/// The all_reduce (average) over the group axis, in dtype `reduce`, of unit u's whole
+/// gradient, in place: replicated parameters (the gradient is the gradient shard).
+inline comm_op group_average(const flat_layout& l, const mesh_shape& s, dtype reduce, int u) {
+  return {.kind = comm_kind::all_reduce,
+          .axis = axis::group,
+          .dtype = reduce,
+          .bytes = detail::bytes(detail::padded(l, u), reduce),
+          .ranks = s.replicas * s.shards,
+          .reduce = reduce_op::avg,
+          .trigger = trigger::grads_ready,
+          .phase = phase::backward,
+          .unit = u,
+          .in = {.role = role::grad},
+          .out = {.role = role::grad}};
+}
+
+/// The units in the order forward visits them (ascending).
+inline std::vector<int> forward_order(const flat_layout& l) {
+  std::vector<int> order(l.num_units());
+  for (std::size_t u = 0; u < order.size(); ++u) order[u] = static_cast<int>(u);
+  return order;
+}
+
+/// The units in the order backward visits them (descending).
+inline std::vector<int> backward_order(const flat_layout& l) {
+  std::vector<int> order = forward_order(l);
+  return {order.rbegin(), order.rend()};
+}
+
+/// The forward gathers of every unit, in forward order.
+inline plan forward_gathers(const flat_layout& l, const mesh_shape& s, dtype param) {
   plan p;
-  const auto units = static_cast<int>(layout.num_units());
-  const auto wire = static_cast<std::int64_t>(size_of(prec.param));
-  const auto red = static_cast<std::int64_t>(size_of(prec.reduce));
-  auto unit_elems = [&](int u) {
-    return static_cast<std::int64_t>(layout.unit(static_cast<std::size_t>(u)).padded_numel);
-  };
-  if (!t.shards_params) {  // replicated parameters: one gradient all_reduce over the group
-    for (int u = units - 1; u >= 0; --u)
-      p.ops.push_back({comm_kind::all_reduce, axis::group, unit_elems(u) * red, prec.reduce, u,
-                       phase::backward, shape.replicas * shape.shards});
-    return p;
-  }
-  for (int u = 0; u < units; ++u)
-    p.ops.push_back({comm_kind::all_gather, axis::shard, unit_elems(u) * wire, prec.param, u,
-                     phase::forward, shape.shards});
-  for (int u = units - 1; u >= 0; --u) {
-    if (t.regather_for_backward)
-      p.ops.push_back({comm_kind::all_gather, axis::shard, unit_elems(u) * wire, prec.param, u,
-                       phase::backward, shape.shards});
-    p.ops.push_back({comm_kind::reduce_scatter, axis::shard, unit_elems(u) * red, prec.reduce, u,
-                     phase::backward, shape.shards});
-    if (t.reduce_over_replicas && shape.replicas > 1)
-      p.ops.push_back({comm_kind::all_reduce, axis::replica, unit_elems(u) / shape.shards * red,
-                       prec.reduce, u, phase::backward, shape.replicas});
+  for (int u : forward_order(l)) p.ops.push_back(gather(l, s, param, u, phase::forward));
+  return p;
+}
+
+/// The f32 all_gathers over the shard axis that read each unit's full master values into a
+/// caller's buffer (role value; on demand), when the layout is sharded; none otherwise
+/// (each rank's master then holds the whole unit).
+inline plan read_units(const flat_layout& l, const mesh_shape& s) {
+  plan p;
+  if (l.shards() <= 1) return p;
+  for (int u : forward_order(l)) {
+    comm_op op = gather(l, s, dtype::f32, u, phase::setup);
+    op.trigger = trigger::on_demand;
+    op.out = {.role = role::value};
+    op.overlappable = false;
+    p.ops.push_back(op);
   }
   return p;
 }
 
-}  // namespace detail
+}  // namespace ops
 }  // namespace fedshard::shard

@@ -1,29 +1,48 @@
 #pragma once
-/// Prices a training step before it runs: the step plan of the algorithm's ShardPolicy and the
-/// sync plan of its federation (the very plans the trainer executes), placed on a modelled
+/// Prices training before it runs: the plans the trainer executes, placed on a modelled
 /// cluster, give the step time, split into compute and exposed communication per axis, the
 /// tokens per second per GPU and the bytes per axis.
 ///
-/// The model, for each rank:
-///  - compute C: the tokens of one step x training FLOPs per token / (peak x MFU);
-///  - every comm_op is priced by price_collective on the communicator of its axis, with the
+/// What is priced is what the trainer runs, for any Algorithm type and its run-time settings
+/// (describe<A>), or for a named alias (algorithm_by_name, over fedshard::for_each_algorithm):
+///  - every inner step: the ShardPolicy's step_plan(layout, shape, precision);
+///  - at the sync points: each fragment's sync plan for each rank, from
+///    federation::sync_plans_of (the FederationPolicy's sync_plan over the schedule's
+///    fragments), with the cadence read from the SyncSchedule object itself: its action() over
+///    a window of steps (cadence_of) says how often each fragment starts and applies a sync,
+///    and how many steps each started sync stays in flight before it is applied (τ).
+///
+/// The time model, for each rank, with C the compute seconds of one step:
+///  - every comm_op is priced by price_collective on the communicator of its axis, the
 ///    communicators of every rank that runs the same op at the same time sharing NICs;
-///  - overlap: the step ops the plan marks overlappable (FSDP's forward and backward
-///    all_gathers and reduce_scatters, HSDP's replica all_reduce) run behind compute and only
-///    what exceeds C is exposed; the others (none in today's step plans) are exposed;
-///  - federation: the sync ops (overlappable = false) are exposed; a sync every K steps adds
-///    sync time / K to each step;
-///  - step = max(C, overlappable) + exposed step ops + sync / K; the job's step is the
-///    slowest rank's (collectives wait for every member).
-/// Bytes per axis are the plan's per-rank wire bytes (bus factor x array bytes), so they
-/// equal what the executor's traffic_counters record for the same plan.
+///  - step ops: those the plan marks overlappable (FSDP's gathers and reduce_scatters, HSDP's
+///    replica all_reduce), O seconds in all, run behind compute and only what exceeds C is
+///    exposed; the others are exposed;
+///  - sync ops: the ops of the triggers sync_begin, sync_finish and sync_after block training
+///    and are exposed. The sync_start ops (the averaging) of a sync that stays in flight τ > 0
+///    steps run on the one communication channel while those τ inner steps compute, in the
+///    compute time the steps' own overlappable ops leave free (slack = max(0, C - O) per
+///    step): of their S seconds, min(S, τ x slack) are hidden and the rest exposed when the
+///    sync is applied. With τ = 0 (start_and_apply: periodic, every_step) they are exposed.
+///    Syncs of different fragments are not in flight at the same time (streaming's τ <
+///    floor(H/P) guarantees it), so each has its own τ steps of slack;
+///  - the exposed sync seconds of the window's syncs, divided by the window's steps, are added
+///    to each step (a sync every K steps adds sync / K);
+///  - step = max(C, O) + exposed step ops + exposed sync seconds per step; the job's step is
+///    the slowest rank's (collectives wait for every member).
+/// Bytes per axis are the plans' per-rank wire bytes (bus factor x array bytes), so they equal
+/// what the wire tap records for the same plans; run_traffic gives what a run of n steps
+/// moves, step by step as the trainer fires the plans (final-step syncs included).
 
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -35,11 +54,12 @@
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
-#include "fedshard/federation/sync_plan.hpp"
+#include "fedshard/federation/sync.hpp"
 #include "fedshard/mesh/axis.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/plan/comm_op.hpp"
-#include "fedshard/schedule/every_step.hpp"
+#include "fedshard/plan/traffic.hpp"
+#include "fedshard/schedule/sync_schedule.hpp"
 #include "fedshard/shard/flat_layout.hpp"
 #include "fedshard/shard/shard_policy.hpp"
 #include "fedshard/sim/collective_cost.hpp"
@@ -50,115 +70,404 @@
 
 namespace fedshard::sim {
 
-/// What the simulator needs of an algorithm: its ShardPolicy's functions (whose step plan it
-/// prices) and how and how often its federation syncs.
-struct algorithm_desc {
-  std::string name;
-  std::string_view shard_policy;
-  shard::shard_traits traits{};
-  int (*layout_shards)(const mesh_shape&) = nullptr;
-  void (*check)(const mesh_shape&) = nullptr;
-  plan (*step_plan)(const flat_layout&, const mesh_shape&, const shard::precision&) = nullptr;
-  bool syncs = false;  ///< the federation communicates
-  federation::sync_mode sync = federation::sync_mode::hierarchical;
-  bool weights = false;    ///< the groups' token weights are exchanged at each sync
-  int moment_buffers = 0;  ///< inner-optimizer buffers averaged at each sync too
-  int period = 1;          ///< K: inner steps per sync
+/// The longest window cadence_of scans (steps): a schedule whose pattern is longer (K in the
+/// hundreds of millions) is refused rather than scanned for seconds.
+inline constexpr std::int64_t max_cadence_window = std::int64_t{1} << 26;
+
+/// The steps cadence_of scans for a schedule whose config has no `period` (every_step,
+/// post_local, custom schedules), unless told otherwise.
+inline constexpr std::int64_t default_cadence_window = 1000;
+
+/// How one fragment syncs over a cadence window.
+struct fragment_cadence {
+  std::int64_t starts = 0;   ///< syncs started in the window
+  std::int64_t applies = 0;  ///< syncs applied in the window
+  /// For each start, the steps until its apply (0 for start_and_apply; τ for streaming).
+  std::vector<std::int64_t> in_flight;
 };
 
-/// The desc of Algorithm (an algorithm<Shard, Federation, Schedule> with an every_step or
-/// periodic<K> schedule), named `name`, with the federation settings `fed`;
-/// `inner_state_buffers` is the inner optimizer's state count (2 for AdamW), used when the
-/// federation averages inner moments.
-template <class Algorithm>
-algorithm_desc describe(std::string name, typename Algorithm::federation_policy::config fed = {},
-                        int inner_state_buffers = 2) {
-  using S = typename Algorithm::shard_policy;
-  using F = typename Algorithm::federation_policy;
-  using Sched = typename Algorithm::sync_schedule;
-  static_assert(
-      std::is_same_v<Sched, schedule::every_step> || requires { Sched::period; },
-      "fedshard::sim::describe: only every_step and periodic<K> schedules are priced");
-  algorithm_desc d;
-  d.name = std::move(name);
-  d.shard_policy = S::name;
-  d.traits = S::traits;
-  d.layout_shards = &S::layout_shards;
-  d.check = &S::check;
-  d.step_plan = &S::step_plan;
-  d.syncs = F::syncs;
-  d.sync = fed.sync;
-  d.weights = F::uses_weights;
-  d.moment_buffers = F(fed, {}).averages_inner_moments() ? inner_state_buffers : 0;
-  if constexpr (requires { Sched::period; })
-    d.period = Sched::period;
-  else
-    d.period = 1;
-  return d;
+/// How often a schedule syncs each fragment: its action() over the first `window` steps of a
+/// run of unknown length (so without the final-step sync), i.e. the steady state when the
+/// window is a whole number of the schedule's periods.
+struct sync_cadence {
+  std::int64_t window = 1;                  ///< steps scanned
+  std::vector<fragment_cadence> fragments;  ///< by fragment
+
+  /// Syncs started per step, all fragments together.
+  double starts_per_step() const noexcept {
+    std::int64_t s = 0;
+    for (const auto& f : fragments) s += f.starts;
+    return static_cast<double>(s) / static_cast<double>(window);
+  }
+  /// Mean steps between two syncs of a fragment (periodic's K, streaming's H); infinity when
+  /// nothing syncs in the window.
+  double period() const noexcept {
+    const double rate = starts_per_step();
+    return rate > 0 ? static_cast<double>(fragments.size()) / rate
+                    : std::numeric_limits<double>::infinity();
+  }
+  /// Mean steps a started sync stays in flight before it is applied (streaming's τ).
+  double mean_in_flight() const noexcept {
+    std::int64_t n = 0, sum = 0;
+    for (const auto& f : fragments)
+      for (std::int64_t t : f.in_flight) sum += t, ++n;
+    return n > 0 ? static_cast<double>(sum) / static_cast<double>(n) : 0.0;
+  }
+};
+
+/// The cadence of schedule s over steps [0, window): for every fragment, its starts and
+/// applies, and each start's steps in flight (a start near the window's end is followed past
+/// it to its apply). invalid_argument for a window outside [1, max_cadence_window], or when a
+/// started sync is not applied within the window's length after it.
+template <schedule::SyncSchedule S>
+sync_cadence cadence_of(const S& s, std::int64_t window) {
+  FEDSHARD_EXPECTS(window >= 1 && window <= max_cadence_window, "sim::cadence_of: the ", S::name,
+                   " schedule's cadence is read over a window of ", window,
+                   " steps, which must be in [1, ", max_cadence_window,
+                   "] (a period that long cannot be scanned; price a shorter one)");
+  sync_cadence c;
+  c.window = window;
+  c.fragments.resize(static_cast<std::size_t>(s.fragments()));
+  for (int f = 0; f < s.fragments(); ++f) {
+    auto& fc = c.fragments[static_cast<std::size_t>(f)];
+    std::optional<std::int64_t> started;
+    for (std::int64_t step = 0; step < window || started; ++step) {
+      FEDSHARD_EXPECTS(step < 2 * window, "sim::cadence_of: the ", S::name,
+                       " schedule started a sync of fragment ", f, " after step ", *started,
+                       " and did not apply it within ", window,
+                       " steps (the cadence window); give a longer window");
+      const auto a = s.action(f, step, 0);
+      if (schedule::applies(a) && started) {
+        fc.in_flight.push_back(step - *started);
+        started.reset();
+      }
+      if (step >= window) continue;
+      if (schedule::applies(a)) ++fc.applies;
+      if (schedule::starts(a)) {
+        ++fc.starts;
+        if (a == schedule::sync_action::start_and_apply)
+          fc.in_flight.push_back(0);
+        else
+          started = step;
+      }
+    }
+  }
+  return c;
 }
 
-/// Names accepted by algorithm_by_name.
+/// Run-time settings of Algorithm A for the simulator: those of trainer_options<A> that shape
+/// the plans and their cadence, and the inner optimizer's state count (the trainer reads it
+/// from its optimizer).
+template <Algorithm A>
+struct algorithm_options {
+  /// The federation policy's settings (sync mode, outer optimizer, ...).
+  typename A::federation_policy::config federation{};
+  /// The schedule's settings (K, H, fragments, delay, mixing), from the algorithm's defaults.
+  typename A::sync_schedule::config schedule = A::default_schedule();
+  /// The inner optimizer's state buffers (2 for AdamW), for plans that average them.
+  int inner_state_buffers = 2;
+  /// Steps the cadence is read over; 0: the schedule config's `period` when it has one (the
+  /// built-in schedules repeat with it), else default_cadence_window.
+  std::int64_t cadence_window = 0;
+};
+
+namespace detail {
+
+/// The message of a fedshard error without its "fedshard: " prefix.
+inline std::string message_of(const std::exception& e) {
+  std::string m = e.what();
+  constexpr std::string_view prefix = "fedshard: ";
+  if (m.compare(0, prefix.size(), prefix) == 0) m.erase(0, prefix.size());
+  return m;
+}
+
+/// True for the sync ops that run when a sync starts (sync_begin, sync_start); the others run
+/// when it is applied (sync_finish, sync_after).
+inline bool at_sync_start(const comm_op& op) {
+  return op.trigger == trigger::sync_begin || op.trigger == trigger::sync_start;
+}
+
+/// What algorithm_desc asks of the algorithm it describes.
+class algorithm_model {
+ public:
+  virtual ~algorithm_model() = default;
+  virtual std::string_view shard_policy() const noexcept = 0;
+  virtual std::string_view federation_policy() const noexcept = 0;
+  virtual std::string_view sync_schedule() const noexcept = 0;
+  virtual bool syncs() const noexcept = 0;
+  virtual int fragments() const noexcept = 0;
+  virtual const sync_cadence& cadence() const noexcept = 0;
+  virtual flat_layout layout(const std::string& name, std::vector<unit_spec> units,
+                             const mesh_shape& shape) const = 0;
+  virtual plan step_plan(const flat_layout& layout, const mesh_shape& shape,
+                         const shard::precision& prec) const = 0;
+  virtual std::vector<plan> sync_plans(const flat_layout& layout, const mesh_shape& shape,
+                                       const mesh_coords& coords) const = 0;
+  virtual schedule::sync_action action(int fragment, std::int64_t step,
+                                       std::int64_t total_steps) const = 0;
+};
+
+/// algorithm_model of Algorithm A with its settings.
+template <Algorithm A>
+class algorithm_model_of final : public algorithm_model {
+  using shard_type = typename A::shard_policy;
+  using federation_type = typename A::federation_policy;
+  using schedule_type = typename A::sync_schedule;
+
+ public:
+  explicit algorithm_model_of(const algorithm_options<A>& o)
+      : schedule_(o.schedule),
+        policy_(o.federation, {}),
+        inner_state_buffers_(o.inner_state_buffers),
+        cadence_(cadence_of(schedule_, window(o))) {}
+
+  std::string_view shard_policy() const noexcept override { return shard_type::name; }
+  std::string_view federation_policy() const noexcept override { return federation_type::name; }
+  std::string_view sync_schedule() const noexcept override { return schedule_type::name; }
+  bool syncs() const noexcept override { return federation_type::syncs; }
+  int fragments() const noexcept override { return schedule_.fragments(); }
+  const sync_cadence& cadence() const noexcept override { return cadence_; }
+
+  flat_layout layout(const std::string& name, std::vector<unit_spec> units,
+                     const mesh_shape& shape) const override {
+    try {
+      shard_type::check(shape);
+    } catch (const invalid_argument& e) {
+      throw invalid_argument(fedshard::detail::concat(
+          "fedshard: sim: ", name, " cannot run on mesh ", to_string(shape), ": ", message_of(e)));
+    }
+    return flat_layout(std::move(units), shard_type::layout_shards(shape));
+  }
+  plan step_plan(const flat_layout& layout, const mesh_shape& shape,
+                 const shard::precision& prec) const override {
+    prec.check();
+    return shard_type::step_plan(layout, shape, prec);
+  }
+  std::vector<plan> sync_plans(const flat_layout& layout, const mesh_shape& shape,
+                               const mesh_coords& coords) const override {
+    return federation::sync_plans_of(policy_, schedule_, layout, shape, coords,
+                                     inner_state_buffers_);
+  }
+  schedule::sync_action action(int fragment, std::int64_t step,
+                               std::int64_t total_steps) const override {
+    return schedule_.action(fragment, step, total_steps);
+  }
+
+ private:
+  static std::int64_t window(const algorithm_options<A>& o) {
+    FEDSHARD_EXPECTS(o.cadence_window >= 0,
+                     "sim: cadence_window must be >= 0 (0: automatic), found ", o.cadence_window);
+    if (o.cadence_window > 0) return o.cadence_window;
+    if constexpr (requires { o.schedule.period; })
+      return static_cast<std::int64_t>(o.schedule.period);
+    else
+      return default_cadence_window;
+  }
+
+  schedule_type schedule_;
+  federation_type policy_;
+  int inner_state_buffers_;
+  sync_cadence cadence_;
+};
+
+}  // namespace detail
+
+/// What the simulator prices: an algorithm with its run-time settings, type-erased, so that
+/// algorithms chosen at run time and custom algorithm<...> types are priced alike. Built by
+/// describe<A> or algorithm_by_name; cheap to copy (the settings are shared).
+class algorithm_desc {
+ public:
+  /// An empty description (every query but name() throws); build one with describe<A>.
+  algorithm_desc() = default;
+  /// The algorithm `model` describes, reported as `name` (describe<A> builds the model).
+  algorithm_desc(std::string name, std::shared_ptr<const detail::algorithm_model> model)
+      : name_(std::move(name)), model_(std::move(model)) {}
+
+  /// The name it is reported under.
+  const std::string& name() const noexcept { return name_; }
+  /// The ShardPolicy's name (shard::hybrid_shard::name, ...).
+  std::string_view shard_policy() const { return model().shard_policy(); }
+  /// The FederationPolicy's name.
+  std::string_view federation_policy() const { return model().federation_policy(); }
+  /// The SyncSchedule's name.
+  std::string_view sync_schedule() const { return model().sync_schedule(); }
+  /// True when the federation policy communicates (it runs its sync plans).
+  bool syncs() const { return model().syncs(); }
+  /// P, the schedule's fragments.
+  int fragments() const { return model().fragments(); }
+  /// The schedule's cadence (cadence_of over the settings' window).
+  const sync_cadence& cadence() const { return model().cadence(); }
+
+  /// The flat layout the trainer builds for these units on this mesh; invalid_argument naming
+  /// the algorithm and the mesh when its shard policy refuses the mesh.
+  flat_layout layout(std::vector<unit_spec> units, const mesh_shape& shape) const {
+    return model().layout(name_, std::move(units), shape);
+  }
+  /// The comm_ops of one inner step (the same on every rank).
+  plan step_plan(const flat_layout& layout, const mesh_shape& shape,
+                 const shard::precision& prec) const {
+    return model().step_plan(layout, shape, prec);
+  }
+  /// The sync plan of each fragment for world rank `rank` (federation::sync_plans_of: what
+  /// the trainer's synchronizer runs); empty plans when the federation never communicates.
+  std::vector<plan> sync_plans(const flat_layout& layout, const mesh_shape& shape, int rank) const {
+    return model().sync_plans(layout, shape, coords_of(shape, rank));
+  }
+  /// The schedule's action for a fragment after `step` of a run of `total_steps` steps.
+  schedule::sync_action action(int fragment, std::int64_t step, std::int64_t total_steps) const {
+    return model().action(fragment, step, total_steps);
+  }
+
+ private:
+  const detail::algorithm_model& model() const {
+    FEDSHARD_EXPECTS(model_ != nullptr, "sim: algorithm '", name_,
+                     "' is an empty description (build it with sim::describe or "
+                     "sim::algorithm_by_name)");
+    return *model_;
+  }
+
+  std::string name_;
+  std::shared_ptr<const detail::algorithm_model> model_;
+};
+
+/// The description of Algorithm A (any algorithm<Shard, Federation, Schedule[, Defaults]>)
+/// named `name` with settings o. invalid_argument when the settings cannot work (the
+/// schedule's own checks, e.g. K < 1 or τ >= floor(H/P)), or when the schedule's cadence
+/// cannot be read (see cadence_of).
+template <Algorithm A>
+algorithm_desc describe(std::string name, const algorithm_options<A>& o = {}) {
+  FEDSHARD_EXPECTS(o.inner_state_buffers >= 0, "sim::describe: ", name,
+                   ": inner_state_buffers must be >= 0, found ", o.inner_state_buffers);
+  try {
+    return {name, std::make_shared<const detail::algorithm_model_of<A>>(o)};
+  } catch (const invalid_argument& e) {
+    throw invalid_argument(
+        fedshard::detail::concat("fedshard: sim: ", name, ": ", detail::message_of(e)));
+  }
+}
+
+/// Settings of an algorithm chosen by name at run time (fedshard-sim's --K, --fragments,
+/// ...). Each one that is given replaces the schedule setting of the same name; unset ones
+/// keep the algorithm's defaults (fl_fsdp's K = 8, diloco's H = 500, ...).
+struct algorithm_settings {
+  /// K (periodic) or H (streaming); ignored by a schedule without a period (every_step:
+  /// a sync after every step, or nothing to sync).
+  std::optional<int> period{};
+  std::optional<int> fragments{};  ///< P (streaming); refused by a schedule without fragments
+  std::optional<int> delay{};      ///< τ (streaming); refused by a schedule without a delay
+  std::optional<float> alpha{};    ///< α (streaming); refused by a schedule without mixing
+  federation::sync_mode sync = federation::sync_mode::hierarchical;  ///< how R > 1 syncs
+  int inner_state_buffers = 2;  ///< the inner optimizer's state buffers (2 for AdamW)
+};
+
+/// A's options with the settings s applied (see algorithm_settings); invalid_argument naming
+/// the setting when A's schedule has no such setting, or when K < 1.
+template <Algorithm A>
+algorithm_options<A> options_for(std::string_view name, const algorithm_settings& s) {
+  using schedule_type = typename A::sync_schedule;
+  algorithm_options<A> o;
+  o.federation.sync = s.sync;
+  o.inner_state_buffers = s.inner_state_buffers;
+  auto& c = o.schedule;
+  if (s.period) {
+    FEDSHARD_EXPECTS(*s.period >= 1, "sim: ", name,
+                     ": K (period, the steps between syncs) must be >= 1, found ", *s.period);
+    if constexpr (requires { c.period; }) c.period = *s.period;
+  }
+  auto refuse = [&](std::string_view setting) {
+    throw invalid_argument(fedshard::detail::concat(
+        "fedshard: sim: ", name, ": its schedule '", schedule_type::name, "' has no '", setting,
+        "' setting (fragments, delay and alpha are settings of schedule::streaming)"));
+  };
+  if (s.fragments) {
+    if constexpr (requires { c.fragments; })
+      c.fragments = *s.fragments;
+    else
+      refuse("fragments");
+  }
+  if (s.delay) {
+    if constexpr (requires { c.delay; })
+      c.delay = *s.delay;
+    else
+      refuse("delay");
+  }
+  if (s.alpha) {
+    if constexpr (requires { c.alpha; })
+      c.alpha = *s.alpha;
+    else
+      refuse("alpha");
+  }
+  return o;
+}
+
+/// The names algorithm_by_name accepts: fedshard::for_each_algorithm's aliases, in its order.
 inline std::vector<std::string> algorithm_names() {
-  return {"ddp", "zero2", "fsdp", "hsdp", "fl_fsdp", "fl_hsdp", "diloco"};
+  std::vector<std::string> names;
+  for_each_algorithm([&]<class A>(std::string_view n) { names.emplace_back(n); });
+  return names;
 }
 
-/// The algorithm called name (one of algorithm_names()) with K inner steps per sync (ignored
-/// by those that do not federate) and the given sync mode.
-inline algorithm_desc algorithm_by_name(
-    std::string_view name, int k = 1,
-    federation::sync_mode mode = federation::sync_mode::hierarchical) {
-  FEDSHARD_EXPECTS(k >= 1, "sim::algorithm_by_name: K must be >= 1, found ", k);
-  algorithm_desc d;
-  const std::string n(name);
-  if (name == "ddp")
-    d = describe<ddp>(n);
-  else if (name == "zero2")
-    d = describe<zero2>(n);
-  else if (name == "fsdp")
-    d = describe<fsdp>(n);
-  else if (name == "hsdp")
-    d = describe<hsdp>(n);
-  else if (name == "fl_fsdp")
-    d = describe<fl_fsdp<1>>(n, {mode});
-  else if (name == "fl_hsdp")
-    d = describe<fl_hsdp<1>>(n, {mode});
-  else if (name == "diloco")
-    d = describe<diloco<1>>(n, {mode});
-  else {
+/// The alias called `name` (one of algorithm_names()) with settings s; invalid_argument
+/// listing the known names for an unknown one, and naming the setting for bad settings.
+inline algorithm_desc algorithm_by_name(std::string_view name, const algorithm_settings& s = {}) {
+  std::optional<algorithm_desc> found;
+  for_each_algorithm([&]<class A>(std::string_view n) {
+    if (n == name) found = describe<A>(std::string(n), options_for<A>(n, s));
+  });
+  if (!found) {
     std::string known;
-    for (const auto& a : algorithm_names()) known += (known.empty() ? "" : ", ") + a;
+    for (const auto& n : algorithm_names()) known += (known.empty() ? "" : ", ") + n;
     FEDSHARD_EXPECTS(false, "sim: unknown algorithm '", name, "', expected one of ", known);
   }
-  if (d.syncs) d.period = k;
-  return d;
+  return *found;
 }
 
 /// The flat layout the trainer builds for these units on this mesh under algorithm a.
 inline flat_layout layout_of(const algorithm_desc& a, std::vector<unit_spec> units,
                              const mesh_shape& shape) {
-  FEDSHARD_EXPECTS(a.layout_shards && a.check && a.step_plan, "sim: algorithm '", a.name,
-                   "' has no shard policy functions (build it with sim::describe)");
-  a.check(shape);
-  return flat_layout(std::move(units), a.layout_shards(shape));
+  return a.layout(std::move(units), shape);
 }
 
 /// The comm_ops of one inner step (the same on every rank).
 inline plan step_plan_of(const algorithm_desc& a, const flat_layout& layout,
                          const mesh_shape& shape, const shard::precision& prec) {
-  prec.check();
   return a.step_plan(layout, shape, prec);
 }
 
-/// The comm_ops one sync moves for world rank `rank`: federation::sync_plan on the padded
-/// size of the rank's f32 master parameters, as the trainer calls it; empty when the
-/// algorithm does not federate.
-inline plan sync_plan_of(const algorithm_desc& a, const flat_layout& layout,
-                         const mesh_shape& shape, int rank) {
-  if (!a.syncs) return {};
-  const std::size_t numel =
-      federation::padded_fragment_numel(layout.total_shard_numel(), shape.replicas);
-  return federation::sync_plan(shape, coords_of(shape, rank), a.sync, numel, a.weights,
-                               a.moment_buffers);
+/// The sync plan of each fragment for world rank `rank`, as the trainer's synchronizer holds
+/// them (federation::sync_plans_of).
+inline std::vector<plan> sync_plans_of(const algorithm_desc& a, const flat_layout& layout,
+                                       const mesh_shape& shape, int rank) {
+  return a.sync_plans(layout, shape, rank);
+}
+
+/// What world rank `rank` puts on the wire over `steps` steps of algorithm a, as the trainer
+/// fires the plans in a run of `total_steps` planned steps (trainer_options::total_steps; 0 =
+/// unknown, so no final-step sync): the step plan every step and, for each fragment the
+/// schedule starts after a step (action(f, step, total_steps)), its sync_begin and
+/// sync_start ops, for each one it applies, its sync_finish and sync_after ops (nothing when
+/// the federation never communicates). Times are left at zero.
+inline traffic_counters run_traffic(const algorithm_desc& a, std::vector<unit_spec> units,
+                                    const mesh_shape& shape, int rank, std::int64_t steps,
+                                    std::int64_t total_steps, const shard::precision& prec) {
+  FEDSHARD_EXPECTS(steps >= 0 && total_steps >= 0,
+                   "sim::run_traffic: steps and total_steps must be >= 0, found ", steps, " and ",
+                   total_steps);
+  const flat_layout layout = a.layout(std::move(units), shape);
+  const plan step = a.step_plan(layout, shape, prec);
+  const std::vector<plan> syncs =
+      a.syncs() ? a.sync_plans(layout, shape, rank) : std::vector<plan>{};
+  traffic_counters out;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    for (const auto& op : step.ops) out.record(op);
+    for (std::size_t f = 0; f < syncs.size(); ++f) {
+      const auto act = a.action(static_cast<int>(f), s, total_steps);
+      for (const auto& op : syncs[f].ops)
+        if (detail::at_sync_start(op) ? schedule::starts(act) : schedule::applies(act))
+          out.record(op);
+    }
+  }
+  return out;
 }
 
 /// Settings of the pricing that are not the cluster's or the model's.
@@ -174,20 +483,21 @@ struct axis_price {
   level_kind level = level_kind::local;  ///< outermost level its communicator crosses
   int ranks = 1;                         ///< members of its communicator
   double step_bytes = 0;                 ///< wire bytes of one inner step
-  double sync_bytes = 0;                 ///< wire bytes of one sync
-  double bytes_per_step = 0;             ///< step_bytes + sync_bytes / K
+  double sync_bytes = 0;                 ///< wire bytes of one sync of every fragment
+  double bytes_per_step = 0;             ///< step_bytes + the syncs' bytes per step (/ K)
   /// Bytes leaving this rank's node for the axis's ops in one inner step: each communicator
   /// that spans nodes sends its ring's bytes out of the node once, so this is the wire bytes
   /// times the communicators of the node that run the op (0 inside a node). Counted for ring
   /// algorithms; a hierarchical one sends slightly less.
   double step_node_bytes = 0;
-  double sync_node_bytes = 0;      ///< the same for one sync
-  double node_bytes_per_step = 0;  ///< step_node_bytes + sync_node_bytes / K
+  double sync_node_bytes = 0;      ///< the same for one sync of every fragment
+  double node_bytes_per_step = 0;  ///< step_node_bytes + the syncs' node bytes per step
   std::int64_t step_calls = 0;
-  std::int64_t sync_calls = 0;
-  double step_seconds = 0;  ///< time of its step ops, hidden or not
-  double sync_seconds = 0;  ///< time of its ops in one sync
-  double exposed = 0;       ///< exposed seconds per step (sync amortised over K)
+  std::int64_t sync_calls = 0;       ///< calls of one sync of every fragment
+  double step_seconds = 0;           ///< time of its step ops, hidden or not
+  double sync_seconds = 0;           ///< time of its ops in one sync of every fragment
+  double sync_seconds_per_step = 0;  ///< time of its sync ops per step, hidden or not (/ K)
+  double exposed = 0;                ///< exposed seconds per step (syncs amortised)
 };
 
 /// What one rank's step costs.
@@ -200,15 +510,19 @@ struct rank_price {
 struct step_price {
   std::string algorithm;
   mesh_shape shape;
-  int period = 1;             ///< K (1 when the algorithm does not federate)
+  double period = 1;          ///< steps between two syncs of a fragment: K, streaming's H (1
+                              ///< when the algorithm does not federate)
+  int fragments = 1;          ///< P, the fragments synced separately
+  double in_flight = 0;       ///< mean steps a sync stays in flight (streaming's τ)
   bool syncs = false;         ///< the algorithm federates
   double compute = 0;         ///< seconds of compute per step
   double overlappable = 0;    ///< step comm marked overlappable, seconds
   double hidden = 0;          ///< of it, hidden behind compute
   double exposed_step = 0;    ///< step comm not hidden
-  double sync = 0;            ///< seconds of one sync
-  double sync_per_step = 0;   ///< sync / K
-  double step = 0;            ///< compute + exposed_step + sync_per_step
+  double sync = 0;            ///< seconds of one sync of every fragment
+  double sync_per_step = 0;   ///< exposed sync seconds per step (sync / K when τ = 0)
+  double sync_hidden = 0;     ///< sync seconds per step hidden behind compute (τ > 0)
+  double step = 0;            ///< max(compute, overlappable) + exposed ops + sync_per_step
   double tokens_per_gpu = 0;  ///< tokens one GPU processes per step
   double tokens_per_s_per_gpu = 0;
   int critical_rank = 0;             ///< the slowest rank, whose split is reported
@@ -225,10 +539,10 @@ namespace detail {
 
 /// Identifies "the same op" across ranks: ranks whose plans hold an op with this key run it
 /// at the same time.
-using op_key = std::tuple<comm_kind, axis, std::int64_t, phase, int>;
+using op_key = std::tuple<comm_kind, axis, std::int64_t, phase, trigger, int, int>;
 
 inline op_key key_of(const comm_op& op) {
-  return {op.kind, op.on, op.bytes, op.when, op.unit};
+  return {op.kind, op.axis, op.bytes, op.phase, op.trigger, op.unit, op.fragment};
 }
 
 /// Per-rank spans of every axis, computed on first use.
@@ -306,14 +620,18 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
   FEDSHARD_EXPECTS(compute_seconds >= 0 && tokens_per_gpu >= 0,
                    "sim::price_plans: compute seconds and tokens must be >= 0, found ",
                    compute_seconds, " and ", tokens_per_gpu);
-  FEDSHARD_EXPECTS(a.period >= 1, "sim::price_plans: K (period) must be >= 1, found ", a.period);
   const placement place(shape, c);
-  const flat_layout layout = layout_of(a, std::move(units), shape);
-  const plan step_ops = step_plan_of(a, layout, shape, o.precision);
+  const flat_layout layout = a.layout(std::move(units), shape);
+  const plan step_ops = a.step_plan(layout, shape, o.precision);
   const int W = shape.size();
-  std::vector<plan> sync_ops(static_cast<std::size_t>(W));
-  for (int r = 0; r < W; ++r)
-    sync_ops[static_cast<std::size_t>(r)] = sync_plan_of(a, layout, shape, r);
+  const bool syncs = a.syncs();
+  const sync_cadence& cadence = a.cadence();
+  const auto window = static_cast<double>(cadence.window);
+  // [rank][fragment]: each rank's sync plans (they differ between ranks in reference mode).
+  std::vector<std::vector<plan>> sync_ops(static_cast<std::size_t>(W));
+  if (syncs)
+    for (int r = 0; r < W; ++r)
+      sync_ops[static_cast<std::size_t>(r)] = a.sync_plans(layout, shape, r);
 
   detail::span_cache spans(place);
   // NIC sharing per rank: every rank runs every step op, so it depends on the axis alone; the
@@ -321,34 +639,36 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
   std::array<std::vector<link_sharing>, 5> step_sharing;
   const std::vector<bool> everyone(static_cast<std::size_t>(W), true);
   for (const auto& op : step_ops.ops) {
-    auto& v = step_sharing[static_cast<std::size_t>(op.on)];
-    if (v.empty()) v = detail::sharing_of(place, spans, op.on, everyone);
+    auto& v = step_sharing[static_cast<std::size_t>(op.axis)];
+    if (v.empty()) v = detail::sharing_of(place, spans, op.axis, everyone);
   }
   std::map<detail::op_key, std::vector<bool>> sync_runs;
   for (int r = 0; r < W; ++r)
-    for (const auto& op : sync_ops[static_cast<std::size_t>(r)].ops) {
-      auto& v = sync_runs[detail::key_of(op)];
-      if (v.empty()) v.assign(static_cast<std::size_t>(W), false);
-      v[static_cast<std::size_t>(r)] = true;
-    }
+    for (const auto& frag : sync_ops[static_cast<std::size_t>(r)])
+      for (const auto& op : frag.ops) {
+        auto& v = sync_runs[detail::key_of(op)];
+        if (v.empty()) v.assign(static_cast<std::size_t>(W), false);
+        v[static_cast<std::size_t>(r)] = true;
+      }
   std::map<detail::op_key, std::vector<link_sharing>> sync_sharing;
   for (const auto& [key, active] : sync_runs)
     sync_sharing.emplace(key, detail::sharing_of(place, spans, std::get<1>(key), active));
   // Ranks mostly see the same (span, sharing) for an op: price each combination once.
   detail::price_memo memo;
 
-  const double K = a.syncs ? a.period : 1.0;
   step_price out;
-  out.algorithm = a.name;
+  out.algorithm = a.name();
   out.shape = shape;
-  out.period = a.syncs ? a.period : 1;
-  out.syncs = a.syncs;
+  out.syncs = syncs;
+  out.period = syncs ? cadence.period() : 1;
+  out.fragments = a.fragments();
+  out.in_flight = syncs ? cadence.mean_in_flight() : 0;
   out.compute = compute_seconds;
   out.tokens_per_gpu = tokens_per_gpu;
   out.ranks.resize(static_cast<std::size_t>(W));
 
   struct totals {
-    double overlappable = 0, exposed_ops = 0, sync = 0;
+    double overlappable = 0, exposed_ops = 0, sync = 0, sync_exposed = 0, sync_hidden = 0;
     std::array<double, 5> overlappable_by_axis{};
   };
   std::vector<totals> per_rank(static_cast<std::size_t>(W));
@@ -358,41 +678,80 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
     auto& rp = out.ranks[static_cast<std::size_t>(r)];
     // Prices op for rank r; adds the bytes it sends out of r's node to node_bytes.
     auto cost = [&](const comm_op& op, const link_sharing& share, double& node_bytes) {
-      const comm_span& s = spans.get(op.on, r);
+      const comm_span& s = spans.get(op.axis, r);
       FEDSHARD_EXPECTS(s.ranks == op.ranks, "sim::price_plans: the plan's ", describe(op), " has ",
-                       op.ranks, " ranks but the mesh's ", to_string(op.on), " communicator has ",
+                       op.ranks, " ranks but the mesh's ", to_string(op.axis), " communicator has ",
                        s.ranks);
-      if (s.nodes > 1) node_bytes += wire_bytes(op) * share.per_node;
+      const double wire = wire_bytes(op);
+      if (s.nodes > 1) node_bytes += wire * share.per_node;
       return memo.get(op, s, share, [&] {
         return price_collective(op.kind, static_cast<double>(op.bytes), s, share, c, o.collectives)
             .seconds;
       });
     };
     for (const auto& op : step_ops.ops) {
-      auto& ax = rp.axes[static_cast<std::size_t>(op.on)];
+      auto& ax = rp.axes[static_cast<std::size_t>(op.axis)];
       const double sec =
-          cost(op, step_sharing[static_cast<std::size_t>(op.on)][static_cast<std::size_t>(r)],
+          cost(op, step_sharing[static_cast<std::size_t>(op.axis)][static_cast<std::size_t>(r)],
                ax.step_node_bytes);
       ax.step_bytes += wire_bytes(op);
       ++ax.step_calls;
       ax.step_seconds += sec;
       if (op.overlappable) {
         t.overlappable += sec;
-        t.overlappable_by_axis[static_cast<std::size_t>(op.on)] += sec;
+        t.overlappable_by_axis[static_cast<std::size_t>(op.axis)] += sec;
       } else {
         t.exposed_ops += sec;
         ax.exposed += sec;
       }
     }
-    for (const auto& op : sync_ops[static_cast<std::size_t>(r)].ops) {
-      auto& ax = rp.axes[static_cast<std::size_t>(op.on)];
-      const double sec = cost(op, sync_sharing.at(detail::key_of(op))[static_cast<std::size_t>(r)],
-                              ax.sync_node_bytes);
-      ax.sync_bytes += wire_bytes(op);
-      ++ax.sync_calls;
-      ax.sync_seconds += sec;
-      ax.exposed += sec / K;
-      t.sync += sec;
+    // Compute a step leaves free of its own overlappable ops: what an in-flight sync uses.
+    const double slack = std::max(0.0, compute_seconds - t.overlappable);
+    const auto& fragments = sync_ops[static_cast<std::size_t>(r)];
+    for (std::size_t f = 0; f < fragments.size(); ++f) {
+      const fragment_cadence& fc = cadence.fragments[f];
+      // One sync of fragment f: the seconds of its blocking ops per start and per apply, and
+      // of its sync_start ops (which may stay in flight), in all and by axis.
+      double at_start = 0, at_apply = 0, in_flight = 0;
+      std::array<double, 5> in_flight_by_axis{};
+      for (const auto& op : fragments[f].ops) {
+        const auto ai = static_cast<std::size_t>(op.axis);
+        auto& ax = rp.axes[ai];
+        double node_bytes = 0;
+        const double sec =
+            cost(op, sync_sharing.at(detail::key_of(op))[static_cast<std::size_t>(r)], node_bytes);
+        const double runs = static_cast<double>(detail::at_sync_start(op) ? fc.starts : fc.applies);
+        ax.sync_bytes += wire_bytes(op);
+        ax.sync_node_bytes += node_bytes;
+        ++ax.sync_calls;
+        ax.sync_seconds += sec;
+        ax.bytes_per_step += runs * wire_bytes(op) / window;
+        ax.node_bytes_per_step += runs * node_bytes / window;
+        ax.sync_seconds_per_step += runs * sec / window;
+        t.sync += sec;
+        if (op.trigger == trigger::sync_start) {
+          in_flight += sec;
+          in_flight_by_axis[ai] += sec;
+        } else {
+          (detail::at_sync_start(op) ? at_start : at_apply) += sec;
+          ax.exposed += runs * sec / window;
+        }
+      }
+      double exposed =
+          static_cast<double>(fc.starts) * at_start + static_cast<double>(fc.applies) * at_apply;
+      double hidden = 0;
+      for (std::int64_t tau : fc.in_flight) {
+        const double h = std::min(in_flight, static_cast<double>(tau) * slack);
+        const double share = in_flight > 0 ? (in_flight - h) / in_flight : 0.0;
+        for (axis ax_id : all_axes) {
+          const auto ai = static_cast<std::size_t>(ax_id);
+          rp.axes[ai].exposed += share * in_flight_by_axis[ai] / window;
+        }
+        exposed += in_flight - h;
+        hidden += h;
+      }
+      t.sync_exposed += exposed / window;
+      t.sync_hidden += hidden / window;
     }
     const double spill = std::max(0.0, t.overlappable - compute_seconds);
     for (axis ax_id : all_axes) {
@@ -400,13 +759,13 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
       const comm_span& s = spans.get(ax_id, r);
       ax.level = s.level();
       ax.ranks = s.ranks;
-      ax.bytes_per_step = ax.step_bytes + ax.sync_bytes / K;
-      ax.node_bytes_per_step = ax.step_node_bytes + ax.sync_node_bytes / K;
+      ax.bytes_per_step += ax.step_bytes;
+      ax.node_bytes_per_step += ax.step_node_bytes;
       if (t.overlappable > 0)
         ax.exposed +=
             spill * t.overlappable_by_axis[static_cast<std::size_t>(ax_id)] / t.overlappable;
     }
-    rp.step = std::max(compute_seconds, t.overlappable) + t.exposed_ops + t.sync / K;
+    rp.step = std::max(compute_seconds, t.overlappable) + t.exposed_ops + t.sync_exposed;
     if (rp.step > worst) {
       worst = rp.step;
       out.critical_rank = r;
@@ -419,7 +778,8 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
   out.hidden = std::min(t.overlappable, compute_seconds);
   out.exposed_step = (t.overlappable - out.hidden) + t.exposed_ops;
   out.sync = t.sync;
-  out.sync_per_step = t.sync / K;
+  out.sync_per_step = t.sync_exposed;
+  out.sync_hidden = t.sync_hidden;
   out.step = rp.step;
   out.tokens_per_s_per_gpu =
       out.step > 0 ? tokens_per_gpu / out.step : std::numeric_limits<double>::infinity();

@@ -1,12 +1,15 @@
 #pragma once
 /// The policy triple and the named algorithms built from it.
 ///
-///   algorithm<ShardPolicy, FederationPolicy, SyncSchedule>
+///   algorithm<ShardPolicy, FederationPolicy, SyncSchedule[, Defaults]>
 ///
 /// ShardPolicy acts inside a group every step, FederationPolicy combines the groups at sync
-/// points, SyncSchedule says when (and which fragment). DDP, FSDP, HSDP, FL+FSDP, FL+HSDP and
-/// DiLoCo are aliases, not new code.
+/// points, SyncSchedule says when (and which fragment). Structure is in the types; numbers
+/// (K, H, fragments, delay, mixing, learning rates) are run-time settings of
+/// trainer_options, starting from the algorithm's defaults. DDP, FSDP, HSDP, FL+FSDP,
+/// FL+HSDP and DiLoCo are aliases, not new code.
 
+#include <concepts>
 #include <string_view>
 #include <type_traits>
 
@@ -29,9 +32,20 @@
 
 namespace fedshard {
 
-/// A training algorithm: how a group shards (Shard), how groups combine (Federation), and
-/// when (Schedule).
-template <class Shard, class Federation, class Schedule>
+/// An algorithm's default schedule settings: `defaults<schedule::periodic::config{.period =
+/// 8}>` makes trainer_options start from K = 8.
+template <auto Schedule>
+struct defaults {
+  static constexpr auto schedule = Schedule;
+};
+
+/// Defaults that are the schedule config's own.
+struct no_defaults {};
+
+/// A training algorithm: how a group shards (Shard), how groups combine (Federation), when
+/// (Schedule), and the schedule settings a trainer starts from (Defaults: defaults<config>
+/// or no_defaults).
+template <class Shard, class Federation, class Schedule, class Defaults = no_defaults>
 struct algorithm {
   static_assert(shard::ShardPolicy<Shard>,
                 "fedshard::algorithm: the first parameter must model ShardPolicy "
@@ -41,15 +55,44 @@ struct algorithm {
                 "(federation::none, average, weighted_average, outer_optimizer<Rule>)");
   static_assert(schedule::SyncSchedule<Schedule>,
                 "fedshard::algorithm: the third parameter must model SyncSchedule "
-                "(schedule::every_step, periodic<K>, post_local, streaming)");
-  static_assert(Federation::syncs || !std::is_same_v<Schedule, schedule::streaming>,
-                "fedshard::algorithm: a streaming schedule syncs fragments, which needs a "
-                "federation policy that communicates (not federation::none)");
+                "(schedule::every_step, periodic, post_local, streaming)");
+  static_assert(Federation::syncs || std::is_same_v<Schedule, schedule::every_step>,
+                "fedshard::algorithm: federation::none never syncs, so this schedule would "
+                "have nothing to schedule; use schedule::every_step with federation::none (as "
+                "ddp, fsdp and hsdp do), or a federation policy that syncs (federation::average, "
+                "weighted_average, outer_optimizer<Rule>)");
+  static_assert(
+      std::is_same_v<Defaults, no_defaults> ||
+          requires {
+            { Defaults::schedule } -> std::convertible_to<typename Schedule::config>;
+          },
+      "fedshard::algorithm: the fourth parameter must be no_defaults or "
+      "defaults<S::config{...}> with the third parameter's config type");
 
   using shard_policy = Shard;
   using federation_policy = Federation;
   using sync_schedule = Schedule;
+
+  /// The schedule settings trainer_options starts from.
+  static constexpr typename Schedule::config default_schedule() {
+    if constexpr (std::is_same_v<Defaults, no_defaults>)
+      return typename Schedule::config{};
+    else
+      return Defaults::schedule;
+  }
 };
+
+/// What trainer needs of its Algorithm parameter: the three policy types, each modelling its
+/// concept, and default schedule settings (algorithm<...> models it).
+template <class A>
+concept Algorithm = requires {
+  typename A::shard_policy;
+  typename A::federation_policy;
+  typename A::sync_schedule;
+  { A::default_schedule() } -> std::convertible_to<typename A::sync_schedule::config>;
+}
+&&shard::ShardPolicy<typename A::shard_policy>&& federation::FederationPolicy<
+    typename A::federation_policy>&& schedule::SyncSchedule<typename A::sync_schedule>;
 
 /// DDP: replicated parameters, gradient all_reduce.
 using ddp = algorithm<shard::replicate, federation::none, schedule::every_step>;
@@ -59,20 +102,37 @@ using zero2 = algorithm<shard::shard_grad_op, federation::none, schedule::every_
 using fsdp = algorithm<shard::full_shard, federation::none, schedule::every_step>;
 /// HSDP: FSDP over S, gradient all_reduce over R.
 using hsdp = algorithm<shard::hybrid_shard, federation::none, schedule::every_step>;
-/// FL+FSDP: FSDP inside each group, parameters averaged across groups every K steps.
-template <int K>
-using fl_fsdp = algorithm<shard::full_shard, federation::average, schedule::periodic<K>>;
-/// FL+HSDP: HSDP inside each group, parameters averaged across groups every K steps.
-template <int K>
-using fl_hsdp = algorithm<shard::hybrid_shard, federation::average, schedule::periodic<K>>;
-/// DiLoCo: H inner steps, then an outer Nesterov step on the mean pseudo-gradient. Inside a
-/// worker it runs HSDP (FSDP when R = 1).
-template <int H>
+/// FL+FSDP: FSDP inside each group, parameters averaged across groups every K steps (K = 8
+/// unless trainer_options::schedule says otherwise).
+using fl_fsdp = algorithm<shard::full_shard, federation::average, schedule::periodic,
+                          defaults<schedule::periodic::config{.period = 8}>>;
+/// FL+HSDP: HSDP inside each group, parameters averaged across groups every K steps (K = 8
+/// unless told otherwise).
+using fl_hsdp = algorithm<shard::hybrid_shard, federation::average, schedule::periodic,
+                          defaults<schedule::periodic::config{.period = 8}>>;
+/// DiLoCo: H inner steps (H = 500 unless told otherwise), then an outer Nesterov step on the
+/// mean pseudo-gradient. Inside a worker it runs HSDP (FSDP when R = 1).
 using diloco = algorithm<shard::hybrid_shard, federation::outer_optimizer<federation::nesterov>,
-                         schedule::periodic<H>>;
-/// Streaming DiLoCo: fragments synced at their own offsets, with delay and mixing.
+                         schedule::periodic, defaults<schedule::periodic::config{.period = 500}>>;
+/// Streaming DiLoCo: fragments synced at their own offsets, with delay and mixing (the
+/// streaming schedule's defaults: H = 100, 2 fragments, no delay, α = 1).
 using streaming_diloco =
     algorithm<shard::hybrid_shard, federation::outer_optimizer<federation::nesterov>,
               schedule::streaming>;
+
+/// Calls `f.template operator()<A>(name)` for every named algorithm above, in the order
+/// ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, diloco, streaming_diloco: the one list that
+/// tools (the simulator, the demo) read, so a new alias is added here once.
+template <class F>
+void for_each_algorithm(F&& f) {
+  f.template operator()<ddp>(std::string_view("ddp"));
+  f.template operator()<zero2>(std::string_view("zero2"));
+  f.template operator()<fsdp>(std::string_view("fsdp"));
+  f.template operator()<hsdp>(std::string_view("hsdp"));
+  f.template operator()<fl_fsdp>(std::string_view("fl_fsdp"));
+  f.template operator()<fl_hsdp>(std::string_view("fl_hsdp"));
+  f.template operator()<diloco>(std::string_view("diloco"));
+  f.template operator()<streaming_diloco>(std::string_view("streaming_diloco"));
+}
 
 }  // namespace fedshard

@@ -1,6 +1,7 @@
 #pragma once
-/// Checkpoint files: each rank's whole state as named, checksummed sections, plus a manifest
-/// of the mesh and layout written by rank 0 (trainer::save and trainer::load use these).
+/// Checkpoints: each rank's whole state as named, checksummed sections, plus a manifest of
+/// the mesh and layout written by rank 0, and the collective protocol that saves and loads
+/// them (checkpoint::save, checkpoint::load; trainer::save and trainer::load call these).
 ///
 /// A rank file is
 ///   "FEDSHCK1" | u32 version | u32 section count |
@@ -16,9 +17,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <string>
@@ -26,7 +29,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "fedshard/core/dtype.hpp"
+#include "fedshard/core/reduce_op.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/mesh/axis.hpp"
+#include "fedshard/plan/comm_op.hpp"
 
 namespace fedshard::checkpoint {
 
@@ -271,5 +278,111 @@ struct manifest {
                                             "' was taken from a different setup: ", diffs));
   }
 };
+
+/// The op a checkpoint's agreement runs: a min or max all_reduce of one f64 (role value)
+/// over the world of `world_size` ranks.
+inline comm_op agreement_op(reduce_op op, int world_size) {
+  return {.kind = comm_kind::all_reduce,
+          .axis = axis::world,
+          .dtype = dtype::f64,
+          .bytes = 8,
+          .ranks = world_size,
+          .reduce = op,
+          .in = {.role = role::value},
+          .out = {.role = role::value},
+          .overlappable = false};
+}
+
+namespace detail {
+
+using fedshard::detail::concat;
+
+/// Runs f; returns what it threw, or null when it succeeded.
+template <class F>
+std::exception_ptr attempt(F&& f) {
+  try {
+    f();
+    return nullptr;
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+/// Collective: throws on every rank unless no rank has an `error`; agree(x, op) is the
+/// op-reduction of x over the world.
+template <class Agree>
+void all_ok(const std::exception_ptr& error, const char* what, int rank, int size, Agree& agree) {
+  const double ok =
+      agree(error ? static_cast<double>(rank) : static_cast<double>(size), reduce_op::min);
+  if (error) std::rethrow_exception(error);
+  if (ok < size)
+    throw invalid_argument(detail::concat("fedshard: checkpoint: ", what, " failed on world rank ",
+                                          static_cast<int>(ok),
+                                          " (that rank reports why); no state was changed on "
+                                          "this rank"));
+}
+
+}  // namespace detail
+
+/// Collective over a world of `size` ranks (this one is `rank`): writes every rank's state
+/// into directory dir, with rank 0's manifest. `agree(x, op)` returns the op-reduction of the
+/// double x over the world (run agreement_op); `write_state(w)` adds this rank's sections to
+/// a file_writer. Every file carries one save id, so files of two saves are never mixed; a
+/// rank that fails makes every rank throw.
+template <class Agree, class WriteState>
+void save(const std::filesystem::path& dir, int rank, int size, const manifest& m, Agree&& agree,
+          WriteState&& write_state) {
+  std::exception_ptr error;
+  if (rank == 0) error = detail::attempt([&] { std::filesystem::create_directories(dir); });
+  detail::all_ok(error, "creating the checkpoint directory", rank, size, agree);
+  const auto id = static_cast<std::uint64_t>(
+      agree(rank == 0 ? static_cast<double>(new_save_id()) : 0.0, reduce_op::max));
+  error = detail::attempt([&] {
+    file_writer w;
+    w.add_text("manifest", m.text());
+    write_state(w);
+    w.add_value("save_id", id);
+    w.write(dir / rank_file_name(rank));
+  });
+  detail::all_ok(error, "writing the rank files", rank, size, agree);
+  if (rank == 0) {
+    error = detail::attempt([&] {
+      file_writer w;
+      w.add_text("manifest", m.text());
+      w.add_value("save_id", id);
+      w.write(dir / "manifest.bin");
+    });
+  }
+  detail::all_ok(error, "writing the manifest", rank, size, agree);
+}
+
+/// Collective: restores the state save() wrote into dir. A checkpoint from another setup
+/// (manifest m differs) is refused with an error naming the difference, and a torn or
+/// truncated file, or files of different saves, on every rank; `restore_state(r, commit)`
+/// reads this rank's sections from a file_reader, first with commit = false (only checks
+/// that everything is there), then, once every rank checked its whole state, with commit =
+/// true (changes the live state).
+template <class Agree, class RestoreState>
+void load(const std::filesystem::path& dir, int rank, int size, const manifest& m, Agree&& agree,
+          RestoreState&& restore_state) {
+  std::optional<file_reader> file;
+  const std::exception_ptr error = detail::attempt([&] {
+    const auto saved = file_reader::open(dir / "manifest.bin");
+    m.require_same(manifest::parse(saved.section("manifest")), dir.string());
+    const auto path = dir / rank_file_name(rank);
+    file.emplace(file_reader::open(path));
+    m.require_same(manifest::parse(file->section("manifest")), path.string());
+    const auto id = saved.read_value<std::uint64_t>("save_id");
+    const auto file_id = file->read_value<std::uint64_t>("save_id");
+    if (file_id != id)
+      throw invalid_argument(detail::concat(
+          "fedshard: checkpoint file '", path.string(), "' belongs to another save (id ", file_id,
+          ") than its manifest '", (dir / "manifest.bin").string(), "' (id ", id,
+          "): a save stopped half-way"));
+    restore_state(*file, false);
+  });
+  detail::all_ok(error, "reading the checkpoint", rank, size, agree);
+  restore_state(*file, true);
+}
 
 }  // namespace fedshard::checkpoint

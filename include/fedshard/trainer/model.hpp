@@ -11,12 +11,17 @@
 ///  5. Optionally `m.tokens(batch)` -> std::int64_t: tokens (or samples) in the batch, the
 ///     weight of weighted federation; otherwise std::size(batch) if the batch is a range,
 ///     else 1.
-/// In forward_backward the model calls `ctx.acquire(u)` before it reads unit u (the gather of
-/// u may already be in flight, and acquiring u prefetches the next unit), `ctx.release(u)`
-/// when done with it, and `ctx.grads_ready(u)` once u's gradients are written (starts their
-/// reduction, which overlaps the rest of backward). A model that calls none of these gets
-/// each unit gathered on first use and everything reduced after forward_backward: correct,
-/// just without overlap.
+/// Phases and triggers: in forward_backward the model calls `ctx.acquire(u)` (forward) before
+/// it reads unit u in forward, `ctx.release(u)` when done with it, and in backward
+/// `ctx.acquire(u, fedshard::phase::backward)` before it reads u again, then
+/// `ctx.grads_ready(u)` once u's gradients are written. Each call fires the trigger of the
+/// shard policy's plan with that phase (the gathers of (acquire, phase, u), the reductions of
+/// (grads_ready, u)): a unit that the plan frees after forward (FSDP) is gathered again for
+/// backward, the next unit's gather is prefetched while u computes, and u's reduction
+/// overlaps the rest of backward. A backend driven by autograd fires the backward triggers
+/// from its backward functions (examples/libtorch). A model that calls none of these gets
+/// each unit gathered on first use (params(u)) and everything reduced after
+/// forward_backward: correct, just without overlap.
 
 #include <concepts>
 #include <cstddef>
@@ -28,6 +33,7 @@
 #include <vector>
 
 #include "fedshard/error.hpp"
+#include "fedshard/plan/comm_op.hpp"
 #include "fedshard/shard/flat_layout.hpp"
 
 #ifndef FEDSHARD_CHECKED_VIEWS
@@ -93,7 +99,7 @@ class unit_hooks {
  public:
   virtual ~unit_hooks() = default;
   virtual const flat_layout& layout() const = 0;
-  virtual std::span<const float> acquire(std::size_t u) = 0;
+  virtual std::span<const float> acquire(std::size_t u, phase ph) = 0;
   virtual std::span<const float> params(std::size_t u) = 0;
   virtual void release(std::size_t u) = 0;
   virtual std::span<float> grad_buffer(std::size_t u) = 0;
@@ -115,8 +121,11 @@ class step_context {
   /// This rank's world rank.
   int rank() const noexcept { return rank_; }
 
-  /// Gathers unit u (if needed) and returns its padded parameters.
-  std::span<const float> acquire(std::size_t u) { return hooks_->acquire(u); }
+  /// Unit u's padded parameters for phase ph (forward or backward): fires the plan's
+  /// gathers of (acquire, ph, u) unless u is live, and prefetches the next unit of ph.
+  std::span<const float> acquire(std::size_t u, phase ph = phase::forward) {
+    return hooks_->acquire(u, ph);
+  }
   /// Done with unit u's parameters for now.
   void release(std::size_t u) { hooks_->release(u); }
   /// Unit u's gradients are written: start their reduction.

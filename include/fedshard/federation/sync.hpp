@@ -1,0 +1,387 @@
+#pragma once
+/// The federation sync state machine: fragments, their buffers and stages, and the firing of
+/// the FederationPolicy's sync plan at the points the SyncSchedule names.
+///
+/// A fragment is a set of units (the schedule's fragment_units). After each inner step the
+/// schedule's action for each fragment says whether a sync starts (snapshot the fragment's
+/// part of the master into its buffer, exchange what sync_begin moves, let the policy's
+/// begin() transform it, fire sync_start: the averaging may stay in flight for the
+/// schedule's delay) and whether it applies (finish the averaging: sync_finish; the policy's
+/// end(); mix the result into the master with the schedule's α; then sync_after, e.g. the
+/// inner-optimizer moments). Every collective is an op of the policy's sync_plan, run by the
+/// interpreter with this object binding the roles fragment, moment, tokens and group_tokens.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fedshard/comm/communicator.hpp"
+#include "fedshard/core/buffer.hpp"
+#include "fedshard/error.hpp"
+#include "fedshard/federation/federation_policy.hpp"
+#include "fedshard/federation/sync_plan.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "fedshard/optim/optimizer.hpp"
+#include "fedshard/plan/comm_op.hpp"
+#include "fedshard/plan/interpreter.hpp"
+#include "fedshard/schedule/sync_schedule.hpp"
+#include "fedshard/shard/flat_layout.hpp"
+
+namespace fedshard::federation {
+
+/// The units of each of the schedule's fragments of `layout`, and (offset, length) of each
+/// unit's shard in a rank's master (shard::engine's layout: unit shards back to back).
+struct fragment_slices {
+  std::vector<std::pair<std::size_t, std::size_t>> slices;
+  std::size_t numel = 0;   ///< elements of the fragment in a rank's master
+  std::size_t padded = 0;  ///< its packed buffer's size (padded_fragment_numel)
+};
+
+/// The fragments a SyncSchedule cuts a layout into, for a mesh of `replicas` replicas;
+/// invalid_argument when the schedule cannot cut this layout.
+template <schedule::SyncSchedule S>
+std::vector<fragment_slices> fragments_of(const S& schedule, const flat_layout& layout,
+                                          int replicas) {
+  const auto units = static_cast<int>(layout.num_units());
+  schedule.check(units);
+  std::vector<fragment_slices> out(static_cast<std::size_t>(schedule.fragments()));
+  for (int f = 0; f < schedule.fragments(); ++f) {
+    auto& fr = out[static_cast<std::size_t>(f)];
+    for (int u : schedule.fragment_units(f, units)) {
+      const auto uu = static_cast<std::size_t>(u);
+      fr.slices.emplace_back(layout.shard_offset(uu), layout.unit(uu).shard_numel);
+      fr.numel += layout.unit(uu).shard_numel;
+    }
+    fr.padded = padded_fragment_numel(fr.numel, replicas);
+  }
+  return out;
+}
+
+/// The sync plan of each fragment for the rank at `coords`: what a synchronizer with this
+/// policy and schedule runs (a policy's sync_plan depends on its config alone, so `policy`
+/// may be one built for no fragments; nothing of the model's size is allocated).
+template <FederationPolicy F, schedule::SyncSchedule S>
+std::vector<plan> sync_plans_of(const F& policy, const S& schedule, const flat_layout& layout,
+                                const mesh_shape& shape, const mesh_coords& coords,
+                                int inner_state_buffers) {
+  std::vector<plan> out;
+  const auto fragments = fragments_of(schedule, layout, shape.replicas);
+  for (std::size_t f = 0; f < fragments.size(); ++f) {
+    out.push_back(policy.sync_plan({.shape = shape,
+                                    .coords = coords,
+                                    .fragment = static_cast<int>(f),
+                                    .numel = fragments[f].padded,
+                                    .inner_state_buffers = inner_state_buffers}));
+    out.back().check();
+  }
+  return out;
+}
+
+/// Where a fragment's sync stands.
+enum class sync_stage : std::uint8_t {
+  idle,         ///< no sync in flight
+  in_flight,    ///< started: the averaging runs
+  communicated  ///< the averaged buffer is complete, not applied yet
+};
+
+/// The sync state machine of FederationPolicy F under SyncSchedule S for one rank.
+template <FederationPolicy F, schedule::SyncSchedule S>
+class synchronizer {
+ public:
+  /// Fragments of `layout` (a rank's master holds each unit's shard, as shard::engine lays it
+  /// out) on this rank of a mesh of `shape`; `inner_state_buffers` is the inner optimizer's
+  /// state count (role moment). Throws invalid_argument for settings that cannot work.
+  synchronizer(const typename F::config& fed, const typename S::config& sched,
+               const flat_layout& layout, const mesh_shape& shape, const mesh_coords& coords,
+               int inner_state_buffers)
+      : schedule_(sched),
+        shape_(shape),
+        coords_(coords),
+        fragments_(cut(schedule_, layout, shape)),
+        policy_(fed, sizes(fragments_)) {
+    const auto plans =
+        sync_plans_of(policy_, schedule_, layout, shape, coords, inner_state_buffers);
+    for (int f = 0; f < fragments(); ++f) {
+      auto& fr = at(f);
+      fr.plan = plans[static_cast<std::size_t>(f)];
+      for (const comm_op& op : fr.plan.ops) {
+        fr.exchanges_tokens = fr.exchanges_tokens || op.out.role == role::group_tokens;
+        for (const operand& o : {op.in, op.out}) {
+          if (o.role != role::moment) continue;
+          FEDSHARD_EXPECTS(o.index >= 0 && o.index < inner_state_buffers, F::name,
+                           ": the sync plan averages inner-optimizer state ", o.index,
+                           " but the optimizer has ", inner_state_buffers, " state buffers");
+          fr.moments.resize(std::max(fr.moments.size(), static_cast<std::size_t>(o.index) + 1));
+        }
+      }
+      for (auto& m : fr.moments) m = aligned_buffer<float>(fr.buf.size());
+    }
+  }
+
+  synchronizer(const synchronizer&) = delete;
+  synchronizer& operator=(const synchronizer&) = delete;
+
+  const S& schedule() const noexcept { return schedule_; }
+  F& policy() noexcept { return policy_; }
+  const F& policy() const noexcept { return policy_; }
+  /// P, the schedule's fragments.
+  int fragments() const noexcept { return static_cast<int>(fragments_.size()); }
+  /// The ops one sync of fragment f moves for this rank.
+  const plan& sync_plan(int f) const { return at(f).plan; }
+  /// Syncs applied so far (all fragments).
+  std::int64_t syncs_applied() const noexcept { return syncs_applied_; }
+  /// The steps after which fragment f applied a sync.
+  const std::vector<std::int64_t>& sync_steps(int f) const { return at(f).applied_at; }
+  /// Fragment f's stage.
+  sync_stage stage(int f) const { return at(f).stage; }
+
+  /// (Re)starts every fragment's policy state (anchors) from the master parameters.
+  void reset(std::span<const float> master) {
+    for (int f = 0; f < fragments(); ++f) {
+      auto& fr = at(f);
+      pack(fr, master, fr.buf.span());
+      policy_.reset(f, fr.buf.span());
+    }
+  }
+
+  /// Counts a step's tokens toward every fragment's weight.
+  void add_tokens(std::int64_t tokens) {
+    for (auto& fr : fragments_) fr.tokens += tokens;
+  }
+
+  /// After the optimizer step of 0-based `step` of a run of `total_steps`: starts and
+  /// applies the syncs the schedule names. `inner` is the inner optimizer's state (laid out
+  /// like the master), for plans that average it.
+  template <Communicator C>
+  void after_step(interpreter<C>& interp, std::int64_t step, std::int64_t total_steps,
+                  std::span<float> master, const std::vector<optim::state_tensor>& inner) {
+    if constexpr (!F::syncs) return;  // a policy that never communicates has nothing to do
+    for (int f = 0; f < fragments(); ++f) {
+      const auto a = schedule_.action(f, step, total_steps);
+      if (schedule::starts(a)) start(interp, f, step, master);
+      if (schedule::applies(a)) apply(interp, f, step, master, inner);
+    }
+  }
+
+  /// Completes, without applying, every sync in flight (before a checkpoint, so a restored
+  /// run applies it at the same step).
+  template <Communicator C>
+  void complete_in_flight(interpreter<C>& interp) {
+    for (int f = 0; f < fragments(); ++f)
+      if (at(f).stage == sync_stage::in_flight) communicate(interp, f);
+  }
+
+  /// Writes the policy's state (anchors, outer-optimizer state) and the fragments' into a
+  /// checkpoint writer (add_value / add_span).
+  template <class Writer>
+  void save(Writer& w) {
+    for (const auto& t : policy_.state())
+      w.add_span("federation." + t.name, std::span<const float>(t.data));
+    for (int f = 0; f < fragments(); ++f) {
+      const auto& fr = at(f);
+      const std::string p = "fragment" + std::to_string(f) + ".";
+      if constexpr (requires { policy_.outer_steps(0); })
+        w.add_value(p + "outer_steps", policy_.outer_steps(f));
+      w.add_value(p + "stage", fr.stage);
+      w.add_value(p + "tokens", fr.tokens);
+      w.add_span(p + "group_tokens", std::span<const double>(fr.group_tokens));
+      w.add_span(p + "applied_at", std::span<const std::int64_t>(fr.applied_at));
+      if (fr.stage != sync_stage::idle)
+        w.add_span(p + "buffer", std::span<const float>(fr.buf.span()));
+    }
+    w.add_value("federation.syncs_applied", syncs_applied_);
+  }
+
+  /// Reads the policy's and the fragments' state from a checkpoint reader (read_value / read_span /
+  /// section); with commit = false only verifies that every section is there with the right size.
+  template <class Reader>
+  void restore(const Reader& r, bool commit) {
+    for (const auto& t : policy_.state()) {
+      std::vector<float> scratch(t.data.size());
+      r.read_span("federation." + t.name, std::span<float>(scratch));
+      if (commit) std::copy(scratch.begin(), scratch.end(), t.data.begin());
+    }
+    for (int f = 0; f < fragments(); ++f) {
+      auto& fr = at(f);
+      const std::string p = "fragment" + std::to_string(f) + ".";
+      const auto stage = r.template read_value<sync_stage>(p + "stage");
+      FEDSHARD_EXPECTS(stage == sync_stage::idle || stage == sync_stage::communicated,
+                       "checkpoint: fragment ", f, " has an invalid sync stage ",
+                       static_cast<int>(stage));
+      const std::string& at_bytes = r.section(p + "applied_at");
+      FEDSHARD_EXPECTS(at_bytes.size() % sizeof(std::int64_t) == 0, "checkpoint: section '", p,
+                       "applied_at' has ", at_bytes.size(), " bytes, not a multiple of 8");
+      std::vector<std::int64_t> applied(at_bytes.size() / sizeof(std::int64_t));
+      r.read_span(p + "applied_at", std::span<std::int64_t>(applied));
+      std::vector<double> group_tokens(fr.group_tokens.size());
+      r.read_span(p + "group_tokens", std::span<double>(group_tokens));
+      const auto tokens = r.template read_value<std::int64_t>(p + "tokens");
+      std::vector<float> buffer(stage != sync_stage::idle ? fr.buf.size() : 0);
+      if (stage != sync_stage::idle) r.read_span(p + "buffer", std::span<float>(buffer));
+      std::int64_t outer = 0;
+      if constexpr (requires { policy_.outer_steps(0); })
+        outer = r.template read_value<std::int64_t>(p + "outer_steps");
+      if (!commit) continue;
+      fr.stage = stage;
+      fr.applied_at = std::move(applied);
+      fr.group_tokens = std::move(group_tokens);
+      fr.tokens = tokens;
+      if (stage != sync_stage::idle) std::copy(buffer.begin(), buffer.end(), fr.buf.begin());
+      fr.start = {};
+      if constexpr (requires { policy_.outer_steps(0); }) policy_.set_outer_steps(f, outer);
+    }
+    const auto syncs = r.template read_value<std::int64_t>("federation.syncs_applied");
+    if (commit) syncs_applied_ = syncs;
+  }
+
+ private:
+  struct fragment {
+    std::vector<std::pair<std::size_t, std::size_t>> slices;  // (offset, length) in the master
+    aligned_buffer<float> buf;                   // packed fragment, padded (role fragment)
+    std::vector<aligned_buffer<float>> moments;  // packed inner state k (role moment k)
+    fedshard::plan plan;
+    sync_stage stage = sync_stage::idle;
+    ticket start;                      // the sync_start firing in flight
+    std::int64_t tokens = 0;           // this rank's tokens since the last sync started
+    double token_value = 0;            // role tokens: this rank's, then the group's, tokens
+    std::vector<double> group_tokens;  // role group_tokens
+    std::vector<std::int64_t> applied_at;
+    bool exchanges_tokens = false;  // the plan gathers role group_tokens
+  };
+
+  /// The schedule's fragments of the layout, with their buffers.
+  static std::vector<fragment> cut(const S& schedule, const flat_layout& layout,
+                                   const mesh_shape& shape) {
+    std::vector<fragment> out;
+    for (auto& f : fragments_of(schedule, layout, shape.replicas)) {
+      fragment fr;
+      fr.slices = std::move(f.slices);
+      fr.buf = aligned_buffer<float>(f.padded);
+      fr.group_tokens.assign(static_cast<std::size_t>(shape.groups), 0.0);
+      out.push_back(std::move(fr));
+    }
+    return out;
+  }
+  static std::vector<std::size_t> sizes(const std::vector<fragment>& fragments) {
+    std::vector<std::size_t> n;
+    for (const auto& fr : fragments) n.push_back(fr.buf.size());
+    return n;
+  }
+
+  std::size_t checked(int f) const {
+    FEDSHARD_EXPECTS(f >= 0 && f < fragments(), "synchronizer: fragment must be in [0, ",
+                     fragments(), "), found ", f);
+    return static_cast<std::size_t>(f);
+  }
+  fragment& at(int f) { return fragments_[checked(f)]; }
+  const fragment& at(int f) const { return fragments_[checked(f)]; }
+
+  /// Copies the fragment's part of a master-shaped span into dst (zero padding).
+  static void pack(const fragment& fr, std::span<const float> src, std::span<float> dst) {
+    std::size_t at = 0;
+    for (const auto& [off, len] : fr.slices) {
+      std::copy_n(src.begin() + static_cast<std::ptrdiff_t>(off), len,
+                  dst.begin() + static_cast<std::ptrdiff_t>(at));
+      at += len;
+    }
+    std::fill(dst.begin() + static_cast<std::ptrdiff_t>(at), dst.end(), 0.0f);
+  }
+  /// dst = (1 - alpha) dst + alpha src over the fragment's part of a master-shaped span.
+  static void unpack(const fragment& fr, std::span<const float> src, std::span<float> dst,
+                     float alpha) {
+    std::size_t at = 0;
+    for (const auto& [off, len] : fr.slices) {
+      float* d = dst.data() + off;
+      const float* s = src.data() + at;
+      if (alpha == 1.0f)
+        std::copy_n(s, len, d);
+      else
+        for (std::size_t i = 0; i < len; ++i) d[i] += alpha * (s[i] - d[i]);
+      at += len;
+    }
+  }
+
+  sync_info info(int f) {
+    const auto& fr = at(f);
+    return {.fragment = f,
+            .groups = shape_.groups,
+            .group = coords_.group,
+            .group_tokens = fr.exchanges_tokens ? std::span<const double>(fr.group_tokens)
+                                                : std::span<const double>()};
+  }
+
+  auto binder(int f) {
+    return [this, f](const comm_op& op, const operand& o) -> buffer_view {
+      auto& fr = at(f);
+      switch (o.role) {
+        case role::fragment: return view(fr.buf.span());
+        case role::moment: return view(fr.moments.at(static_cast<std::size_t>(o.index)).span());
+        case role::tokens: return {&fr.token_value, 1, dtype::f64};
+        case role::group_tokens:
+          return {fr.group_tokens.data(), fr.group_tokens.size(), dtype::f64};
+        default: break;
+      }
+      throw invalid_argument(
+          fedshard::detail::concat("fedshard: the federation sync holds no buffer of role ",
+                                   describe(o), " (", describe(op), ")"));
+    };
+  }
+
+  template <Communicator C>
+  void start(interpreter<C>& interp, int f, std::int64_t step, std::span<float> master) {
+    auto& fr = at(f);
+    FEDSHARD_EXPECTS(fr.stage == sync_stage::idle, "synchronizer: fragment ", f,
+                     " starts a sync while its previous one is still in flight (step ", step, ")");
+    fr.token_value = static_cast<double>(fr.tokens);
+    interp.wait(interp.fire(fr.plan, point(trigger::sync_begin, f), binder(f)));
+    fr.tokens = 0;
+    pack(fr, master, fr.buf.span());
+    policy_.begin(f, fr.buf.span(), info(f));
+    fr.start = interp.fire(fr.plan, point(trigger::sync_start, f), binder(f));
+    fr.stage = sync_stage::in_flight;
+  }
+
+  template <Communicator C>
+  void communicate(interpreter<C>& interp, int f) {
+    auto& fr = at(f);
+    interp.wait(fr.start);
+    interp.wait(interp.fire(fr.plan, point(trigger::sync_finish, f), binder(f)));
+    fr.stage = sync_stage::communicated;
+  }
+
+  template <Communicator C>
+  void apply(interpreter<C>& interp, int f, std::int64_t step, std::span<float> master,
+             const std::vector<optim::state_tensor>& inner) {
+    auto& fr = at(f);
+    FEDSHARD_EXPECTS(fr.stage != sync_stage::idle, "synchronizer: fragment ", f,
+                     " applies a sync that was never started (step ", step, ")");
+    if (fr.stage == sync_stage::in_flight) communicate(interp, f);
+    policy_.end(f, fr.buf.span(), info(f));
+    unpack(fr, fr.buf.span(), master, schedule_.mixing());
+    for (std::size_t k = 0; k < fr.moments.size(); ++k)
+      pack(fr, inner.at(k).data, fr.moments[k].span());
+    interp.wait(interp.fire(fr.plan, point(trigger::sync_after, f), binder(f)));
+    for (std::size_t k = 0; k < fr.moments.size(); ++k)
+      unpack(fr, fr.moments[k].span(), inner.at(k).data, 1.0f);
+    fr.stage = sync_stage::idle;
+    fr.applied_at.push_back(step);
+    ++syncs_applied_;
+  }
+
+  static trigger_point point(trigger t, int f) {
+    return {.trigger = t, .phase = phase::sync, .fragment = f};
+  }
+
+  S schedule_;
+  mesh_shape shape_;
+  mesh_coords coords_;
+  std::vector<fragment> fragments_;
+  F policy_;
+  std::int64_t syncs_applied_ = 0;
+};
+
+}  // namespace fedshard::federation

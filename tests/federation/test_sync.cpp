@@ -1,0 +1,168 @@
+// The federation sync state machine: fragments cut as the schedule says, sync plans without
+// buffers, the stages of a delayed sync, mixing, inner moments, checkpoint state, and a
+// schedule or plan that cannot work refused with a clear error.
+#include "fedshard/federation/sync.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fedshard/comm/inproc.hpp"
+#include "fedshard/federation/average.hpp"
+#include "fedshard/federation/outer_optimizer.hpp"
+#include "fedshard/federation/outer_rules.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "fedshard/plan/interpreter.hpp"
+#include "fedshard/schedule/periodic.hpp"
+#include "fedshard/schedule/streaming.hpp"
+#include "fedshard/trainer/checkpoint.hpp"
+#include "support/spawn_ranks.hpp"
+
+using namespace fedshard;
+using namespace fedshard::federation;
+
+namespace {
+
+std::vector<unit_spec> four_units() {
+  return {{"a", {{"w", {10}}}}, {"b", {{"w", {20}}}}, {"c", {{"w", {30}}}}, {"d", {{"w", {5}}}}};
+}
+
+/// A schedule that starts every step and never applies: its second start is a bug.
+struct starts_twice {
+  struct config {};
+  starts_twice() = default;
+  explicit starts_twice(const config&) {}
+  static constexpr std::string_view name = "starts_twice";
+  int fragments() const { return 1; }
+  schedule::sync_action action(int, std::int64_t, std::int64_t) const {
+    return schedule::sync_action::start;
+  }
+  float mixing() const { return 1.0f; }
+  std::vector<int> fragment_units(int f, int n) const {
+    return schedule::detail::strided_units(name, f, 1, n);
+  }
+  void check(int n) const { schedule::detail::check_units(name, 1, n); }
+};
+
+/// average, but its plan averages an inner-optimizer state the optimizer may not have.
+struct moment_hungry : average {
+  using average::average;
+  plan sync_plan(const sync_context& ctx) const {
+    return average_ops(ctx, sync_mode::hierarchical, {.role = role::moment, .index = 3},
+                       trigger::sync_after, trigger::sync_after);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("fragments_of cuts strided fragments with padded buffers; sync_plans_of allocates none") {
+  const flat_layout l(four_units(), 2);  // shards of 16, 16, 16, 16 elements
+  const schedule::streaming s({.period = 8, .fragments = 2, .delay = 0, .alpha = 1.0f});
+  const auto fr = fragments_of(s, l, 3);
+  REQUIRE(fr.size() == 2);
+  CHECK(fr[0].slices == std::vector<std::pair<std::size_t, std::size_t>>{{l.shard_offset(0), 16},
+                                                                         {l.shard_offset(2), 16}});
+  CHECK(fr[0].numel == 32);
+  CHECK(fr[0].padded == 48);  // a multiple of 16 x 3 replicas
+  CHECK(fr[1].slices.size() == 2);
+  const outer_optimizer<nesterov> policy({}, {});  // built for no fragments
+  const auto plans = sync_plans_of(policy, s, l, {2, 3, 2}, {1, 2, 0}, 2);
+  REQUIRE(plans.size() == 2);
+  for (int f = 0; f < 2; ++f) {
+    const plan expected = policy.sync_plan({.shape = {2, 3, 2},
+                                            .coords = {1, 2, 0},
+                                            .fragment = f,
+                                            .numel = 48,
+                                            .inner_state_buffers = 2});
+    CHECK(plans[std::size_t(f)].ops == expected.ops);
+  }
+  CHECK_THROWS_WITH_AS(fragments_of(schedule::streaming({.period = 8, .fragments = 5}), l, 1),
+                       doctest::Contains("5 fragments but the model has only 4 units"),
+                       invalid_argument);
+}
+
+TEST_CASE("a delayed sync is in flight between its start and its apply, then mixed in") {
+  // streaming, H = 4, P = 1, τ = 1, α = 0.5: starts after step 2, applies after step 3.
+  const mesh_shape shape{2, 1, 2};
+  test::spawn_ranks(4, [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    interpreter<inproc::communicator> in(m);
+    const flat_layout l(four_units(), 2);
+    synchronizer<average, schedule::streaming> sync(
+        {}, {.period = 4, .fragments = 1, .delay = 1, .alpha = 0.5f}, l, shape, m.coords(), 0);
+    CHECK(sync.fragments() == 1);
+    std::vector<float> master(l.total_shard_numel());
+    const float mine = float(m.coords().group);  // group 0 holds 0, group 1 holds 1
+    std::fill(master.begin(), master.end(), mine);
+    sync.reset(master);
+    for (std::int64_t step = 0; step < 3; ++step) sync.after_step(in, step, 0, master, {});
+    CHECK(sync.stage(0) == sync_stage::in_flight);
+    // the model moves on while the sync is in flight: the snapshot is what gets averaged
+    std::fill(master.begin(), master.end(), mine + 10.0f);
+    sync.after_step(in, 3, 0, master, {});
+    CHECK(sync.stage(0) == sync_stage::idle);
+    CHECK(sync.sync_steps(0) == std::vector<std::int64_t>{3});
+    CHECK(sync.syncs_applied() == 1);
+    // θ ← θ + α (mean of snapshots − θ): (mine + 10) + 0.5 (0.5 − (mine + 10))
+    const float expected = (mine + 10.0f) + 0.5f * (0.5f - (mine + 10.0f));
+    const auto cut = fragments_of(sync.schedule(), l, 1);
+    for (const auto& [off, len] : cut[0].slices)
+      for (std::size_t i = 0; i < len; ++i) CHECK(master[off + i] == expected);
+    CHECK(in.traffic().same_traffic(traffic_counters::of(sync.sync_plan(0))));
+  });
+}
+
+TEST_CASE("a checkpoint keeps a communicated sync and its stage; complete_in_flight finishes it") {
+  const mesh_shape shape{2, 1, 1};
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    interpreter<inproc::communicator> in(m);
+    const flat_layout l(four_units(), 1);
+    using S = synchronizer<outer_optimizer<nesterov>, schedule::streaming>;
+    const schedule::streaming::config sc{.period = 4, .fragments = 1, .delay = 1, .alpha = 1.0f};
+    S a({}, sc, l, shape, m.coords(), 0);
+    std::vector<float> master(l.total_shard_numel(), float(world.rank()));
+    a.reset(master);
+    for (std::int64_t step = 0; step < 3; ++step) a.after_step(in, step, 0, master, {});
+    REQUIRE(a.stage(0) == sync_stage::in_flight);
+    a.complete_in_flight(in);
+    CHECK(a.stage(0) == sync_stage::communicated);
+    checkpoint::file_writer w;
+    a.save(w);
+    const checkpoint::file_reader r(w.bytes(), "memory");
+    S b({}, sc, l, shape, m.coords(), 0);
+    b.restore(r, false);
+    CHECK(b.stage(0) == sync_stage::idle);  // verified, not committed
+    b.restore(r, true);
+    CHECK(b.stage(0) == sync_stage::communicated);
+    std::vector<float> ma = master, mb = master;
+    a.after_step(in, 3, 0, ma, {});
+    b.after_step(in, 3, 0, mb, {});
+    CHECK(ma == mb);  // the restored one applies the same result at the same step
+    CHECK(b.sync_steps(0) == std::vector<std::int64_t>{3});
+  });
+}
+
+TEST_CASE("a schedule that starts twice, or a plan the optimizer cannot serve, is refused") {
+  const mesh_shape shape{2, 1, 1};
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    interpreter<inproc::communicator> in(m);
+    const flat_layout l(four_units(), 1);
+    synchronizer<average, starts_twice> s({}, {}, l, shape, m.coords(), 0);
+    std::vector<float> master(l.total_shard_numel());
+    s.after_step(in, 0, 0, master, {});
+    CHECK_THROWS_WITH_AS(s.after_step(in, 1, 0, master, {}),
+                         doctest::Contains("fragment 0 starts a sync while its previous one is "
+                                           "still in flight (step 1)"),
+                         invalid_argument);
+    in.wait_all();
+    using hungry = synchronizer<moment_hungry, schedule::periodic>;
+    CHECK_THROWS_WITH_AS(hungry({}, {}, l, shape, m.coords(), 2),
+                         doctest::Contains("averages inner-optimizer state 3 but the optimizer "
+                                           "has 2 state buffers"),
+                         invalid_argument);
+  });
+}

@@ -1,0 +1,361 @@
+// The interpreter on inproc ranks: every kind on every axis gives the collective's result with
+// buffers bound by role, ops in another dtype run through staging, pieces and in-place ops
+// keep their places, chains run in order and in the same order on every rank, and ops that do
+// not fit the mesh or their buffers are refused before anything moves.
+#include "fedshard/plan/interpreter.hpp"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "fedshard/comm/inproc.hpp"
+#include "fedshard/core/dtype.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "support/spawn_ranks.hpp"
+
+using namespace fedshard;
+using fedshard::inproc::communicator;
+
+namespace {
+
+/// Element i of axis rank r's contribution (small integers: exact in every dtype).
+float value(int r, std::int64_t i) {
+  return 4.0f * static_cast<float>(r + 1) + static_cast<float>(i);
+}
+
+template <class T>
+using accum_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <class T>
+double as_double(T x) {
+  if constexpr (std::is_same_v<T, double>)
+    return x;
+  else
+    return static_cast<float>(x);
+}
+
+/// The sum (or mean) over n ranks of value(r, i) in T, accumulated in rank order.
+template <class T>
+double reduced(int n, std::int64_t i, bool mean) {
+  accum_t<T> s = 0;
+  for (int r = 0; r < n; ++r) s += static_cast<accum_t<T>>(as_double(T(value(r, i))));
+  if (mean) s /= static_cast<accum_t<T>>(n);
+  return as_double(T(s));
+}
+
+/// An on-demand op reading value 0 and writing value 1.
+comm_op make(comm_kind k, axis a, std::int64_t bytes, int ranks, dtype t = dtype::f32,
+             reduce_op op = reduce_op::sum) {
+  comm_op c{.kind = k,
+            .axis = a,
+            .dtype = t,
+            .bytes = bytes,
+            .ranks = ranks,
+            .in = {.role = role::value, .index = 0},
+            .out = {.role = role::value, .index = 1}};
+  if (reduces(k)) c.reduce = op;
+  return c;
+}
+
+/// Binds value 0 to `in` and value 1 to `out`.
+template <class T>
+auto values(std::vector<T>& in, std::vector<T>& out) {
+  return [&](const comm_op&, const operand& o) {
+    auto& v = o.index == 0 ? in : out;
+    return buffer_view{v.data(), v.size(), dtype_of<T>};
+  };
+}
+
+/// Runs op with run() or with fire() + wait().
+template <class Bind>
+void execute(interpreter<communicator>& in, const comm_op& op, Bind&& bind, bool fired) {
+  if (!fired) {
+    in.run(op, bind);
+    return;
+  }
+  plan p{{op}};
+  const ticket t = in.fire(p, {}, bind);
+  in.wait(t);
+  CHECK(in.done(t));
+  in.wait(t);  // a second wait returns at once
+}
+
+/// Every kind on axis a with buffers of T (the op in T too); checks results and that the wire
+/// counted exactly the ops.
+template <class T>
+void check_axis(interpreter<communicator>& in, axis a, bool fired, plan& ran) {
+  auto& m = in.topology();
+  const int n = m.axis_size(a);
+  const int me = m.axis_rank(a);
+  const dtype t = dtype_of<T>;
+  const auto esz = static_cast<std::int64_t>(sizeof(T));
+  constexpr std::int64_t k = 3;  // elements per rank
+  CAPTURE(to_string(a));
+  CAPTURE(fired);
+  CAPTURE(to_string(t));
+  {  // all_gather: k elements in, n * k out in axis-rank order
+    std::vector<T> x(k), y(static_cast<std::size_t>(n * k));
+    for (std::int64_t i = 0; i < k; ++i) x[i] = T(value(me, i));
+    const comm_op op = make(comm_kind::all_gather, a, n * k * esz, n, t);
+    execute(in, op, values(x, y), fired);
+    ran.ops.push_back(op);
+    for (int r = 0; r < n; ++r)
+      for (std::int64_t i = 0; i < k; ++i)
+        CHECK(as_double(y[static_cast<std::size_t>(r * k + i)]) == value(r, i));
+  }
+  {  // reduce_scatter (sum): n * k elements in, block `me` of the sum out
+    std::vector<T> x(static_cast<std::size_t>(n * k)), y(k);
+    for (std::int64_t j = 0; j < n * k; ++j) x[static_cast<std::size_t>(j)] = T(value(me, j));
+    const comm_op op = make(comm_kind::reduce_scatter, a, n * k * esz, n, t);
+    execute(in, op, values(x, y), fired);
+    ran.ops.push_back(op);
+    for (std::int64_t i = 0; i < k; ++i)
+      CHECK(as_double(y[static_cast<std::size_t>(i)]) == reduced<T>(n, me * k + i, false));
+  }
+  {  // all_reduce (avg) of 5 elements, in place (both operands bound to one buffer)
+    std::vector<T> x(5);
+    for (std::int64_t i = 0; i < 5; ++i) x[static_cast<std::size_t>(i)] = T(value(me, i));
+    const comm_op op = make(comm_kind::all_reduce, a, 5 * esz, n, t, reduce_op::avg);
+    execute(in, op, values(x, x), fired);
+    ran.ops.push_back(op);
+    for (std::int64_t i = 0; i < 5; ++i)
+      CHECK(as_double(x[static_cast<std::size_t>(i)]) == reduced<T>(n, i, true));
+  }
+  {  // broadcast from axis rank `root`, through the output only
+    std::vector<T> unused, y(7);
+    for (std::int64_t i = 0; i < 7; ++i) y[static_cast<std::size_t>(i)] = T(value(me, i));
+    comm_op op = make(comm_kind::broadcast, a, 7 * esz, n, t);
+    op.root = n - 1;
+    op.in = {};
+    execute(in, op, values(unused, y), fired);
+    ran.ops.push_back(op);
+    for (std::int64_t i = 0; i < 7; ++i)
+      CHECK(as_double(y[static_cast<std::size_t>(i)]) == value(n - 1, i));
+  }
+  CHECK(in.traffic().same_traffic(traffic_counters::of(ran)));
+}
+
+/// What each rank saw when body(interpreter) threw invalid_argument.
+template <class F>
+std::vector<std::string> errors_on_each_rank(mesh_shape shape, F&& body) {
+  std::vector<std::string> errors(static_cast<std::size_t>(shape.size()));
+  test::spawn_ranks(shape.size(), [&](communicator& world) {
+    mesh m(world, shape);
+    interpreter<communicator> in(m);
+    try {
+      body(in);
+    } catch (const invalid_argument& e) {
+      errors[static_cast<std::size_t>(world.rank())] = e.what();
+    }
+    CHECK(in.traffic().total() == axis_traffic{});  // nothing moved
+  });
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("every kind on every axis of a 2x2x2 mesh, run and fired") {
+  test::spawn_ranks(8, [](communicator& world) {
+    mesh m(world, {2, 2, 2});
+    interpreter<communicator> in(m);
+    CHECK(&in.topology() == &m);
+    plan ran;
+    for (bool fired : {false, true})
+      for (axis a : all_axes) check_axis<float>(in, a, fired, ran);
+    for (axis a : all_axes) CHECK(in.traffic()[a].calls == 8);  // 2 modes x 4 ops
+  });
+}
+
+TEST_CASE("element counts follow the op's dtype (f64, bf16, f16) on an odd-sized axis") {
+  test::spawn_ranks(3, [](communicator& world) {
+    mesh m(world, {1, 1, 3});
+    interpreter<communicator> in(m);
+    plan ran;
+    check_axis<double>(in, axis::shard, false, ran);
+    check_axis<bf16>(in, axis::group, true, ran);
+    check_axis<f16>(in, axis::world, false, ran);
+    CHECK(in.traffic()[axis::shard].payload_bytes == in.traffic()[axis::group].payload_bytes * 4);
+  });
+}
+
+TEST_CASE("an op in another dtype than its buffers runs through staging: rounded once, in place") {
+  test::spawn_ranks(4, [](communicator& world) {
+    mesh m(world, {1, 1, 4});
+    interpreter<communicator> in(m);
+    const int me = world.rank();
+    // f32 buffers, bf16 on the wire: x = 1 + r / 1024 is not a bf16 value; the result is the
+    // bf16 sum (in float) of the bf16-rounded inputs, rounded to bf16, widened back.
+    std::vector<float> x(6), y(6);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = 1.0f + float(me) / 1024.0f + float(i);
+    const comm_op ar = make(comm_kind::all_reduce, axis::shard, 6 * 2, 4, dtype::bf16);
+    in.run(ar, values(x, y));
+    for (std::size_t i = 0; i < y.size(); ++i) {
+      float s = 0;
+      for (int r = 0; r < 4; ++r) s += float(bf16(1.0f + float(r) / 1024.0f + float(i)));
+      CHECK(y[i] == float(bf16(s)));
+    }
+    // all_gather from a piece of its own output (in place): the piece keeps its place
+    std::vector<float> whole(8, -1.0f);
+    for (int j = 0; j < 2; ++j) whole[static_cast<std::size_t>(2 * me + j)] = float(10 * me + j);
+    comm_op ag = make(comm_kind::all_gather, axis::shard, 8 * 2, 4, dtype::bf16);
+    ag.in = {.role = role::value, .index = 1, .piece = axis::shard};
+    in.run(ag, values(whole, whole));
+    for (int r = 0; r < 4; ++r)
+      for (int j = 0; j < 2; ++j) CHECK(whole[static_cast<std::size_t>(2 * r + j)] == 10 * r + j);
+    // the wire saw bf16 calls of the planned sizes
+    CHECK(in.traffic().same_traffic(traffic_counters::of(plan{{ar, ag}})));
+  });
+}
+
+TEST_CASE("a chain runs its ops in order, each after the previous, and ranks agree on the order") {
+  // A firing of [reduce_scatter on shard, all_reduce on replica] leaves a follow-up on the
+  // replica axis; a later firing whose first op is on the replica axis must be issued after
+  // it on every rank, whatever the timing (otherwise inproc would pair calls of different
+  // sizes and throw collective_mismatch).
+  test::spawn_ranks(4, [](communicator& world) {
+    mesh m(world, {1, 2, 2});
+    interpreter<communicator> in(m);
+    const int s = m.axis_rank(axis::shard), r = m.axis_rank(axis::replica);
+    for (int round = 0; round < 20; ++round) {
+      std::vector<float> full(8), shard(4), other(3);
+      for (std::size_t i = 0; i < full.size(); ++i) full[i] = value(2 * r + s, std::int64_t(i));
+      for (std::size_t i = 0; i < other.size(); ++i) other[i] = float(r + 1);
+      comm_op rs = make(comm_kind::reduce_scatter, axis::shard, 32, 2, dtype::f32, reduce_op::avg);
+      rs.trigger = trigger::grads_ready;
+      rs.unit = 0;
+      rs.phase = phase::backward;
+      comm_op ar = make(comm_kind::all_reduce, axis::replica, 16, 2, dtype::f32, reduce_op::avg);
+      ar.trigger = trigger::grads_ready;
+      ar.unit = 0;
+      ar.phase = phase::backward;
+      ar.in = ar.out = {.role = role::value, .index = 1};
+      comm_op later = make(comm_kind::all_reduce, axis::replica, 12, 2);
+      later.in = later.out = {.role = role::value, .index = 2};
+      const plan p{{rs, ar}};
+      auto bind = [&](const comm_op&, const operand& o) {
+        if (o.index == 0) return buffer_view{full.data(), full.size(), dtype::f32};
+        if (o.index == 1) return buffer_view{shard.data(), shard.size(), dtype::f32};
+        return buffer_view{other.data(), other.size(), dtype::f32};
+      };
+      const ticket t = in.fire(p, {trigger::grads_ready, phase::backward, 0}, bind);
+      if ((round + world.rank()) % 2 == 0) {  // let the reduce_scatter finish here first
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        in.progress();
+      }
+      in.run(later, bind);
+      in.wait(t);
+      // the two-stage average over all four ranks of element (s * 4 + i)
+      for (std::size_t i = 0; i < shard.size(); ++i) {
+        const auto e = static_cast<std::int64_t>(4 * s) + std::int64_t(i);
+        const float r0 = (value(0, e) + value(1, e)) / 2.0f;  // replica 0: ranks 0, 1
+        const float r1 = (value(2, e) + value(3, e)) / 2.0f;  // replica 1: ranks 2, 3
+        CHECK(shard[i] == (r0 + r1) / 2.0f);
+      }
+      for (float x : other) CHECK(x == 3.0f);
+    }
+  });
+}
+
+TEST_CASE("fired ops overlap: several in flight, waited in any order, progress never blocks") {
+  test::spawn_ranks(4, [](communicator& world) {
+    mesh m(world, {1, 2, 2});
+    interpreter<communicator> in(m);
+    std::vector<float> a(4, float(m.axis_rank(axis::shard) + 1));
+    std::vector<float> b(4, float(m.axis_rank(axis::replica) + 10));
+    std::vector<float> c(4, float(world.rank()));
+    auto on = [](axis x, int n) {
+      comm_op op = make(comm_kind::all_reduce, x, 16, n);
+      op.in = op.out = {.role = role::value};
+      return op;
+    };
+    const plan p{{on(axis::shard, 2)}}, q{{on(axis::replica, 2)}}, g{{on(axis::group, 4)}};
+    auto to = [](std::vector<float>& v) {
+      return [&v](const comm_op&, const operand&) {
+        return buffer_view{v.data(), v.size(), dtype::f32};
+      };
+    };
+    const ticket t1 = in.fire(p, {}, to(a));
+    const ticket t2 = in.fire(q, {}, to(b));
+    const ticket t3 = in.fire(g, {}, to(c));
+    in.progress();
+    in.wait(t3);
+    in.wait(t1);
+    in.wait(t2);
+    for (float x : a) CHECK(x == 3.0f);          // 1 + 2
+    for (float x : b) CHECK(x == 21.0f);         // 10 + 11
+    for (float x : c) CHECK(x == 6.0f);          // 0 + 1 + 2 + 3
+    CHECK(in.done(ticket{}));                    // the default ticket is complete
+    CHECK(in.done(in.fire(plan{}, {}, to(a))));  // so is a firing of no ops
+    in.wait_all();
+    CHECK(in.traffic().total().calls == 3);
+  });
+}
+
+TEST_CASE("an op planned for another rank count is refused, naming both counts") {
+  const auto errors = errors_on_each_rank({1, 2, 2}, [&](interpreter<communicator>& in) {
+    std::vector<float> buf(12);
+    in.run(make(comm_kind::all_reduce, axis::replica, 48, 3), values(buf, buf));
+  });
+  for (const auto& e : errors) {
+    CHECK(e.find("planned for 3 ranks") != std::string::npos);
+    CHECK(e.find("replica axis has 2") != std::string::npos);
+    CHECK(e.find("all_reduce") != std::string::npos);
+  }
+}
+
+TEST_CASE("buffers that do not fit the op are refused, naming the role and both sizes") {
+  SUBCASE("output too small") {
+    const auto errors = errors_on_each_rank({1, 1, 2}, [&](interpreter<communicator>& in) {
+      std::vector<float> x(3), y(5);
+      in.run(make(comm_kind::all_gather, axis::shard, 6 * 4, 2), values(x, y));
+    });
+    for (const auto& e : errors)
+      CHECK(e.find("its output (value) holds 5 elements, the op needs 6") != std::string::npos);
+  }
+  SUBCASE("input of a reduce_scatter") {
+    const auto errors = errors_on_each_rank({1, 1, 2}, [&](interpreter<communicator>& in) {
+      std::vector<float> x(4), y(3);
+      in.run(make(comm_kind::reduce_scatter, axis::shard, 6 * 4, 2), values(x, y));
+    });
+    for (const auto& e : errors)
+      CHECK(e.find("its input (value) holds 4 elements, the op needs 6") != std::string::npos);
+  }
+  SUBCASE("a piece that does not divide") {
+    const auto errors = errors_on_each_rank({1, 1, 2}, [&](interpreter<communicator>& in) {
+      std::vector<float> x(5);
+      comm_op op = make(comm_kind::all_reduce, axis::shard, 4, 2);
+      op.in = op.out = {.role = role::value, .piece = axis::shard};
+      in.run(op, values(x, x));
+    });
+    for (const auto& e : errors)
+      CHECK(e.find("has 5 elements, which do not split into 2 equal pieces") != std::string::npos);
+  }
+  SUBCASE("fields that cannot work") {
+    const auto errors = errors_on_each_rank({1, 1, 2}, [&](interpreter<communicator>& in) {
+      std::vector<float> x(8);
+      in.run(make(comm_kind::all_reduce, axis::shard, 7, 2), values(x, x));
+    });
+    for (const auto& e : errors)
+      CHECK(e.find("bytes must be a whole number of 4-byte elements") != std::string::npos);
+  }
+}
+
+TEST_CASE("a refused op leaves the interpreter usable") {
+  test::spawn_ranks(2, [](communicator& world) {
+    mesh m(world, {1, 1, 2});
+    interpreter<communicator> in(m);
+    std::vector<float> buf(2, 1.0f);
+    CHECK_THROWS_AS(in.run(make(comm_kind::all_reduce, axis::shard, 8, 4), values(buf, buf)),
+                    invalid_argument);
+    const comm_op ok = make(comm_kind::all_reduce, axis::shard, 8, 2);
+    in.run(ok, values(buf, buf));
+    CHECK(buf[0] == 2.0f);
+    CHECK(buf[1] == 2.0f);
+    CHECK(in.traffic().same_traffic(traffic_counters::of(plan{{ok}})));
+  });
+}
