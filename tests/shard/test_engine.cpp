@@ -10,9 +10,12 @@
 //    matches the others within 1e-6 relative (the summation order differs).
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fedshard/comm/inproc.hpp"
@@ -411,4 +414,48 @@ TEST_CASE("what the engine keeps and frees follows the plan; buffers keep their 
                                            "param_shard, params, grad and grad_shard"),
                          invalid_argument);
   });
+}
+
+TEST_CASE("a step does not wait for other firings of the interpreter (a sync in flight)") {
+  // Rank 0 starts an all_reduce over the federation axis that rank 1 joins only once rank 0
+  // has run a whole step: if the step waited for it, rank 0 would never finish (timeout).
+  tiny_mlp model;
+  std::atomic<bool> stepped{false};
+  test::spawn_ranks(
+      2,
+      [&](inproc::communicator& world) {
+        mesh m(world, {2, 1, 1});
+        shard::engine<shard::full_shard, inproc::communicator> e(m, model.units());
+        for (std::size_t u = 0; u < 3; ++u) e.set_unit(u, model.init_unit(e.layout(), u, kSeed));
+        std::vector<float> v(4, float(world.rank()));
+        const comm_op ar{.kind = comm_kind::all_reduce,
+                         .axis = axis::federation,
+                         .dtype = dtype::f32,
+                         .bytes = 16,
+                         .ranks = 2,
+                         .reduce = reduce_op::sum,
+                         .in = {.role = role::value},
+                         .out = {.role = role::value}};
+        auto bind = [&](const comm_op&, const operand&) {
+          return buffer_view{v.data(), v.size(), dtype::f32};
+        };
+        const std::vector<test::sample> batch{model.make_sample(kSeed, 3)};
+        if (world.rank() == 0) {
+          const ticket t = e.interp().fire(plan{{ar}}, {}, bind);
+          e.begin_step();
+          model.forward_backward(e, batch);
+          e.finish_backward();
+          e.begin_step();
+          stepped = true;
+          e.interp().wait(t);
+        } else {
+          while (!stepped) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          e.interp().wait(e.interp().fire(plan{{ar}}, {}, bind));
+          e.begin_step();
+          model.forward_backward(e, batch);
+          e.finish_backward();
+        }
+        for (float x : v) CHECK(x == 1.0f);
+      },
+      test::short_timeout(20));
 }

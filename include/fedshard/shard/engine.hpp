@@ -177,9 +177,11 @@ class engine {
   /// gradients are ready.
   fedshard::phase step_phase() const noexcept { return phase_; }
 
-  /// Starts a step: completes whatever is in flight; no unit is live and no gradient reduced.
+  /// Starts a step: completes this engine's gathers and reductions in flight (not other
+  /// firings of its interpreter, e.g. a federation sync that stays in flight across steps);
+  /// no unit is live and no gradient reduced.
   void begin_step() {
-    interp_.wait_all();
+    wait_own();
     for (std::size_t u = 0; u < units_.size(); ++u) {
       free(u);
       auto& s = units_[u];
@@ -255,8 +257,9 @@ class engine {
   void finish_backward() {
     for (std::size_t u = units_.size(); u-- > 0;)
       if (!units_[u].reduced) grads_ready(u);
-    interp_.fire(plan_, {.trigger = trigger::end_of_backward, .phase = phase::backward}, binder());
-    interp_.wait_all();
+    interp_.wait(interp_.fire(
+        plan_, {.trigger = trigger::end_of_backward, .phase = phase::backward}, binder()));
+    wait_own();
     for (std::size_t u = 0; u < units_.size(); ++u) free(u);
   }
 
@@ -281,6 +284,14 @@ class engine {
   };
 
   static std::size_t phase_index(fedshard::phase ph) { return ph == phase::backward ? 1 : 0; }
+
+  /// Waits for this engine's own firings: every unit's gather and reduction.
+  void wait_own() {
+    for (auto& s : units_) {
+      interp_.wait(s.gather);
+      interp_.wait(s.reduction);
+    }
+  }
 
   void learn_from_plan() {
     plans_.resize(units_.size());
