@@ -162,10 +162,12 @@ class engine {
   int peak_live_units() const noexcept { return peak_live_; }
   /// True while unit u's gathered parameters are valid or being gathered.
   bool is_live(std::size_t u) const { return units_.at(u).live; }
-  /// True while unit u's gather is in flight (started by a prefetch, not waited for yet).
+  /// True while unit u's gather is in flight: started (by an acquire or a prefetch) and not
+  /// waited for yet. Whether the collective already completed underneath does not matter
+  /// (that depends on the peers' timing).
   bool in_flight(std::size_t u) const {
     const auto& s = units_.at(u);
-    return s.live && !interp_.done(s.gather);
+    return s.live && !s.gather_waited;
   }
   /// Gradient reductions started and not finished yet.
   std::size_t reductions_in_flight() const {
@@ -269,7 +271,8 @@ class engine {
     std::array<bool, 2> gathered_for{};  // gathered this step for forward / backward
     bool reduced = false;
     bool grad_touched = false;
-    bool rounded = false;  // params holds the master rounded to the param dtype
+    bool rounded = false;       // params holds the master rounded to the param dtype
+    bool gather_waited = true;  // the last gather started was waited for
     ticket gather;
     ticket reduction;
     aligned_buffer<float> params;     // gathered (or rounded) f32 parameters, padded
@@ -288,7 +291,7 @@ class engine {
   /// Waits for this engine's own firings: every unit's gather and reduction.
   void wait_own() {
     for (auto& s : units_) {
-      interp_.wait(s.gather);
+      await_gather(s);
       interp_.wait(s.reduction);
     }
   }
@@ -389,13 +392,19 @@ class engine {
                        to_string(ph));
       start_gather(u, ph);
     }
+    await_gather(s);
+  }
+
+  void await_gather(unit_state& s) {
     interp_.wait(s.gather);
+    s.gather_waited = true;
   }
 
   void start_gather(std::size_t u, fedshard::phase ph) {
     auto& s = units_[u];
     set_live(s, true);
     s.gathered_for[phase_index(ph)] = true;
+    s.gather_waited = false;
     s.gather = interp_.fire(plan_, {trigger::acquire, ph, static_cast<int>(u)}, binder());
   }
 
@@ -429,7 +438,7 @@ class engine {
   void free(std::size_t u) {
     auto& s = units_[u];
     if (!s.live) return;
-    interp_.wait(s.gather);
+    await_gather(s);
     set_live(s, false);
   }
 
