@@ -27,9 +27,9 @@ struct complete {
   static constexpr std::string_view name = "complete";
   static constexpr bool syncs = true;
   complete(config, std::vector<std::size_t>) {}
-  void begin(int, std::span<float>, const sync_info&) {}
-  void end(int, std::span<float>, const sync_info&) {}
-  void reset(int, std::span<const float>) {}
+  void begin(int, std::span<float>, const sync_info&, space::host_space::stream&) {}
+  void end(int, std::span<float>, const sync_info&, space::host_space::stream&) {}
+  void reset(int, std::span<const float>, space::host_space::stream&) {}
   std::vector<optim::state_tensor> state() { return {}; }
   plan sync_plan(const sync_context&) const { return {}; }
 };
@@ -41,8 +41,8 @@ struct no_reset {
   static constexpr std::string_view name = "no_reset";
   static constexpr bool syncs = true;
   no_reset(config, std::vector<std::size_t>) {}
-  void begin(int, std::span<float>, const sync_info&) {}
-  void end(int, std::span<float>, const sync_info&) {}
+  void begin(int, std::span<float>, const sync_info&, space::host_space::stream&) {}
+  void end(int, std::span<float>, const sync_info&, space::host_space::stream&) {}
   std::vector<optim::state_tensor> state() { return {}; }
   plan sync_plan(const sync_context&) const { return {}; }
 };
@@ -54,9 +54,9 @@ struct config_without_sync {
   static constexpr std::string_view name = "config_without_sync";
   static constexpr bool syncs = true;
   config_without_sync(config, std::vector<std::size_t>) {}
-  void begin(int, std::span<float>, const sync_info&) {}
-  void end(int, std::span<float>, const sync_info&) {}
-  void reset(int, std::span<const float>) {}
+  void begin(int, std::span<float>, const sync_info&, space::host_space::stream&) {}
+  void end(int, std::span<float>, const sync_info&, space::host_space::stream&) {}
+  void reset(int, std::span<const float>, space::host_space::stream&) {}
   std::vector<optim::state_tensor> state() { return {}; }
   plan sync_plan(const sync_context&) const { return {}; }
 };
@@ -68,9 +68,9 @@ struct not_constructible_from_sizes {
   static constexpr std::string_view name = "x";
   static constexpr bool syncs = true;
   explicit not_constructible_from_sizes(config) {}
-  void begin(int, std::span<float>, const sync_info&) {}
-  void end(int, std::span<float>, const sync_info&) {}
-  void reset(int, std::span<const float>) {}
+  void begin(int, std::span<float>, const sync_info&, space::host_space::stream&) {}
+  void end(int, std::span<float>, const sync_info&, space::host_space::stream&) {}
+  void reset(int, std::span<const float>, space::host_space::stream&) {}
   std::vector<optim::state_tensor> state() { return {}; }
   plan sync_plan(const sync_context&) const { return {}; }
 };
@@ -82,9 +82,10 @@ struct begin_takes_const_buffer {
   static constexpr std::string_view name = "x";
   static constexpr bool syncs = true;
   begin_takes_const_buffer(config, std::vector<std::size_t>) {}
-  void begin(int, std::span<const float>, sync_info&) {}  // needs a mutable sync_info
-  void end(int, std::span<float>, const sync_info&) {}
-  void reset(int, std::span<const float>) {}
+  void begin(int, std::span<const float>, sync_info&, space::host_space::stream&) {
+  }  // needs a mutable sync_info
+  void end(int, std::span<float>, const sync_info&, space::host_space::stream&) {}
+  void reset(int, std::span<const float>, space::host_space::stream&) {}
   std::vector<optim::state_tensor> state() { return {}; }
   plan sync_plan(const sync_context&) const { return {}; }
 };
@@ -96,9 +97,9 @@ struct sync_plan_not_const {
   static constexpr std::string_view name = "x";
   static constexpr bool syncs = true;
   sync_plan_not_const(config, std::vector<std::size_t>) {}
-  void begin(int, std::span<float>, const sync_info&) {}
-  void end(int, std::span<float>, const sync_info&) {}
-  void reset(int, std::span<const float>) {}
+  void begin(int, std::span<float>, const sync_info&, space::host_space::stream&) {}
+  void end(int, std::span<float>, const sync_info&, space::host_space::stream&) {}
+  void reset(int, std::span<const float>, space::host_space::stream&) {}
   std::vector<optim::state_tensor> state() { return {}; }
   plan sync_plan(const sync_context&) { return {}; }
 };
@@ -110,9 +111,9 @@ struct no_sync_plan {
   static constexpr std::string_view name = "x";
   static constexpr bool syncs = true;
   no_sync_plan(config, std::vector<std::size_t>) {}
-  void begin(int, std::span<float>, const sync_info&) {}
-  void end(int, std::span<float>, const sync_info&) {}
-  void reset(int, std::span<const float>) {}
+  void begin(int, std::span<float>, const sync_info&, space::host_space::stream&) {}
+  void end(int, std::span<float>, const sync_info&, space::host_space::stream&) {}
+  void reset(int, std::span<const float>, space::host_space::stream&) {}
   std::vector<optim::state_tensor> state() { return {}; }
 };
 

@@ -10,12 +10,15 @@
 //    matches the others within 1e-6 relative (the summation order differs).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "fedshard/comm/inproc.hpp"
@@ -26,6 +29,7 @@
 #include "fedshard/shard/hybrid_shard.hpp"
 #include "fedshard/shard/replicate.hpp"
 #include "fedshard/shard/shard_grad_op.hpp"
+#include "support/spaces.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
 
@@ -49,15 +53,24 @@ struct run_result {
   std::size_t padded_numel = 0;
 };
 
-/// Trains the MLP for kSteps with policy P on a world of shape.size() ranks; the group's
-/// ranks split each step's batch of group_size * kBatchPerRank samples by local rank.
-template <class P>
+/// p -= lr * g, queued on the engine's compute stream like an optimizer step.
+struct sgd_step {
+  float lr;
+  FEDSHARD_HOST_DEVICE void operator()(float& p, float g) const { p -= lr * g; }
+};
+
+/// Trains the MLP for kSteps with policy P on a world of shape.size() ranks, with the
+/// communicator and memory space of Sp (support/spaces.hpp); the group's ranks split each
+/// step's batch of group_size * kBatchPerRank samples by local rank.
+template <class P, class Sp = test::on_host>
 run_result train(mesh_shape shape, shard::precision prec = {}, int batch_per_rank = kBatchPerRank) {
   run_result out;
   tiny_mlp model;
   test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
-    mesh m(world, shape);
-    shard::engine<P, inproc::communicator> e(m, model.units(), prec);
+    auto comm = Sp::wrap(world);
+    mesh m(comm, shape);
+    typename Sp::space space;
+    shard::engine<P, typename Sp::comm, typename Sp::space> e(m, space, model.units(), prec);
     const traffic_counters setup = e.traffic();
     e.traffic().reset();
     for (std::size_t u = 0; u < e.layout().num_units(); ++u)
@@ -73,9 +86,8 @@ run_result train(mesh_shape shape, shard::precision prec = {}, int batch_per_ran
       e.begin_step();
       losses.push_back(model.forward_backward(e, batch));
       e.finish_backward();
-      auto p = e.master();
-      auto g = e.grad();
-      for (std::size_t i = 0; i < p.size(); ++i) p[i] -= kLr * g[i];
+      e.space().for_each(e.compute_stream(), sgd_step{kLr}, e.master(),
+                         std::span<const float>(e.grad()));
     }
     const traffic_counters steps = e.traffic();
     e.traffic().reset();
@@ -118,18 +130,27 @@ double max_rel_diff(const run_result& a, const run_result& b) {
 
 }  // namespace
 
-TEST_CASE("policies train to the parameters of a single rank on the concatenated batch") {
-  const run_result single = train<shard::replicate>({1, 1, 1}, {}, 4 * kBatchPerRank);
-  const run_result ddp = train<shard::replicate>({1, 4, 1});
-  const run_result ddp_2x2 = train<shard::replicate>({1, 2, 2});
-  const run_result zero2 = train<shard::shard_grad_op>({1, 1, 4});
-  const run_result fsdp = train<shard::full_shard>({1, 1, 4});
-  const run_result hsdp = train<shard::hybrid_shard>({1, 2, 2});
-  const run_result zero2_2x2 = train<shard::shard_grad_op>({1, 2, 2});
+// On every test space (support/spaces.hpp): with the stream-checking space a missing wait
+// between the compute, gather and reduce streams reads stale values (hold mode), so the
+// results would differ from host_space's.
+TEST_CASE_TEMPLATE("policies train to the parameters of a single rank on the concatenated batch",
+                   Sp, FEDSHARD_TEST_SPACES) {
+  const run_result single = train<shard::replicate, Sp>({1, 1, 1}, {}, 4 * kBatchPerRank);
+  const run_result ddp = train<shard::replicate, Sp>({1, 4, 1});
+  const run_result ddp_2x2 = train<shard::replicate, Sp>({1, 2, 2});
+  const run_result zero2 = train<shard::shard_grad_op, Sp>({1, 1, 4});
+  const run_result fsdp = train<shard::full_shard, Sp>({1, 1, 4});
+  const run_result hsdp = train<shard::hybrid_shard, Sp>({1, 2, 2});
+  const run_result zero2_2x2 = train<shard::shard_grad_op, Sp>({1, 2, 2});
 
   // Training did something.
   CHECK(single.losses.back() < single.losses.front());
-  CHECK_FALSE(bit_equal(single, train<shard::replicate>({1, 1, 1}, {}, 1)));
+  CHECK_FALSE(bit_equal(single, train<shard::replicate, Sp>({1, 1, 1}, {}, 1)));
+  // ... exactly what it does in host memory.
+  if constexpr (!std::is_same_v<Sp, test::on_host>) {
+    CHECK(bit_equal(fsdp, train<shard::full_shard>({1, 1, 4})));
+    CHECK(bit_equal(hsdp, train<shard::hybrid_shard>({1, 2, 2})));
+  }
 
   // Same summation order: bit-identical.
   CHECK(bit_equal(ddp, fsdp));
@@ -142,11 +163,13 @@ TEST_CASE("policies train to the parameters of a single rank on the concatenated
   CHECK(max_rel_diff(hsdp, fsdp) <= 1e-6);
 }
 
-TEST_CASE("mixed precision: bf16 on the wire, f32 master; policies still agree bit for bit") {
+TEST_CASE_TEMPLATE(
+    "mixed precision: bf16 on the wire, f32 master; policies still agree bit for bit", Sp,
+    FEDSHARD_TEST_SPACES) {
   const shard::precision bf16_all{dtype::bf16, dtype::bf16};
-  const run_result ddp = train<shard::replicate>({1, 4, 1}, bf16_all);
-  const run_result fsdp = train<shard::full_shard>({1, 1, 4}, bf16_all);
-  const run_result zero2 = train<shard::shard_grad_op>({1, 1, 4}, bf16_all);
+  const run_result ddp = train<shard::replicate, Sp>({1, 4, 1}, bf16_all);
+  const run_result fsdp = train<shard::full_shard, Sp>({1, 1, 4}, bf16_all);
+  const run_result zero2 = train<shard::shard_grad_op, Sp>({1, 1, 4}, bf16_all);
   CHECK(bit_equal(ddp, fsdp));
   CHECK(bit_equal(ddp, zero2));
   const run_result f32 = train<shard::full_shard>({1, 1, 4});
@@ -458,4 +481,70 @@ TEST_CASE("a step does not wait for other firings of the interpreter (a sync in 
         for (float x : v) CHECK(x == 1.0f);
       },
       test::short_timeout(20));
+}
+
+// FSDP2's mixed precision seen from the model: parameters read in the compute dtype are
+// exactly the gathered (param-dtype) values, and gradients written in bf16 reduce exactly
+// as the same values written in f32.
+TEST_CASE_TEMPLATE(
+    "compute dtype: acquire_as reads the gathered values, grad_buffer_as reduces "
+    "like f32 gradients",
+    Sp, FEDSHARD_TEST_SPACES) {
+  const shard::precision prec{dtype::bf16, dtype::bf16};
+  tiny_mlp model;
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    auto comm = Sp::wrap(world);
+    mesh m(comm, {1, 1, 2});
+    typename Sp::space space;
+    shard::engine<shard::full_shard, typename Sp::comm, typename Sp::space> e(m, space,
+                                                                              model.units(), prec);
+    for (std::size_t u = 0; u < e.layout().num_units(); ++u)
+      e.set_unit(u, model.init_unit(e.layout(), u, kSeed));
+    const std::size_t U = e.layout().num_units();
+    // A gradient value per element, exactly representable in bf16, different per rank.
+    auto grad_value = [&](std::size_t u, std::size_t i) {
+      return static_cast<float>(
+          bf16(0.01f * static_cast<float>((i * 7 + u * 3) % 23) + 0.5f * float(world.rank())));
+    };
+    std::vector<std::vector<float>> reduced(2);
+    for (int pass = 0; pass < 2; ++pass) {
+      e.begin_step();
+      for (std::size_t u = 0; u < U; ++u) {
+        const std::span<const float> p = e.acquire(u, phase::forward);
+        const std::vector<float> wide(p.begin(), p.end());
+        const const_buffer_view b = e.acquire_as(u, phase::forward, dtype::bf16);
+        REQUIRE(b.type == dtype::bf16);
+        REQUIRE(b.count == wide.size());
+        const auto* narrow = static_cast<const bf16*>(b.data);
+        bool exact = true;
+        for (std::size_t i = 0; i < wide.size(); ++i)
+          exact = exact && static_cast<float>(narrow[i]) == wide[i];
+        CHECK(exact);
+        e.release(u);
+      }
+      for (std::size_t u = U; u-- > 0;) {
+        e.acquire(u, phase::backward);
+        if (pass == 0) {
+          const std::span<float> g = e.grad_buffer(u);
+          for (std::size_t i = 0; i < g.size(); ++i) g[i] = grad_value(u, i);
+        } else {
+          const buffer_view g = e.grad_buffer_as(u, dtype::bf16);
+          auto* narrow = static_cast<bf16*>(g.data);
+          for (std::size_t i = 0; i < g.count; ++i) narrow[i] = bf16(grad_value(u, i));
+          CHECK_THROWS_WITH_AS(e.grad_buffer(u),
+                               doctest::Contains("already has gradients in bf16 (grad_buffer_as)"),
+                               invalid_argument);
+        }
+        e.release(u);
+        e.grads_ready(u);
+      }
+      e.finish_backward();
+      reduced[static_cast<std::size_t>(pass)] = e.download(e.grad());
+    }
+    CHECK(reduced[0] == reduced[1]);
+    CHECK(std::any_of(reduced[0].begin(), reduced[0].end(), [](float x) { return x != 0.0f; }));
+    CHECK_THROWS_WITH_AS(e.acquire_as(0, phase::forward, dtype::f64),
+                         doctest::Contains("compute dtype must be f32, bf16 or f16, found f64"),
+                         invalid_argument);
+  });
 }

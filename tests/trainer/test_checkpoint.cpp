@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include "fedshard/comm/inproc.hpp"
@@ -29,6 +30,7 @@
 #include "fedshard/optim/sgd.hpp"
 #include "fedshard/trainer/checkpoint.hpp"
 #include "fedshard/trainer/trainer.hpp"
+#include "support/spaces.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
 
@@ -91,16 +93,18 @@ struct setup {
   std::function<int(int group, int step)> batch_size{};  // samples per rank; empty = 2
 };
 
-template <class Alg, class Opt>
-using trainer_t = trainer<mlp_model, Alg, Opt, inproc::communicator>;
+/// The trainer of the tests, on the communicator and memory space of Sp
+/// (support/spaces.hpp).
+template <class Alg, class Opt, class Sp = test::on_host>
+using trainer_t = trainer<mlp_model, Alg, Opt, typename Sp::comm, typename Sp::space>;
 
 /// Default schedule settings of a periodic algorithm that syncs every K steps.
 template <int K>
 using every = defaults<schedule::periodic::config{.period = K}>;
 
 /// The batch of this rank at a (global) step: the same whichever process trains it.
-template <class Alg, class Opt>
-std::vector<test::sample> batch_at(trainer_t<Alg, Opt>& t, const setup<Alg, Opt>& s, int step) {
+template <class Alg, class Opt, class T>
+std::vector<test::sample> batch_at(T& t, const setup<Alg, Opt>& s, int step) {
   auto& m = t.topology();
   const int g = m.coords().group;
   const int local = m.coords().replica * s.shape.shards + m.coords().shard;
@@ -123,15 +127,16 @@ struct rank_result {
 };
 using result = std::vector<rank_result>;
 
-/// Fresh trainers on every rank; load(load_dir) first when given; then steps [from, to),
-/// with save(save_dir) when the step count reaches save_at.
-template <class Alg, class Opt>
+/// Fresh trainers on every rank (on the communicator and space of Sp); load(load_dir) first
+/// when given; then steps [from, to), with save(save_dir) when the step count reaches save_at.
+template <class Sp = test::on_host, class Alg, class Opt>
 result leg(const setup<Alg, Opt>& s, int from, int to, const fs::path& load_dir = {},
            int save_at = -1, const fs::path& save_dir = {}) {
   result out(static_cast<std::size_t>(s.shape.size()));
   test::spawn_ranks(s.shape.size(), [&](inproc::communicator& world) {
-    mesh m(world, s.shape);
-    trainer_t<Alg, Opt> t(m, s.model, s.oc, s.opts);
+    auto comm = Sp::wrap(world);
+    mesh m(comm, s.shape);
+    trainer_t<Alg, Opt, Sp> t(m, s.model, s.oc, s.opts);
     auto& r = out[static_cast<std::size_t>(world.rank())];
     if (!load_dir.empty()) t.load(load_dir);
     r.loaded_step = t.step_count();
@@ -308,16 +313,25 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("resuming in the same process is bit-identical, and saving does not perturb the run") {
+// On every test space (support/spaces.hpp): a save reads state that streams are still
+// writing, a load writes state that streams read next; a missing wait shows as a difference.
+// A checkpoint holds host values, so one saved in one space resumes in another.
+TEST_CASE_TEMPLATE(
+    "resuming in the same process is bit-identical, and saving does not perturb the run", Sp,
+    FEDSHARD_TEST_SPACES) {
   auto check = [](const auto& s, int n, int m) {
     temp_dir dir;
-    const result straight = leg(s, 0, n + m);
-    const result saver = leg(s, 0, n + m, {}, n, dir.path);  // saves at n and keeps going
+    const result straight = leg<Sp>(s, 0, n + m);
+    const result saver = leg<Sp>(s, 0, n + m, {}, n, dir.path);  // saves at n and keeps going
     check_same(saver, straight);
-    const result resumed = leg(s, n, n + m, dir.path);
+    const result resumed = leg<Sp>(s, n, n + m, dir.path);
     for (const auto& r : resumed) CHECK(r.loaded_step == n);
     check_same(resumed, straight);
     CHECK_FALSE(bit_equal(saver[0].params_at_save, straight[0].params));
+    if constexpr (!std::is_same_v<Sp, test::on_host>) {
+      check_same(straight, leg(s, 0, n + m));  // the same run as in host memory
+      check_same(leg<test::on_host>(s, n, n + m, dir.path), straight);  // resumed there
+    }
   };
   SUBCASE("weighted_average with unequal tokens per group, SGD with momentum, lr schedule") {
     // K = 3 syncs after steps 2 and 5; saved after step 3, whose tokens (3 vs 2 per rank)

@@ -24,9 +24,11 @@ using namespace fedshard;
 namespace {
 
 /// Unit hooks over plain full buffers (one rank, no sharding) that count the calls.
-struct plain_hooks final : detail::unit_hooks {
+struct plain_hooks final : detail::unit_hooks<> {
   flat_layout l;
   std::vector<std::vector<float>> p, g;
+  space::host_space host;
+  space::host_space::stream st;
   int acquires = 0, params_calls = 0, releases = 0, grad_buffers = 0, readies = 0;
 
   explicit plain_hooks(std::vector<unit_spec> units) : l(std::move(units), 1) {
@@ -38,6 +40,8 @@ struct plain_hooks final : detail::unit_hooks {
     }
   }
   const flat_layout& layout() const override { return l; }
+  space::host_space& space() override { return host; }
+  space::host_space::stream& compute_stream() override { return st; }
   phase last_phase = phase::setup;
   std::span<const float> acquire(std::size_t u, phase ph) override {
     ++acquires;
@@ -54,6 +58,14 @@ struct plain_hooks final : detail::unit_hooks {
     return g.at(u);
   }
   void grads_ready(std::size_t) override { ++readies; }
+  const_buffer_view acquire_as(std::size_t u, phase ph, dtype t) override {
+    REQUIRE(t == dtype::f32);
+    return cview(acquire(u, ph));
+  }
+  buffer_view grad_buffer_as(std::size_t u, dtype t) override {
+    REQUIRE(t == dtype::f32);
+    return view(grad_buffer(u));
+  }
 };
 
 /// "layer" {w [2, 3], b [2]}, "head" {w [4]}: "w" is in both units, "b" in one.

@@ -17,6 +17,7 @@
 #include "fedshard/optim/sgd.hpp"
 #include "fedshard/trainer/trainer.hpp"
 #include "support/plan_checks.hpp"
+#include "support/spaces.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
 
@@ -38,8 +39,10 @@ struct outcome {
   std::vector<std::string> wire_mismatches;  // per step and rank where the wire differs
 };
 
-template <class Algorithm, class Opt>
-using mlp_trainer = trainer<mlp_model, Algorithm, Opt, inproc::communicator>;
+/// The trainer of the tests, on the communicator and memory space of Sp
+/// (support/spaces.hpp).
+template <class Algorithm, class Opt, class Sp = test::on_host>
+using mlp_trainer = trainer<mlp_model, Algorithm, Opt, typename Sp::comm, typename Sp::space>;
 
 /// Options of an algorithm with a periodic schedule, syncing every k steps.
 template <class Algorithm>
@@ -49,12 +52,12 @@ trainer_options<Algorithm> every(int k) {
   return o;
 }
 
-template <class Algorithm, class Opt = optim::sgd>
+template <class Algorithm, class Opt = optim::sgd, class Sp = test::on_host>
 outcome train(
     mesh_shape shape, int steps, typename Opt::config oc,
     std::type_identity_t<trainer_options<Algorithm>> opts = {}, int per_rank = 2,
     std::function<int(int group)> batch_size = {},
-    std::type_identity_t<std::function<void(mlp_trainer<Algorithm, Opt>&, int)>> setup = {}) {
+    std::type_identity_t<std::function<void(mlp_trainer<Algorithm, Opt, Sp>&, int)>> setup = {}) {
   outcome out;
   const int W = shape.size();
   out.params.resize(W);
@@ -68,8 +71,9 @@ outcome train(
   if (opts.total_steps == 0) opts.total_steps = steps;
   std::mutex mu;
   test::spawn_ranks(W, [&](inproc::communicator& world) {
-    mesh m(world, shape);
-    mlp_trainer<Algorithm, Opt> t(m, mlp_model{}, oc, opts);
+    auto comm = Sp::wrap(world);
+    mesh m(comm, shape);
+    mlp_trainer<Algorithm, Opt, Sp> t(m, mlp_model{}, oc, opts);
     const int g = m.coords().group;
     if (setup) setup(t, g);
     const int gs = shape.replicas * shape.shards;
@@ -177,10 +181,12 @@ struct plain_model {
 // computed exactly as the trainer does; the mean over 2 workers is (Δ0 + Δ1) / 2 as inproc's
 // avg; SGD and Nesterov round as kernels/sgd.hpp and kernels/outer.hpp document (torch's
 // fused multiply-adds). So the trainer must match the reference bit for bit.
-TEST_CASE("diloco matches a plain reference implementation over 3 outer steps") {
+TEST_CASE_TEMPLATE("diloco matches a plain reference implementation over 3 outer steps", Sp,
+                   FEDSHARD_TEST_SPACES) {
   constexpr int H = 4, G = 2, outer_steps = 3, per_rank = 2;
   const optim::sgd::config sgd{.lr = 0.1f};
-  const outcome d = train<diloco>({G, 1, 1}, H * outer_steps, sgd, every<diloco>(H), per_rank);
+  const outcome d =
+      train<diloco, optim::sgd, Sp>({G, 1, 1}, H * outer_steps, sgd, every<diloco>(H), per_rank);
 
   test::tiny_mlp net;
   test::mlp_model data;
@@ -362,6 +368,21 @@ TEST_CASE_TEMPLATE(
   // Every step put on the wire exactly the ops of the plans (see support/plan_checks.hpp).
   for (const auto& m : out.wire_mismatches) FAIL_CHECK(m);
   CHECK(out.wire_mismatches.empty());
+  // The same run with the buffers in the stream-checking space, once with the host
+  // communicator and once with the stream-ordered one (support/spaces.hpp): any missing wait
+  // between streams would read stale or NaN values; the results are those of host_space,
+  // bit for bit, and so is the wire.
+  const auto checked = train<A, optim::adamw, test::on_checked>(shape, 24, {.lr = 1e-2f}, o, 4);
+  const auto queued = train<A, optim::adamw, test::on_queued>(shape, 24, {.lr = 1e-2f}, o, 4);
+  for (const auto* other : {&checked, &queued}) {
+    CAPTURE(other == &checked ? test::on_checked::name : test::on_queued::name);
+    for (const auto& m : other->wire_mismatches) FAIL_CHECK(m);
+    for (int r = 0; r < shape.size(); ++r) {
+      CHECK(bit_equal(other->params[r], out.params[r]));
+      CHECK(bit_equal(other->losses[r], out.losses[r]));
+      CHECK(other->traffic[r].same_traffic(out.traffic[r]));
+    }
+  }
   // ... and the totals agree with the plans' too.
   for (int r = 0; r < shape.size(); ++r)
     CHECK(out.traffic[r][axis::shard].wire_bytes ==
@@ -455,4 +476,44 @@ TEST_CASE("bad input is refused with clear errors on every rank") {
          }))
       CHECK(e.find("total_steps must be >= 0, found -1") != std::string::npos);
   }
+}
+
+// Every buffer the trainer, its engine, optimizer, interpreter and synchronizer use is made
+// at construction or in the first step and kept: after the first step, steps (with syncs,
+// a delayed sync in flight, mixed precision casts), evaluation and reading parameters ask the
+// space's allocator for nothing that it has to get from the system.
+TEST_CASE_TEMPLATE("after the first step no allocation reaches the space's system allocator", Sp,
+                   FEDSHARD_TEST_SPACES) {
+  auto run = [](auto tag, mesh_shape shape, auto opts, shard::precision prec) {
+    using A = typename decltype(tag)::type;
+    opts.precision = prec;
+    opts.total_steps = 12;
+    test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+      auto comm = Sp::wrap(world);
+      mesh m(comm, shape);
+      mlp_trainer<A, optim::adamw, Sp> t(m, mlp_model{}, {.lr = 1e-2f}, opts);
+      const int g = m.coords().group;
+      const int local = m.coords().replica * shape.shards + m.coords().shard;
+      const int gs = shape.replicas * shape.shards;
+      t.step(t.model().batch(kData, 0, g, shape.groups, local, gs, 2));
+      const std::int64_t after_first = t.space().system_allocations();
+      CHECK(after_first > 0);
+      for (int s = 1; s < 12; ++s) {
+        t.step(t.model().batch(kData, s, g, shape.groups, local, gs, 2));
+        if (s % 4 == 0) t.evaluate(t.model().batch(kData + 1, 0, 0, 1, 0, 1, 8));
+      }
+      CHECK(t.syncs_applied() > 0);
+      CHECK(t.space().system_allocations() == after_first);
+    });
+  };
+  trainer_options<fl_hsdp> fl;
+  fl.schedule = {.period = 1};
+  run(std::type_identity<fl_hsdp>{}, {2, 2, 2}, fl, {});
+  run(std::type_identity<fl_hsdp>{}, {2, 2, 2}, fl, {dtype::bf16, dtype::bf16});
+  trainer_options<diloco> d;
+  d.schedule = {.period = 1};
+  run(std::type_identity<diloco>{}, {2, 1, 2}, d, {});
+  trainer_options<streaming_diloco> st;
+  st.schedule = {.period = 6, .fragments = 3, .delay = 1, .alpha = 0.5f};
+  run(std::type_identity<streaming_diloco>{}, {2, 1, 2}, st, {});
 }

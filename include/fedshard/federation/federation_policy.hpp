@@ -18,11 +18,16 @@
 ///     this rank (triggers sync_begin, sync_start, sync_finish, sync_after; roles fragment,
 ///     moment, tokens, group_tokens); it depends on the config and ctx alone (a policy built
 ///     for no fragments gives the same plan); sync_plan.hpp has the builders;
-///  6. `begin(f, buf, info)`: buf holds the fragment's parameters; turn it into what is
-///     averaged;
-///  7. `end(f, buf, info)`: buf holds the average; turn it into the synchronised parameters;
-///  8. `reset(f, params)`: (re)start from these parameters (sets anchors);
+///  6. `begin(f, buf, info, stream)`: buf holds the fragment's parameters; turn it into what
+///     is averaged (work queued on the stream);
+///  7. `end(f, buf, info, stream)`: buf holds the average; turn it into the synchronised
+///     parameters;
+///  8. `reset(f, params, stream)`: (re)start from these parameters (sets anchors);
 ///  9. `state()`: anchors and outer-optimizer state as named buffers (checkpoints).
+/// 10. Memory spaces: F works on host memory (host_space: its buffers and streams);
+///     `F::in_space<S>` is the same policy in memory space S, with F's config, built from
+///     (config, fragment_sizes, S&). A policy with no buffers of its own and begin/end/reset
+///     templates over the stream type works in any space as it is (in_space_t<F, S> is F).
 
 #include <concepts>
 #include <cstddef>
@@ -34,6 +39,7 @@
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/optimizer.hpp"
 #include "fedshard/plan/comm_op.hpp"
+#include "fedshard/space/host_space.hpp"
 
 namespace fedshard::federation {
 
@@ -75,20 +81,43 @@ template <class F>
 concept FederationPolicy = std::default_initializable<typename F::config> &&
     std::constructible_from<F, typename F::config, std::vector<std::size_t>> &&
     requires(F& f, const F& cf, int frag, std::span<float> buf, std::span<const float> cbuf,
-             const sync_info& info, const sync_context& ctx, typename F::config c) {
+             const sync_info& info, const sync_context& ctx, typename F::config c,
+             space::host_space::stream& st) {
   { c.sync } -> std::convertible_to<sync_mode>;
   { F::name } -> std::convertible_to<std::string_view>;
   { F::syncs } -> std::convertible_to<bool>;
   { cf.sync_plan(ctx) } -> std::same_as<plan>;
-  f.begin(frag, buf, info);
-  f.end(frag, buf, info);
-  f.reset(frag, cbuf);
+  f.begin(frag, buf, info, st);
+  f.end(frag, buf, info, st);
+  f.reset(frag, cbuf, st);
   { f.state() } -> std::same_as<std::vector<optim::state_tensor>>;
 };
 
+/// Policy F in memory space S (requirement 10).
+template <class F, class S>
+struct in_space {
+  using type = F;
+};
+template <class F, class S>
+requires requires {
+  typename F::template in_space<S>;
+}
+struct in_space<F, S> {
+  using type = typename F::template in_space<S>;
+};
+template <class F, class S>
+using in_space_t = typename in_space<F, S>::type;
+
 namespace detail {
-/// A policy without per-fragment state: begin, end and reset change nothing, no state.
+/// A policy without buffers of its own: begin, end and reset change nothing, in any space.
 struct stateless {
+  template <class Stream>
+  void begin(int, std::span<float>, const sync_info&, Stream&) {}
+  template <class Stream>
+  void end(int, std::span<float>, const sync_info&, Stream&) {}
+  template <class Stream>
+  void reset(int, std::span<const float>, Stream&) {}
+  /// Without a stream (host buffers).
   void begin(int, std::span<float>, const sync_info&) {}
   void end(int, std::span<float>, const sync_info&) {}
   void reset(int, std::span<const float>) {}

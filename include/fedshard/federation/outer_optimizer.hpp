@@ -17,28 +17,37 @@
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/outer_rules.hpp"
 #include "fedshard/federation/sync_plan.hpp"
+#include "fedshard/kernels/sync.hpp"
+#include "fedshard/space/host_space.hpp"
+#include "fedshard/space/memory_space.hpp"
 
 namespace fedshard::federation {
 
-/// Outer optimizer on pseudo-gradients; Rule is one of federation/outer_rules.hpp.
+/// The settings of outer_optimizer<Rule>.
 template <class Rule>
-struct outer_optimizer {
-  struct config {
-    sync_mode sync = sync_mode::hierarchical;
-    typename Rule::config rule{};
-    /// Also average the inner optimizer's moments across groups (Photon).
-    bool average_inner_moments = false;
-  };
+struct outer_optimizer_config {
+  sync_mode sync = sync_mode::hierarchical;
+  typename Rule::config rule{};
+  /// Also average the inner optimizer's moments across groups (Photon).
+  bool average_inner_moments = false;
+};
+
+/// Outer optimizer on pseudo-gradients; Rule is one of federation/outer_rules.hpp. Anchors
+/// and the rule's state live in memory space S.
+template <class Rule, space::MemorySpace S = space::host_space>
+class outer_optimizer {
+ public:
+  using config = outer_optimizer_config<Rule>;
+  template <space::MemorySpace T>
+  using in_space = outer_optimizer<Rule, T>;
   static constexpr std::string_view name = Rule::name;
   static constexpr bool syncs = true;
 
-  outer_optimizer() = default;
-  outer_optimizer(config c, std::vector<std::size_t> fragment_sizes) : config_(c) {
-    for (std::size_t n : fragment_sizes) {
-      anchors_.emplace_back(n);
-      rules_.emplace_back(c.rule, n);
-    }
-  }
+  outer_optimizer() : space_(space::space_ref<S>::make()), stream_(space_->make_stream()) {}
+  outer_optimizer(config c, std::vector<std::size_t> fragment_sizes)
+      : outer_optimizer(c, fragment_sizes, space::space_ref<S>::make()) {}
+  outer_optimizer(config c, std::vector<std::size_t> fragment_sizes, S& s)
+      : outer_optimizer(c, fragment_sizes, space::space_ref<S>(s)) {}
 
   /// The mean pseudo-gradient's average (parameter_average_ops) and, with
   /// average_inner_moments, every inner-optimizer state buffer's (moment_average_ops).
@@ -48,24 +57,36 @@ struct outer_optimizer {
     return p;
   }
 
-  /// buf: θ_g  ->  Δ_g = θ_anchor − θ_g.
-  void begin(int f, std::span<float> buf, const sync_info&) {
-    auto a = anchor(f);
+  /// buf: θ_g  ->  Δ_g = θ_anchor − θ_g, queued on st.
+  void begin(int f, std::span<float> buf, const sync_info&, typename S::stream& st) {
     check(f, buf.size());
-    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = a[i] - buf[i];
+    space_->for_each(st, kernels::pseudo_gradient_update{}, buf, std::span<const float>(anchor(f)));
   }
-  /// buf: mean Δ  ->  the new anchor after the outer step.
-  void end(int f, std::span<float> buf, const sync_info&) {
-    auto a = anchor(f);
+  /// buf: mean Δ  ->  the new anchor after the outer step, queued on st.
+  void end(int f, std::span<float> buf, const sync_info&, typename S::stream& st) {
     check(f, buf.size());
-    rules_[static_cast<std::size_t>(f)].step(a, std::span<const float>(buf));
-    std::copy(a.begin(), a.end(), buf.begin());
+    auto a = anchor(f);
+    rules_[index(f)].step(a, std::span<const float>(buf), st);
+    space_->copy(st, cview(std::span<const float>(a)), view(buf));
+  }
+  /// The anchor of fragment f = params, queued on st.
+  void reset(int f, std::span<const float> params, typename S::stream& st) {
+    check(f, params.size());
+    space_->copy(st, cview(params), view(anchor(f)));
+  }
+  /// begin(), end() and reset() on a stream of the optimizer's own, done when they return
+  /// in host_space.
+  void begin(int f, std::span<float> buf, const sync_info& info) {
+    on_own([&](auto& st) { begin(f, buf, info, st); });
+  }
+  void end(int f, std::span<float> buf, const sync_info& info) {
+    on_own([&](auto& st) { end(f, buf, info, st); });
   }
   void reset(int f, std::span<const float> params) {
-    auto a = anchor(f);
-    check(f, params.size());
-    std::copy(params.begin(), params.end(), a.begin());
+    on_own([&](auto& st) { reset(f, params, st); });
   }
+
+  /// The anchors and the rules' state, named per fragment (in the space's memory).
   std::vector<optim::state_tensor> state() {
     std::vector<optim::state_tensor> s;
     for (std::size_t f = 0; f < anchors_.size(); ++f) {
@@ -78,23 +99,39 @@ struct outer_optimizer {
   /// Outer steps taken by fragment f's rule.
   std::int64_t outer_steps(int f) const { return rules_[index(f)].step_count(); }
   void set_outer_steps(int f, std::int64_t s) { rules_[index(f)].set_step_count(s); }
-  /// Fragment f's anchor.
+  /// Fragment f's anchor (in the space's memory).
   std::span<float> anchor(int f) { return anchors_[index(f)].span(); }
 
  private:
+  using rule_type = typename Rule::template in_space<S>;
+
+  outer_optimizer(config c, const std::vector<std::size_t>& fragment_sizes, space::space_ref<S> sr)
+      : config_(c), space_(std::move(sr)), stream_(space_->make_stream()) {
+    for (std::size_t n : fragment_sizes) {
+      anchors_.push_back(space_->template allocate<float>(n));
+      rules_.emplace_back(c.rule, n, *space_);
+    }
+  }
+
+  template <class F>
+  void on_own(F&& f) {
+    f(stream_);
+    space_->synchronize(stream_);
+  }
   std::size_t index(int f) const {
     FEDSHARD_EXPECTS(f >= 0 && static_cast<std::size_t>(f) < anchors_.size(),
                      "outer_optimizer: fragment must be in [0, ", anchors_.size(), "), found ", f);
     return static_cast<std::size_t>(f);
   }
   void check(int f, std::size_t n) const {
-    FEDSHARD_EXPECTS(n == anchors_[static_cast<std::size_t>(f)].size(),
-                     "outer_optimizer: fragment ", f, " has ",
-                     anchors_[static_cast<std::size_t>(f)].size(), " elements, buffer has ", n);
+    FEDSHARD_EXPECTS(n == anchors_[index(f)].size(), "outer_optimizer: fragment ", f, " has ",
+                     anchors_[index(f)].size(), " elements, buffer has ", n);
   }
   config config_{};
-  std::vector<aligned_buffer<float>> anchors_;
-  std::vector<Rule> rules_;
+  space::space_ref<S> space_;  // before the buffers: they go back to it
+  typename S::stream stream_;
+  std::vector<typename S::template buffer<float>> anchors_;
+  std::vector<rule_type> rules_;
 };
 
 }  // namespace fedshard::federation

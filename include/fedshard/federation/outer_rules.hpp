@@ -21,6 +21,10 @@
 ///     (std::span<float>) from the mean pseudo-gradient d (std::span<const float>); throws
 ///     invalid_argument, before changing anything, unless both spans hold n elements.
 ///     d does not overlap anchor unless it is anchor itself.
+///  3b. Memory spaces: `R::in_space<S>` is the same rule for an anchor shard in memory space
+///     S (space/memory_space.hpp), with R's config: built from (config, n, S&), its state in
+///     S, `step(anchor, d, stream)` queued on a stream of S; R itself keeps its state in host
+///     memory.
 ///  4. Element-wise updates: element i's update reads only anchor[i], d[i], element i of
 ///     each state buffer and the hyper-parameters (not the step count). So a shard split
 ///     among any number of rule objects (ranks) evolves bit for bit as the whole would.
@@ -52,6 +56,8 @@
 #include "fedshard/kernels/for_each.hpp"
 #include "fedshard/kernels/outer.hpp"
 #include "fedshard/optim/optimizer.hpp"
+#include "fedshard/space/host_space.hpp"
+#include "fedshard/space/memory_space.hpp"
 
 namespace fedshard::federation {
 
@@ -149,11 +155,14 @@ inline void check_initial_v(std::string_view rule, const adaptive_config& cfg) {
 ///  - `validate(cfg)`, which throws invalid_argument naming a bad value;
 ///  - `update(cfg)`, the element functor of one step, called as f(θ, d, state...);
 ///  - `start(cfg)`, a std::array of the K values the buffers start at.
-template <class Spec>
+template <class Spec, space::MemorySpace S = space::host_space>
 class outer_rule {
  public:
   /// The hyper-parameters.
   using config = typename Spec::config;
+  /// The rule for an anchor shard in memory space T.
+  template <space::MemorySpace T>
+  using in_space = outer_rule<Spec, T>;
 
   /// The rule's name in messages and logs.
   static constexpr std::string_view name = Spec::name;
@@ -161,20 +170,23 @@ class outer_rule {
   /// A rule for an empty shard with the default config.
   outer_rule() : outer_rule(config{}, 0) {}
 
-  /// Validates cfg and allocates the state buffers of n elements at their start values.
-  explicit outer_rule(config cfg, std::size_t n) : cfg_(validated(cfg)), size_(n) {
-    const auto start = Spec::start(cfg_);
-    for (std::size_t k = 0; k < states; ++k) {
-      state_[k] = aligned_buffer<float>(n);
-      std::fill(state_[k].begin(), state_[k].end(), start[k]);
-    }
-  }
+  /// Validates cfg and allocates the state buffers of n elements in s at their start values.
+  outer_rule(config cfg, std::size_t n, S& s)
+      : outer_rule(validated(cfg), n, space::space_ref<S>(s)) {}
+  /// With a space of its own (default-constructed S).
+  explicit outer_rule(config cfg, std::size_t n)
+      : outer_rule(validated(cfg), n, space::space_ref<S>::make()) {}
 
-  /// One outer step of the anchor shard.
-  void step(std::span<float> anchor, std::span<const float> d) {
+  /// One outer step of the anchor shard, queued on stream st of the space.
+  void step(std::span<float> anchor, std::span<const float> d, typename S::stream& st) {
     check_step_sizes(name, size_, anchor.size(), d.size());
-    step_elements(anchor.data(), d.data(), std::make_index_sequence<states>{});
+    step_elements(st, anchor, d, std::make_index_sequence<states>{});
     ++step_count_;
+  }
+  /// step() on the rule's own stream (done when it returns in host_space).
+  void step(std::span<float> anchor, std::span<const float> d) {
+    step(anchor, d, stream_);
+    space_->synchronize(stream_);
   }
 
   /// The state buffers, named Spec::state_names in that order.
@@ -203,20 +215,33 @@ class outer_rule {
  private:
   static constexpr std::size_t states = Spec::state_names.size();
 
+  outer_rule(config cfg, std::size_t n, space::space_ref<S> sr)
+      : space_(std::move(sr)), stream_(space_->make_stream()), cfg_(cfg), size_(n) {
+    const auto start = Spec::start(cfg_);
+    for (std::size_t k = 0; k < states; ++k) {
+      state_[k] = space_->template allocate<float>(n);
+      if (start[k] != 0.0f) space_->fill(stream_, state_[k].view(), start[k]);
+    }
+    space_->synchronize(stream_);
+  }
+
   static config validated(const config& cfg) {
     Spec::validate(cfg);
     return cfg;
   }
 
   template <std::size_t... K>
-  void step_elements(float* anchor, const float* d, std::index_sequence<K...>) {
-    kernels::for_each_element(Spec::update(cfg_), size_, anchor, d, state_[K].data()...);
+  void step_elements(typename S::stream& st, std::span<float> anchor, std::span<const float> d,
+                     std::index_sequence<K...>) {
+    space_->for_each(st, Spec::update(cfg_), anchor, d, state_[K].span()...);
   }
 
+  space::space_ref<S> space_;  // first: the buffers below go back to it
+  typename S::stream stream_;
   config cfg_;
   std::size_t size_ = 0;
   std::int64_t step_count_ = 0;
-  std::array<aligned_buffer<float>, states> state_;
+  std::array<typename S::template buffer<float>, states> state_;
 };
 
 /// outer_sgd's part of outer_rule: no state.

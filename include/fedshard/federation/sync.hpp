@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -24,12 +25,15 @@
 #include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/sync_plan.hpp"
+#include "fedshard/kernels/sync.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/optimizer.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/plan/interpreter.hpp"
 #include "fedshard/schedule/sync_schedule.hpp"
 #include "fedshard/shard/flat_layout.hpp"
+#include "fedshard/space/host_space.hpp"
+#include "fedshard/space/memory_space.hpp"
 
 namespace fedshard::federation {
 
@@ -64,7 +68,10 @@ std::vector<fragment_slices> fragments_of(const S& schedule, const flat_layout& 
 /// The sync plan of each fragment for the rank at `coords`: what a synchronizer with this
 /// policy and schedule runs (a policy's sync_plan depends on its config alone, so `policy`
 /// may be one built for no fragments; nothing of the model's size is allocated).
-template <FederationPolicy F, schedule::SyncSchedule S>
+template <class F, schedule::SyncSchedule S>
+requires requires(const F& f, const sync_context& ctx) {
+  { f.sync_plan(ctx) } -> std::same_as<plan>;
+}
 std::vector<plan> sync_plans_of(const F& policy, const S& schedule, const flat_layout& layout,
                                 const mesh_shape& shape, const mesh_coords& coords,
                                 int inner_state_buffers) {
@@ -88,46 +95,38 @@ enum class sync_stage : std::uint8_t {
   communicated  ///< the averaged buffer is complete, not applied yet
 };
 
-/// The sync state machine of FederationPolicy F under SyncSchedule S for one rank.
-template <FederationPolicy F, schedule::SyncSchedule S>
+/// The sync state machine of FederationPolicy F under SyncSchedule Sch for one rank, with
+/// its buffers in memory space S. Its work is queued on a stream of its own (the sync
+/// stream), ordered against the compute stream the caller passes with events.
+template <FederationPolicy F, schedule::SyncSchedule Sch, space::MemorySpace S = space::host_space>
 class synchronizer {
  public:
+  /// The policy in space S.
+  using policy_type = in_space_t<F, S>;
+  using stream_type = typename S::stream;
+
   /// Fragments of `layout` (a rank's master holds each unit's shard, as shard::engine lays it
-  /// out) on this rank of a mesh of `shape`; `inner_state_buffers` is the inner optimizer's
-  /// state count (role moment). Throws invalid_argument for settings that cannot work.
-  synchronizer(const typename F::config& fed, const typename S::config& sched,
+  /// out) on this rank of a mesh of `shape`, with buffers in space s (which outlives the
+  /// synchronizer); `inner_state_buffers` is the inner optimizer's state count (role
+  /// moment). Throws invalid_argument for settings that cannot work.
+  synchronizer(const typename F::config& fed, const typename Sch::config& sched,
+               const flat_layout& layout, const mesh_shape& shape, const mesh_coords& coords,
+               int inner_state_buffers, S& s)
+      : synchronizer(fed, sched, layout, shape, coords, inner_state_buffers,
+                     space::space_ref<S>(s)) {}
+  /// With a space of its own (default-constructed S).
+  synchronizer(const typename F::config& fed, const typename Sch::config& sched,
                const flat_layout& layout, const mesh_shape& shape, const mesh_coords& coords,
                int inner_state_buffers)
-      : schedule_(sched),
-        shape_(shape),
-        coords_(coords),
-        fragments_(cut(schedule_, layout, shape)),
-        policy_(fed, sizes(fragments_)) {
-    const auto plans =
-        sync_plans_of(policy_, schedule_, layout, shape, coords, inner_state_buffers);
-    for (int f = 0; f < fragments(); ++f) {
-      auto& fr = at(f);
-      fr.plan = plans[static_cast<std::size_t>(f)];
-      for (const comm_op& op : fr.plan.ops) {
-        fr.exchanges_tokens = fr.exchanges_tokens || op.out.role == role::group_tokens;
-        for (const operand& o : {op.in, op.out}) {
-          if (o.role != role::moment) continue;
-          FEDSHARD_EXPECTS(o.index >= 0 && o.index < inner_state_buffers, F::name,
-                           ": the sync plan averages inner-optimizer state ", o.index,
-                           " but the optimizer has ", inner_state_buffers, " state buffers");
-          fr.moments.resize(std::max(fr.moments.size(), static_cast<std::size_t>(o.index) + 1));
-        }
-      }
-      for (auto& m : fr.moments) m = aligned_buffer<float>(fr.buf.size());
-    }
-  }
+      : synchronizer(fed, sched, layout, shape, coords, inner_state_buffers,
+                     space::space_ref<S>::make()) {}
 
   synchronizer(const synchronizer&) = delete;
   synchronizer& operator=(const synchronizer&) = delete;
 
-  const S& schedule() const noexcept { return schedule_; }
-  F& policy() noexcept { return policy_; }
-  const F& policy() const noexcept { return policy_; }
+  const Sch& schedule() const noexcept { return schedule_; }
+  policy_type& policy() noexcept { return policy_; }
+  const policy_type& policy() const noexcept { return policy_; }
   /// P, the schedule's fragments.
   int fragments() const noexcept { return static_cast<int>(fragments_.size()); }
   /// The ops one sync of fragment f moves for this rank.
@@ -139,13 +138,22 @@ class synchronizer {
   /// Fragment f's stage.
   sync_stage stage(int f) const { return at(f).stage; }
 
-  /// (Re)starts every fragment's policy state (anchors) from the master parameters.
-  void reset(std::span<const float> master) {
+  /// (Re)starts every fragment's policy state (anchors) from the master parameters (in the
+  /// space's memory, as the work queued on `compute` leaves them); `compute` waits for it.
+  void reset(std::span<const float> master, stream_type& compute) {
+    space_->wait(sync_, space_->record(compute));
     for (int f = 0; f < fragments(); ++f) {
       auto& fr = at(f);
       pack(fr, master, fr.buf.span());
-      policy_.reset(f, fr.buf.span());
+      policy_.reset(f, fr.buf.span(), sync_);
     }
+    space_->wait(compute, space_->record(sync_));
+  }
+  /// reset() on a stream of its own, done when it returns.
+  void reset(std::span<const float> master) {
+    auto st = space_->make_stream();
+    reset(master, st);
+    space_->synchronize(st);
   }
 
   /// Counts a step's tokens toward every fragment's weight.
@@ -154,33 +162,44 @@ class synchronizer {
   }
 
   /// After the optimizer step of 0-based `step` of a run of `total_steps`: starts and
-  /// applies the syncs the schedule names. `inner` is the inner optimizer's state (laid out
-  /// like the master), for plans that average it.
+  /// applies the syncs the schedule names. `master` and `inner` (the inner optimizer's state,
+  /// laid out like the master, for plans that average it) are in the space's memory, as the
+  /// work queued on `compute` leaves them; `compute` waits for what a sync writes into them.
   template <Communicator C>
-  void after_step(interpreter<C>& interp, std::int64_t step, std::int64_t total_steps,
-                  std::span<float> master, const std::vector<optim::state_tensor>& inner) {
+  void after_step(interpreter<C, S>& interp, std::int64_t step, std::int64_t total_steps,
+                  std::span<float> master, const std::vector<optim::state_tensor>& inner,
+                  stream_type& compute) {
     if constexpr (!F::syncs) return;  // a policy that never communicates has nothing to do
     for (int f = 0; f < fragments(); ++f) {
       const auto a = schedule_.action(f, step, total_steps);
-      if (schedule::starts(a)) start(interp, f, step, master);
-      if (schedule::applies(a)) apply(interp, f, step, master, inner);
+      if (schedule::starts(a)) start(interp, f, step, master, compute);
+      if (schedule::applies(a)) apply(interp, f, step, master, inner, compute);
     }
+  }
+  /// after_step() with a compute stream of its own, done when it returns.
+  template <Communicator C>
+  void after_step(interpreter<C, S>& interp, std::int64_t step, std::int64_t total_steps,
+                  std::span<float> master, const std::vector<optim::state_tensor>& inner) {
+    auto st = space_->make_stream();
+    after_step(interp, step, total_steps, master, inner, st);
+    space_->synchronize(st);
   }
 
   /// Completes, without applying, every sync in flight (before a checkpoint, so a restored
-  /// run applies it at the same step).
+  /// run applies it at the same step); the host waits for it.
   template <Communicator C>
-  void complete_in_flight(interpreter<C>& interp) {
+  void complete_in_flight(interpreter<C, S>& interp) {
     for (int f = 0; f < fragments(); ++f)
       if (at(f).stage == sync_stage::in_flight) communicate(interp, f);
+    space_->synchronize(sync_);
   }
 
   /// Writes the policy's state (anchors, outer-optimizer state) and the fragments' into a
-  /// checkpoint writer (add_value / add_span).
+  /// checkpoint writer (add_value / add_span), copied to the host.
   template <class Writer>
   void save(Writer& w) {
     for (const auto& t : policy_.state())
-      w.add_span("federation." + t.name, std::span<const float>(t.data));
+      w.add_span("federation." + t.name, std::span<const float>(download(t.data)));
     for (int f = 0; f < fragments(); ++f) {
       const auto& fr = at(f);
       const std::string p = "fragment" + std::to_string(f) + ".";
@@ -191,19 +210,20 @@ class synchronizer {
       w.add_span(p + "group_tokens", std::span<const double>(fr.group_tokens));
       w.add_span(p + "applied_at", std::span<const std::int64_t>(fr.applied_at));
       if (fr.stage != sync_stage::idle)
-        w.add_span(p + "buffer", std::span<const float>(fr.buf.span()));
+        w.add_span(p + "buffer", std::span<const float>(download(fr.buf.span())));
     }
     w.add_value("federation.syncs_applied", syncs_applied_);
   }
 
-  /// Reads the policy's and the fragments' state from a checkpoint reader (read_value / read_span /
-  /// section); with commit = false only verifies that every section is there with the right size.
+  /// Reads the policy's and the fragments' state from a checkpoint reader (read_value /
+  /// read_span / section); with commit = false only verifies that every section is there
+  /// with the right size.
   template <class Reader>
   void restore(const Reader& r, bool commit) {
     for (const auto& t : policy_.state()) {
       std::vector<float> scratch(t.data.size());
       r.read_span("federation." + t.name, std::span<float>(scratch));
-      if (commit) std::copy(scratch.begin(), scratch.end(), t.data.begin());
+      if (commit) upload(scratch, t.data);
     }
     for (int f = 0; f < fragments(); ++f) {
       auto& fr = at(f);
@@ -230,8 +250,9 @@ class synchronizer {
       fr.applied_at = std::move(applied);
       fr.group_tokens = std::move(group_tokens);
       fr.tokens = tokens;
-      if (stage != sync_stage::idle) std::copy(buffer.begin(), buffer.end(), fr.buf.begin());
+      if (stage != sync_stage::idle) upload(buffer, fr.buf.span());
       fr.start = {};
+      fr.finish = {};
       if constexpr (requires { policy_.outer_steps(0); }) policy_.set_outer_steps(f, outer);
     }
     const auto syncs = r.template read_value<std::int64_t>("federation.syncs_applied");
@@ -241,27 +262,72 @@ class synchronizer {
  private:
   struct fragment {
     std::vector<std::pair<std::size_t, std::size_t>> slices;  // (offset, length) in the master
-    aligned_buffer<float> buf;                   // packed fragment, padded (role fragment)
-    std::vector<aligned_buffer<float>> moments;  // packed inner state k (role moment k)
+    typename S::template buffer<float> buf;                   // packed fragment (role fragment)
+    std::vector<typename S::template buffer<float>>
+        moments;                                           // packed inner state k (role moment k)
+    typename S::template buffer<double> tokens_buf;        // role tokens
+    typename S::template buffer<double> group_tokens_buf;  // role group_tokens
     fedshard::plan plan;
     sync_stage stage = sync_stage::idle;
     ticket start;                      // the sync_start firing in flight
+    ticket finish;                     // the sync_finish firing
     std::int64_t tokens = 0;           // this rank's tokens since the last sync started
-    double token_value = 0;            // role tokens: this rank's, then the group's, tokens
-    std::vector<double> group_tokens;  // role group_tokens
+    std::vector<double> group_tokens;  // every group's, on the host
     std::vector<std::int64_t> applied_at;
     bool exchanges_tokens = false;  // the plan gathers role group_tokens
   };
 
+  synchronizer(const typename F::config& fed, const typename Sch::config& sched,
+               const flat_layout& layout, const mesh_shape& shape, const mesh_coords& coords,
+               int inner_state_buffers, space::space_ref<S> sr)
+      : space_(std::move(sr)),
+        sync_(space_->make_stream()),
+        schedule_(sched),
+        shape_(shape),
+        coords_(coords),
+        fragments_(cut(*space_, schedule_, layout, shape)),
+        policy_(make_policy(fed, sizes(fragments_), *space_)) {
+    const auto plans =
+        sync_plans_of(policy_, schedule_, layout, shape, coords, inner_state_buffers);
+    for (int f = 0; f < fragments(); ++f) {
+      auto& fr = at(f);
+      fr.plan = plans[static_cast<std::size_t>(f)];
+      std::size_t moments = 0;
+      for (const comm_op& op : fr.plan.ops) {
+        fr.exchanges_tokens = fr.exchanges_tokens || op.out.role == role::group_tokens;
+        for (const operand& o : {op.in, op.out}) {
+          if (o.role != role::moment) continue;
+          FEDSHARD_EXPECTS(o.index >= 0 && o.index < inner_state_buffers, F::name,
+                           ": the sync plan averages inner-optimizer state ", o.index,
+                           " but the optimizer has ", inner_state_buffers, " state buffers");
+          moments = std::max(moments, static_cast<std::size_t>(o.index) + 1);
+        }
+      }
+      for (std::size_t k = 0; k < moments; ++k)
+        fr.moments.push_back(space_->template allocate<float>(fr.buf.size()));
+    }
+  }
+
+  static policy_type make_policy(const typename F::config& fed, std::vector<std::size_t> sizes,
+                                 S& s) {
+    if constexpr (std::is_constructible_v<policy_type, typename F::config, std::vector<std::size_t>,
+                                          S&>)
+      return policy_type(fed, std::move(sizes), s);
+    else
+      return policy_type(fed, std::move(sizes));
+  }
+
   /// The schedule's fragments of the layout, with their buffers.
-  static std::vector<fragment> cut(const S& schedule, const flat_layout& layout,
+  static std::vector<fragment> cut(S& s, const Sch& schedule, const flat_layout& layout,
                                    const mesh_shape& shape) {
     std::vector<fragment> out;
     for (auto& f : fragments_of(schedule, layout, shape.replicas)) {
       fragment fr;
       fr.slices = std::move(f.slices);
-      fr.buf = aligned_buffer<float>(f.padded);
+      fr.buf = s.template allocate<float>(f.padded);
       fr.group_tokens.assign(static_cast<std::size_t>(shape.groups), 0.0);
+      fr.tokens_buf = s.template allocate<double>(1);
+      fr.group_tokens_buf = s.template allocate<double>(fr.group_tokens.size());
       out.push_back(std::move(fr));
     }
     return out;
@@ -280,29 +346,41 @@ class synchronizer {
   fragment& at(int f) { return fragments_[checked(f)]; }
   const fragment& at(int f) const { return fragments_[checked(f)]; }
 
-  /// Copies the fragment's part of a master-shaped span into dst (zero padding).
-  static void pack(const fragment& fr, std::span<const float> src, std::span<float> dst) {
+  /// The fragment's part of a master-shaped span into dst (zero padding), queued on the sync
+  /// stream.
+  void pack(const fragment& fr, std::span<const float> src, std::span<float> dst) {
     std::size_t at = 0;
     for (const auto& [off, len] : fr.slices) {
-      std::copy_n(src.begin() + static_cast<std::ptrdiff_t>(off), len,
-                  dst.begin() + static_cast<std::ptrdiff_t>(at));
+      space_->copy(sync_, cview(src.subspan(off, len)), view(dst.subspan(at, len)));
       at += len;
     }
-    std::fill(dst.begin() + static_cast<std::ptrdiff_t>(at), dst.end(), 0.0f);
+    if (at < dst.size()) space_->fill(sync_, view(dst.subspan(at)), 0.0);
   }
-  /// dst = (1 - alpha) dst + alpha src over the fragment's part of a master-shaped span.
-  static void unpack(const fragment& fr, std::span<const float> src, std::span<float> dst,
-                     float alpha) {
+  /// dst = (1 - alpha) dst + alpha src over the fragment's part of a master-shaped span
+  /// (a copy for alpha = 1), queued on the sync stream.
+  void unpack(const fragment& fr, std::span<const float> src, std::span<float> dst, float alpha) {
     std::size_t at = 0;
     for (const auto& [off, len] : fr.slices) {
-      float* d = dst.data() + off;
-      const float* s = src.data() + at;
       if (alpha == 1.0f)
-        std::copy_n(s, len, d);
+        space_->copy(sync_, cview(src.subspan(at, len)), view(dst.subspan(off, len)));
       else
-        for (std::size_t i = 0; i < len; ++i) d[i] += alpha * (s[i] - d[i]);
+        space_->for_each(sync_, kernels::mix_update{alpha}, dst.subspan(off, len),
+                         src.subspan(at, len));
       at += len;
     }
+  }
+
+  /// A span of the space's memory, copied to the host (after the sync stream's work).
+  std::vector<float> download(std::span<const float> from) {
+    std::vector<float> host(from.size());
+    space_->to_host(sync_, cview(from), view(std::span<float>(host)));
+    space_->synchronize(sync_);
+    return host;
+  }
+  /// Host values into a span of the space's memory.
+  void upload(const std::vector<float>& host, std::span<float> to) {
+    space_->from_host(sync_, cview(std::span<const float>(host)), view(to));
+    space_->synchronize(sync_);
   }
 
   sync_info info(int f) {
@@ -318,11 +396,10 @@ class synchronizer {
     return [this, f](const comm_op& op, const operand& o) -> buffer_view {
       auto& fr = at(f);
       switch (o.role) {
-        case role::fragment: return view(fr.buf.span());
-        case role::moment: return view(fr.moments.at(static_cast<std::size_t>(o.index)).span());
-        case role::tokens: return {&fr.token_value, 1, dtype::f64};
-        case role::group_tokens:
-          return {fr.group_tokens.data(), fr.group_tokens.size(), dtype::f64};
+        case role::fragment: return fr.buf.view();
+        case role::moment: return fr.moments.at(static_cast<std::size_t>(o.index)).view();
+        case role::tokens: return fr.tokens_buf.view();
+        case role::group_tokens: return fr.group_tokens_buf.view();
         default: break;
       }
       throw invalid_argument(
@@ -332,41 +409,59 @@ class synchronizer {
   }
 
   template <Communicator C>
-  void start(interpreter<C>& interp, int f, std::int64_t step, std::span<float> master) {
+  void start(interpreter<C, S>& interp, int f, std::int64_t step, std::span<float> master,
+             stream_type& compute) {
     auto& fr = at(f);
     FEDSHARD_EXPECTS(fr.stage == sync_stage::idle, "synchronizer: fragment ", f,
                      " starts a sync while its previous one is still in flight (step ", step, ")");
-    fr.token_value = static_cast<double>(fr.tokens);
-    interp.wait(interp.fire(fr.plan, point(trigger::sync_begin, f), binder(f)));
+    space_->wait(sync_, space_->record(compute));  // the master after the optimizer step
+    if (fr.exchanges_tokens) {  // the weights, on the host for the policy's begin()
+      const double mine = static_cast<double>(fr.tokens);
+      space_->from_host(sync_, const_buffer_view{&mine, 1, dtype::f64}, fr.tokens_buf.view());
+      interp.wait(interp.fire(fr.plan, point(trigger::sync_begin, f), binder(f), sync_));
+      space_->to_host(sync_, const_buffer_view(fr.group_tokens_buf.view()),
+                      view(std::span<double>(fr.group_tokens)));
+      space_->synchronize(sync_);
+    } else {
+      interp.join(interp.fire(fr.plan, point(trigger::sync_begin, f), binder(f), sync_), sync_);
+    }
     fr.tokens = 0;
     pack(fr, master, fr.buf.span());
-    policy_.begin(f, fr.buf.span(), info(f));
-    fr.start = interp.fire(fr.plan, point(trigger::sync_start, f), binder(f));
+    // The compute stream writes the master again (the next optimizer step) only once the
+    // snapshot has read it; it does not wait for the averaging, which stays in flight.
+    space_->wait(compute, space_->record(sync_));
+    policy_.begin(f, fr.buf.span(), info(f), sync_);
+    fr.start = interp.fire(fr.plan, point(trigger::sync_start, f), binder(f), sync_);
     fr.stage = sync_stage::in_flight;
   }
 
+  /// Finishes the averaging in flight inside the group (sync_finish), queued on the sync
+  /// stream.
   template <Communicator C>
-  void communicate(interpreter<C>& interp, int f) {
+  void communicate(interpreter<C, S>& interp, int f) {
     auto& fr = at(f);
-    interp.wait(fr.start);
-    interp.wait(interp.fire(fr.plan, point(trigger::sync_finish, f), binder(f)));
+    interp.join(fr.start, sync_);
+    fr.finish = interp.fire(fr.plan, point(trigger::sync_finish, f), binder(f), sync_);
+    interp.join(fr.finish, sync_);
     fr.stage = sync_stage::communicated;
   }
 
   template <Communicator C>
-  void apply(interpreter<C>& interp, int f, std::int64_t step, std::span<float> master,
-             const std::vector<optim::state_tensor>& inner) {
+  void apply(interpreter<C, S>& interp, int f, std::int64_t step, std::span<float> master,
+             const std::vector<optim::state_tensor>& inner, stream_type& compute) {
     auto& fr = at(f);
     FEDSHARD_EXPECTS(fr.stage != sync_stage::idle, "synchronizer: fragment ", f,
                      " applies a sync that was never started (step ", step, ")");
     if (fr.stage == sync_stage::in_flight) communicate(interp, f);
-    policy_.end(f, fr.buf.span(), info(f));
+    space_->wait(sync_, space_->record(compute));  // the master and inner state it updates
+    policy_.end(f, fr.buf.span(), info(f), sync_);
     unpack(fr, fr.buf.span(), master, schedule_.mixing());
     for (std::size_t k = 0; k < fr.moments.size(); ++k)
       pack(fr, inner.at(k).data, fr.moments[k].span());
-    interp.wait(interp.fire(fr.plan, point(trigger::sync_after, f), binder(f)));
+    interp.join(interp.fire(fr.plan, point(trigger::sync_after, f), binder(f), sync_), sync_);
     for (std::size_t k = 0; k < fr.moments.size(); ++k)
       unpack(fr, fr.moments[k].span(), inner.at(k).data, 1.0f);
+    space_->wait(compute, space_->record(sync_));
     fr.stage = sync_stage::idle;
     fr.applied_at.push_back(step);
     ++syncs_applied_;
@@ -376,11 +471,13 @@ class synchronizer {
     return {.trigger = t, .phase = phase::sync, .fragment = f};
   }
 
-  S schedule_;
+  space::space_ref<S> space_;  // first: the buffers below go back to it
+  stream_type sync_;
+  Sch schedule_;
   mesh_shape shape_;
   mesh_coords coords_;
   std::vector<fragment> fragments_;
-  F policy_;
+  policy_type policy_;
   std::int64_t syncs_applied_ = 0;
 };
 

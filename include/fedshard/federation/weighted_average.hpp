@@ -17,19 +17,33 @@
 #include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/sync_plan.hpp"
+#include "fedshard/kernels/sync.hpp"
+#include "fedshard/space/host_space.hpp"
+#include "fedshard/space/memory_space.hpp"
 
 namespace fedshard::federation {
 
-/// Token-weighted averaging of the groups' parameters.
-struct weighted_average : detail::stateless {
-  struct config {
-    sync_mode sync = sync_mode::hierarchical;
-  };
+/// The settings of weighted_average.
+struct weighted_average_config {
+  sync_mode sync = sync_mode::hierarchical;
+};
+
+/// Token-weighted averaging of the groups' parameters, in memory space S (weighted_average
+/// is the host one).
+template <space::MemorySpace S = space::host_space>
+class basic_weighted_average : public detail::stateless {
+ public:
+  using config = weighted_average_config;
+  template <space::MemorySpace T>
+  using in_space = basic_weighted_average<T>;
   static constexpr std::string_view name = "weighted_average";
   static constexpr bool syncs = true;
 
-  weighted_average() = default;
-  weighted_average(config c, std::vector<std::size_t>) : config_(c) {}
+  basic_weighted_average() : space_(space::space_ref<S>::make()) {}
+  basic_weighted_average(config c, std::vector<std::size_t>)
+      : config_(c), space_(space::space_ref<S>::make()) {}
+  basic_weighted_average(config c, std::vector<std::size_t>, S& s)
+      : config_(c), space_(space::space_ref<S>(s)) {}
 
   /// The weights' exchange (weights_ops), then the parameters' average.
   plan sync_plan(const sync_context& ctx) const {
@@ -59,16 +73,27 @@ struct weighted_average : detail::stateless {
     return static_cast<double>(info.groups) *
            info.group_tokens[static_cast<std::size_t>(info.group)] / total;
   }
-  /// buf: θ_g -> (G w_g / W) θ_g.
-  void begin(int, std::span<float> buf, const sync_info& info) {
+  /// buf: θ_g -> (G w_g / W) θ_g, queued on st.
+  void begin(int, std::span<float> buf, const sync_info& info, typename S::stream& st) {
     const double scale = weight_scale(info);
     if (scale == 1.0) return;
-    const auto s = static_cast<float>(scale);
-    for (float& x : buf) x *= s;
+    space_->for_each(st, kernels::scale_by_update{static_cast<float>(scale)}, buf);
   }
+  /// begin() on a stream of its own, done when it returns in host_space.
+  void begin(int f, std::span<float> buf, const sync_info& info) {
+    auto st = space_->make_stream();
+    begin(f, buf, info, st);
+    space_->synchronize(st);
+  }
+  using detail::stateless::end;
+  using detail::stateless::reset;
 
  private:
   config config_{};
+  space::space_ref<S> space_;
 };
+
+/// Token-weighted averaging of host buffers.
+using weighted_average = basic_weighted_average<>;
 
 }  // namespace fedshard::federation

@@ -17,27 +17,38 @@
 #include "fedshard/error.hpp"
 #include "fedshard/kernels/adamw.hpp"
 #include "fedshard/optim/optimizer.hpp"
+#include "fedshard/space/host_space.hpp"
+#include "fedshard/space/memory_space.hpp"
 
 namespace fedshard::optim {
 
-/// AdamW on a shard of n floats; models ShardOptimizer.
-class adamw {
+/// torch.optim.AdamW's hyper-parameters and defaults (lr is the base rate of the schedule).
+struct adamw_config {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 1e-2f;
+};
+
+/// AdamW on a shard of n floats in memory space S; models ShardOptimizer (adamw is the host
+/// one).
+template <space::MemorySpace S = space::host_space>
+class basic_adamw {
  public:
-  /// torch.optim.AdamW's hyper-parameters and defaults (lr is the base rate of the schedule).
-  struct config {
-    float lr = 1e-3f;
-    float beta1 = 0.9f;
-    float beta2 = 0.999f;
-    float eps = 1e-8f;
-    float weight_decay = 1e-2f;
-  };
+  using config = adamw_config;
+  template <space::MemorySpace T>
+  using in_space = basic_adamw<T>;
 
-  /// Validates cfg as torch does and allocates the two zeroed moment buffers.
-  explicit adamw(config cfg, std::size_t n)
-      : cfg_(validated(cfg)), size_(n), exp_avg_(n), exp_avg_sq_(n) {}
+  /// Validates cfg as torch does and allocates the two zeroed moment buffers in s.
+  basic_adamw(config cfg, std::size_t n, S& s)
+      : basic_adamw(validated(cfg), n, space::space_ref<S>(s)) {}
+  /// With a space of its own (default-constructed S).
+  basic_adamw(config cfg, std::size_t n)
+      : basic_adamw(validated(cfg), n, space::space_ref<S>::make()) {}
 
-  /// One AdamW step of the shard with learning rate lr.
-  void step(std::span<float> param, std::span<const float> grad, float lr) {
+  /// One AdamW step of the shard with learning rate lr, queued on stream st of the space.
+  void step(std::span<float> param, std::span<const float> grad, float lr, typename S::stream& st) {
     FEDSHARD_EXPECTS(param.size() == size_, "adamw::step: param must have ", size_,
                      " elements (the shard size), found ", param.size());
     FEDSHARD_EXPECTS(grad.size() == size_, "adamw::step: grad must have ", size_,
@@ -45,8 +56,14 @@ class adamw {
     FEDSHARD_EXPECTS(lr >= 0.0f, "adamw::step: lr must be >= 0, found ", lr);
     const kernels::adamw_scalars s = kernels::make_adamw_scalars(
         lr, cfg_.beta1, cfg_.beta2, cfg_.eps, cfg_.weight_decay, step_count_ + 1);
-    kernels::adamw_step(param, grad, exp_avg_.span(), exp_avg_sq_.span(), s);
+    space_->for_each(st, kernels::adamw_update{s}, param, grad, exp_avg_.span(),
+                     exp_avg_sq_.span());
     ++step_count_;
+  }
+  /// step() on the optimizer's own stream (done when it returns in host_space).
+  void step(std::span<float> param, std::span<const float> grad, float lr) {
+    step(param, grad, lr, stream_);
+    space_->synchronize(stream_);
   }
 
   /// The state buffers: {"exp_avg", "exp_avg_sq"}.
@@ -70,6 +87,14 @@ class adamw {
   const config& settings() const noexcept { return cfg_; }
 
  private:
+  basic_adamw(config cfg, std::size_t n, space::space_ref<S> sr)
+      : space_(std::move(sr)),
+        stream_(space_->make_stream()),
+        cfg_(cfg),
+        size_(n),
+        exp_avg_(space_->template allocate<float>(n)),
+        exp_avg_sq_(space_->template allocate<float>(n)) {}
+
   static config validated(const config& cfg) {
     FEDSHARD_EXPECTS(cfg.lr >= 0.0f, "adamw: config.lr must be >= 0, found ", cfg.lr);
     FEDSHARD_EXPECTS(cfg.beta1 >= 0.0f && cfg.beta1 < 1.0f,
@@ -82,12 +107,17 @@ class adamw {
     return cfg;
   }
 
+  space::space_ref<S> space_;  // first: the buffers below go back to it
+  typename S::stream stream_;
   config cfg_;
   std::size_t size_ = 0;
   std::int64_t step_count_ = 0;
-  aligned_buffer<float> exp_avg_;
-  aligned_buffer<float> exp_avg_sq_;
+  typename S::template buffer<float> exp_avg_;
+  typename S::template buffer<float> exp_avg_sq_;
 };
+
+/// AdamW on a host shard.
+using adamw = basic_adamw<>;
 
 static_assert(ShardOptimizer<adamw>);
 

@@ -22,13 +22,21 @@
 ///     `set_step_count(s)` (s >= 0) restores it with the state buffers from a checkpoint.
 ///  7. `size()` (std::size_t): n.
 ///  8. Movable.
+///  9. Memory spaces: `O::in_space<S>` is the same optimizer for shards in the memory space S
+///     (space/memory_space.hpp), with `S::config == O::config`: built from (config, n, S&),
+///     its state buffers in S, `step(param, grad, lr, stream)` queued on a stream of S; O
+///     itself keeps its state in host memory (host_space). An optimizer without in_space runs
+///     on host memory only (in_space_t refuses it for other spaces).
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include "fedshard/space/host_space.hpp"
 
 namespace fedshard::optim {
 
@@ -51,5 +59,23 @@ concept ShardOptimizer = std::movable<O> && std::default_initializable<typename 
   o.set_step_count(steps);
   { co.size() } -> std::same_as<std::size_t>;
 };
+
+/// Optimizer O for shards in memory space S (requirement 9).
+template <class O, class S>
+struct in_space {
+  static_assert(std::is_same_v<S, space::host_space>,
+                "fedshard::optim::in_space_t: this optimizer has no in_space<S> for this memory "
+                "space; it runs on host memory only (give it `template <class S> using in_space`)");
+  using type = O;
+};
+template <class O, class S>
+requires requires {
+  typename O::template in_space<S>;
+}
+struct in_space<O, S> {
+  using type = typename O::template in_space<S>;
+};
+template <class O, class S>
+using in_space_t = typename in_space<O, S>::type;
 
 }  // namespace fedshard::optim

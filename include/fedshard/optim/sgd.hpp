@@ -19,27 +19,38 @@
 #include "fedshard/error.hpp"
 #include "fedshard/kernels/sgd.hpp"
 #include "fedshard/optim/optimizer.hpp"
+#include "fedshard/space/host_space.hpp"
+#include "fedshard/space/memory_space.hpp"
 
 namespace fedshard::optim {
 
-/// SGD on a shard of n floats; models ShardOptimizer.
-class sgd {
+/// torch.optim.SGD's hyper-parameters and defaults (lr is the base rate of the schedule).
+struct sgd_config {
+  float lr = 1e-3f;
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+/// SGD on a shard of n floats in memory space S; models ShardOptimizer (sgd is the host
+/// one).
+template <space::MemorySpace S = space::host_space>
+class basic_sgd {
  public:
-  /// torch.optim.SGD's hyper-parameters and defaults (lr is the base rate of the schedule).
-  struct config {
-    float lr = 1e-3f;
-    float momentum = 0.0f;
-    float dampening = 0.0f;
-    float weight_decay = 0.0f;
-    bool nesterov = false;
-  };
+  using config = sgd_config;
+  template <space::MemorySpace T>
+  using in_space = basic_sgd<T>;
 
-  /// Validates cfg as torch does and allocates the momentum buffer (when momentum != 0).
-  explicit sgd(config cfg, std::size_t n)
-      : cfg_(validated(cfg)), size_(n), momentum_buffer_(cfg.momentum != 0.0f ? n : 0) {}
+  /// Validates cfg as torch does and allocates the momentum buffer in s (when momentum != 0).
+  basic_sgd(config cfg, std::size_t n, S& s)
+      : basic_sgd(validated(cfg), n, space::space_ref<S>(s)) {}
+  /// With a space of its own (default-constructed S).
+  basic_sgd(config cfg, std::size_t n)
+      : basic_sgd(validated(cfg), n, space::space_ref<S>::make()) {}
 
-  /// One SGD step of the shard with learning rate lr.
-  void step(std::span<float> param, std::span<const float> grad, float lr) {
+  /// One SGD step of the shard with learning rate lr, queued on stream st of the space.
+  void step(std::span<float> param, std::span<const float> grad, float lr, typename S::stream& st) {
     FEDSHARD_EXPECTS(param.size() == size_, "sgd::step: param must have ", size_,
                      " elements (the shard size), found ", param.size());
     FEDSHARD_EXPECTS(grad.size() == size_, "sgd::step: grad must have ", size_,
@@ -47,8 +58,16 @@ class sgd {
     FEDSHARD_EXPECTS(lr >= 0.0f, "sgd::step: lr must be >= 0, found ", lr);
     const kernels::sgd_scalars s = kernels::make_sgd_scalars(
         lr, cfg_.momentum, cfg_.dampening, cfg_.weight_decay, cfg_.nesterov, step_count_ == 0);
-    kernels::sgd_step(param, grad, momentum_buffer_.span(), s);
+    if (s.momentum == 0.0f)
+      space_->for_each(st, kernels::sgd_update{s}, param, grad);
+    else
+      space_->for_each(st, kernels::sgd_update{s}, param, grad, momentum_buffer_.span());
     ++step_count_;
+  }
+  /// step() on the optimizer's own stream (done when it returns in host_space).
+  void step(std::span<float> param, std::span<const float> grad, float lr) {
+    step(param, grad, lr, stream_);
+    space_->synchronize(stream_);
   }
 
   /// The state buffers: {"momentum_buffer"} when momentum != 0, else none.
@@ -74,6 +93,13 @@ class sgd {
   const config& settings() const noexcept { return cfg_; }
 
  private:
+  basic_sgd(config cfg, std::size_t n, space::space_ref<S> sr)
+      : space_(std::move(sr)),
+        stream_(space_->make_stream()),
+        cfg_(cfg),
+        size_(n),
+        momentum_buffer_(space_->template allocate<float>(cfg.momentum != 0.0f ? n : 0)) {}
+
   static config validated(const config& cfg) {
     FEDSHARD_EXPECTS(cfg.lr >= 0.0f, "sgd: config.lr must be >= 0, found ", cfg.lr);
     FEDSHARD_EXPECTS(cfg.momentum >= 0.0f, "sgd: config.momentum must be >= 0, found ",
@@ -89,11 +115,16 @@ class sgd {
     return cfg;
   }
 
+  space::space_ref<S> space_;  // first: the buffer below goes back to it
+  typename S::stream stream_;
   config cfg_;
   std::size_t size_ = 0;
   std::int64_t step_count_ = 0;
-  aligned_buffer<float> momentum_buffer_;
+  typename S::template buffer<float> momentum_buffer_;
 };
+
+/// SGD on a host shard.
+using sgd = basic_sgd<>;
 
 static_assert(ShardOptimizer<sgd>);
 

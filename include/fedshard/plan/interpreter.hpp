@@ -1,19 +1,26 @@
 #pragma once
-/// The interpreter: runs a plan's ops on a mesh when their triggers fire.
+/// The interpreter: runs a plan's ops on a mesh when their triggers fire, in a memory space.
 ///
-/// fire(plan, point, bind) takes the ops of `plan` that run at trigger point `point`, in
-/// plan order, asks `bind(op, operand)` for the buffer of each operand's role (a
-/// buffer_view in the buffer's own dtype), checks every size against the op, and starts the
-/// first op; each further op of the same firing (a chain) starts once the previous one
-/// completed. An op whose dtype differs from its buffers' dtype runs through staging buffers
-/// (cast before, cast back after). The returned ticket is waited for with wait(); progress()
-/// moves chains on without blocking.
+/// fire(plan, point, bind, stream) takes the ops of `plan` that run at trigger point `point`,
+/// in plan order, asks `bind(op, operand)` for the buffer of each operand's role (a
+/// buffer_view, in the space's memory, in the buffer's own dtype), checks every size against
+/// the op, and runs them as a chain: each op after the previous one. An op whose dtype
+/// differs from its buffers' dtype runs through staging buffers of the space (cast before,
+/// cast back after), queued on `stream`, which is also where the firing completes: join(t,
+/// st) makes another stream wait for it, wait(t) makes the host wait.
 ///
-/// Order across ranks: every rank must issue the collectives of a communicator in the same
-/// order. Firings happen at the same points of every rank's program, so their first ops are
-/// issued in the same order; follow-up ops are issued in firing order (a chain with a
-/// follow-up pending holds back the follow-ups of later chains), and before a firing issues
-/// its first op on an axis, every earlier chain's pending ops on that axis are issued first.
+/// Two ways to run a chain, chosen by the communicator (space/space_of.hpp):
+///  - stream-ordered communicators (NCCL, gpu_inproc): the whole chain is queued at fire
+///    time, each call made to wait for an event of the work before it and the stream made to
+///    wait for the call's event; nothing waits on the host.
+///  - other communicators (inproc, shaped, mpi: host memory): before a call the host waits
+///    for the work queued on `stream` (the inputs and their casts), the call runs as an async
+///    request, and follow-up ops start when it completed. Every rank must issue the calls of
+///    a communicator in the same order: firings happen at the same points of every rank's
+///    program, so their first calls are issued in the same order; follow-up calls are issued
+///    in firing order (a chain with a follow-up pending holds back the follow-ups of later
+///    chains), and before a firing issues its first call on an axis, every earlier chain's
+///    pending calls on that axis are issued first.
 ///
 /// Every call goes through a wire_tap per axis, so traffic() counts what moved.
 
@@ -23,6 +30,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -38,6 +46,9 @@
 #include "fedshard/plan/start_op.hpp"
 #include "fedshard/plan/traffic.hpp"
 #include "fedshard/plan/wire_tap.hpp"
+#include "fedshard/space/host_space.hpp"
+#include "fedshard/space/memory_space.hpp"
+#include "fedshard/space/space_of.hpp"
 
 namespace fedshard {
 
@@ -47,41 +58,83 @@ struct ticket {
   friend bool operator==(const ticket&, const ticket&) = default;
 };
 
-/// Runs plans on the communicators of a mesh over Communicator C; see the file comment.
-template <Communicator C>
+/// Runs plans on the communicators of a mesh over Communicator C, with buffers in memory space
+/// S (C's: space/space_of.hpp); see the file comment.
+template <Communicator C, space::MemorySpace S = space::space_of_t<C>>
 class interpreter {
  public:
-  /// Taps every axis communicator of m (m outlives the interpreter).
-  explicit interpreter(mesh<C>& m) : mesh_(&m) {
-    for (axis a : all_axes) taps_[index(a)].emplace(m.comm(a), a, log_);
-  }
+  using space_type = S;
+  using stream_type = typename S::stream;
+
+  /// Taps every axis communicator of m, with buffers in space s (m and s outlive the
+  /// interpreter).
+  interpreter(mesh<C>& m, S& s) : interpreter(m, space::space_ref<S>(s)) {}
+  /// With a space of its own (default-constructed S).
+  explicit interpreter(mesh<C>& m) : interpreter(m, space::space_ref<S>::make()) {}
   interpreter(const interpreter&) = delete;
   interpreter& operator=(const interpreter&) = delete;
+  ~interpreter() {
+    chains_.clear();  // their requests complete before the space and streams go
+    staging_.clear();
+  }
 
-  /// Starts the ops of p that run at point t (see the file comment); bind(op, operand)
-  /// returns the buffer of an operand's role. The buffers must stay valid until the ticket
-  /// completes.
+  /// Starts the ops of p that run at point t on stream st (see the file comment);
+  /// bind(op, operand) returns the buffer of an operand's role. The buffers and st must stay
+  /// valid until the firing completed.
   template <class Bind>
-  ticket fire(const plan& p, const trigger_point& t, Bind&& bind) {
+  ticket fire(const plan& p, const trigger_point& t, Bind&& bind, stream_type& st) {
     chain c;
+    c.stream = &st;
     for (const comm_op& op : p.ops)
       if (t.matches(op)) c.ops.push_back(prepare(op, bind));
     return launch(std::move(c));
   }
+  /// fire() on the interpreter's own stream.
+  template <class Bind>
+  ticket fire(const plan& p, const trigger_point& t, Bind&& bind) {
+    return fire(p, t, std::forward<Bind>(bind), own_stream_);
+  }
 
-  /// Runs one op to completion; bind as for fire().
+  /// Runs one op to completion on the interpreter's own stream; bind as for fire().
   template <class Bind>
   void run(const comm_op& op, Bind&& bind) {
     chain c;
+    c.stream = &own_stream_;
     c.ops.push_back(prepare(op, bind));
     wait(launch(std::move(c)));
   }
 
-  /// Blocks until the firing t completed (rethrows what its collectives threw).
+  /// Makes stream st wait for the firing t, without the host waiting where the communicator
+  /// is stream-ordered (otherwise the host waits for t's calls, not for its queued casts).
+  void join(ticket t, stream_type& st) {
+    if (t.id < first_id_) return;
+    drive(t);
+    if (t.id < first_id_) return;
+    space_->wait(st, at(t).done);
+  }
+
+  /// Blocks the host until the firing t completed, its results in memory (rethrows what its
+  /// collectives threw).
   void wait(ticket t) {
-    while (!done(t)) {
+    if (t.id < first_id_) return;
+    drive(t);
+    if (t.id < first_id_) return;
+    space_->synchronize(at(t).done);
+  }
+
+  /// True once the firing t completed.
+  bool done(ticket t) const {
+    if (t.id < first_id_) return true;
+    const auto i = static_cast<std::size_t>(t.id - first_id_);
+    return i >= chains_.size() || (chains_[i].finished() && space_->ready(chains_[i].done));
+  }
+
+  /// Issues the calls of t (and those the order rules put before them), waiting on the host
+  /// for the calls of host communicators.
+  void drive(ticket t) {
+    while (t.id >= first_id_ && !at(t).finished()) {
       progress();
-      if (done(t)) return;
+      if (t.id < first_id_ || at(t).finished()) return;
       chain& c = at(t);
       chain* blocker = &c;
       if (c.has_follow_up())
@@ -96,15 +149,15 @@ class interpreter {
     }
   }
 
-  /// True once the firing t completed.
-  bool done(ticket t) const {
-    if (t.id < first_id_) return true;
-    const auto i = static_cast<std::size_t>(t.id - first_id_);
-    return i >= chains_.size() || chains_[i].finished();
-  }
-
   /// Moves every chain on as far as it goes without blocking (see the file comment).
   void progress() {
+    if constexpr (ordered) {
+      while (!chains_.empty() && space_->ready(chains_.front().done)) {
+        chains_.pop_front();
+        ++first_id_;
+      }
+      return;
+    }
     bool fifo_open = true;
     for (auto& c : chains_) {
       if (c.finished()) continue;
@@ -116,7 +169,7 @@ class interpreter {
       step(c, false);
       if (!c.finished() && c.has_follow_up()) fifo_open = false;
     }
-    while (!chains_.empty() && chains_.front().finished()) {
+    while (!chains_.empty() && chains_.front().finished() && space_->ready(chains_.front().done)) {
       chains_.pop_front();
       ++first_id_;
     }
@@ -127,6 +180,10 @@ class interpreter {
     while (!chains_.empty()) {
       wait(ticket{first_id_});
       progress();
+      if (!chains_.empty() && chains_.front().finished()) {  // completed: drop it
+        chains_.pop_front();
+        ++first_id_;
+      }
     }
   }
 
@@ -138,8 +195,19 @@ class interpreter {
   /// The mesh the interpreter runs on.
   mesh<C>& topology() noexcept { return *mesh_; }
   const mesh<C>& topology() const noexcept { return *mesh_; }
+  /// The memory space of the buffers it binds.
+  S& space() noexcept { return *space_; }
+  /// The stream fire() and run() use when given none.
+  stream_type& own_stream() noexcept { return own_stream_; }
 
  private:
+  /// True when C's calls are queued on a stream of S (the whole chain queued at fire time).
+  static constexpr bool ordered = space::StreamOrdered<wire_tap<C>, S>;
+
+  interpreter(mesh<C>& m, space::space_ref<S> sr)
+      : mesh_(&m), space_(std::move(sr)), own_stream_(space_->make_stream()) {
+    for (axis a : all_axes) taps_[index(a)].emplace(mesh_->comm(a), a, log_);
+  }
   /// An op with its buffers bound.
   struct bound_op {
     comm_op op;
@@ -153,7 +221,9 @@ class interpreter {
 
   struct chain {
     std::vector<bound_op> ops;
-    std::size_t next = 0;  // the op running (or, once finished, ops.size())
+    std::size_t next = 0;           // the op running (or, once finished, ops.size())
+    stream_type* stream = nullptr;  // where its casts run and it completes
+    typename S::event done{};       // recorded on *stream once every op was issued
     bool finished() const { return next >= ops.size(); }
     bool has_follow_up() const { return next + 1 < ops.size(); }
   };
@@ -164,12 +234,20 @@ class interpreter {
 
   ticket launch(chain c) {
     if (c.ops.empty()) return {};
-    settle(c.ops.front().op.axis);
-    start(c.ops.front());
-    chains_.push_back(std::move(c));
-    const ticket t{first_id_ + chains_.size() - 1};
-    progress();
-    return t;
+    if constexpr (ordered) {
+      for (bound_op& b : c.ops) start(b, *c.stream);
+      c.next = c.ops.size();
+      c.done = space_->record(*c.stream);
+      chains_.push_back(std::move(c));
+      return ticket{first_id_ + chains_.size() - 1};
+    } else {
+      settle(c.ops.front().op.axis);
+      start(c.ops.front(), *c.stream);
+      chains_.push_back(std::move(c));
+      const ticket t{first_id_ + chains_.size() - 1};
+      progress();
+      return t;
+    }
   }
 
   /// Issues every earlier chain's not yet started ops on axis a (blocking as needed).
@@ -192,15 +270,20 @@ class interpreter {
     }
   }
 
-  /// Moves chain c on: completes its running op (blocking if asked) and starts the next.
+  /// Moves chain c on (host path): completes its running op (blocking if asked) and starts
+  /// the next; records its completion once the last op completed.
   void step(chain& c, bool block) {
     while (!c.finished()) {
       bound_op& b = c.ops[c.next];
       if (!block && !b.req.test()) return;
-      complete(b);
+      b.req.wait();
+      if (b.staged) cast_back(b, *c.stream);
       ++c.next;
-      if (c.finished()) return;
-      start(c.ops[c.next]);
+      if (c.finished()) {
+        c.done = space_->record(*c.stream);
+        return;
+      }
+      start(c.ops[c.next], *c.stream);
       block = false;
     }
   }
@@ -257,10 +340,11 @@ class interpreter {
     return i - o;
   }
 
-  /// A staging buffer of at least `bytes` for the buffer at `key`, kept for later steps.
+  /// A staging buffer of the space of at least `bytes` for the buffer at `key`, kept for
+  /// later steps.
   std::byte* staging(const void* key, std::size_t bytes) {
     auto& buf = staging_[key];
-    if (buf.size() < bytes) buf = aligned_buffer<std::byte>(bytes);
+    if (buf.size() < bytes) buf = space_->template allocate<std::byte>(bytes);
     return buf.data();
   }
 
@@ -268,12 +352,12 @@ class interpreter {
   /// the other way round, keeps its place there) and casts the input (a broadcast's buffer)
   /// into them. Done when the op starts: the previous op of its chain has completed, so a
   /// staging buffer it shares is free.
-  void stage(bound_op& b) {
+  void stage(bound_op& b, stream_type& st) {
     const comm_op& op = b.op;
     const std::size_t esz = size_of(op.dtype);
     if (op.kind == comm_kind::broadcast) {
       b.stage_out = staging(b.out.data, b.out.count * esz);
-      kernels::cast(const_buffer_view(b.out), buffer_view{b.stage_out, b.out.count, op.dtype});
+      space_->cast(st, const_buffer_view(b.out), buffer_view{b.stage_out, b.out.count, op.dtype});
       return;
     }
     const std::ptrdiff_t in_at = offset_within(b.in, b.out);
@@ -288,33 +372,46 @@ class interpreter {
       b.stage_out = staging(b.out.data, b.out.count * esz);
       b.stage_in = staging(b.in.data, b.in.count * esz);
     }
-    kernels::cast(const_buffer_view(b.in), buffer_view{b.stage_in, b.in.count, op.dtype});
+    space_->cast(st, const_buffer_view(b.in), buffer_view{b.stage_in, b.in.count, op.dtype});
   }
 
-  void start(bound_op& b) {
+  /// Issues op b after the work queued on st: stream-ordered, the call waits for an event of
+  /// st and st waits for the call (and casts back after it); otherwise the host waits for
+  /// st first.
+  void start(bound_op& b, stream_type& st) {
     const comm_op& op = b.op;
     wire_tap<C>& c = *taps_[index(op.axis)];
     const void* in = b.in.data;
     void* out = b.out.data;
     if (b.staged) {
-      stage(b);
+      stage(b, st);
       in = b.stage_in;
       out = b.stage_out;
     }
-    b.req = start_op(c, op, in, out);
+    if constexpr (ordered) {
+      c.after(space_->record(st));
+      b.req = start_op(c, op, in, out);
+      space_->wait(st, c.record());
+      if (b.staged) cast_back(b, st);
+    } else {
+      space_->synchronize(st);
+      b.req = start_op(c, op, in, out);
+    }
   }
 
-  void complete(bound_op& b) {
-    b.req.wait();
-    if (b.staged) kernels::cast(const_buffer_view{b.stage_out, b.out.count, b.op.dtype}, b.out);
+  /// Casts a staged op's result back into its output, on st.
+  void cast_back(bound_op& b, stream_type& st) {
+    space_->cast(st, const_buffer_view{b.stage_out, b.out.count, b.op.dtype}, b.out);
   }
 
   mesh<C>* mesh_;
+  space::space_ref<S> space_;  // first: the staging buffers and streams below go back to it
+  stream_type own_stream_;
   wire_log log_;
   std::optional<wire_tap<C>> taps_[5];
   std::deque<chain> chains_;
   std::uint64_t first_id_ = 1;  // the id of chains_.front(); ticket 0 is always complete
-  std::map<const void*, aligned_buffer<std::byte>> staging_;
+  std::map<const void*, typename S::template buffer<std::byte>> staging_;
 };
 
 }  // namespace fedshard

@@ -21,6 +21,7 @@
 #include "fedshard/mesh/axis.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/plan/traffic.hpp"
+#include "fedshard/space/space_of.hpp"
 
 namespace fedshard {
 
@@ -101,7 +102,20 @@ class timed_request final : public request_state {
 template <Communicator C>
 class wire_tap {
  public:
+  /// The space of the buffers the wrapped communicator accepts.
+  using memory_space = space::space_of_t<C>;
+
   wire_tap(C& inner, axis a, wire_log& log) : c_(&inner), axis_(a), log_(&log) {}
+
+  /// Stream-ordered communicators (space/space_of.hpp): later calls wait for e.
+  template <class E>
+  void after(const E& e) requires requires(C& c) {
+    c.after(e);
+  }
+  { c_->after(e); }
+  /// Stream-ordered communicators: an event completing with the calls made so far.
+  auto record() requires requires(C& c) { c.record(); }
+  { return c_->record(); }
 
   int rank() const { return c_->rank(); }
   int size() const { return c_->size(); }

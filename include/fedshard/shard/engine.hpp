@@ -1,29 +1,40 @@
 #pragma once
-/// The shard engine: one rank's parameter and gradient storage under a ShardPolicy, and the
-/// triggers that run the policy's step plan through the interpreter.
+/// The shard engine: one rank's parameter and gradient storage under a ShardPolicy, in a
+/// memory space, and the triggers that run the policy's step plan through the interpreter.
 ///
-/// Storage: master() holds the rank's f32 master parameters (each unit's shard, back to back,
-/// in unit order; the whole padded unit when the layout is not sharded) and grad() the reduced
-/// gradients in the same layout; the optimizer acts on these two spans. A unit the plan gathers
-/// (an op writes its role `params`) has a gathered buffer of its own; a unit whose gradient
-/// the plan reduces into another buffer (an op reads role `grad` and writes elsewhere) has a
-/// full gradient buffer of its own, otherwise the model writes into its gradient shard. These
-/// buffers are kept from step to step (no allocation per step after the first), so a tensor
+/// Storage, in the space's memory (space/memory_space.hpp): master() holds the rank's f32
+/// master parameters (each unit's shard, back to back, in unit order; the whole padded unit
+/// when the layout is not sharded) and grad() the reduced gradients in the same layout; the
+/// optimizer acts on these two spans. A unit the plan gathers (an op writes its role
+/// `params`) has a gathered buffer of its own; a unit whose gradient the plan reduces into
+/// another buffer (an op reads role `grad` and writes elsewhere) has a full gradient buffer
+/// of its own, otherwise the model writes into its gradient shard. These buffers are kept
+/// from step to step at one address (no allocation per step after the first), so a tensor
 /// view a model keeps of them (torch::from_blob) stays valid.
+///
+/// Streams: the model and the optimizer compute on compute_stream(); gathers run on a gather
+/// stream, reductions on a reduce stream (FSDP2's scheme). A gather waits for the compute
+/// work queued before it (the master it reads, the last use of the buffer it writes); the
+/// compute stream waits for a unit's gather before the unit is handed to the model, and a
+/// reduction waits for the compute work that wrote the gradients; with a stream-ordered
+/// communicator none of this waits on the host. In a host-accessible space the host waits for
+/// the compute stream before it hands the model a span to read or write.
 ///
 /// A step: begin_step(); for each unit acquire(u, phase::forward), release(u); in backward
 /// acquire(u, phase::backward), write gradients into grad_buffer(u), release(u) and call
-/// grads_ready(u); finish_backward() reduces whatever is left and waits. Each hook fires its
-/// trigger (the interpreter runs the plan's ops for it); what the engine keeps or frees
-/// follows from the plan: a unit the plan gathers again for backward is freed (not live)
-/// when released, a unit gathered once is freed when its gradients are ready. Acquiring a
-/// unit prefetches the next unit of the same phase, in the order the plan gathers them,
-/// while at most max_live_units() gathered units are live.
+/// grads_ready(u); finish_backward() reduces whatever is left, and the compute stream waits
+/// for every reduction. Each hook fires its trigger (the interpreter runs the plan's ops for
+/// it); what the engine keeps or frees follows from the plan: a unit the plan gathers again
+/// for backward is freed (not live) when released, a unit gathered once is freed when its
+/// gradients are ready. Acquiring a unit prefetches the next unit of the same phase, in the
+/// order the plan gathers them, while at most max_live_units() gathered units are live.
 
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -32,31 +43,50 @@
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
-#include "fedshard/kernels/cast.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/plan/interpreter.hpp"
 #include "fedshard/shard/flat_layout.hpp"
 #include "fedshard/shard/shard_policy.hpp"
+#include "fedshard/space/memory_space.hpp"
+#include "fedshard/space/space_of.hpp"
 
 namespace fedshard::shard {
 
-/// Runs ShardPolicy P for one rank of a mesh over Communicator C.
-template <ShardPolicy P, Communicator C>
+/// Runs ShardPolicy P for one rank of a mesh over Communicator C, with its buffers in memory
+/// space S (C's).
+template <ShardPolicy P, Communicator C, space::MemorySpace S = space::space_of_t<C>>
 class engine {
  public:
+  using space_type = S;
+  using stream_type = typename S::stream;
+
   /// Collective over the mesh's world: checks the policy against the mesh and the plan, and
-  /// that every rank declared the same units.
+  /// that every rank declared the same units. The space s outlives the engine.
+  engine(mesh<C>& m, S& s, std::vector<unit_spec> units, precision prec = {})
+      : engine(m, space::space_ref<S>(s), std::move(units), prec) {}
+  /// With a space of its own (default-constructed S).
   engine(mesh<C>& m, std::vector<unit_spec> units, precision prec = {})
+      : engine(m, space::space_ref<S>::make(), std::move(units), prec) {}
+
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+ private:
+  engine(mesh<C>& m, space::space_ref<S> sr, std::vector<unit_spec> units, precision prec)
       : mesh_(&m),
+        space_(std::move(sr)),
         prec_((prec.check(), prec)),
         layout_((P::check(m.shape()), std::move(units)), P::layout_shards(m.shape())),
         plan_(P::step_plan(layout_, m.shape(), prec_)),
         read_plan_(ops::read_units(layout_, m.shape())),
         setup_plan_(layout_check_plan(axis::world, m.size())),
-        interp_(m),
-        master_(layout_.total_shard_numel()),
-        grad_(layout_.total_shard_numel()),
+        interp_(m, *space_),
+        compute_(space_->make_stream()),
+        gather_(space_->make_stream()),
+        reduce_(space_->make_stream()),
+        master_(space_->template allocate<float>(layout_.total_shard_numel())),
+        grad_(space_->template allocate<float>(layout_.total_shard_numel())),
         units_(layout_.num_units()) {
     plan_.check();
     learn_from_plan();
@@ -64,9 +94,7 @@ class engine {
                        [&](const comm_op& op, buffer_view b) { run(op, b); });
   }
 
-  engine(const engine&) = delete;
-  engine& operator=(const engine&) = delete;
-
+ public:
   const flat_layout& layout() const noexcept { return layout_; }
   const precision& mixed_precision() const noexcept { return prec_; }
   /// The comm_ops of one step.
@@ -78,14 +106,19 @@ class engine {
   /// What this rank moved so far, per axis, as counted at the wire.
   traffic_counters& traffic() noexcept { return interp_.traffic(); }
   /// The interpreter that runs every collective of this engine.
-  interpreter<C>& interp() noexcept { return interp_; }
+  interpreter<C, S>& interp() noexcept { return interp_; }
+  /// The memory space of the engine's buffers.
+  S& space() noexcept { return *space_; }
+  /// The stream the model and the optimizer compute on.
+  stream_type& compute_stream() noexcept { return compute_; }
   mesh<C>& topology() noexcept { return *mesh_; }
   const mesh<C>& topology() const noexcept { return *mesh_; }
 
-  /// This rank's f32 master parameters (unit shards back to back; padding stays zero).
+  /// This rank's f32 master parameters (unit shards back to back; padding stays zero), in
+  /// the space's memory.
   std::span<float> master() noexcept { return master_.span(); }
   std::span<const float> master() const noexcept { return master_.span(); }
-  /// This rank's reduced f32 gradients, laid out like master().
+  /// This rank's reduced f32 gradients, laid out like master(), in the space's memory.
   std::span<float> grad() noexcept { return grad_.span(); }
   /// The part of master() that belongs to unit u.
   std::span<float> master_of(std::size_t u) { return slice_of(master_.span(), u); }
@@ -93,20 +126,21 @@ class engine {
   /// The part of grad() that belongs to unit u.
   std::span<float> grad_of(std::size_t u) { return slice_of(grad_.span(), u); }
 
-  /// Sets unit u's parameters from its full values (numel elements, the same on every rank);
-  /// each rank keeps its part.
+  /// Sets unit u's parameters from its full values (numel elements on the host, the same on
+  /// every rank); each rank keeps its part.
   void set_unit(std::size_t u, std::span<const float> values) {
     check_unit(u);
     const auto& ul = layout_.unit(u);
     FEDSHARD_EXPECTS(values.size() == ul.numel, "set_unit: unit '", ul.name, "' has ", ul.numel,
                      " elements, got ", values.size());
     const std::size_t begin = first_element(u);
-    std::span<float> dst = master_of(u);
-    for (std::size_t i = 0; i < dst.size(); ++i)
-      dst[i] = (begin + i < ul.numel) ? values[begin + i] : 0.0f;
+    std::vector<float> mine(ul.shard_numel);
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      mine[i] = (begin + i < ul.numel) ? values[begin + i] : 0.0f;
+    upload(mine, master_of(u));
   }
 
-  /// Sets one tensor's values (the same on every rank).
+  /// Sets one tensor's values (on the host, the same on every rank).
   void set_tensor(std::string_view name, std::span<const float> values) {
     const auto where = layout_.find(name);
     FEDSHARD_EXPECTS(where.has_value(), "set_tensor: no tensor named '", name, "' in the layout");
@@ -114,40 +148,71 @@ class engine {
     const auto& ts = layout_.unit(u).tensors[t];
     FEDSHARD_EXPECTS(values.size() == ts.numel, "set_tensor: tensor '", name, "' has ", ts.numel,
                      " elements, got ", values.size());
-    std::span<float> dst = master_of(u);
+    std::vector<float> mine = download(master_of(u));
     const std::size_t begin = first_element(u);
     for (std::size_t i = 0; i < ts.numel; ++i) {
       const std::size_t e = ts.offset + i;
-      if (e >= begin && e < begin + dst.size()) dst[e - begin] = values[i];
+      if (e >= begin && e < begin + mine.size()) mine[e - begin] = values[i];
     }
+    upload(mine, master_of(u));
+  }
+
+  /// The elements of a span of the space's memory, copied to the host (after the compute
+  /// work queued so far).
+  std::vector<float> download(std::span<const float> from) {
+    std::vector<float> host(from.size());
+    space_->to_host(compute_, cview(from), view(std::span<float>(host)));
+    space_->synchronize(compute_);
+    return host;
+  }
+  /// Copies host values into a span of the space's memory (before the compute work queued
+  /// after this call).
+  void upload(std::span<const float> host, std::span<float> to) {
+    FEDSHARD_EXPECTS(host.size() == to.size(), "upload: ", host.size(), " values for ", to.size(),
+                     " elements");
+    space_->from_host(compute_, cview(host), view(to));
+    space_->synchronize(compute_);
   }
 
   /// Collective over the axis the layout is sharded on (the read_plan's op for u; nothing
-  /// moves when the layout is not sharded): unit u's full f32 master values (numel elements).
+  /// moves when the layout is not sharded): unit u's full f32 master values (numel elements,
+  /// on the host).
   std::vector<float> gather_unit(std::size_t u) {
     check_unit(u);
     const auto& ul = layout_.unit(u);
-    std::vector<float> full(ul.padded_numel);
     const trigger_point at{.trigger = trigger::on_demand, .unit = static_cast<int>(u)};
+    std::vector<float> full;
     if (read_plan_.at(at).ops.empty()) {
-      const auto m = master_of(u);
-      std::copy(m.begin(), m.end(), full.begin());
+      full = download(master_of(u));
     } else {
-      interp_.wait(interp_.fire(read_plan_, at, [&](const comm_op& op, const operand& o) {
-        return o.role == role::value ? buffer_view{full.data(), full.size(), dtype::f32}
-                                     : bind(op, o);
-      }));
+      auto& tmp = scratch(ul.padded_numel * sizeof(float));
+      const buffer_view out{tmp.data(), ul.padded_numel, dtype::f32};
+      gather_after_compute();
+      interp_.join(interp_.fire(
+                       read_plan_, at,
+                       [&](const comm_op& op, const operand& o) {
+                         return o.role == role::value ? out : bind(op, o);
+                       },
+                       gather_),
+                   compute_);
+      full = download(std::span<const float>(static_cast<const float*>(out.data), out.count));
     }
     full.resize(ul.numel);
     return full;
   }
 
-  /// Runs an on-demand op whose value operands are the buffer b (both in and out), through
-  /// the interpreter (counted on its axis).
+  /// Runs an on-demand op whose value operands are the host buffer b (both in and out),
+  /// through the interpreter (counted on its axis), staged through the space's memory.
   void run(const comm_op& op, buffer_view b) {
+    auto& tmp = scratch(b.size_bytes());
+    const buffer_view in_space{tmp.data(), b.count, b.type};
+    auto& st = interp_.own_stream();
+    space_->from_host(st, const_buffer_view(b), in_space);
     interp_.run(op, [&](const comm_op& o, const operand& which) {
-      return which.role == role::value ? b : bind(o, which);
+      return which.role == role::value ? in_space : bind(o, which);
     });
+    space_->to_host(st, const_buffer_view(in_space), b);
+    space_->synchronize(st);
   }
 
   /// How many gathered units may be alive at once through prefetching (FSDP's
@@ -179,25 +244,26 @@ class engine {
   /// gradients are ready.
   fedshard::phase step_phase() const noexcept { return phase_; }
 
-  /// Starts a step: completes this engine's gathers and reductions in flight (not other
-  /// firings of its interpreter, e.g. a federation sync that stays in flight across steps);
-  /// no unit is live and no gradient reduced.
+  /// Starts a step: the compute stream waits for this engine's gathers and reductions in
+  /// flight (not for other firings of its interpreter, e.g. a federation sync that stays in
+  /// flight across steps); no unit is live and no gradient reduced.
   void begin_step() {
-    wait_own();
+    join_own();
     for (std::size_t u = 0; u < units_.size(); ++u) {
       free(u);
       auto& s = units_[u];
       s.gathered_for = {false, false};
       s.reduced = false;
       s.grad_touched = false;
+      s.narrow_grad_type = dtype::f32;
       s.rounded = false;  // the master changed since the last step
     }
     phase_ = phase::forward;
   }
 
-  /// Unit u's parameters for phase ph (padded_numel f32 values; use layout().tensor_view for
-  /// tensors): fires the plan's gathers of (acquire, ph, u) unless u is live, waits for them,
-  /// and prefetches the next unit of phase ph.
+  /// Unit u's parameters for phase ph (padded_numel f32 values in the space's memory; use
+  /// layout().tensor_view for tensors): fires the plan's gathers of (acquire, ph, u) unless u
+  /// is live, prefetches the next unit of phase ph, and makes the compute stream wait for u.
   std::span<const float> acquire(std::size_t u, fedshard::phase ph = phase::forward) {
     check_unit(u);
     FEDSHARD_EXPECTS(ph == phase::forward || ph == phase::backward,
@@ -205,7 +271,17 @@ class engine {
     if (ph == phase::backward) phase_ = phase::backward;
     ensure(u, ph);
     prefetch(u, ph);
-    return params_view(u);
+    return ready(u);
+  }
+
+  /// Mixed precision as in FSDP2: unit u's parameters for phase ph in the compute dtype t
+  /// (f32, bf16 or f16; padded_numel elements in the space's memory), as acquire() does,
+  /// then made on the compute stream from the gathered values, which the gather rounded
+  /// through the param dtype (so with t == precision().param the copy is exact). The f32
+  /// master stays where it is; the copy is kept from step to step at one address.
+  const_buffer_view acquire_as(std::size_t u, fedshard::phase ph, dtype t) {
+    const std::span<const float> p = acquire(u, ph);
+    return compute_copy(u, p, t);
   }
 
   /// Unit u's parameters without prefetching, gathered for the step's phase (step_phase())
@@ -213,7 +289,7 @@ class engine {
   std::span<const float> params(std::size_t u) {
     check_unit(u);
     ensure(u, phase_);
-    return params_view(u);
+    return ready(u);
   }
 
   /// The model is done with unit u's parameters for now: freed when the plan gathers u again
@@ -223,45 +299,88 @@ class engine {
     if (has_gather(u, phase::backward)) free(u);
   }
 
-  /// Unit u's full f32 gradient buffer (padded_numel), zeroed on first use in a step; the
-  /// model accumulates its gradients here, then calls grads_ready(u).
+  /// Unit u's full f32 gradient buffer (padded_numel, in the space's memory), zeroed on first
+  /// use in a step; the model accumulates its gradients here, then calls grads_ready(u).
   std::span<float> grad_buffer(std::size_t u) {
     check_unit(u);
     auto& s = units_[u];
     FEDSHARD_EXPECTS(!s.reduced, "grad_buffer: unit ", u, " ('", layout_.unit(u).name,
                      "') was already reduced in this step");
+    FEDSHARD_EXPECTS(s.narrow_grad_type == dtype::f32, "grad_buffer: unit ", u, " ('",
+                     layout_.unit(u).name, "') already has gradients in ",
+                     to_string(s.narrow_grad_type), " (grad_buffer_as) in this step");
     const std::span<float> g = full_grad(u);
-    if (!s.grad_touched) std::fill(g.begin(), g.end(), 0.0f);
+    if (!s.grad_touched) space_->fill(compute_, view(g), 0.0);
     s.grad_touched = true;
+    host_ready();
     return g;
   }
 
-  /// Unit u's gradients are complete: fires the plan's reductions of (grads_ready, u), which
-  /// average them over the group into grad_of(u) and overlap what the model does next.
+  /// Unit u's gradient buffer in the compute dtype t (padded_numel elements, zero on first
+  /// use in a step): a model computing in bf16 or f16 writes its gradients here, and
+  /// grads_ready(u) widens them into the f32 gradient on the compute stream before the plan
+  /// reduces them in the reduce dtype. A unit's gradients go either here or into
+  /// grad_buffer(u) in one step, not both.
+  buffer_view grad_buffer_as(std::size_t u, dtype t) {
+    if (t == dtype::f32) return view(grad_buffer(u));
+    check_compute_dtype(t);
+    auto& s = units_[u];
+    FEDSHARD_EXPECTS(!s.reduced, "grad_buffer_as: unit ", u, " ('", layout_.unit(u).name,
+                     "') was already reduced in this step");
+    FEDSHARD_EXPECTS(
+        !s.grad_touched || s.narrow_grad_type == t, "grad_buffer_as: unit ", u, " ('",
+        layout_.unit(u).name, "') already has gradients in ",
+        s.narrow_grad_type == dtype::f32 ? "f32 (grad_buffer)" : to_string(s.narrow_grad_type),
+        " in this step, asked for ", to_string(t));
+    const std::size_t n = layout_.unit(u).padded_numel;
+    if (s.narrow_grad.size() != n * size_of(t))
+      s.narrow_grad = space_->template allocate<std::byte>(n * size_of(t));
+    const buffer_view g{s.narrow_grad.data(), n, t};
+    if (!s.grad_touched) space_->fill(compute_, g, 0.0);
+    s.grad_touched = true;
+    s.narrow_grad_type = t;
+    host_ready();
+    return g;
+  }
+
+  /// Unit u's gradients are complete (written on the compute stream, or on the host):
+  /// fires the plan's reductions of (grads_ready, u) on the reduce stream, which average them
+  /// over the group into grad_of(u) and overlap what the model does next.
   void grads_ready(std::size_t u) {
     check_unit(u);
     auto& s = units_[u];
     FEDSHARD_EXPECTS(!s.reduced, "grads_ready: unit ", u, " ('", layout_.unit(u).name,
                      "') was already reduced in this step");
-    if (!s.grad_touched) grad_buffer(u);  // no gradient written: contribute zeros
+    if (!s.grad_touched) grad_buffer(u);     // no gradient written: contribute zeros
+    if (s.narrow_grad_type != dtype::f32) {  // written in a compute dtype: widen into f32
+      space_->cast(
+          compute_,
+          const_buffer_view{s.narrow_grad.data(), layout_.unit(u).padded_numel, s.narrow_grad_type},
+          view(full_grad(u)));
+      s.narrow_grad_type = dtype::f32;
+    }
     phase_ = phase::backward;
     s.reduced = true;
     s.grad_touched = false;
     if (!has_gather(u, phase::backward)) free(u);  // gathered once: kept until now
-    s.reduction =
-        interp_.fire(plan_, {trigger::grads_ready, phase::backward, static_cast<int>(u)}, binder());
+    space_->wait(reduce_, space_->record(compute_));
+    s.reduction = interp_.fire(plan_, {trigger::grads_ready, phase::backward, static_cast<int>(u)},
+                               binder(), reduce_);
     interp_.progress();
   }
 
   /// Reduces the gradients of every unit not reduced yet (in backward order), fires
-  /// end_of_backward and waits for every reduction: afterwards grad() holds the step's
-  /// averaged gradients.
+  /// end_of_backward, and makes the compute stream wait for every reduction: then grad()
+  /// holds the step's averaged gradients for the work queued on it.
   void finish_backward() {
     for (std::size_t u = units_.size(); u-- > 0;)
       if (!units_[u].reduced) grads_ready(u);
-    interp_.wait(interp_.fire(
-        plan_, {.trigger = trigger::end_of_backward, .phase = phase::backward}, binder()));
-    wait_own();
+    space_->wait(reduce_, space_->record(compute_));
+    interp_.join(
+        interp_.fire(plan_, {.trigger = trigger::end_of_backward, .phase = phase::backward},
+                     binder(), reduce_),
+        compute_);
+    join_own();
     for (std::size_t u = 0; u < units_.size(); ++u) free(u);
   }
 
@@ -271,12 +390,16 @@ class engine {
     std::array<bool, 2> gathered_for{};  // gathered this step for forward / backward
     bool reduced = false;
     bool grad_touched = false;
-    bool rounded = false;       // params holds the master rounded to the param dtype
-    bool gather_waited = true;  // the last gather started was waited for
+    bool rounded = false;                 // params holds the master rounded to the param dtype
+    dtype narrow_grad_type = dtype::f32;  // the dtype of this step's gradients if not f32
+    bool gather_waited = true;            // the compute stream joined the last gather started
     ticket gather;
     ticket reduction;
-    aligned_buffer<float> params;     // gathered (or rounded) f32 parameters, padded
-    aligned_buffer<float> full_grad;  // the model's full gradient, when the plan reduces it
+    typename S::template buffer<float> params;           // gathered (or rounded) f32 parameters
+    typename S::template buffer<float> full_grad;        // the model's full gradient, when reduced
+    typename S::template buffer<std::byte> rounding;     // the master in the param dtype
+    typename S::template buffer<std::byte> compute;      // acquire_as's copy
+    typename S::template buffer<std::byte> narrow_grad;  // grad_buffer_as's gradients
   };
 
   /// What the plan says about unit u.
@@ -288,12 +411,30 @@ class engine {
 
   static std::size_t phase_index(fedshard::phase ph) { return ph == phase::backward ? 1 : 0; }
 
-  /// Waits for this engine's own firings: every unit's gather and reduction.
-  void wait_own() {
+  /// The compute stream waits for this engine's own firings: every unit's gather and
+  /// reduction.
+  void join_own() {
     for (auto& s : units_) {
-      await_gather(s);
-      interp_.wait(s.reduction);
+      join_gather(s);
+      interp_.join(s.reduction, compute_);
     }
+  }
+
+  /// Gathers queued from now on wait for the compute work queued so far (the master they
+  /// read, the last use of the buffers they write).
+  void gather_after_compute() { space_->wait(gather_, space_->record(compute_)); }
+
+  /// In a host-accessible space, the host waits for the compute stream (the model reads and
+  /// writes spans on the host).
+  void host_ready() {
+    if constexpr (S::host_accessible) space_->synchronize(compute_);
+  }
+
+  /// A scratch buffer of the space of at least `bytes`, kept for later calls.
+  typename S::template buffer<std::byte>& scratch(std::size_t bytes) {
+    auto& b = scratch_[bytes];
+    if (b.size() < bytes) b = space_->template allocate<std::byte>(bytes);
+    return b;
   }
 
   void learn_from_plan() {
@@ -369,43 +510,41 @@ class engine {
   std::span<float> gathered(std::size_t u) {
     auto& s = units_[u];
     const std::size_t n = layout_.unit(u).padded_numel;
-    if (s.params.size() != n) s.params = aligned_buffer<float>(n);
+    if (s.params.size() != n) s.params = space_->template allocate<float>(n);
     return s.params.span();
   }
   std::span<float> full_grad(std::size_t u) {
     if (!plans_[u].own_grad) return grad_of(u);
     auto& s = units_[u];
     const std::size_t n = layout_.unit(u).padded_numel;
-    if (s.full_grad.size() != n) s.full_grad = aligned_buffer<float>(n);
+    if (s.full_grad.size() != n) s.full_grad = space_->template allocate<float>(n);
     return s.full_grad.span();
   }
 
-  /// Makes unit u's parameters valid for phase ph: waits for a gather in flight, or fires the
-  /// plan's gathers for (acquire, ph, u).
-  void ensure(std::size_t u, fedshard::phase ph) {
-    auto& s = units_[u];
-    if (!plans_[u].own_params) return;  // the master itself (see params_view)
-    if (!s.live) {
-      FEDSHARD_EXPECTS(has_gather(u, ph), "acquire: unit ", u, " ('", layout_.unit(u).name,
-                       "') is not gathered and the ", P::name, " plan gathers it only for ",
-                       has_gather(u, phase::forward) ? "forward" : "backward", ", not for ",
-                       to_string(ph));
-      start_gather(u, ph);
-    }
-    await_gather(s);
+  /// The compute stream waits for unit s's last gather.
+  void join_gather(unit_state& s) {
+    interp_.join(s.gather, compute_);
+    s.gather_waited = true;
   }
 
-  void await_gather(unit_state& s) {
-    interp_.wait(s.gather);
-    s.gather_waited = true;
+  /// Starts the gathers of (acquire, ph, u) unless unit u is live.
+  void ensure(std::size_t u, fedshard::phase ph) {
+    auto& s = units_[u];
+    if (!plans_[u].own_params || s.live) return;  // the master itself (see ready), or live
+    FEDSHARD_EXPECTS(has_gather(u, ph), "acquire: unit ", u, " ('", layout_.unit(u).name,
+                     "') is not gathered and the ", P::name, " plan gathers it only for ",
+                     has_gather(u, phase::forward) ? "forward" : "backward", ", not for ",
+                     to_string(ph));
+    start_gather(u, ph);
   }
 
   void start_gather(std::size_t u, fedshard::phase ph) {
     auto& s = units_[u];
     set_live(s, true);
     s.gathered_for[phase_index(ph)] = true;
+    gather_after_compute();
     s.gather_waited = false;
-    s.gather = interp_.fire(plan_, {trigger::acquire, ph, static_cast<int>(u)}, binder());
+    s.gather = interp_.fire(plan_, {trigger::acquire, ph, static_cast<int>(u)}, binder(), gather_);
   }
 
   /// Starts the gather of the unit after u in phase ph's order, if the limit allows.
@@ -419,28 +558,56 @@ class engine {
     start_gather(v, ph);
   }
 
-  std::span<const float> params_view(std::size_t u) {
+  /// Unit u's parameters as the model computes with them: the compute stream waits for its
+  /// gather (or the master rounded through the param dtype is queued on it), and in a
+  /// host-accessible space the host waits for the compute stream.
+  std::span<const float> ready(std::size_t u) {
     auto& s = units_[u];
-    if (plans_[u].own_params) return s.params.span();
-    if (prec_.param == dtype::f32) return master_of(u);
-    // Not gathered but computed with in the param dtype: the master rounded through it.
-    const std::span<float> p = gathered(u);
-    if (!s.rounded) {
-      const auto m = master_of(u);
-      aligned_buffer<std::byte> tmp(m.size() * size_of(prec_.param));
-      kernels::cast(cview(m), buffer_view{tmp.data(), m.size(), prec_.param});
-      kernels::cast(const_buffer_view{tmp.data(), m.size(), prec_.param}, view(p));
-      s.rounded = true;
+    std::span<const float> p;
+    if (plans_[u].own_params) {
+      join_gather(s);
+      p = s.params.span();
+    } else if (prec_.param == dtype::f32) {
+      p = master_of(u);
+    } else {  // not gathered but computed with in the param dtype: the master rounded
+      const std::span<float> r = gathered(u);
+      if (!s.rounded) {
+        const auto m = master_of(u);
+        if (s.rounding.size() != m.size() * size_of(prec_.param))
+          s.rounding = space_->template allocate<std::byte>(m.size() * size_of(prec_.param));
+        const buffer_view narrow{s.rounding.data(), m.size(), prec_.param};
+        space_->cast(compute_, cview(m), narrow);
+        space_->cast(compute_, const_buffer_view(narrow), view(r));
+        s.rounded = true;
+      }
+      p = r;
     }
+    host_ready();
     return p;
   }
 
-  void free(std::size_t u) {
-    auto& s = units_[u];
-    if (!s.live) return;
-    await_gather(s);
-    set_live(s, false);
+  static void check_compute_dtype(dtype t) {
+    FEDSHARD_EXPECTS(t == dtype::f32 || t == dtype::bf16 || t == dtype::f16,
+                     "the compute dtype must be f32, bf16 or f16, found ", to_string(t));
   }
+
+  /// The parameters p of unit u in dtype t: p itself for f32, else a copy cast on the compute
+  /// stream into the unit's compute buffer.
+  const_buffer_view compute_copy(std::size_t u, std::span<const float> p, dtype t) {
+    check_compute_dtype(t);
+    if (t == dtype::f32) return cview(p);
+    auto& s = units_[u];
+    if (s.compute.size() != p.size() * size_of(t))
+      s.compute = space_->template allocate<std::byte>(p.size() * size_of(t));
+    const buffer_view c{s.compute.data(), p.size(), t};
+    space_->cast(compute_, cview(p), c);
+    host_ready();
+    return const_buffer_view(c);
+  }
+
+  /// Unit u is no longer live (its buffer stays; a later gather waits for the compute work
+  /// queued before it).
+  void free(std::size_t u) { set_live(units_[u], false); }
 
   void set_live(unit_state& s, bool is) {
     live_ += static_cast<int>(is) - static_cast<int>(s.live);
@@ -449,15 +616,20 @@ class engine {
   }
 
   mesh<C>* mesh_;
+  space::space_ref<S> space_;  // first: the buffers below go back to it
   precision prec_;
   flat_layout layout_;
   plan plan_;
   plan read_plan_;
   plan setup_plan_;
-  interpreter<C> interp_;
-  aligned_buffer<float> master_;
-  aligned_buffer<float> grad_;
+  interpreter<C, S> interp_;
+  stream_type compute_;
+  stream_type gather_;
+  stream_type reduce_;
+  typename S::template buffer<float> master_;
+  typename S::template buffer<float> grad_;
   std::vector<unit_state> units_;
+  std::map<std::size_t, typename S::template buffer<std::byte>> scratch_;
   std::vector<unit_plan> plans_;
   std::array<std::vector<int>, 2> order_;  // units in the order the plan gathers them
   fedshard::phase phase_ = phase::forward;

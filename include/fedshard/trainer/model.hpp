@@ -4,7 +4,8 @@
 /// A Model M, trained on batches of type B, provides:
 ///  1. `m.units()` -> std::vector<unit_spec>: its units and tensor shapes, declared once.
 ///  2. `m.forward_backward(ctx, batch)` -> float: computes the batch's loss, reading
-///     parameters and writing gradients through the step_context; returns the loss.
+///     parameters and writing gradients through the step context (basic_step_context<S> of
+///     the trainer's memory space S; step_context for host memory); returns the loss.
 ///  3. Optionally `m.initial_values(layout, u)` -> std::vector<float>: unit u's starting
 ///     values (numel elements, the same on every rank); otherwise parameters start at zero.
 ///  4. Optionally `m.evaluate(ctx, batch)` -> float: the loss without gradients.
@@ -32,9 +33,12 @@
 #include <string_view>
 #include <vector>
 
+#include "fedshard/core/buffer.hpp"
+#include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/shard/flat_layout.hpp"
+#include "fedshard/space/host_space.hpp"
 
 #ifndef FEDSHARD_CHECKED_VIEWS
 #ifdef NDEBUG
@@ -94,26 +98,43 @@ class tensor_view {
 };
 
 namespace detail {
-/// What a step_context forwards to (implemented by the trainer over its shard engine).
+/// What a step_context forwards to (implemented by the trainer over its shard engine), for
+/// buffers in memory space S.
+template <class S = space::host_space>
 class unit_hooks {
  public:
   virtual ~unit_hooks() = default;
   virtual const flat_layout& layout() const = 0;
+  virtual S& space() = 0;
+  virtual typename S::stream& compute_stream() = 0;
   virtual std::span<const float> acquire(std::size_t u, phase ph) = 0;
   virtual std::span<const float> params(std::size_t u) = 0;
   virtual void release(std::size_t u) = 0;
   virtual std::span<float> grad_buffer(std::size_t u) = 0;
   virtual void grads_ready(std::size_t u) = 0;
+  virtual const_buffer_view acquire_as(std::size_t u, phase ph, dtype t) = 0;
+  virtual buffer_view grad_buffer_as(std::size_t u, dtype t) = 0;
 };
 }  // namespace detail
 
-/// The model's view of one step: parameters to read, gradient buffers to write, unit hooks.
-class step_context {
+/// The model's view of one step, for buffers in memory space S: parameters to read,
+/// gradient buffers to write (spans in S's memory), the stream to compute on, unit hooks.
+/// In a host-accessible space (host_space) the spans may be read and written on the host
+/// when a hook returns them; on a device, queue the work that uses them on stream().
+template <class S = space::host_space>
+class basic_step_context {
  public:
-  step_context(detail::unit_hooks& hooks, bool training, std::int64_t step, int rank)
+  using space_type = S;
+
+  basic_step_context(detail::unit_hooks<S>& hooks, bool training, std::int64_t step, int rank)
       : hooks_(&hooks), training_(training), step_(step), rank_(rank) {}
 
   const flat_layout& layout() const { return hooks_->layout(); }
+  /// The memory space of the spans the hooks return.
+  S& space() { return hooks_->space(); }
+  /// The stream to compute on: it waits for the gathers of acquired units, and the
+  /// reductions started by grads_ready wait for the work queued on it.
+  typename S::stream& stream() { return hooks_->compute_stream(); }
   /// True in training steps; false in evaluation (no gradients).
   bool training() const noexcept { return training_; }
   /// The 0-based step number.
@@ -132,6 +153,25 @@ class step_context {
   void grads_ready(std::size_t u) {
     require_training("grads_ready");
     hooks_->grads_ready(u);
+  }
+
+  /// Mixed precision (FSDP2's): unit u's padded parameters for phase ph in the compute type
+  /// T (float, bf16 or f16), a copy of the gathered values made on stream(); the f32 master
+  /// is kept. With T the param dtype of the trainer's precision, the values are exactly the
+  /// gathered ones.
+  template <class T>
+  std::span<const T> acquire_as(std::size_t u, phase ph = phase::forward) {
+    const const_buffer_view v = hooks_->acquire_as(u, ph, dtype_of<T>);
+    return {static_cast<const T*>(v.data), v.count};
+  }
+  /// Unit u's padded gradient buffer in the compute type T (zero at the start of the step):
+  /// grads_ready(u) widens it into f32 and reduces it in the reduce dtype. A unit's gradients
+  /// are written through grad_buffer or grad_buffer_as<T>, not both, in one step.
+  template <class T>
+  std::span<T> grad_buffer_as(std::size_t u) {
+    require_training("grad_buffer_as");
+    const buffer_view v = hooks_->grad_buffer_as(u, dtype_of<T>);
+    return {static_cast<T*>(v.data), v.count};
   }
 
   /// Unit u's padded parameters, gathered on first use if the unit was not acquired.
@@ -174,15 +214,18 @@ class step_context {
   void require_training(const char* what) const {
     FEDSHARD_EXPECTS(training_, "step_context::", what, " called during evaluation");
   }
-  detail::unit_hooks* hooks_;
+  detail::unit_hooks<S>* hooks_;
   bool training_;
   std::int64_t step_;
   int rank_;
 };
 
-/// See the numbered requirements above.
-template <class M, class B>
-concept Model = requires(M& m, step_context& ctx, const B& batch) {
+/// The step context of host buffers.
+using step_context = basic_step_context<>;
+
+/// See the numbered requirements above (with the step context of space S).
+template <class M, class B, class S = space::host_space>
+concept Model = requires(M& m, basic_step_context<S>& ctx, const B& batch) {
   { m.units() } -> std::convertible_to<std::vector<unit_spec>>;
   { m.forward_backward(ctx, batch) } -> std::convertible_to<float>;
 };

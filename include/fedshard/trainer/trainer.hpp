@@ -13,9 +13,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -28,6 +30,7 @@
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/plan/interpreter.hpp"
 #include "fedshard/shard/engine.hpp"
+#include "fedshard/space/space_of.hpp"
 #include "fedshard/trainer/algorithm.hpp"
 #include "fedshard/trainer/checkpoint.hpp"
 #include "fedshard/trainer/model.hpp"
@@ -66,27 +69,40 @@ inline comm_op world_mean_op(int world_size) {
 }
 
 /// Trains ModelT (a fedshard::Model) with A (an Algorithm) and the inner ShardOptimizer O on
-/// one rank of a mesh over Communicator C.
-template <class ModelT, Algorithm A, optim::ShardOptimizer O, Communicator C>
-class trainer final : private detail::unit_hooks {
+/// one rank of a mesh over Communicator C. Its buffers (parameters, gradients, optimizer and
+/// federation state) live in memory space S, by default C's (space/space_of.hpp): host memory
+/// for inproc, shaped and mpi, the GPU for nccl and gpu_inproc. Another S works with a host
+/// communicator when the host can read S's memory (S::host_accessible; tests run the trainer
+/// on space::checked_space that way).
+template <class ModelT, Algorithm A, optim::ShardOptimizer O, Communicator C,
+          space::MemorySpace S = space::space_of_t<C>>
+class trainer final : private detail::unit_hooks<S> {
+  static_assert(std::is_same_v<S, space::space_of_t<C>> || S::host_accessible,
+                "fedshard::trainer: a space other than the communicator's must be one the host "
+                "can read (the communicator reads and writes its buffers on the host)");
+
  public:
+  using space_type = S;
   using shard_policy = typename A::shard_policy;
   using federation_policy = typename A::federation_policy;
   using sync_schedule = typename A::sync_schedule;
-  using engine_type = shard::engine<shard_policy, C>;
-  using sync_type = federation::synchronizer<federation_policy, sync_schedule>;
+  using engine_type = shard::engine<shard_policy, C, space_type>;
+  using optimizer_type = optim::in_space_t<O, space_type>;
+  using sync_type = federation::synchronizer<federation_policy, sync_schedule, space_type>;
+  using context_type = basic_step_context<space_type>;
   using options = trainer_options<A>;
 
   /// Collective over the mesh's world (every rank constructs its trainer with the same model
   /// declaration and settings).
   trainer(mesh<C>& m, ModelT model, typename O::config opt = {}, options o = {})
-      : model_(std::move(model)),
+      : space_(make_space(m.world())),
+        model_(std::move(model)),
         opts_(std::move(o)),
-        engine_(m, model_.units(), opts_.precision),
-        optimizer_(opt, engine_.master().size()),
+        engine_(m, *space_, model_.units(), opts_.precision),
+        optimizer_(opt, engine_.master().size(), *space_),
         base_lr_(opt.lr),
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
-              static_cast<int>(optimizer_.state().size())) {
+              static_cast<int>(optimizer_.state().size()), *space_) {
     FEDSHARD_EXPECTS(opts_.total_steps >= 0, "trainer: total_steps must be >= 0, found ",
                      opts_.total_steps);
     engine_.set_max_live_units(opts_.max_live_units);
@@ -103,22 +119,24 @@ class trainer final : private detail::unit_hooks {
   /// One training step on this rank's batch; returns the rank's loss.
   template <class Batch>
   float step(const Batch& batch) {
-    static_assert(fedshard::Model<ModelT, Batch>,
+    static_assert(fedshard::Model<ModelT, Batch, space_type>,
                   "fedshard::trainer::step: the model must provide units() and "
-                  "forward_backward(step_context&, const Batch&) -> float");
+                  "forward_backward(basic_step_context<S>&, const Batch&) -> float, with S the "
+                  "communicator's memory space (step_context for host memory)");
+    auto& compute = engine_.compute_stream();
     if (!started_) {
-      sync_.reset(engine_.master());  // anchors start from the initial parameters
+      sync_.reset(engine_.master(), compute);  // anchors start from the initial parameters
       started_ = true;
     }
     engine_.begin_step();
-    step_context ctx(*this, true, step_, engine_.topology().rank());
+    context_type ctx(*this, true, step_, engine_.topology().rank());
     const float loss = static_cast<float>(model_.forward_backward(ctx, batch));
     engine_.finish_backward();
     const float lr = opts_.lr_schedule ? opts_.lr_schedule(step_) : base_lr_;
-    optimizer_.step(engine_.master(), std::span<const float>(engine_.grad()), lr);
+    optimizer_.step(engine_.master(), std::span<const float>(engine_.grad()), lr, compute);
     sync_.add_tokens(tokens_of(model_, batch));
     sync_.after_step(engine_.interp(), step_, opts_.total_steps, engine_.master(),
-                     optimizer_.state());
+                     optimizer_.state(), compute);
     ++step_;
     return loss;
   }
@@ -128,13 +146,13 @@ class trainer final : private detail::unit_hooks {
   template <class Batch>
   float evaluate(const Batch& batch) {
     static_assert(
-        requires(ModelT & m, step_context & c) {
+        requires(ModelT & m, context_type & c) {
           { m.evaluate(c, batch) } -> std::convertible_to<float>;
         },
-        "fedshard::trainer::evaluate: the model must provide evaluate(step_context&, const "
-        "Batch&)");
+        "fedshard::trainer::evaluate: the model must provide evaluate(basic_step_context<S>&, "
+        "const Batch&)");
     engine_.begin_step();
-    step_context ctx(*this, false, step_, engine_.topology().rank());
+    context_type ctx(*this, false, step_, engine_.topology().rank());
     const float loss = static_cast<float>(model_.evaluate(ctx, batch));
     engine_.begin_step();  // frees what evaluation gathered
     return loss;
@@ -212,17 +230,24 @@ class trainer final : private detail::unit_hooks {
                      [&](const checkpoint::file_reader& r, bool commit) { restore(r, commit); });
   }
 
+  /// The host waits for the work queued on the compute stream (to read the master or the
+  /// optimizer state in a host-accessible space).
+  void synchronize() { space_->synchronize(engine_.compute_stream()); }
+
   const flat_layout& layout() const override { return engine_.layout(); }
+  /// The memory space of the trainer's buffers.
+  space_type& space() override { return *space_; }
   engine_type& engine() noexcept { return engine_; }
-  O& optimizer() noexcept { return optimizer_; }
-  federation_policy& federation() noexcept { return sync_.policy(); }
+  optimizer_type& optimizer() noexcept { return optimizer_; }
+  typename sync_type::policy_type& federation() noexcept { return sync_.policy(); }
   const sync_schedule& schedule() const noexcept { return sync_.schedule(); }
   ModelT& model() noexcept { return model_; }
   mesh<C>& topology() noexcept { return engine_.topology(); }
   const options& settings() const noexcept { return opts_; }
 
  private:
-  // unit_hooks: the step_context forwards here.
+  // unit_hooks: the step context forwards here.
+  typename space_type::stream& compute_stream() override { return engine_.compute_stream(); }
   std::span<const float> acquire(std::size_t u, phase ph) override {
     return engine_.acquire(u, ph);
   }
@@ -230,6 +255,12 @@ class trainer final : private detail::unit_hooks {
   void release(std::size_t u) override { engine_.release(u); }
   std::span<float> grad_buffer(std::size_t u) override { return engine_.grad_buffer(u); }
   void grads_ready(std::size_t u) override { engine_.grads_ready(u); }
+  const_buffer_view acquire_as(std::size_t u, phase ph, dtype t) override {
+    return engine_.acquire_as(u, ph, t);
+  }
+  buffer_view grad_buffer_as(std::size_t u, dtype t) override {
+    return engine_.grad_buffer_as(u, t);
+  }
 
   /// How checkpoints agree across the world: agreement_op through the interpreter.
   auto agree() {
@@ -262,10 +293,10 @@ class trainer final : private detail::unit_hooks {
   }
 
   void write_state(checkpoint::file_writer& w) {
-    w.add_span("master", std::span<const float>(engine_.master()));
+    w.add_span("master", std::span<const float>(engine_.download(engine_.master())));
     w.add_value("optimizer.step_count", optimizer_.step_count());
     for (const auto& t : optimizer_.state())
-      w.add_span("optimizer." + t.name, std::span<const float>(t.data));
+      w.add_span("optimizer." + t.name, std::span<const float>(engine_.download(t.data)));
     sync_.save(w);
     w.add_value("trainer.step", step_);
     w.add_value("trainer.started", started_);
@@ -276,7 +307,7 @@ class trainer final : private detail::unit_hooks {
     auto into = [&](const std::string& name, std::span<float> live) {
       std::vector<float> scratch(live.size());
       r.read_span(name, std::span<float>(scratch));
-      if (commit) std::copy(scratch.begin(), scratch.end(), live.begin());
+      if (commit) engine_.upload(scratch, live);
     };
     into("master", engine_.master());
     const auto opt_steps = r.read_value<std::int64_t>("optimizer.step_count");
@@ -290,10 +321,19 @@ class trainer final : private detail::unit_hooks {
     started_ = started;
   }
 
+  /// The communicator's own space for it (bound to its device), or a default S.
+  static std::unique_ptr<S> make_space(C& world) {
+    if constexpr (std::is_same_v<S, space::space_of_t<C>>)
+      return space::make_space(world);
+    else
+      return std::make_unique<S>();
+  }
+
+  std::unique_ptr<space_type> space_;  // first: every buffer below goes back to it
   ModelT model_;
   options opts_;
   engine_type engine_;
-  O optimizer_;
+  optimizer_type optimizer_;
   float base_lr_;
   sync_type sync_;
   std::int64_t step_ = 0;
