@@ -521,9 +521,12 @@ TEST_CASE("fedyogi differs from fedadam once v > d², and only in v's update") {
 
 TEST_CASE("initial_v sets where v starts; a restore of state() overwrites it") {
   fedyogi yogi({.tau = 0.5f, .initial_v = 0.125f}, 3);
-  for (const float v : yogi.state()[1].data) CHECK(v == 0.125f);
+  // state() returns views by value: keep the vector alive across the loop.
+  const auto yogi_state = yogi.state();
+  for (const float v : yogi_state[1].data) CHECK(v == 0.125f);
   fedadam default_start({.tau = 0.5f}, 3);
-  for (const float v : default_start.state()[1].data) CHECK(v == 0.25f);  // tau², exact
+  const auto default_state = default_start.state();
+  for (const float v : default_state[1].data) CHECK(v == 0.25f);  // tau², exact
 
   // A checkpoint restore writes v through state(); the next step starts from that v.
   fedadam restored({.tau = 0.5f}, 1);
