@@ -132,6 +132,10 @@ if(FEDSHARD_BUILD_TESTS)
     set(target "test_cuda_${name}")
     add_executable(${target} "${source}")
     target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+    if(name STREQUAL "trainer_gpu")
+      # Its model is the example's device MLP (examples/gpu/device_mlp.cuh).
+      target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/examples")
+    endif()
     target_link_libraries(${target} PRIVATE fedshard::cuda fedshard_gpu_test_main
                                             fedshard_cuda_warnings)
     # The NCCL test, and the trainer's GPU test when NCCL is there (it instantiates the
