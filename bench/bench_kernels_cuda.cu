@@ -10,7 +10,19 @@
 /// bytes). The reported time and bytes_per_second are the kernel's; GBps is traffic / kernel
 /// time in 1e9 bytes/s, memcpy_GBps the same for the copy, and ratio_vs_memcpy = memcpy time /
 /// kernel time, the fraction of the copy's bandwidth the kernel reaches (the target is >= 0.85
-/// at S >= 64 MiB).
+/// at S >= 64 MiB); vs_memcpy is the same ratio under the name every row shares.
+///
+/// memcpy/d2d: a cudaMemcpyDeviceToDevice of S bytes timed against itself, the reference row
+/// (vs_memcpy = 1 up to noise). cuda_space/*: the same operations through the cuda_space API
+/// (space/memory_space.hpp) on a stream of the space: cast f32 -> bf16, pack (one space copy
+/// per tensor part and one fill per padding run, as a space-generic engine packs), the
+/// 2-array weighted sum of streaming mixing (kernels::mix_update through for_each) and AdamW
+/// (kernels::adamw_update through for_each). gpu_inproc/all_reduce_*: S bytes of f32 or bf16
+/// summed over 4 ranks sharing device 0, out of place; every call's device traffic is 2 x 4 x
+/// S (each input read once, each output written once); time per call from the host clock
+/// between two barriers around max_iterations back-to-back async calls (host rendezvous
+/// included); vs_memcpy = that traffic's bandwidth / a cudaMemcpyDeviceToDevice of 4 S bytes
+/// measured in the same run; algbw and busbw as nccl-tests.
 ///
 /// NCCL (built with fedshard::nccl). On a communicator of one rank (device 0), all_reduce of
 /// S bytes of f32, out of place. nccl_blocking: each iteration times with steady_clock a raw
@@ -24,22 +36,27 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <span>
 #include <vector>
 
 #include "fedshard/core/dtype.hpp"
+#include "fedshard/cuda/cuda_space.cuh"
 #include "fedshard/cuda/device_buffer.cuh"
 #include "fedshard/cuda/error.cuh"
+#include "fedshard/cuda/gpu_inproc.cuh"
 #include "fedshard/cuda/kernels.cuh"
 #include "fedshard/cuda/reduce.cuh"
 #include "fedshard/cuda/stream.cuh"
 #include "fedshard/kernels/adamw.hpp"
 #include "fedshard/kernels/outer.hpp"
 #include "fedshard/kernels/pack.hpp"
+#include "fedshard/kernels/sync.hpp"
 #if FEDSHARD_HAS_NCCL
 #include "fedshard/cuda/nccl.cuh"
 #endif
@@ -47,6 +64,7 @@
 namespace {
 
 namespace gpu = fedshard::gpu;
+namespace gpu_inproc = fedshard::gpu_inproc;
 namespace kernels = fedshard::kernels;
 using fedshard::bf16;
 
@@ -64,11 +82,11 @@ gpu::device_buffer<T> filled(std::size_t n, float scale = 1.0f) {
   return out;
 }
 
-/// Times kernel(stream), which moves `traffic` bytes, against a device-to-device copy of
-/// traffic / 2 bytes; see the file comment for what is reported.
+/// Times kernel(s), which moves `traffic` bytes on stream s, against a device-to-device copy
+/// of traffic / 2 bytes on s; see the file comment for what is reported.
 template <class Kernel>
-void side_by_side(benchmark::State& state, std::size_t traffic, Kernel&& kernel) {
-  gpu::stream s;
+void side_by_side_on(benchmark::State& state, std::size_t traffic, cudaStream_t s,
+                     Kernel&& kernel) {
   const std::size_t copy_bytes = traffic / 2;
   auto src = gpu::device_buffer<std::byte>::uninitialized(copy_bytes);
   auto dst = gpu::device_buffer<std::byte>::uninitialized(copy_bytes);
@@ -77,13 +95,13 @@ void side_by_side(benchmark::State& state, std::size_t traffic, Kernel&& kernel)
         cudaMemcpyAsync(dst.data(), src.data(), copy_bytes, cudaMemcpyDeviceToDevice, s));
   };
   gpu::event e0(cudaEventDefault), e1(cudaEventDefault), e2(cudaEventDefault);
-  kernel(s.get());  // warm-up: first launch, opt-in attributes, caches
+  kernel(s);  // warm-up: first launch, opt-in attributes, caches
   copy();
-  s.synchronize();
+  FEDSHARD_CUDA_TRY(cudaStreamSynchronize(s));
   double kernel_ms = 0.0, copy_ms = 0.0;
   for (auto _ : state) {
     e0.record(s);
-    kernel(s.get());
+    kernel(s);
     e1.record(s);
     copy();
     e2.record(s);
@@ -99,6 +117,14 @@ void side_by_side(benchmark::State& state, std::size_t traffic, Kernel&& kernel)
   state.counters["memcpy_GBps"] =
       iterations * 2.0 * static_cast<double>(copy_bytes) / (copy_ms * 1e6);
   state.counters["ratio_vs_memcpy"] = copy_ms / kernel_ms;
+  state.counters["vs_memcpy"] = copy_ms / kernel_ms;  // bandwidth / memcpy bandwidth
+}
+
+/// side_by_side_on a stream of its own.
+template <class Kernel>
+void side_by_side(benchmark::State& state, std::size_t traffic, Kernel&& kernel) {
+  gpu::stream s;
+  side_by_side_on(state, traffic, s.get(), kernel);
 }
 
 template <class From, class To>
@@ -229,6 +255,167 @@ void bm_count_nonfinite(benchmark::State& state) {
   });
 }
 
+// ---------------------------------------------------------------- the reference copy
+
+/// cudaMemcpyDeviceToDevice of S bytes: the reference of every vs_memcpy (here 1 by
+/// construction: it is timed against itself, side by side).
+void bm_memcpy_d2d(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  auto src = gpu::device_buffer<std::byte>::uninitialized(bytes);
+  auto dst = gpu::device_buffer<std::byte>::uninitialized(bytes);
+  side_by_side(state, 2 * bytes, [&](cudaStream_t s) {
+    FEDSHARD_CUDA_TRY(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, s));
+  });
+}
+
+// ---------------------------------------------------------------- gpu_inproc
+
+/// Seconds of one cudaMemcpyDeviceToDevice of `bytes` (the best of a few), on device 0.
+double memcpy_seconds(std::size_t bytes) {
+  auto src = gpu::device_buffer<std::byte>::uninitialized(bytes);
+  auto dst = gpu::device_buffer<std::byte>::uninitialized(bytes);
+  gpu::stream s;
+  gpu::event e0(cudaEventDefault), e1(cudaEventDefault);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    e0.record(s);
+    FEDSHARD_CUDA_TRY(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, s));
+    e1.record(s);
+    e1.synchronize();
+    best = std::min(best, static_cast<double>(gpu::event::elapsed_ms(e0, e1)) / 1e3);
+  }
+  return best;
+}
+
+/// all_reduce (sum, out of place) of S bytes of T on `ranks` gpu_inproc ranks sharing device
+/// 0. One gpu_inproc::run per benchmark run: every rank allocates its buffers and makes 3
+/// untimed calls; rank 0 reads steady_clock after a barrier, all ranks make max_iterations
+/// async calls back to back, and rank 0 reads the clock after a final barrier (which waits
+/// for the device work). The device traffic of one call is 2 x ranks x S (every input read
+/// once, every output written once); vs_memcpy = that traffic's bandwidth / the bandwidth of
+/// a cudaMemcpyDeviceToDevice of ranks x S bytes measured in the same run.
+template <class T>
+void bm_gpu_inproc_all_reduce(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const auto ranks = static_cast<int>(state.range(1));
+  const auto count = static_cast<std::int64_t>(bytes / sizeof(T));
+  const std::int64_t iterations = state.max_iterations;
+  const std::size_t traffic = 2 * static_cast<std::size_t>(ranks) * bytes;
+  double seconds = 0.0;
+  try {
+    gpu_inproc::options o;
+    o.devices = {0};
+    gpu_inproc::run(
+        ranks,
+        [&](gpu_inproc::communicator& c) {
+          auto space = c.make_space();
+          auto in = space->allocate<T>(static_cast<std::size_t>(count));
+          auto out = space->allocate<T>(static_cast<std::size_t>(count));
+          const auto call = [&] {
+            return c.all_reduce_async(in.data(), out.data(), count, fedshard::dtype_of<T>,
+                                      fedshard::reduce_op::sum);
+          };
+          for (int i = 0; i < 3; ++i) call().wait();
+          std::vector<fedshard::request> requests;
+          requests.reserve(static_cast<std::size_t>(iterations));
+          c.barrier();
+          const auto t0 = std::chrono::steady_clock::now();
+          for (std::int64_t i = 0; i < iterations; ++i) requests.push_back(call());
+          c.barrier();
+          const auto t1 = std::chrono::steady_clock::now();
+          fedshard::wait_all(requests);
+          if (c.rank() == 0) seconds = std::chrono::duration<double>(t1 - t0).count();
+        },
+        o);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  const double per_iter = seconds / static_cast<double>(iterations);
+  for (auto _ : state) state.SetIterationTime(per_iter);
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(bytes));
+  const double gbps = static_cast<double>(traffic) / per_iter / 1e9;
+  const double memcpy_gbps = static_cast<double>(traffic) / memcpy_seconds(traffic / 2) / 1e9;
+  state.counters["algbw"] = static_cast<double>(bytes) / per_iter / 1e9;
+  state.counters["busbw"] = state.counters["algbw"] * 2.0 * (ranks - 1) / ranks;
+  state.counters["GBps"] = gbps;
+  state.counters["memcpy_GBps"] = memcpy_gbps;
+  state.counters["vs_memcpy"] = gbps / memcpy_gbps;
+}
+
+// ---------------------------------------------------------------- cuda_space
+
+/// One cuda_space (device 0) and a stream of it for the cuda_space rows; the buffers are
+/// the space's (cached blocks).
+struct space_bench {
+  gpu::cuda_space space{0};
+  gpu::cuda_space::stream st = space.make_stream();
+
+  gpu::cuda_space::buffer<float> filled_f32(std::size_t n, float scale = 1.0f) {
+    auto b = space.allocate<float>(n);
+    std::vector<float> host(n);
+    for (std::size_t i = 0; i < n; ++i) host[i] = scale * (static_cast<float>(i % 1999) - 999.0f);
+    space.from_host(st, fedshard::cview(std::span<const float>(host)), b.view());
+    space.synchronize(st);
+    return b;
+  }
+};
+
+void bm_space_cast(benchmark::State& state) {
+  space_bench sb;
+  const auto n = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+  auto in = sb.filled_f32(n);
+  auto out = sb.space.allocate<bf16>(n);
+  side_by_side_on(state, n * (sizeof(float) + sizeof(bf16)), sb.st.get(),
+                  [&](cudaStream_t) { sb.space.cast(sb.st, in.view(), out.view()); });
+}
+
+/// pack as a space-generic engine does it: one cuda_space copy per tensor part of the shard
+/// and one fill per padding run (bench_unit's shard of S bytes).
+void bm_space_pack(benchmark::State& state) {
+  space_bench sb;
+  const bench_unit unit(static_cast<std::size_t>(state.range(0)) / sizeof(float));
+  auto shard = sb.space.allocate<float>(unit.shard_elems);
+  const std::size_t traffic = unit.covered() * sizeof(float) + unit.shard_elems * sizeof(float);
+  side_by_side_on(state, traffic, sb.st.get(), [&](cudaStream_t) {
+    kernels::for_each_segment(
+        std::span<const kernels::tensor_ref<const float>>(unit.in), unit.begin(), unit.shard_elems,
+        [&](const kernels::pack_segment& p) {
+          const fedshard::buffer_view to{shard.data() + p.shard_pos, p.count, fedshard::dtype::f32};
+          if (p.tensor == kernels::pack_segment::padding)
+            sb.space.fill(sb.st, to, 0.0);
+          else
+            sb.space.copy(
+                sb.st, {unit.in[p.tensor].data + p.tensor_pos, p.count, fedshard::dtype::f32}, to);
+        });
+  });
+}
+
+/// The weighted sum of two arrays the streaming sync does (kernels::mix_update through
+/// cuda_space::for_each): reads 2 S, writes S.
+void bm_space_mix(benchmark::State& state) {
+  space_bench sb;
+  const auto n = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+  auto local = sb.filled_f32(n), synced = sb.filled_f32(n, 0.5f);
+  side_by_side_on(state, 3 * n * sizeof(float), sb.st.get(), [&](cudaStream_t) {
+    sb.space.for_each(sb.st, kernels::mix_update{0.3f}, local.span(),
+                      std::span<const float>(synced.span()));
+  });
+}
+
+/// AdamW through cuda_space::for_each (kernels::adamw_update): reads 4 S, writes 3 S.
+void bm_space_adamw(benchmark::State& state) {
+  space_bench sb;
+  const auto n = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+  auto p = sb.filled_f32(n), g = sb.filled_f32(n, 1e-3f), m = sb.filled_f32(n, 1e-4f),
+       v = sb.filled_f32(n, 1e-6f);
+  const auto sc = kernels::make_adamw_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 10);
+  side_by_side_on(state, 7 * n * sizeof(float), sb.st.get(), [&](cudaStream_t) {
+    sb.space.for_each(sb.st, kernels::adamw_update{sc}, p.span(), std::span<const float>(g.span()),
+                      m.span(), v.span());
+  });
+}
+
 #if FEDSHARD_HAS_NCCL
 
 /// The one-rank communicator on device 0, made once and never destroyed (it would be torn
@@ -319,6 +506,12 @@ void sizes(benchmark::internal::Benchmark* b) {
   b->Arg(64 * mib)->Arg(256 * mib)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
 }
 
+void rank_sizes(benchmark::internal::Benchmark* b) {
+  for (int ranks : {4}) b->Args({64 * mib, ranks})->Args({256 * mib, ranks});
+  b->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.2);
+}
+
+BENCHMARK(bm_memcpy_d2d)->Name("memcpy/d2d")->Apply(sizes);
 BENCHMARK(bm_cast<float, bf16>)->Name("cast/f32_to_bf16")->Apply(sizes);
 BENCHMARK(bm_cast<bf16, float>)->Name("cast/bf16_to_f32")->Apply(sizes);
 BENCHMARK(bm_pack<float>)->Name("pack/f32")->Apply(sizes);
@@ -332,6 +525,12 @@ BENCHMARK(bm_outer_fedadam)->Name("outer_fedadam/f32")->Apply(sizes);
 BENCHMARK(bm_adamw)->Name("adamw/f32")->Apply(sizes);
 BENCHMARK(bm_sum_of_squares)->Name("sum_of_squares/f32")->Apply(sizes);
 BENCHMARK(bm_count_nonfinite)->Name("count_nonfinite/f32")->Apply(sizes);
+BENCHMARK(bm_gpu_inproc_all_reduce<float>)->Name("gpu_inproc/all_reduce_f32")->Apply(rank_sizes);
+BENCHMARK(bm_gpu_inproc_all_reduce<bf16>)->Name("gpu_inproc/all_reduce_bf16")->Apply(rank_sizes);
+BENCHMARK(bm_space_cast)->Name("cuda_space/cast_f32_to_bf16")->Apply(sizes);
+BENCHMARK(bm_space_pack)->Name("cuda_space/pack_f32")->Apply(sizes);
+BENCHMARK(bm_space_mix)->Name("cuda_space/weighted_sum_mix_f32")->Apply(sizes);
+BENCHMARK(bm_space_adamw)->Name("cuda_space/adamw_f32")->Apply(sizes);
 #if FEDSHARD_HAS_NCCL
 BENCHMARK(bm_nccl_blocking)->Name("nccl_blocking/all_reduce_f32")->Apply(sizes);
 BENCHMARK(bm_nccl_async)->Name("nccl_async/all_reduce_f32")->Apply(sizes);

@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
 # One command for a machine with an NVIDIA GPU, CUDA (nvcc) and cmake: builds fedshard's CUDA
-# targets in Release for the GPUs present, runs the GPU tests (ctest -L gpu) and
-# bench_kernels_cuda, and writes everything into OUTDIR (default bench/results):
+# targets in Release for the GPUs present, runs the GPU tests (ctest -L gpu),
+# bench_kernels_cuda and bench_train_cuda, and writes everything into OUTDIR (default
+# bench/results):
 #
 #   OUTDIR/device.txt               nvidia-smi's view of the machine (if nvidia-smi exists)
 #   OUTDIR/configure.log, build.log
 #   OUTDIR/gpu_tests.log            ctest -L gpu --output-on-failure
 #   OUTDIR/bench_kernels_cuda.json  Google Benchmark JSON (console output: .log next to it)
-#   OUTDIR/summary.txt              the table printed at the end
+#   OUTDIR/bench_train_cuda.json    the same for the training rows
+#   OUTDIR/summary.txt              the tables printed at the end, the check that every
+#                                   copy-like row reaches vs_memcpy >= 0.85 at 64 MiB, and
+#                                   the check that every training row reaches
+#                                   overlap_efficiency >= 0.9
 #
 # Usage: bench/gpu_check.sh [OUTDIR]
 # Environment: FEDSHARD_GPU_BUILD_DIR (default build/gpu-check), JOBS (default nproc),
 # CUDA_ARCHS (default native), CMAKE_ARGS (extra configure arguments, split on spaces),
-# BENCH_ARGS (extra bench_kernels_cuda arguments, e.g. --benchmark_filter=weighted).
+# BENCH_ARGS (extra bench_kernels_cuda arguments, e.g. --benchmark_filter=weighted),
+# TRAIN_BENCH_ARGS (extra bench_train_cuda arguments, e.g. --benchmark_filter=fsdp; the
+# model's sizes come from the FEDSHARD_TRAIN_* variables, see bench/README.md).
 # Needs the doctest and Google Benchmark development files (cmake/install-deps.sh).
-# Exits non-zero if anything fails, if there is no GPU, or if a GPU test was skipped.
+# Exits non-zero if anything fails, if there is no GPU, if a GPU test was skipped, if a
+# copy-like row misses vs_memcpy >= 0.85 at 64 MiB, or if a training row misses
+# overlap_efficiency >= 0.9.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -63,8 +72,8 @@ cmake -S "$root" -B "$build" \
   fail "configure (log: $out/configure.log)"
 }
 
-say "building the GPU tests and bench_kernels_cuda with $jobs jobs"
-cmake --build "$build" -j "$jobs" --target fedshard_gpu_tests bench_kernels_cuda \
+say "building the GPU tests, bench_kernels_cuda and bench_train_cuda with $jobs jobs"
+cmake --build "$build" -j "$jobs" --target fedshard_gpu_tests bench_kernels_cuda bench_train_cuda \
   >"$out/build.log" 2>&1 || {
   grep -E 'error|Error' "$out/build.log" | head -n 30 >&2 || true
   fail "build (log: $out/build.log)"
@@ -87,33 +96,97 @@ bench_ok=1
   --benchmark_out="$out/bench_kernels_cuda.json" --benchmark_out_format=json \
   ${BENCH_ARGS:-} >"$out/bench_kernels_cuda.log" 2>&1 || bench_ok=0
 
+say "running bench_train_cuda"
+train_ok=1
+# shellcheck disable=SC2086  # TRAIN_BENCH_ARGS is a list of arguments
+"$build/bench/bench_train_cuda" \
+  --benchmark_out="$out/bench_train_cuda.json" --benchmark_out_format=json \
+  ${TRAIN_BENCH_ARGS:-} >"$out/bench_train_cuda.log" 2>&1 || train_ok=0
+
 summarize() {
   python3 - "$out/bench_kernels_cuda.json" <<'EOF'
 import json, sys
 runs = json.load(open(sys.argv[1]))["benchmarks"]
-print(f"{'benchmark':52} {'GB/s':>9} {'memcpy GB/s':>12} {'ratio':>7} {'overhead':>9}")
+print(f"{'benchmark':52} {'GB/s':>9} {'memcpy GB/s':>12} {'vs_memcpy':>9} {'overhead':>9}")
 for r in runs:
     if r.get("run_type") == "aggregate":
         continue
     gbps = r.get("GBps", r.get("bytes_per_second", 0) / 1e9)
     mem = r.get("memcpy_GBps")
-    ratio = r.get("ratio_vs_memcpy")
+    ratio = r.get("vs_memcpy", r.get("ratio_vs_memcpy"))
     over = r.get("overhead")
     print(f"{r['name']:52} {gbps:9.1f} "
           f"{'' if mem is None else f'{mem:.1f}':>12} "
-          f"{'' if ratio is None else f'{ratio:.3f}':>7} "
+          f"{'' if ratio is None else f'{ratio:.3f}':>9} "
           f"{'' if over is None else f'{100 * over:+.2f}%':>9}")
-print("targets: ratio >= 0.85 for weighted_sum and pack/unpack at >= 64 MiB; "
-      "NCCL overhead <= 2% at >= 64 MiB")
+print("targets: vs_memcpy >= 0.85 for the copy-like rows at 64 MiB (checked below) and at "
+      "256 MiB; NCCL overhead <= 2% at >= 64 MiB")
+# The check: every copy-like row (memcpy, casts, pack/unpack, weighted sums, optimizer steps,
+# cuda_space, gpu_inproc) at 64 MiB must reach vs_memcpy >= 0.85.
+checked = ("memcpy/", "cast/", "pack/", "unpack/", "weighted_sum/", "adamw/", "outer_",
+           "cuda_space/", "gpu_inproc/")
+missed = [r for r in runs
+          if r.get("run_type") != "aggregate" and "vs_memcpy" in r
+          and r["name"].startswith(checked) and "/67108864" in r["name"]
+          and r["vs_memcpy"] < 0.85]
+for r in missed:
+    print(f"below target: {r['name']} vs_memcpy {r['vs_memcpy']:.3f} < 0.85")
+print(f"vs_memcpy >= 0.85 at 64 MiB: {'OK' if not missed else f'{len(missed)} rows missed'}")
+sys.exit(1 if missed else 0)
 EOF
 }
+# The training rows: tokens/s, step times and overlap efficiency; every row must have run and
+# reach overlap_efficiency >= 0.9.
+summarize_train() {
+  python3 - "$out/bench_train_cuda.json" <<'EOF'
+import json, sys
+runs = [r for r in json.load(open(sys.argv[1]))["benchmarks"] if r.get("run_type") != "aggregate"]
+print(f"{'benchmark':28} {'tokens/s':>12} {'step ms':>9} {'ref ms':>8} {'overlap':>8} "
+      f"{'comm MB':>8}")
+failed = []
+for r in runs:
+    name = r["name"].split("/iterations:")[0]  # drop Google Benchmark's suffixes
+    if r.get("error_occurred"):
+        print(f"{name:28} error: {r.get('error_message', '')}")
+        failed.append(f"FAIL: {name} did not run: {r.get('error_message', '')}")
+        continue
+    eff = r.get("overlap_efficiency", 0.0)
+    print(f"{name:28} {r.get('tokens_per_s', 0):12.0f} {r.get('step_ms', 0):9.3f} "
+          f"{r.get('ref_step_ms', 0):8.3f} {eff:8.3f} {r.get('comm_MB_per_step', 0):8.1f}"
+          f"{'  < 0.9' if eff < 0.9 else ''}")
+    if eff < 0.9:
+        failed.append(f"FAIL: {name} overlap_efficiency {eff:.3f} < 0.9")
+if not runs:
+    failed.append("FAIL: bench_train_cuda reported no rows")
+print("overlap_efficiency = ranks x t_1 / t_R, t_1 = one rank alone measured in the same row "
+      "(tokens = samples); target >= 0.9")
+for line in failed:
+    print(line)
+print(f"overlap_efficiency >= 0.9: {'OK' if not failed else f'{len(failed)} rows failed'}")
+sys.exit(1 if failed else 0)
+EOF
+}
+targets_ok=1
 if [[ -s "$out/bench_kernels_cuda.json" ]] && command -v python3 >/dev/null 2>&1; then
-  summarize | tee "$out/summary.txt"
+  summarize >"$out/summary.txt" || targets_ok=0
+  cat "$out/summary.txt"
 else
   tail -n 40 "$out/bench_kernels_cuda.log" | tee "$out/summary.txt"
+fi
+train_targets_ok=1
+if [[ -s "$out/bench_train_cuda.json" ]] && command -v python3 >/dev/null 2>&1; then
+  summarize_train >"$out/summary_train.txt" || train_targets_ok=0
+  tee -a "$out/summary.txt" <"$out/summary_train.txt"
+  rm -f "$out/summary_train.txt"
+else
+  tail -n 40 "$out/bench_train_cuda.log" | tee -a "$out/summary.txt"
+  train_targets_ok=0
 fi
 
 say "results in $out ($(($(date +%s) - start)) s)"
 ((tests_ok)) || fail "GPU tests (log: $out/gpu_tests.log)"
 ((bench_ok)) || fail "bench_kernels_cuda (log: $out/bench_kernels_cuda.log)"
+((targets_ok)) || fail "bandwidth targets: vs_memcpy < 0.85 at 64 MiB (see $out/summary.txt)"
+((train_ok)) || fail "bench_train_cuda (log: $out/bench_train_cuda.log)"
+((train_targets_ok)) || fail "training rows: overlap_efficiency < 0.9 (see $out/summary.txt)"
 say "OK"

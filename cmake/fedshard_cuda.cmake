@@ -7,7 +7,8 @@
 #  - a header check that compiles every .cuh on its own in a .cu (with
 #    FEDSHARD_VERIFY_HEADERS);
 #  - the GPU tests, one executable per tests/cuda/test_<name>.cu, named test_cuda_<name>,
-#    labelled gpu and cuda, built by the target fedshard_gpu_tests; without a device they
+#    labelled gpu and cuda (test_nccl, and test_trainer_gpu when NCCL is enabled, also link
+#    fedshard::nccl), built by the target fedshard_gpu_tests; without a device they
 #    exit with 77, which ctest reports as skipped (tests/support/doctest_gpu_main.cpp);
 #  - install rules: exports fedshard-cudaTargets and fedshard-ncclTargets.
 #
@@ -131,9 +132,15 @@ if(FEDSHARD_BUILD_TESTS)
     set(target "test_cuda_${name}")
     add_executable(${target} "${source}")
     target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+    if(name STREQUAL "trainer_gpu")
+      # Its model is the example's device MLP (examples/gpu/device_mlp.cuh).
+      target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/examples")
+    endif()
     target_link_libraries(${target} PRIVATE fedshard::cuda fedshard_gpu_test_main
                                             fedshard_cuda_warnings)
-    if(name STREQUAL "nccl")
+    # The NCCL test, and the trainer's GPU test when NCCL is there (it instantiates the
+    # trainer with nccl::communicator under FEDSHARD_HAS_NCCL).
+    if(name STREQUAL "nccl" OR (name STREQUAL "trainer_gpu" AND FEDSHARD_ENABLE_NCCL))
       target_link_libraries(${target} PRIVATE fedshard::nccl)
     endif()
     fedshard_add_test(${target} COMMAND ${target} LABELS gpu cuda)

@@ -36,6 +36,12 @@
 /// throws peer_failure. Creation (init_rank, init_all) and split block inside NCCL until
 /// all ranks arrive and are not covered by the timeout.
 ///
+/// Memory space: `memory_space` is gpu::cuda_space (cuda/cuda_space.cuh) and the
+/// communicator is stream-ordered in it (space/space_of.hpp): after(ev) makes stream() wait
+/// for a cuda_space event, record() returns one after the operations enqueued so far, and
+/// make_space() gives a cuda_space on the communicator's device; so the trainer takes its
+/// buffers and its event chains from the communicator.
+///
 /// A communicator and its requests are driven by one host thread at a time (like inproc's).
 
 #include "fedshard/cuda/config.cuh"
@@ -59,9 +65,11 @@
 #include "fedshard/comm/request.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
+#include "fedshard/cuda/cuda_space.cuh"
 #include "fedshard/cuda/error.cuh"
 #include "fedshard/cuda/stream.cuh"
 #include "fedshard/error.hpp"
+#include "fedshard/space/space_of.hpp"
 
 namespace fedshard::nccl {
 
@@ -186,6 +194,7 @@ class comm_state {
       FEDSHARD_NCCL_TRY(ncclCommCuDevice(comm_, &device_));
       gpu::device_guard guard(device_);
       FEDSHARD_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      space_events_ = std::make_shared<gpu::detail::event_pool>(device_);
     } catch (...) {
       (void)ncclCommAbort(comm_);
       throw;
@@ -228,6 +237,10 @@ class comm_state {
   int device() const noexcept { return device_; }
   cudaStream_t stream() const noexcept { return stream_; }
   const options& settings() const noexcept { return opt_; }
+  /// The pool of the events record() returns (cuda_space events of the device).
+  const std::shared_ptr<gpu::detail::event_pool>& space_events() const noexcept {
+    return space_events_;
+  }
   bool aborted() const noexcept { return aborted_.load(); }
 
   /// The number of the next call (for messages).
@@ -370,6 +383,7 @@ class comm_state {
   std::mutex mu_;  // guards free_events_ and abort_reason_
   std::vector<cudaEvent_t> free_events_;
   std::string abort_reason_;
+  std::shared_ptr<gpu::detail::event_pool> space_events_;
 };
 
 /// The request of one enqueued operation: an event recorded right after it.
@@ -408,6 +422,10 @@ struct call_args {
 /// buffers (see the file comment). Move-only.
 class communicator : public blocking_calls<communicator> {
  public:
+  /// The buffers' space: device memory (space/space_of.hpp); the communicator is
+  /// stream-ordered in it (after, record).
+  using memory_space = gpu::cuda_space;
+
   /// Adopts an initialised NCCL communicator (destroyed or aborted with this object) and
   /// creates its stream on the communicator's device.
   explicit communicator(ncclComm_t comm, options opt = {})
@@ -471,6 +489,21 @@ class communicator : public blocking_calls<communicator> {
   bool aborted() const noexcept { return s_->aborted(); }
   /// The settings (timeout).
   const options& settings() const noexcept { return s_->settings(); }
+
+  /// A cuda_space on this rank's device, for the buffers of this communicator's user.
+  std::unique_ptr<gpu::cuda_space> make_space() const {
+    return std::make_unique<gpu::cuda_space>(device());
+  }
+  /// Later operations wait for ev (cudaStreamWaitEvent on stream(); the host does not wait).
+  void after(const gpu::cuda_event& ev) {
+    gpu::device_guard guard(device());
+    ev.wait_on(stream());
+  }
+  /// An event of cuda_space after the operations enqueued so far.
+  gpu::cuda_event record() {
+    gpu::device_guard guard(device());
+    return gpu::cuda_event::record(s_->space_events(), stream());
+  }
 
   /// Aborts the communicator now (ncclCommAbort): operations in flight on any rank fail,
   /// and every later call on this one throws peer_failure.
@@ -701,5 +734,6 @@ class communicator : public blocking_calls<communicator> {
 };
 
 static_assert(Communicator<communicator>);
+static_assert(space::StreamOrdered<communicator, gpu::cuda_space>);
 
 }  // namespace fedshard::nccl

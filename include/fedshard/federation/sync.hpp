@@ -169,11 +169,12 @@ class synchronizer {
   void after_step(interpreter<C, S>& interp, std::int64_t step, std::int64_t total_steps,
                   std::span<float> master, const std::vector<optim::state_tensor>& inner,
                   stream_type& compute) {
-    if constexpr (!F::syncs) return;  // a policy that never communicates has nothing to do
-    for (int f = 0; f < fragments(); ++f) {
-      const auto a = schedule_.action(f, step, total_steps);
-      if (schedule::starts(a)) start(interp, f, step, master, compute);
-      if (schedule::applies(a)) apply(interp, f, step, master, inner, compute);
+    if constexpr (F::syncs) {  // a policy that never communicates has nothing to do
+      for (int f = 0; f < fragments(); ++f) {
+        const auto a = schedule_.action(f, step, total_steps);
+        if (schedule::starts(a)) start(interp, f, step, master, compute);
+        if (schedule::applies(a)) apply(interp, f, step, master, inner, compute);
+      }
     }
   }
   /// after_step() with a compute stream of its own, done when it returns.
