@@ -179,17 +179,22 @@ struct group_state {
 };
 
 /// Throws peer_failure if the world failed or a member we wait for left; timeout_error past
-/// the deadline. `missing` lists the members not yet arrived.
-inline void check_progress(group_state& g, int me, const char* what, std::uint64_t seq,
-                           const std::vector<int>& missing, clock::time_point deadline) {
+/// the deadline. `missing` lists the members not yet arrived when last looked at;
+/// `arrived(m)` looks again (a member may arrive, complete the call and exit in between).
+template <class Arrived>
+void check_progress(group_state& g, int me, const char* what, std::uint64_t seq,
+                    const std::vector<int>& missing, clock::time_point deadline,
+                    Arrived&& arrived) {
   world_state& w = *g.world;
   const int my_world = g.world_ranks[static_cast<std::size_t>(me)];
   // Read the exit flags before the failure flag: a rank that threw records its failure before
   // it exits, so seeing it exited implies seeing its failure (reported as such, not as "left").
+  // Likewise a member arrives before it exits: once its exit flag is seen, a second look at
+  // its arrival is up to date, and only a member that exited without arriving has left.
   int left = -1;
   for (int m : missing) {
     const int wr = g.world_ranks[static_cast<std::size_t>(m)];
-    if (w.exited[static_cast<std::size_t>(wr)].load()) {
+    if (w.exited[static_cast<std::size_t>(wr)].load() && !arrived(m)) {
       left = wr;
       break;
     }
@@ -241,7 +246,8 @@ inline void wait_marks(group_state& g, int me, group_state::slot& s, std::uint64
     for (int i = 0; i < g.size; ++i)
       if (s.marks[i].load(std::memory_order_acquire) < target) missing.push_back(i);
     if (missing.empty()) return;
-    check_progress(g, me, what, seq, missing, deadline);
+    check_progress(g, me, what, seq, missing, deadline,
+                   [&](int m) { return s.marks[m].load(std::memory_order_acquire) >= target; });
     std::unique_lock lock(g.mu);
     g.sleepers.fetch_add(1);
     if (!all_arrived()) g.cv.wait_for(lock, std::chrono::milliseconds(20));
@@ -526,7 +532,8 @@ inline void p2p_wait(group_state& g, int me, p2p_op& op) {
     auto it = std::find(g.posted.begin(), g.posted.end(), &op);
     if (it != g.posted.end()) {
       try {
-        check_progress(g, me, what, 0, {peer}, deadline);
+        // still posted under p2p_mu: the peer has not matched op
+        check_progress(g, me, what, 0, {peer}, deadline, [](int) { return false; });
       } catch (...) {
         g.posted.erase(it);
         throw;
