@@ -262,8 +262,20 @@ struct basic_mlp {
     return {.first = first, .size = per_rank};
   }
 
+  /// One training step's loss; the gradients go to ctx.grad_buffer.
   template <class Ctx>
   float forward_backward(Ctx& ctx, const mlp_batch& batch) {
+    return run(ctx, batch, true);
+  }
+  /// The loss without gradients (forward only).
+  template <class Ctx>
+  float evaluate(Ctx& ctx, const mlp_batch& batch) {
+    return run(ctx, batch, false);
+  }
+
+ private:
+  template <class Ctx>
+  float run(Ctx& ctx, const mlp_batch& batch, bool train) {
     namespace m = mlp_math;
     using S = typename Ctx::space_type;
     S& sp = ctx.space();
@@ -312,7 +324,8 @@ struct basic_mlp {
                                         .depth = in,
                                         .out = y.data(),
                                         .bias = biases(p, L)});
-      Launch::template range<S>(st, B * O, m::loss_grad{y.data(), t.data(), dy.data(), B});
+      if (train)
+        Launch::template range<S>(st, B * O, m::loss_grad{y.data(), t.data(), dy.data(), B});
       Launch::template range<S>(st, B, m::sample_loss{y.data(), t.data(), per_sample.data(), O});
       Launch::template range<S>(st, 1, m::batch_loss{per_sample.data(), loss.data(), B});
       ctx.release(head);
@@ -321,7 +334,7 @@ struct basic_mlp {
     // backward: unit u's gradients from dz (its output gradient), then dz of the unit below
     const float* dz = dy.data();
     float* dx = d_in.data();  // dz and dx alternate between d_in and d_out
-    for (int u = L; u >= 0; --u) {
+    for (int u = train ? L : -1; u >= 0; --u) {
       const auto uu = std::size_t(u);
       auto p = ctx.acquire(uu, fedshard::phase::backward);
       auto g = ctx.grad_buffer(uu);

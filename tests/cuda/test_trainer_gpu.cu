@@ -62,6 +62,9 @@ void train_rank(C& world, mesh_shape shape, int steps, trainer_options<A> opts, 
   for (int s = 0; s < steps; ++s)
     losses.push_back(
         t.step(tiny_device_mlp::batch(s, g * gs + local, shape.groups * gs, per_rank)));
+  // the evaluation loss on the next batch (forward only) goes with the training losses
+  losses.push_back(
+      t.evaluate(tiny_device_mlp::batch(steps, g * gs + local, shape.groups * gs, per_rank)));
   const auto r = static_cast<std::size_t>(world.rank());
   out.params[r] = t.parameters();
   out.losses[r] = losses;

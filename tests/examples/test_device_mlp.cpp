@@ -109,6 +109,11 @@ std::pair<std::vector<float>, std::vector<float>> train(fedshard::mesh_shape sha
         mesh, model, {.lr = 0.01f});
     std::vector<float> ls;
     for (int s = 0; s < steps; ++s) ls.push_back(t.step(host_mlp::batch(s, world.rank(), 2, 16)));
+    // evaluate is the step's forward: the same loss, and nothing changes
+    const auto b = host_mlp::batch(steps, world.rank(), 2, 16);
+    const float before = t.evaluate(b);
+    CHECK(t.evaluate(b) == before);
+    CHECK(t.step(b) == before);
     auto p = t.parameters();
     if (world.rank() == 0) {
       losses = ls;

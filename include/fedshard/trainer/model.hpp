@@ -230,6 +230,12 @@ concept Model = requires(M& m, basic_step_context<S>& ctx, const B& batch) {
   { m.forward_backward(ctx, batch) } -> std::convertible_to<float>;
 };
 
+/// M provides requirement 4 (evaluate) with the step context of space S.
+template <class M, class B, class S = space::host_space>
+concept Evaluates = requires(M& m, basic_step_context<S>& ctx, const B& batch) {
+  { m.evaluate(ctx, batch) } -> std::convertible_to<float>;
+};
+
 /// Tokens (or samples) in a batch, as requirement 5 above says.
 template <class M, class B>
 std::int64_t tokens_of(M&& m, const B& batch) {
