@@ -642,7 +642,9 @@ class communicator : public blocking_calls<communicator> {
       auto it = std::find(pending_p2p().begin(), pending_p2p().end(), op);
       if (it != pending_p2p().end()) {
         try {
-          check_progress(h, me_, is_send ? "send" : "recv", 0, {peer}, deadline);
+          // still pending under p2p_mu: the peer has not matched op
+          check_progress(h, me_, is_send ? "send" : "recv", 0, {peer}, deadline,
+                         [](int) { return false; });
         } catch (...) {
           pending_p2p().erase(it);
           throw;
