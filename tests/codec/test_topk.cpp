@@ -1,0 +1,184 @@
+#include "fedshard/codec/topk.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace codec = fedshard::codec;
+
+namespace {
+
+/// A 4-byte-aligned wire of C::encoded_bytes(n) bytes.
+struct wire_buffer {
+  std::vector<float> storage;
+  std::size_t bytes;
+  explicit wire_buffer(std::size_t b) : storage((b + 3) / 4 + 1, -1.0f), bytes(b) {}
+  std::span<std::byte> span() { return std::as_writable_bytes(std::span(storage)).first(bytes); }
+  std::span<const std::byte> cspan() const {
+    return std::as_bytes(std::span(storage)).first(bytes);
+  }
+};
+
+std::vector<float> random_vector(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(gen);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("topk: encoded_bytes is the closed form") {
+  using D = codec::topk<>;  // 4096, 64, 2 bits: 4 + 64 * 2 + 16 bytes per chunk
+  static_assert(D::encoded_bytes(4096) == 4 + 128 + 16);
+  static_assert(D::encoded_bytes(3 * 4096) == 3 * 148);
+  static_assert(D::encoded_bytes(4096 + 10) == 148 + 4 + 10 * 2 + 3);  // partial: k = 10
+  static_assert(D::encoded_bytes(0) == 0);
+  using Q3 = codec::topk<100, 7, 3>;  // 21 bits of codes per full chunk: 3 bytes
+  static_assert(Q3::encoded_bytes(250) == 3 * 4 + (7 + 7 + 7) * 2 + 3 + 3 + 3);
+  using F = codec::topk<100, 7, codec::topk_unquantised>;
+  static_assert(F::encoded_bytes(250) == 21 * (4 + 2));
+  using Big = codec::topk<70000, 3, 2>;  // uint32 indices beyond 65536
+  static_assert(sizeof(Big::index_t) == 4 && Big::encoded_bytes(70000) == 4 + 12 + 1);
+  static_assert(sizeof(D::index_t) == 2);
+}
+
+TEST_CASE("topk: K = Chunk without quantisation sends everything exactly, residual 0") {
+  using C = codec::topk<64, 64, codec::topk_unquantised>;
+  const std::size_t n = 64 * 3 + 17;  // partial last chunk
+  const std::vector<float> in = random_vector(n, 1);
+  C c({.beta = 0.95f}, n);
+  wire_buffer w(C::encoded_bytes(n));
+  c.encode(in, w.span());
+  std::vector<float> out(n, 0.0f);
+  c.decode_add(w.cspan(), out);
+  for (std::size_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    CHECK(out[i] == in[i]);
+    CHECK(c.residual()[i] == 0.0f);
+  }
+}
+
+TEST_CASE("topk: the K largest |e| of each chunk are sent, ties to the lower index") {
+  using C = codec::topk<8, 3, codec::topk_unquantised>;
+  // Chunk 0: largest magnitudes 9 (i 5), -7 (i 1), then a tie of 4s at 2, 6 and -4 at 7.
+  // Chunk 1 (partial, 5 elements): all equal: indices 0, 1, 2.
+  const std::vector<float> in = {1, -7, 4, 0, 2, 9, 4, -4, 3, 3, 3, 3, 3};
+  C c({.beta = 1.0f}, in.size());
+  wire_buffer w(C::encoded_bytes(in.size()));
+  c.encode(in, w.span());
+  std::vector<float> out(in.size(), 0.0f);
+  c.decode_add(w.cspan(), out);
+  const std::vector<float> want = {0, -7, 4, 0, 0, 9, 0, 0, 3, 3, 3, 0, 0};
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    CAPTURE(i);
+    CHECK(out[i] == want[i]);
+    CHECK(c.residual()[i] == in[i] - want[i]);
+  }
+  // Indices on the wire: increasing within each chunk.
+  const auto* idx = reinterpret_cast<const std::uint16_t*>(w.cspan().data() + 6 * 4);
+  CHECK(std::vector<int>(idx, idx + 6) == std::vector<int>{1, 2, 5, 0, 1, 2});
+}
+
+TEST_CASE("topk: 2-bit values are +-s/2 or +-s of the chunk's largest |e|") {
+  using C = codec::topk<16, 4, 2>;
+  const std::vector<float> in = {0.1f, 8.0f, -0.2f, 3.0f, -6.0f, 0.0f, 0.3f, -1.0f,
+                                 0.0f, 0.0f, 0.0f,  0.0f, 0.0f,  0.0f, 0.0f, 0.0f,  // all zero
+                                 2.0f};                                             // partial
+  C c({.beta = 1.0f}, in.size());
+  wire_buffer w(C::encoded_bytes(in.size()));
+  c.encode(in, w.span());
+  std::vector<float> out(in.size(), 0.0f);
+  c.decode_add(w.cspan(), out);
+  // Chunk 0 sends 8 (s), -6 (-> -8: 6/8*2 = 1.5 rounds up to level 2), 3 (-> 4), -1 (-> -4).
+  const std::vector<float> want = {0, 8, 0, 4, -8, 0, 0, -4, 0, 0, 0, 0, 0, 0, 0, 0, 2};
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    CAPTURE(i);
+    CHECK(out[i] == want[i]);
+    CHECK(c.residual()[i] == in[i] - want[i]);
+  }
+}
+
+TEST_CASE_TEMPLATE("topk: error feedback conserves the input over steps", C, codec::topk<64, 4, 2>,
+                   codec::topk<100, 9, 3>, codec::topk<64, 8, codec::topk_unquantised>) {
+  // Per step e_t = beta e_{t-1} + delta_t - sent_t, so sum_t beta^(T-t) (delta_t - sent_t)
+  // = e_T; with beta = 1: sum of inputs = sum of what was sent + the residual. Each step
+  // rounds (beta e, + delta, - sent) a few times; the bound allows 4 roundings of the
+  // largest magnitude met, per step.
+  const std::size_t n = 64 * 5 + 30, steps = 40;
+  for (const float beta : {1.0f, 0.95f, 0.5f}) {
+    CAPTURE(beta);
+    C c({.beta = beta}, n);
+    wire_buffer w(C::encoded_bytes(n));
+    std::vector<double> inputs(n, 0.0), sent(n, 0.0);
+    std::vector<float> out(n);
+    double largest = 0.0;
+    for (std::size_t t = 0; t < steps; ++t) {
+      const std::vector<float> delta = random_vector(n, 100 + static_cast<unsigned>(t));
+      c.encode(delta, w.span());
+      std::fill(out.begin(), out.end(), 0.0f);
+      c.decode_add(w.cspan(), out);
+      for (std::size_t i = 0; i < n; ++i) {
+        inputs[i] = beta * inputs[i] + delta[i];
+        sent[i] = beta * sent[i] + out[i];
+        largest = std::max({largest, std::fabs(inputs[i]), std::fabs(sent[i]),
+                            std::fabs(static_cast<double>(c.residual()[i]))});
+      }
+    }
+    const double tol = 4.0 * steps * largest * std::ldexp(1.0, -24);
+    std::size_t failures = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double err = std::fabs(sent[i] + c.residual()[i] - inputs[i]);
+      if (err > tol && ++failures <= 4) {
+        CAPTURE(i);
+        CHECK(err <= tol);
+      }
+    }
+    CHECK(failures == 0);
+  }
+}
+
+TEST_CASE("topk: two runs give bit-identical wires and residuals; reset zeroes the residual") {
+  using C = codec::topk<>;
+  const std::size_t n = 4096 * 2 + 1000;
+  C a({}, n), b({}, n);
+  wire_buffer wa(C::encoded_bytes(n)), wb(C::encoded_bytes(n));
+  for (unsigned t = 0; t < 5; ++t) {
+    const std::vector<float> delta = random_vector(n, 50 + t);
+    a.encode(delta, wa.span());
+    b.encode(delta, wb.span());
+    CHECK(std::memcmp(wa.cspan().data(), wb.cspan().data(), wa.bytes) == 0);
+  }
+  CHECK(std::memcmp(a.residual().data(), b.residual().data(), n * sizeof(float)) == 0);
+  a.reset();
+  CHECK(std::all_of(a.residual().begin(), a.residual().end(), [](float x) { return x == 0; }));
+}
+
+TEST_CASE(
+    "topk: beta is set at run time and checked; inputs and wires of the wrong size are "
+    "refused") {
+  using C = codec::topk<8, 2, 2>;
+  C c({.beta = 0.5f}, 10);
+  CHECK(c.beta() == 0.5f);
+  c.set_beta(0.9f);
+  CHECK(c.beta() == 0.9f);
+  CHECK_THROWS_AS(c.set_beta(1.5f), fedshard::invalid_argument);
+  CHECK_THROWS_AS((C({.beta = -0.1f}, 10)), fedshard::invalid_argument);
+  std::vector<float> in(9, 1.0f);
+  wire_buffer w(C::encoded_bytes(10));
+  CHECK_THROWS_AS(c.encode(in, w.span()), fedshard::invalid_argument);
+  // A corrupt index is refused rather than written out of bounds.
+  in.assign(10, 1.0f);
+  c.encode(in, w.span());
+  auto* idx = reinterpret_cast<std::uint16_t*>(w.span().data() + 2 * 4);
+  idx[2] = 7;  // chunk 1 has 2 elements
+  std::vector<float> out(10, 0.0f);
+  CHECK_THROWS_AS(c.decode_add(w.cspan(), out), fedshard::invalid_argument);
+}
