@@ -29,7 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <limits>
+#include <functional>
 #include <numeric>
 #include <span>
 #include <string_view>
@@ -38,6 +38,7 @@
 
 #include "fedshard/codec/codec.hpp"
 #include "fedshard/config.hpp"
+#include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
 
 namespace fedshard::codec {
@@ -93,9 +94,9 @@ FEDSHARD_HOST_DEVICE inline std::uint32_t get_code(const std::uint8_t* bytes,
   return (v >> off) & ((1u << Bits) - 1u);
 }
 
-/// The magnitude by which elements are ranked: |x|, a NaN above every number.
-FEDSHARD_HOST_DEVICE inline float topk_rank(float x) noexcept {
-  return x == x ? std::fabs(x) : std::numeric_limits<float>::infinity();
+/// The bits of |x|: ordered as |x| is, a NaN above every number.
+FEDSHARD_HOST_DEVICE constexpr std::uint32_t magnitude_bits(float x) noexcept {
+  return ::fedshard::detail::bit_cast<std::uint32_t>(x) & 0x7fffffffu;
 }
 
 }  // namespace detail
@@ -126,7 +127,10 @@ class topk {
   using index_t = std::conditional_t<(Chunk <= 65536), std::uint16_t, std::uint32_t>;
 
   /// A codec for a buffer of n elements, with a zero residual.
-  topk(config cfg, std::size_t n) : e_(n, 0.0f), order_(std::min(n, Chunk)) { set_beta(cfg.beta); }
+  topk(config cfg, std::size_t n)
+      : e_(n, 0.0f), order_(std::min(n, Chunk)), keys_(std::min(n, Chunk)) {
+    set_beta(cfg.beta);
+  }
 
   /// Number of chunks of n elements.
   static constexpr std::size_t chunks(std::size_t n) noexcept { return detail::ceil_div(n, Chunk); }
@@ -184,13 +188,20 @@ class topk {
       const std::size_t k_sent = std::min(K, m);
       float* ec = e + base;
       index_t* order = order_.data();
-      std::iota(order, order + m, index_t{0});
       if (k_sent < m) {
-        std::nth_element(order, order + k_sent, order + m, [ec](index_t a, index_t b) {
-          const float ra = detail::topk_rank(ec[a]), rb = detail::topk_rank(ec[b]);
-          return ra > rb || (ra == rb && a < b);
-        });
+        // One 64-bit key per element, larger for a larger |e| (the bits of a non-negative
+        // float order as its value; a NaN's lie above infinity's), then for a lower index:
+        // the selection compares integers and never reads e again.
+        std::uint64_t* keys = keys_.data();
+        for (std::size_t i = 0; i < m; ++i)
+          keys[i] = (static_cast<std::uint64_t>(detail::magnitude_bits(ec[i])) << 32) |
+                    (0xffffffffu - static_cast<std::uint32_t>(i));
+        std::nth_element(keys, keys + k_sent, keys + m, std::greater<>{});
+        for (std::size_t j = 0; j < k_sent; ++j)
+          order[j] = static_cast<index_t>(0xffffffffu - static_cast<std::uint32_t>(keys[j]));
         std::sort(order, order + k_sent);
+      } else {
+        std::iota(order, order + m, index_t{0});
       }
       index_t* idx = indices + c * K;
       std::memcpy(idx, order, k_sent * sizeof(index_t));
@@ -259,7 +270,8 @@ class topk {
   }
 
   std::vector<float> e_;
-  std::vector<index_t> order_;  // per-chunk scratch: element order for the selection
+  std::vector<index_t> order_;       // per-chunk scratch: the indices sent
+  std::vector<std::uint64_t> keys_;  // per-chunk scratch: selection keys
   float beta_ = 0.95f;
 };
 
