@@ -42,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "fedshard/comm/async_calls.hpp"
 #include "fedshard/comm/blocking.hpp"
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/comm/detail/call.hpp"
@@ -623,7 +624,7 @@ struct rank_handle {
 
 /// One rank's handle on an in-process communicator; models fedshard::Communicator.
 /// Move-only; not thread-safe (one thread per rank drives it).
-class communicator : public blocking_calls<communicator> {
+class communicator : public blocking_calls<communicator>, public async_calls<communicator> {
  public:
   communicator(std::shared_ptr<detail::group_state> g, int member)
       : h_(std::make_unique<detail::rank_handle>(std::move(g), member)) {}
@@ -662,38 +663,6 @@ class communicator : public blocking_calls<communicator> {
     h_->collective(detail::make_call(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
   }
 
-  request all_reduce_async(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
-    return h_->collective_async(
-        detail::make_call(detail::op_kind::all_reduce, in, out, count, t, op));
-  }
-  request all_gather_async(const void* in, void* out, std::int64_t count, dtype t) {
-    return h_->collective_async(detail::make_call(detail::op_kind::all_gather, in, out, count, t));
-  }
-  request reduce_scatter_async(const void* in, void* out, std::int64_t count, dtype t,
-                               reduce_op op) {
-    return h_->collective_async(
-        detail::make_call(detail::op_kind::reduce_scatter, in, out, count, t, op));
-  }
-  request broadcast_async(void* buf, std::int64_t count, dtype t, int root) {
-    return h_->collective_async(
-        detail::make_call(detail::op_kind::broadcast, buf, buf, count, t, reduce_op::sum, root));
-  }
-  request barrier_async() {
-    return h_->collective_async(
-        detail::make_call(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
-  }
-
-  request send_async(const void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
-    auto op = detail::make_p2p(true, buf, nullptr, count, t, h_->me, peer, tag, size());
-    detail::p2p_post(*h_->group, *op);
-    return request(std::make_unique<detail::p2p_request>(h_->group, h_->me, std::move(op)));
-  }
-  request recv_async(void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
-    auto op = detail::make_p2p(false, nullptr, buf, count, t, h_->me, peer, tag, size());
-    detail::p2p_post(*h_->group, *op);
-    return request(std::make_unique<detail::p2p_request>(h_->group, h_->me, std::move(op)));
-  }
-
   /// Collective: the communicator of the ranks that passed the same color (>= 0), ordered by
   /// key, then by rank. Sub-communicators run concurrently with each other and the parent.
   communicator split(int color, int key) {
@@ -708,6 +677,16 @@ class communicator : public blocking_calls<communicator> {
   }
 
  private:
+  friend class async_calls<communicator>;
+
+  request collective(const detail::call_args& a) { return h_->collective_async(a); }
+  request p2p(bool is_send, const void* sbuf, void* rbuf, std::int64_t count, dtype t, int peer,
+              int tag) {
+    auto op = detail::make_p2p(is_send, sbuf, rbuf, count, t, h_->me, peer, tag, size());
+    detail::p2p_post(*h_->group, *op);
+    return request(std::make_unique<detail::p2p_request>(h_->group, h_->me, std::move(op)));
+  }
+
   std::unique_ptr<detail::rank_handle> h_;
 };
 

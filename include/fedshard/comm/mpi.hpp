@@ -72,6 +72,7 @@
 #include <utility>
 #include <vector>
 
+#include "fedshard/comm/async_calls.hpp"
 #include "fedshard/comm/blocking.hpp"
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/comm/detail/call.hpp"
@@ -1154,7 +1155,7 @@ class environment {
 /// One rank's handle on an MPI communicator; models fedshard::Communicator. Move-only. Owns
 /// three duplicates of the MPI communicator it was built from (freed by the destructor, which
 /// first waits for the pending operations).
-class communicator : public blocking_calls<communicator> {
+class communicator : public blocking_calls<communicator>, public async_calls<communicator> {
  public:
   /// Collective over comm: duplicates it (MPI_Comm_idup) and checks that every rank passed
   /// the same options (but the timeout); invalid_argument on every rank otherwise.
@@ -1205,31 +1206,6 @@ class communicator : public blocking_calls<communicator> {
   /// The options the communicator runs with.
   const options& settings() const noexcept { return (*h_)->opt; }
 
-  request all_reduce_async(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
-    return collective(detail::make_call(detail::op_kind::all_reduce, in, out, count, t, op));
-  }
-  request all_gather_async(const void* in, void* out, std::int64_t count, dtype t) {
-    return collective(detail::make_call(detail::op_kind::all_gather, in, out, count, t));
-  }
-  request reduce_scatter_async(const void* in, void* out, std::int64_t count, dtype t,
-                               reduce_op op) {
-    return collective(detail::make_call(detail::op_kind::reduce_scatter, in, out, count, t, op));
-  }
-  request broadcast_async(void* buf, std::int64_t count, dtype t, int root) {
-    return collective(
-        detail::make_call(detail::op_kind::broadcast, buf, buf, count, t, reduce_op::sum, root));
-  }
-  request barrier_async() {
-    return collective(detail::make_call(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
-  }
-
-  request send_async(const void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
-    return p2p(true, buf, nullptr, count, t, peer, tag);
-  }
-  request recv_async(void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
-    return p2p(false, nullptr, buf, count, t, peer, tag);
-  }
-
   /// Collective: the communicator of the ranks that passed the same color (>= 0), ordered by
   /// key, then by rank (MPI_Comm_split, after an exchange of the arguments in every mode).
   communicator split(int color, int key) {
@@ -1245,6 +1221,8 @@ class communicator : public blocking_calls<communicator> {
   }
 
  private:
+  friend class async_calls<communicator>;
+
   communicator(std::array<MPI_Comm, 3> c, const options& opt)
       : h_(std::make_unique<detail::state_handle>(c[0], c[1], c[2], opt)) {}
 

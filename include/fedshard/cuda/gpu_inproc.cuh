@@ -64,6 +64,7 @@
 #include <utility>
 #include <vector>
 
+#include "fedshard/comm/async_calls.hpp"
 #include "fedshard/comm/blocking.hpp"
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/comm/detail/call.hpp"
@@ -476,8 +477,12 @@ class event_request final : public fedshard::detail::request_state {
 
 /// One rank's handle on a GPU in-process communicator; models fedshard::Communicator with
 /// device buffers, and is stream-ordered in cuda_space (see the file comment). Move-only;
-/// one thread per rank drives it.
-class communicator : public blocking_calls<communicator> {
+/// one thread per rank drives it. The *_async calls are async_calls': barrier_async's
+/// request completes once every rank has entered the barrier and the work queued on the
+/// ranks' streams before it has completed; send_async posts a send of count elements to
+/// peer and returns once the peer posted the matching receive (see the file comment), and
+/// its request completes with the copy; recv_async posts a receive likewise.
+class communicator : public blocking_calls<communicator>, public async_calls<communicator> {
  public:
   /// The buffers' space: device memory.
   using memory_space = gpu::cuda_space;
@@ -518,36 +523,6 @@ class communicator : public blocking_calls<communicator> {
     return gpu::cuda_event::record(rd_->events, rd_->stream.get());
   }
 
-  request all_reduce_async(const void* in, void* out, std::int64_t count, dtype t, reduce_op op) {
-    return collective(detail::make_call(detail::op_kind::all_reduce, in, out, count, t, op));
-  }
-  request all_gather_async(const void* in, void* out, std::int64_t count, dtype t) {
-    return collective(detail::make_call(detail::op_kind::all_gather, in, out, count, t));
-  }
-  request reduce_scatter_async(const void* in, void* out, std::int64_t count, dtype t,
-                               reduce_op op) {
-    return collective(detail::make_call(detail::op_kind::reduce_scatter, in, out, count, t, op));
-  }
-  request broadcast_async(void* buf, std::int64_t count, dtype t, int root) {
-    return collective(
-        detail::make_call(detail::op_kind::broadcast, buf, buf, count, t, reduce_op::sum, root));
-  }
-  /// Completes once every rank has entered the barrier and the work queued on the ranks'
-  /// streams before it has completed.
-  request barrier_async() {
-    return collective(detail::make_call(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
-  }
-
-  /// Posts a send of count elements to peer and returns once the peer posted the matching
-  /// receive (see the file comment); the request completes with the copy.
-  request send_async(const void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
-    return p2p(true, buf, nullptr, count, t, peer, tag);
-  }
-  /// Posts a receive of count elements from peer (see send_async).
-  request recv_async(void* buf, std::int64_t count, dtype t, int peer, int tag = 0) {
-    return p2p(false, nullptr, buf, count, t, peer, tag);
-  }
-
   /// Collective: the communicator of the ranks that passed the same color (>= 0), ordered by
   /// key, then by rank; it has a stream of its own on this rank's device.
   communicator split(int color, int key) {
@@ -562,6 +537,8 @@ class communicator : public blocking_calls<communicator> {
   }
 
  private:
+  friend class async_calls<communicator>;
+
   request collective(const detail::call_args& a) {
     detail::run_collective(*g_, me_, next_seq_++, a, *rd_);
     return request(std::make_unique<detail::event_request>(record()));
