@@ -128,6 +128,13 @@ struct p2p_op {
   std::string error;  // set when the matched peer disagreed
 };
 
+/// A group made by a split, until every member of it has fetched it.
+template <class Group>
+struct split_entry {
+  std::shared_ptr<Group> group;
+  int fetched = 0;
+};
+
 /// The state shared by the ranks of one communicator (the world or a split).
 struct group_state {
   static constexpr std::uint64_t ring = 16;  // collectives that may be in flight at once
@@ -161,11 +168,7 @@ struct group_state {
   std::condition_variable cv;
   std::atomic<int> sleepers{0};
 
-  struct split_entry {
-    std::shared_ptr<group_state> group;
-    int fetched = 0;
-  };
-  std::map<std::pair<std::uint64_t, int>, split_entry> splits;  // guarded by mu
+  std::map<std::pair<std::uint64_t, int>, split_entry<group_state>> splits;  // guarded by mu
 
   std::mutex p2p_mu;
   std::condition_variable p2p_cv;
@@ -327,55 +330,105 @@ inline void execute(const std::vector<call_args>& d, int me, int n) {
   }
 }
 
+/// Where the members of one collective, call number seq, meet: the slot it takes in the ring
+/// and its generation there, and the deadline of member me. A collective is meet(), the
+/// member's share of the work, then leave(); gpu_inproc's are as well.
+struct meeting {
+  meeting(group_state& grp, int member, std::uint64_t n, op_kind kind)
+      : g(grp),
+        me(member),
+        seq(n),
+        what(to_string(kind)),
+        deadline(clock::now() + std::chrono::duration_cast<clock::duration>(g.world->timeout)),
+        slot_index(seq % group_state::ring),
+        gen(seq / group_state::ring),
+        s(g.slots[slot_index]) {}
+
+  /// Waits until the slot's previous call is done, calls before_publish() (gpu_inproc records
+  /// its arrival event there), publishes args and their summary, and waits until every member
+  /// has; then checks the calls, and on a mismatch leaves the slot to the next call and
+  /// rethrows (the same error on every member). Returns every member's arguments.
+  template <class Hook>
+  const std::vector<call_args>& meet(const call_args& args, Hook&& before_publish) {
+    const fedshard::detail::call_summary summary = fedshard::detail::summarize(args, me, g.size);
+    wait_marks(g, me, s, 2 * gen, what, seq, deadline);  // the slot's previous call is done
+    before_publish();
+    s.args[static_cast<std::size_t>(me)] = args;
+    s.calls[static_cast<std::size_t>(me)] = summary;
+    arrive(g, s, me, 2 * gen + 1);
+    wait_marks(g, me, s, 2 * gen + 1, what, seq, deadline);
+    try {
+      fedshard::detail::check_calls(s.calls, seq);
+    } catch (...) {
+      arrive(g, s, me, 2 * gen + 2);  // leave the slot to the next call, then throw
+      throw;
+    }
+    return s.args;
+  }
+
+  /// Waits until every member has done its share (the slot is free for the next call then).
+  void leave() {
+    arrive(g, s, me, 2 * gen + 2);
+    wait_marks(g, me, s, 2 * gen + 2, what, seq, deadline);
+  }
+
+  group_state& g;
+  const int me;
+  const std::uint64_t seq;
+  const char* const what;
+  const clock::time_point deadline;
+  const std::uint64_t slot_index;
+  const std::uint64_t gen;
+  group_state::slot& s;
+};
+
+/// The members that passed member me's color in a split whose arguments are d, ordered by
+/// key, then by member index.
+inline std::vector<int> split_members(const std::vector<call_args>& d, int me) {
+  const int color = d[static_cast<std::size_t>(me)].color;
+  std::vector<int> members;
+  for (int p = 0; p < static_cast<int>(d.size()); ++p)
+    if (d[static_cast<std::size_t>(p)].color == color) members.push_back(p);
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return d[static_cast<std::size_t>(a)].key < d[static_cast<std::size_t>(b)].key;
+  });
+  return members;
+}
+
+/// The group of split seq for color, made by make() (a shared_ptr<Group>) for the first of
+/// its `size` members to ask; the entry of splits (guarded by mu) goes once all have fetched
+/// it.
+template <class Group, class Make>
+std::shared_ptr<Group> fetch_split(
+    std::mutex& mu, std::map<std::pair<std::uint64_t, int>, split_entry<Group>>& splits,
+    std::uint64_t seq, int color, int size, Make&& make) {
+  std::lock_guard lock(mu);
+  auto& e = splits[{seq, color}];
+  if (!e.group) e.group = make();
+  std::shared_ptr<Group> result = e.group;
+  if (++e.fetched == size) splits.erase({seq, color});
+  return result;
+}
+
 /// Runs one collective, call number seq, for member me. Returns the split result for splits.
 inline std::shared_ptr<group_state> run_collective(group_state& g, int me, std::uint64_t seq,
                                                    const call_args& args) {
-  const int n = g.size;
-  const char* what = to_string(args.kind);
-  const auto deadline =
-      clock::now() + std::chrono::duration_cast<clock::duration>(g.world->timeout);
-  auto& s = g.slots[seq % group_state::ring];
-  const std::uint64_t gen = seq / group_state::ring;
-  const fedshard::detail::call_summary mine = fedshard::detail::summarize(args, me, n);
-
-  wait_marks(g, me, s, 2 * gen, what, seq, deadline);  // the slot's previous call is done
-  s.args[static_cast<std::size_t>(me)] = args;
-  s.calls[static_cast<std::size_t>(me)] = mine;
-  arrive(g, s, me, 2 * gen + 1);
-  wait_marks(g, me, s, 2 * gen + 1, what, seq, deadline);
-
-  const auto& d = s.args;
-  try {
-    fedshard::detail::check_calls(s.calls, seq);
-  } catch (...) {
-    arrive(g, s, me, 2 * gen + 2);  // leave the slot to the next call, then throw
-    throw;
-  }
-
+  meeting m(g, me, seq, args.kind);
+  const auto& d = m.meet(args, [] {});
   std::shared_ptr<group_state> result;
   if (d[0].kind == op_kind::split) {
-    const int color = d[me].color;
-    std::vector<int> members;
-    for (int p = 0; p < n; ++p)
-      if (d[p].color == color) members.push_back(p);
-    std::stable_sort(members.begin(), members.end(),
-                     [&](int a, int b) { return d[a].key < d[b].key; });
-    {
-      std::lock_guard lock(g.mu);
-      auto& e = g.splits[{seq, color}];
-      if (!e.group) {
-        std::vector<int> wr;
-        for (int m : members) wr.push_back(g.world_ranks[static_cast<std::size_t>(m)]);
-        e.group = std::make_shared<group_state>(g.world, std::move(wr));
-      }
-      result = e.group;
-      if (++e.fetched == static_cast<int>(members.size())) g.splits.erase({seq, color});
-    }
+    const std::vector<int> members = split_members(d, me);
+    result = fetch_split(g.mu, g.splits, seq, d[static_cast<std::size_t>(me)].color,
+                         static_cast<int>(members.size()), [&] {
+                           std::vector<int> wr;
+                           for (int w : members)
+                             wr.push_back(g.world_ranks[static_cast<std::size_t>(w)]);
+                           return std::make_shared<group_state>(g.world, std::move(wr));
+                         });
   } else {
-    execute(d, me, n);
+    execute(d, me, g.size);
   }
-  arrive(g, s, me, 2 * gen + 2);
-  wait_marks(g, me, s, 2 * gen + 2, what, seq, deadline);
+  m.leave();
   return result;
 }
 

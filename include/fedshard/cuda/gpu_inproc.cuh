@@ -248,11 +248,8 @@ struct gpu_group {
   const std::vector<int> devices;  // per member
   std::vector<cudaEvent_t> arrive_events, done_events;
 
-  struct split_entry {
-    std::shared_ptr<gpu_group> group;
-    int fetched = 0;
-  };
-  std::map<std::pair<std::uint64_t, int>, split_entry> splits;  // guarded by host.mu
+  std::map<std::pair<std::uint64_t, int>, inproc::detail::split_entry<gpu_group>>
+      splits;                                    // guarded by host.mu
   std::vector<std::shared_ptr<p2p_op>> pending;  // unmatched sends and receives (host.p2p_mu)
 
  private:
@@ -384,54 +381,30 @@ inline std::shared_ptr<gpu_group> run_collective(gpu_group& g, int me, std::uint
   using namespace inproc::detail;
   group_state& h = g.host;
   const int n = h.size;
-  const char* what = fedshard::detail::to_string(args.kind);
-  const auto deadline =
-      clock::now() + std::chrono::duration_cast<clock::duration>(h.world->timeout);
-  const std::uint64_t slot_index = seq % group_state::ring;
-  auto& s = h.slots[slot_index];
-  const std::uint64_t gen = seq / group_state::ring;
-  const fedshard::detail::call_summary summary = fedshard::detail::summarize(args, me, n);
   const bool device_work = args.kind != op_kind::split;
   const cudaStream_t stream = rd.stream.get();
   gpu::device_guard guard(rd.device);
-
-  wait_marks(h, me, s, 2 * gen, what, seq, deadline);  // the slot's previous call is done
-  if (device_work) FEDSHARD_CUDA_TRY(cudaEventRecord(g.arrive_event(slot_index, me), stream));
-  s.args[static_cast<std::size_t>(me)] = args;
-  s.calls[static_cast<std::size_t>(me)] = summary;
-  arrive(h, s, me, 2 * gen + 1);
-  wait_marks(h, me, s, 2 * gen + 1, what, seq, deadline);
-
-  const auto& d = s.args;
-  try {
-    fedshard::detail::check_calls(s.calls, seq);
-  } catch (...) {
-    arrive(h, s, me, 2 * gen + 2);  // leave the slot to the next call, then throw
-    throw;
-  }
+  meeting m(h, me, seq, args.kind);
+  const std::uint64_t slot_index = m.slot_index;
+  const auto& d = m.meet(args, [&] {
+    if (device_work) FEDSHARD_CUDA_TRY(cudaEventRecord(g.arrive_event(slot_index, me), stream));
+  });
 
   std::shared_ptr<gpu_group> result;
   std::exception_ptr error;
   if (!device_work) {
-    const int color = d[me].color;
-    std::vector<int> members;
-    for (int p = 0; p < n; ++p)
-      if (d[p].color == color) members.push_back(p);
-    std::stable_sort(members.begin(), members.end(),
-                     [&](int a, int b) { return d[a].key < d[b].key; });
+    const std::vector<int> members = split_members(d, me);
     try {
-      std::lock_guard lock(h.mu);
-      auto& e = g.splits[{seq, color}];
-      if (!e.group) {
-        std::vector<int> wr, devs;
-        for (int m : members) {
-          wr.push_back(h.world_ranks[static_cast<std::size_t>(m)]);
-          devs.push_back(g.device_of(m));
-        }
-        e.group = std::make_shared<gpu_group>(g.world, std::move(wr), std::move(devs));
-      }
-      result = e.group;
-      if (++e.fetched == static_cast<int>(members.size())) g.splits.erase({seq, color});
+      result =
+          fetch_split(h.mu, g.splits, seq, d[static_cast<std::size_t>(me)].color,
+                      static_cast<int>(members.size()), [&] {
+                        std::vector<int> wr, devs;
+                        for (int w : members) {
+                          wr.push_back(h.world_ranks[static_cast<std::size_t>(w)]);
+                          devs.push_back(g.device_of(w));
+                        }
+                        return std::make_shared<gpu_group>(g.world, std::move(wr), std::move(devs));
+                      });
     } catch (...) {
       error = std::current_exception();
     }
@@ -448,12 +421,11 @@ inline std::shared_ptr<gpu_group> run_collective(gpu_group& g, int me, std::uint
     } catch (...) {
       error = std::current_exception();
       h.world->fail(h.world_ranks[static_cast<std::size_t>(me)],
-                    fedshard::detail::concat("gpu_inproc ", what, " (call #", seq,
+                    fedshard::detail::concat("gpu_inproc ", m.what, " (call #", seq,
                                              ") failed on member ", me));
     }
   }
-  arrive(h, s, me, 2 * gen + 2);
-  wait_marks(h, me, s, 2 * gen + 2, what, seq, deadline);
+  m.leave();
   if (error) std::rethrow_exception(error);
   if (device_work &&
       (!moves_nothing(d[static_cast<std::size_t>(me)]) || args.kind == op_kind::barrier))
