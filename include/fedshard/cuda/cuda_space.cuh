@@ -54,24 +54,6 @@ namespace fedshard::gpu {
 
 namespace detail {
 
-/// Makes a device current without throwing (destructors, noexcept paths).
-class quiet_device_guard {
- public:
-  explicit quiet_device_guard(int device) noexcept {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
-      switched_ = cudaSetDevice(device) == cudaSuccess;
-  }
-  quiet_device_guard(const quiet_device_guard&) = delete;
-  quiet_device_guard& operator=(const quiet_device_guard&) = delete;
-  ~quiet_device_guard() {
-    if (switched_) (void)cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool switched_ = false;
-};
-
 /// cudaMalloc / cudaFree on one device: the System of cuda_space's caching allocator.
 struct device_memory {
   int device = 0;

@@ -165,23 +165,7 @@ inline ncclRedOp_t to_nccl(reduce_op op) noexcept {
   return ncclSum;
 }
 
-/// Makes a device current without throwing (destructors).
-class quiet_device_guard {
- public:
-  explicit quiet_device_guard(int device) noexcept {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
-      switched_ = cudaSetDevice(device) == cudaSuccess;
-  }
-  quiet_device_guard(const quiet_device_guard&) = delete;
-  quiet_device_guard& operator=(const quiet_device_guard&) = delete;
-  ~quiet_device_guard() {
-    if (switched_) (void)cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool switched_ = false;
-};
+using gpu::detail::quiet_device_guard;
 
 /// What a communicator and its requests share: the NCCL communicator, its stream, a pool
 /// of completion events and the abort state.

@@ -53,6 +53,29 @@ class device_guard {
   bool switched_ = false;
 };
 
+namespace detail {
+
+/// Makes a device current without throwing (destructors, noexcept paths); device_guard
+/// otherwise.
+class quiet_device_guard {
+ public:
+  explicit quiet_device_guard(int device) noexcept {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != device)
+      switched_ = cudaSetDevice(device) == cudaSuccess;
+  }
+  quiet_device_guard(const quiet_device_guard&) = delete;
+  quiet_device_guard& operator=(const quiet_device_guard&) = delete;
+  ~quiet_device_guard() {
+    if (switched_) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+}  // namespace detail
+
 /// An owned CUDA stream on the device that was current when it was created.
 class stream {
  public:
