@@ -2,18 +2,56 @@
 /// The host loop of the element-wise kernels: an element functor of kernels/ (sgd_update,
 /// adamw_update, the outer_*_update functors) applied to element i of a few parallel host
 /// arrays, for every i. The CUDA kernels apply the same functors (cuda/kernels.cuh).
+///
+/// The loop is compiled once per instruction set (kernels/dispatch.hpp) and runs the widest
+/// the CPU supports; every version gives the same bits.
 
 #include <cstddef>
 
+#include "fedshard/kernels/dispatch.hpp"
+
 namespace fedshard::kernels {
 
-/// f(p[i]...) for every i < n, in order. f takes T& for the arrays it updates (T*) and T
-/// for those it only reads (const T*). Every array has n elements; they do not overlap,
-/// except that a read array may be an updated one when f reads its element first. f is
-/// copied, so that a store through p cannot change it and the loop can vectorise.
+namespace detail {
+
+template <class F, class... T>
+FEDSHARD_TARGET_PORTABLE inline void for_each_portable(F f, std::size_t n, T*... p) noexcept {
+  for (std::size_t i = 0; i < n; ++i) f(p[i]...);
+}
+#if FEDSHARD_DISPATCH
+template <class F, class... T>
+FEDSHARD_TARGET_AVX2 inline void for_each_avx2(F f, std::size_t n, T*... p) noexcept {
+  for (std::size_t i = 0; i < n; ++i) f(p[i]...);
+}
+template <class F, class... T>
+FEDSHARD_TARGET_AVX512 inline void for_each_avx512(F f, std::size_t n, T*... p) noexcept {
+  for (std::size_t i = 0; i < n; ++i) f(p[i]...);
+}
+#endif
+
+}  // namespace detail
+
+/// f(p[i]...) for every i < n, in order, with the instruction set `which`. f takes T& for the
+/// arrays it updates (T*) and T for those it only reads (const T*). Every array has n
+/// elements; they do not overlap, except that a read array may be an updated one when f
+/// reads its element first. f is copied, so that a store through p cannot change it and
+/// the loop can vectorise.
+template <class F, class... T>
+inline void for_each_element_on(isa which, F f, std::size_t n, T*... p) noexcept {
+#if FEDSHARD_DISPATCH
+  if (which == isa::avx512 && detected_isa() >= isa::avx512)
+    return detail::for_each_avx512(f, n, p...);
+  if (which >= isa::avx2 && detected_isa() >= isa::avx2) return detail::for_each_avx2(f, n, p...);
+#else
+  (void)which;
+#endif
+  detail::for_each_portable(f, n, p...);
+}
+
+/// for_each_element_on(active_isa(), f, n, p...).
 template <class F, class... T>
 inline void for_each_element(F f, std::size_t n, T*... p) noexcept {
-  for (std::size_t i = 0; i < n; ++i) f(p[i]...);
+  for_each_element_on(active_isa(), f, n, p...);
 }
 
 }  // namespace fedshard::kernels
