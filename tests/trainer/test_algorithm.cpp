@@ -84,6 +84,7 @@ TEST_CASE("for_each_algorithm lists every alias once, in order") {
     all_algorithms = all_algorithms && Algorithm<A>;
   });
   CHECK(names == std::vector<std::string>{"ddp", "zero2", "fsdp", "hsdp", "fl_fsdp", "fl_hsdp",
-                                          "diloco", "streaming_diloco"});
+                                          "fl_hsdp_int8", "diloco", "streaming_diloco",
+                                          "sparseloco"});
   CHECK(all_algorithms);
 }

@@ -10,7 +10,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "fedshard/codec/cast.hpp"
 #include "fedshard/comm/inproc.hpp"
+#include "fedshard/core/fp8.hpp"
 #include "fedshard/federation/outer_rules.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/adamw.hpp"
@@ -337,11 +339,16 @@ using zero2_weighted =
     algorithm<shard::shard_grad_op, federation::weighted_average, schedule::post_local>;
 using fsdp_photon = algorithm<shard::full_shard, federation::outer_optimizer<federation::fedadam>,
                               schedule::periodic>;
+/// FL+FSDP whose cross-group average travels as fp8 (decoded and summed in f32).
+using fp8_average =
+    algorithm<shard::full_shard, federation::with_codec<federation::average, codec::cast<fp8_e4m3>>,
+              schedule::periodic>;
 }  // namespace
 
 TEST_CASE_TEMPLATE(
     "every alias and custom algorithms train, and the wire carries their plans op by op", A, ddp,
-    zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, diloco, streaming_diloco, zero2_weighted, fsdp_photon) {
+    zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8<>, diloco, streaming_diloco, sparseloco<>,
+    zero2_weighted, fsdp_photon, fp8_average) {
   trainer_options<A> o;
   mesh_shape shape{2, 1, 2};
   if constexpr (std::is_same_v<A, streaming_diloco>) {
@@ -362,7 +369,7 @@ TEST_CASE_TEMPLATE(
   // ddp/zero2/fsdp/hsdp run one group of 4 ranks; the federated ones 2 groups.
   if constexpr (std::is_same_v<A, ddp> || std::is_same_v<A, hsdp>) shape = {1, 2, 2};
   if constexpr (std::is_same_v<A, zero2> || std::is_same_v<A, fsdp>) shape = {1, 1, 4};
-  if constexpr (std::is_same_v<A, fl_hsdp>) shape = {2, 2, 1};
+  if constexpr (std::is_same_v<A, fl_hsdp> || std::is_same_v<A, sparseloco<>>) shape = {2, 2, 1};
   const auto out = train<A, optim::adamw>(shape, 24, {.lr = 1e-2f}, o, 4);
   for (int r = 0; r < shape.size(); ++r) CHECK(out.eval_after[r] < 0.7f * out.eval_before[r]);
   // Every step put on the wire exactly the ops of the plans (see support/plan_checks.hpp).

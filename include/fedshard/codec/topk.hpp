@@ -118,6 +118,10 @@ class topk {
 
   static constexpr std::string_view name = "topk";
   static constexpr bool stateful = true;
+  /// Memory passes over the buffer (the simulator's price): fold delta into the residual,
+  /// select per chunk, subtract what was sent; decoding scatters K of Chunk.
+  static constexpr float encode_passes = 4.0f;
+  static constexpr float decode_passes = 0.1f;
   static constexpr std::size_t chunk = Chunk;
   static constexpr std::size_t k = K;
   static constexpr unsigned bits = Bits;
@@ -160,6 +164,8 @@ class topk {
   }
   /// The error-feedback residual e, one element per element of the buffer.
   std::span<const float> residual() const noexcept { return e_; }
+  /// The residual, writable (a checkpoint restores it).
+  std::span<float> residual() noexcept { return e_; }
   /// Zeroes the residual.
   void reset() noexcept { std::fill(e_.begin(), e_.end(), 0.0f); }
 

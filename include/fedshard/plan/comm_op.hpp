@@ -13,6 +13,14 @@
 /// all_gather, the input for reduce_scatter, the buffer for all_reduce and broadcast); the
 /// bytes each rank sends follow from the bus factor of the kind and the ranks on the axis.
 /// Ops of one trigger run in plan order, each after the previous one completed (a chain).
+///
+/// An op may carry a codec (codec/spec.hpp; the identity by default): an f32 all_reduce
+/// (sum or avg) or all_gather whose values travel encoded. Each rank encodes what it
+/// contributes (its whole buffer for all_reduce, its block for all_gather) into a wire of
+/// codec_slot_bytes(op); the wires are all-gathered; every rank decodes each rank's wire in
+/// rank order, accumulating in f32 (never summing in the narrow type), into the output.
+/// What the wire carries is carried(op): that all_gather, of 4-byte words. `bytes` stays the
+/// f32 array the op stands for; the traffic, the tap and the simulator count carried(op).
 
 #include <cstdint>
 #include <optional>
@@ -20,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "fedshard/codec/spec.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
 #include "fedshard/error.hpp"
@@ -87,14 +96,49 @@ struct comm_op {
   int root = 0;                       ///< broadcast root, as a rank of the axis
   fedshard::trigger trigger = fedshard::trigger::on_demand;
   fedshard::phase phase = fedshard::phase::setup;
-  int unit = -1;             ///< the unit of a unit trigger or unit role, else -1
-  int fragment = -1;         ///< the fragment of a sync trigger or fragment role, else -1
-  operand in{};              ///< what it reads (ignored by broadcast)
-  operand out{};             ///< what it writes
-  bool overlappable = true;  ///< may run behind compute (the simulator's overlap model)
+  int unit = -1;                  ///< the unit of a unit trigger or unit role, else -1
+  int fragment = -1;              ///< the fragment of a sync trigger or fragment role, else -1
+  operand in{};                   ///< what it reads (ignored by broadcast)
+  operand out{};                  ///< what it writes
+  bool overlappable = true;       ///< may run behind compute (the simulator's overlap model)
+  fedshard::codec::spec codec{};  ///< how the values travel (default: as they are)
 
   friend bool operator==(const comm_op&, const comm_op&) = default;
 };
+
+/// True when op's values travel encoded (a codec other than the identity).
+constexpr bool encoded(const comm_op& op) noexcept {
+  return !op.codec.is_identity();
+}
+
+/// The f32 elements each rank encodes for an encoded op: the whole buffer of an all_reduce,
+/// its block of an all_gather.
+constexpr std::int64_t codec_elements(const comm_op& op) noexcept {
+  const std::int64_t n = op.bytes / static_cast<std::int64_t>(size_of(op.dtype));
+  return op.kind == comm_kind::all_gather && op.ranks > 0 ? n / op.ranks : n;
+}
+
+/// The bytes of one rank's wire of an encoded op: the codec's encoded_bytes of
+/// codec_elements(op), rounded up to whole 4-byte words (the words are gathered as f32,
+/// padding zeroed).
+inline std::int64_t codec_slot_bytes(const comm_op& op) {
+  const auto e = static_cast<std::int64_t>(
+      op.codec.encoded_bytes(static_cast<std::size_t>(codec_elements(op))));
+  return (e + 3) / 4 * 4;
+}
+
+/// What moves on the wire for op: op itself, or for an encoded op the all_gather of every
+/// rank's wire (ranks x codec_slot_bytes, as f32 words, no codec).
+inline comm_op carried(const comm_op& op) {
+  if (!encoded(op)) return op;
+  comm_op c = op;
+  c.kind = comm_kind::all_gather;
+  c.dtype = dtype::f32;
+  c.bytes = codec_slot_bytes(op) * op.ranks;
+  c.reduce.reset();
+  c.codec = {};
+  return c;
+}
 
 /// The names of the enumerators.
 constexpr std::string_view to_string(comm_kind k) noexcept {
@@ -165,9 +209,10 @@ constexpr double bus_factor(comm_kind k, int ranks) noexcept {
   return 0.0;
 }
 
-/// Bytes one rank sends to run op (bus factor x array bytes).
-constexpr double wire_bytes(const comm_op& op) noexcept {
-  return bus_factor(op.kind, op.ranks) * static_cast<double>(op.bytes);
+/// Bytes one rank sends to run op (bus factor x array bytes of what is carried).
+inline double wire_bytes(const comm_op& op) {
+  const comm_op c = carried(op);
+  return bus_factor(c.kind, c.ranks) * static_cast<double>(c.bytes);
 }
 
 /// "fragment 2", "param_shard", "moment 1 (piece on replica)".
@@ -183,6 +228,8 @@ inline std::string describe(const comm_op& op) {
   std::string s = detail::concat(to_string(op.kind), " on ", to_string(op.axis), " (", op.ranks,
                                  " ranks), ", op.bytes, " B of ", to_string(op.dtype));
   if (op.reduce) s += detail::concat(", ", to_string(*op.reduce));
+  if (encoded(op))
+    s += detail::concat(", codec ", op.codec.name, " (", codec_slot_bytes(op), " B per rank)");
   if (op.unit >= 0) s += detail::concat(", unit ", op.unit);
   if (op.fragment >= 0) s += detail::concat(", fragment ", op.fragment);
   s += detail::concat(", ", to_string(op.trigger), " in ", to_string(op.phase));
@@ -220,6 +267,15 @@ inline void check(const comm_op& op) {
   FEDSHARD_EXPECTS(
       op.trigger != trigger::acquire || op.phase == phase::forward || op.phase == phase::backward,
       "plan: ", describe(op), ": acquire ops run in forward or backward");
+  if (encoded(op)) {
+    FEDSHARD_EXPECTS(op.kind == comm_kind::all_gather ||
+                         (op.kind == comm_kind::all_reduce &&
+                          (op.reduce == reduce_op::sum || op.reduce == reduce_op::avg)),
+                     "plan: ", describe(op),
+                     ": a codec encodes all_gather and all_reduce (sum or avg) ops only");
+    FEDSHARD_EXPECTS(op.dtype == dtype::f32, "plan: ", describe(op),
+                     ": a codec encodes f32 values, found ", to_string(op.dtype));
+  }
   const bool sync_trigger = op.trigger == trigger::sync_begin ||
                             op.trigger == trigger::sync_start ||
                             op.trigger == trigger::sync_finish || op.trigger == trigger::sync_after;

@@ -23,6 +23,14 @@
 ///    pending calls on that axis are issued first.
 ///
 /// Every call goes through a wire_tap per axis, so traffic() counts what moved.
+///
+/// Encoded ops (an op with a codec, plan/comm_op.hpp) run on host memory (with a
+/// stream-ordered communicator the host waits for the call and decodes): the rank's codec
+/// object for the op's buffer (made from the op's codec::spec when the op first runs, kept
+/// for later firings: it holds the error-feedback residual) encodes the input into this
+/// rank's slot of a wire buffer, the slots are all-gathered as f32 words, and when the call
+/// completed every slot is decoded in rank order into the zeroed output, accumulating in
+/// f32 (then divided by the ranks for avg).
 
 #include <algorithm>
 #include <cstddef>
@@ -32,9 +40,12 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "fedshard/codec/spec.hpp"
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/comm/request.hpp"
 #include "fedshard/core/buffer.hpp"
@@ -187,6 +198,14 @@ class interpreter {
     }
   }
 
+  /// The state (error-feedback residual) of this rank's codec object of encoded op `op`,
+  /// made now if the op has not run yet (checkpoints save and restore it); empty for a
+  /// stateless codec. `n` is the elements the rank encodes (codec_elements(op)).
+  std::span<float> codec_state(const comm_op& op) {
+    FEDSHARD_EXPECTS(encoded(op), "interpreter::codec_state: ", describe(op), " has no codec");
+    return coder(op).state();
+  }
+
   /// What this rank's calls moved, per axis, as the wire taps recorded it.
   wire_log& wire() noexcept { return log_; }
   const wire_log& wire() const noexcept { return log_; }
@@ -216,6 +235,8 @@ class interpreter {
     bool staged = false;            // a buffer's dtype differs from op.dtype: run through staging
     std::byte* stage_in = nullptr;  // the input in op.dtype (set when a staged op starts)
     std::byte* stage_out = nullptr;
+    codec::erased* coder = nullptr;  // encoded ops: the rank's codec object
+    std::byte* wire = nullptr;       // encoded ops: every rank's slot (ranks x slot bytes)
     request req;
   };
 
@@ -277,6 +298,7 @@ class interpreter {
       bound_op& b = c.ops[c.next];
       if (!block && !b.req.test()) return;
       b.req.wait();
+      if (b.coder != nullptr) decode(b);
       if (b.staged) cast_back(b, *c.stream);
       ++c.next;
       if (c.finished()) {
@@ -307,6 +329,18 @@ class interpreter {
     expect_size(op, "output", op.out, b.out.count, want_out);
     if (op.kind != comm_kind::broadcast) expect_size(op, "input", op.in, b.in.count, want_in);
     b.staged = b.out.type != op.dtype || (op.kind != comm_kind::broadcast && b.in.type != op.dtype);
+    if (encoded(op)) {
+      FEDSHARD_EXPECTS(S::host_accessible, "interpreter: ", describe(op),
+                       ": codecs run on host memory, but the buffers are in ", S::name, " memory");
+      FEDSHARD_EXPECTS(b.in.type == dtype::f32, "interpreter: ", describe(op),
+                       ": a codec encodes an f32 input, found ", to_string(b.in.type), " (",
+                       describe(op.in), ")");
+      b.coder = &coder(op);
+      b.wire =
+          staging(&codecs_.find(site_of(op))->second, static_cast<std::size_t>(carried(op).bytes));
+      // An output in another dtype: decoded into f32 staging, then cast (cast_back).
+      if (b.staged) b.stage_out = staging(b.out.data, b.out.count * sizeof(float));
+    }
     return b;
   }
 
@@ -381,6 +415,19 @@ class interpreter {
   void start(bound_op& b, stream_type& st) {
     const comm_op& op = b.op;
     wire_tap<C>& c = *taps_[index(op.axis)];
+    if (b.coder != nullptr) {  // host memory: encode on the host once st reached the op
+      space_->synchronize(st);
+      if constexpr (ordered) {  // the call queued after that, the host waits for it, decodes
+        c.after(space_->record(st));
+        b.req = start_op(c, carried(op), encode(b), b.wire);
+        space_->synchronize(c.record());
+        decode(b);
+        if (b.staged) cast_back(b, st);
+      } else {  // decoded when the call completed (step)
+        b.req = start_op(c, carried(op), encode(b), b.wire);
+      }
+      return;
+    }
     const void* in = b.in.data;
     void* out = b.out.data;
     if (b.staged) {
@@ -399,6 +446,69 @@ class interpreter {
     }
   }
 
+  /// Where an encoded op's codec object is kept: the op's place in the plans (its trigger,
+  /// unit or fragment, axis, kind and input), so that later firings of it find the same
+  /// object.
+  using site = std::tuple<int, int, int, int, int, int, int, int, int>;
+  static site site_of(const comm_op& op) {
+    return {static_cast<int>(op.trigger),
+            static_cast<int>(op.phase),
+            op.unit,
+            op.fragment,
+            static_cast<int>(op.axis),
+            static_cast<int>(op.kind),
+            static_cast<int>(op.in.role),
+            op.in.index,
+            op.in.piece ? static_cast<int>(*op.in.piece) : -1};
+  }
+  struct coded {
+    std::unique_ptr<codec::erased> object;
+    codec::spec spec;
+    std::int64_t elements = 0;
+  };
+  /// The rank's codec object of encoded op `op` (made on first use).
+  codec::erased& coder(const comm_op& op) {
+    coded& c = codecs_[site_of(op)];
+    const std::int64_t n = codec_elements(op);
+    if (!c.object || !(c.spec == op.codec) || c.elements != n) {
+      c.object = op.codec.make(static_cast<std::size_t>(n));
+      c.spec = op.codec;
+      c.elements = n;
+    }
+    return *c.object;
+  }
+  /// Encodes b's input into this rank's slot of b.wire (padding zeroed); returns the slot.
+  std::byte* encode(bound_op& b) {
+    const comm_op& op = b.op;
+    const auto slot = static_cast<std::size_t>(codec_slot_bytes(op));
+    const auto n = static_cast<std::size_t>(codec_elements(op));
+    const std::size_t e = op.codec.encoded_bytes(n);
+    std::byte* mine = b.wire + slot * static_cast<std::size_t>(mesh_->axis_rank(op.axis));
+    b.coder->encode(std::span<const float>(static_cast<const float*>(b.in.data), n),
+                    std::span<std::byte>(mine, e));
+    std::memset(mine + e, 0, slot - e);
+    return mine;
+  }
+  /// Decodes every rank's wire of b, in rank order, into its output (see the file comment).
+  void decode(bound_op& b) {
+    const comm_op& op = b.op;
+    const auto slot = static_cast<std::size_t>(codec_slot_bytes(op));
+    const auto n = static_cast<std::size_t>(codec_elements(op));
+    const std::size_t e = op.codec.encoded_bytes(n);
+    auto* out = static_cast<float*>(b.staged ? static_cast<void*>(b.stage_out) : b.out.data);
+    const bool gather = op.kind == comm_kind::all_gather;
+    std::fill(out, out + b.out.count, 0.0f);
+    for (int r = 0; r < op.ranks; ++r) {
+      const auto rr = static_cast<std::size_t>(r);
+      b.coder->decode_add(std::span<const std::byte>(b.wire + slot * rr, e),
+                          std::span<float>(out + (gather ? n * rr : 0), n));
+    }
+    if (op.reduce == reduce_op::avg) {
+      const auto div = static_cast<float>(op.ranks);
+      for (std::size_t i = 0; i < n; ++i) out[i] = out[i] / div;
+    }
+  }
+
   /// Casts a staged op's result back into its output, on st.
   void cast_back(bound_op& b, stream_type& st) {
     space_->cast(st, const_buffer_view{b.stage_out, b.out.count, b.op.dtype}, b.out);
@@ -412,6 +522,7 @@ class interpreter {
   std::deque<chain> chains_;
   std::uint64_t first_id_ = 1;  // the id of chains_.front(); ticket 0 is always complete
   std::map<const void*, typename S::template buffer<std::byte>> staging_;
+  std::map<site, coded> codecs_;  // encoded ops' codec objects, by site_of
 };
 
 }  // namespace fedshard

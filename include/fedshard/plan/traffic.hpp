@@ -32,9 +32,10 @@ class traffic_counters {
     t.wire_bytes += bus_factor(kind, ranks) * static_cast<double>(bytes);
     t.seconds += seconds;
   }
-  /// Counts one op as the plan describes it.
+  /// Counts one op as the plan describes it (what it carries on the wire: carried(op)).
   void record(const comm_op& op, double seconds = 0) {
-    record(op.axis, op.kind, op.bytes, op.ranks, seconds);
+    const comm_op c = carried(op);
+    record(c.axis, c.kind, c.bytes, c.ranks, seconds);
   }
   /// Adds time spent waiting for a call already counted.
   void add_time(axis a, double seconds) { per_axis_[index(a)].seconds += seconds; }

@@ -33,9 +33,10 @@ struct wire_call {
   std::int64_t bytes = 0;  ///< array bytes (nccl-tests S)
   int ranks = 1;
 
-  /// The call a plan's op describes.
+  /// The call a plan's op makes (for an encoded op, the all_gather of its wires: carried).
   static wire_call of(const comm_op& op) {
-    return {op.kind, op.axis, op.dtype, op.bytes, op.ranks};
+    const comm_op c = carried(op);
+    return {c.kind, c.axis, c.dtype, c.bytes, c.ranks};
   }
   friend bool operator==(const wire_call&, const wire_call&) = default;
   friend auto operator<=>(const wire_call&, const wire_call&) = default;

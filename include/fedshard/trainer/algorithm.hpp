@@ -13,12 +13,15 @@
 #include <string_view>
 #include <type_traits>
 
+#include "fedshard/codec/int8_block.hpp"
+#include "fedshard/codec/topk.hpp"
 #include "fedshard/federation/average.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/none.hpp"
 #include "fedshard/federation/outer_optimizer.hpp"
 #include "fedshard/federation/outer_rules.hpp"
 #include "fedshard/federation/weighted_average.hpp"
+#include "fedshard/federation/with_codec.hpp"
 #include "fedshard/schedule/every_step.hpp"
 #include "fedshard/schedule/periodic.hpp"
 #include "fedshard/schedule/post_local.hpp"
@@ -29,6 +32,7 @@
 #include "fedshard/shard/replicate.hpp"
 #include "fedshard/shard/shard_grad_op.hpp"
 #include "fedshard/shard/shard_policy.hpp"
+#include "fedshard/shard/with_gather_codec.hpp"
 
 namespace fedshard {
 
@@ -120,9 +124,25 @@ using streaming_diloco =
     algorithm<shard::hybrid_shard, federation::outer_optimizer<federation::nesterov>,
               schedule::streaming>;
 
+/// SparseLoCo (arXiv 2508.15706): H inner steps (H = 30 unless told otherwise), then each
+/// group's pseudo-gradient goes through an error-feedback top-64-of-4096, 2-bit codec
+/// (codec::topk<>, β = 0.95); the decoded mean drives an outer SGD step with lr 1.
+template <int H = 30>
+using sparseloco = algorithm<
+    shard::hybrid_shard,
+    federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, codec::topk<>>,
+    schedule::periodic, defaults<schedule::periodic::config{.period = H}>>;
+/// FL+HSDP whose parameter gathers travel as int8 with one scale per 256 values (ZeRO++'s
+/// qwZ): about 4x fewer gather bytes inside a group; K = 8 unless told otherwise.
+template <int K = 8>
+using fl_hsdp_int8 = algorithm<shard::with_gather_codec<shard::hybrid_shard, codec::int8_block<>>,
+                               federation::average, schedule::periodic,
+                               defaults<schedule::periodic::config{.period = K}>>;
+
 /// Calls `f.template operator()<A>(name)` for every named algorithm above, in the order
-/// ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, diloco, streaming_diloco: the one list that
-/// tools (the simulator, the demo) read, so a new alias is added here once.
+/// ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco,
+/// sparseloco: the one list that tools (the simulator, the demo) read, so a new alias is
+/// added here once.
 template <class F>
 void for_each_algorithm(F&& f) {
   f.template operator()<ddp>(std::string_view("ddp"));
@@ -131,8 +151,10 @@ void for_each_algorithm(F&& f) {
   f.template operator()<hsdp>(std::string_view("hsdp"));
   f.template operator()<fl_fsdp>(std::string_view("fl_fsdp"));
   f.template operator()<fl_hsdp>(std::string_view("fl_hsdp"));
+  f.template operator()<fl_hsdp_int8<>>(std::string_view("fl_hsdp_int8"));
   f.template operator()<diloco>(std::string_view("diloco"));
   f.template operator()<streaming_diloco>(std::string_view("streaming_diloco"));
+  f.template operator()<sparseloco<>>(std::string_view("sparseloco"));
 }
 
 }  // namespace fedshard

@@ -8,6 +8,7 @@
 /// Every collective, the trainer's own included (layout check, means, checkpoint agreement),
 /// runs through the engine's interpreter, so traffic() counts at the wire all that moved.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -296,6 +297,9 @@ class trainer final : private detail::unit_hooks<S> {
     for (const auto& t : optimizer_.state())
       w.add_span("optimizer." + t.name, std::span<const float>(engine_.download(t.data)));
     sync_.save(w);
+    for_each_codec_state([&](const std::string& name, std::span<float> st) {
+      w.add_span(name, std::span<const float>(st));
+    });
     w.add_value("trainer.step", step_);
     w.add_value("trainer.started", started_);
   }
@@ -311,12 +315,31 @@ class trainer final : private detail::unit_hooks<S> {
     const auto opt_steps = r.read_value<std::int64_t>("optimizer.step_count");
     for (const auto& t : optimizer_.state()) into("optimizer." + t.name, t.data);
     sync_.restore(r, commit);
+    for_each_codec_state([&](const std::string& name, std::span<float> st) {
+      std::vector<float> scratch(st.size());
+      r.read_span(name, std::span<float>(scratch));
+      if (commit) std::copy(scratch.begin(), scratch.end(), st.begin());
+    });
     const auto step = r.read_value<std::int64_t>("trainer.step");
     const auto started = r.read_value<bool>("trainer.started");
     if (!commit) return;
     optimizer_.set_step_count(opt_steps);
     step_ = step;
     started_ = started;
+  }
+
+  /// f(name, state) for the state of every stateful codec of the plans this rank runs (the
+  /// error-feedback residuals, host memory: interpreter::codec_state), named by plan and op.
+  template <class F>
+  void for_each_codec_state(F&& f) {
+    auto visit = [&](const plan& p, const std::string& prefix) {
+      for (std::size_t i = 0; i < p.ops.size(); ++i)
+        if (encoded(p.ops[i]) && p.ops[i].codec.stateful)
+          f(prefix + ".op" + std::to_string(i), engine_.interp().codec_state(p.ops[i]));
+    };
+    visit(engine_.step_plan(), "codec.step");
+    for (int fr = 0; fr < sync_.fragments(); ++fr)
+      visit(sync_.sync_plan(fr), "codec.fragment" + std::to_string(fr));
   }
 
   /// The communicator's own space for it (bound to its device), or a default S.

@@ -1,0 +1,135 @@
+#pragma once
+/// A codec as plan data: codec::spec names a Codec type and its settings, so that a comm_op
+/// can carry it (plan/comm_op.hpp), the simulator can price it and the interpreter can make
+/// the rank's codec object for the op's buffer (codec::erased, type-erased) when it first
+/// runs the op.
+///
+/// spec_of<C>(config) describes Codec C. The identity codec's spec is the default spec: an
+/// op with it moves its dtype as is. Two specs are equal when they describe the same codec
+/// type with the same settings.
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <type_traits>
+
+#include "fedshard/codec/codec.hpp"
+#include "fedshard/codec/identity.hpp"
+#include "fedshard/error.hpp"
+
+namespace fedshard::codec {
+
+/// One rank's codec object for one buffer, behind a virtual interface (see codec.hpp for
+/// what encode and decode_add do).
+class erased {
+ public:
+  virtual ~erased() = default;
+  /// in: the buffer's n elements; wire: encoded_bytes(n) bytes, aligned.
+  virtual void encode(std::span<const float> in, std::span<std::byte> wire) = 0;
+  /// out[i] += decoded[i] for a wire of encoded_bytes(out.size()) bytes.
+  virtual void decode_add(std::span<const std::byte> wire, std::span<float> out) const = 0;
+  /// The codec's per-rank state (topk's residual), writable; empty when stateless.
+  virtual std::span<float> state() noexcept = 0;
+};
+
+struct spec;
+
+namespace detail {
+
+template <class C>
+class erased_impl final : public erased {
+ public:
+  erased_impl(typename C::config cfg, std::size_t n) : c_(cfg, n) {}
+  void encode(std::span<const float> in, std::span<std::byte> wire) override {
+    c_.encode(in, wire);
+  }
+  void decode_add(std::span<const std::byte> wire, std::span<float> out) const override {
+    c_.decode_add(wire, out);
+  }
+  std::span<float> state() noexcept override {
+    if constexpr (C::stateful)
+      return c_.residual();
+    else
+      return {};
+  }
+
+ private:
+  C c_;
+};
+
+}  // namespace detail
+
+/// What a comm_op says of its codec. Default: the identity (the op moves its dtype as is).
+struct spec {
+  /// The codec's name ("identity", "bf16", "fp8_e4m3", "int8_block", "topk", ...).
+  std::string_view name = identity::name;
+  /// Whether the codec keeps per-rank state (an error-feedback residual).
+  bool stateful = false;
+  /// The residual decay of a codec with a `beta` setting (topk), else 0.
+  float beta = 0.0f;
+  /// C::encoded_bytes; null for the identity.
+  std::size_t (*encoded_bytes_fn)(std::size_t) = nullptr;
+  /// Makes the rank's codec object for a buffer of n elements; null for the identity.
+  std::unique_ptr<erased> (*make_fn)(const spec&, std::size_t) = nullptr;
+  /// Passes over the f32 buffer that encoding and decoding make (the simulator's price of
+  /// the codec's kernels: passes x 4 bytes x elements at the device's memory bandwidth).
+  float encode_passes = 0.0f;
+  float decode_passes = 0.0f;
+
+  /// True for the identity: no encoding.
+  constexpr bool is_identity() const noexcept { return make_fn == nullptr; }
+  /// The wire bytes of n elements (4 n for the identity, as f32).
+  std::size_t encoded_bytes(std::size_t n) const {
+    return is_identity() ? n * sizeof(float) : encoded_bytes_fn(n);
+  }
+  /// The rank's codec object for a buffer of n elements; invalid_argument for the identity.
+  std::unique_ptr<erased> make(std::size_t n) const {
+    FEDSHARD_EXPECTS(!is_identity(), "codec::spec::make: the identity has no codec object");
+    return make_fn(*this, n);
+  }
+
+  friend bool operator==(const spec&, const spec&) = default;
+};
+
+/// The memory passes of a codec's kernels: C::encode_passes and C::decode_passes where the
+/// codec declares them, else those of a dense codec (read the input, write a smaller wire;
+/// read the wire, read and write the output).
+template <class C>
+constexpr float encode_passes_of() noexcept {
+  if constexpr (requires { C::encode_passes; })
+    return static_cast<float>(C::encode_passes);
+  else
+    return 1.5f;
+}
+template <class C>
+constexpr float decode_passes_of() noexcept {
+  if constexpr (requires { C::decode_passes; })
+    return static_cast<float>(C::decode_passes);
+  else
+    return 2.5f;
+}
+
+/// The spec of Codec C with settings cfg.
+template <Codec C>
+spec spec_of(typename C::config cfg = {}) {
+  if constexpr (std::is_same_v<C, identity>) {
+    return {};
+  } else {
+    spec s;
+    s.name = C::name;
+    s.stateful = C::stateful;
+    if constexpr (requires { cfg.beta; }) s.beta = cfg.beta;
+    s.encoded_bytes_fn = [](std::size_t n) { return C::encoded_bytes(n); };
+    s.make_fn = [](const spec& sp, std::size_t n) -> std::unique_ptr<erased> {
+      typename C::config c{};
+      if constexpr (requires { c.beta; }) c.beta = sp.beta;
+      return std::make_unique<detail::erased_impl<C>>(c, n);
+    };
+    s.encode_passes = encode_passes_of<C>();
+    s.decode_passes = decode_passes_of<C>();
+    return s;
+  }
+}
+
+}  // namespace fedshard::codec
