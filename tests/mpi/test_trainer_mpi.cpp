@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fedshard/codec/topk.hpp"
 #include "fedshard/comm/inproc.hpp"
 #include "fedshard/comm/mpi.hpp"
 #include "fedshard/mesh/mesh.hpp"
@@ -117,6 +118,17 @@ TEST_CASE("mpi trainer: fl_fsdp (K = 2) on a 2x1x2 mesh ends bit-identical to th
   check_mpi_equals_inproc<fl_fsdp, optim::adamw>({2, 1, 2}, 6, {.lr = 1e-2f});
 }
 
+TEST_CASE("mpi trainer: sparseloco and fl_hsdp_int8 (codecs) end bit-identical to the inproc run") {
+  // Codecs decode every rank's wire in rank order on the host: no backend-dependent order.
+  using small_sparseloco =
+      algorithm<shard::hybrid_shard,
+                federation::with_codec<federation::outer_optimizer<federation::outer_sgd>,
+                                       codec::topk<32, 4, 2>>,
+                schedule::periodic>;
+  check_mpi_equals_inproc<small_sparseloco, optim::adamw>({2, 1, 2}, 12, {.lr = 1e-2f});
+  check_mpi_equals_inproc<fl_hsdp_int8<>, optim::adamw>({2, 1, 2}, 6, {.lr = 1e-2f});
+}
+
 namespace {
 /// ZeRO-2 groups averaged by tokens, on a post-local schedule, synced the reference way.
 using zero2_weighted =
@@ -124,13 +136,13 @@ using zero2_weighted =
 }  // namespace
 
 TEST_CASE_TEMPLATE("mpi trainer: every alias and a custom algorithm put their plans on the wire", A,
-                   ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, diloco, streaming_diloco,
-                   zero2_weighted) {
+                   ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8<>, diloco,
+                   streaming_diloco, sparseloco<>, zero2_weighted) {
   trainer_options<A> o;
   mesh_shape shape{2, 2, 1};
   if constexpr (std::is_same_v<A, ddp> || std::is_same_v<A, hsdp>) shape = {1, 2, 2};
   if constexpr (std::is_same_v<A, zero2> || std::is_same_v<A, fsdp>) shape = {1, 1, 4};
-  if constexpr (std::is_same_v<A, fl_fsdp>) shape = {2, 1, 2};
+  if constexpr (std::is_same_v<A, fl_fsdp> || std::is_same_v<A, fl_hsdp_int8<>>) shape = {2, 1, 2};
   if constexpr (std::is_same_v<typename A::sync_schedule, schedule::periodic>)
     o.schedule = {.period = 3};
   if constexpr (std::is_same_v<A, streaming_diloco>)

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fedshard/codec/cast.hpp"
+#include "fedshard/codec/topk.hpp"
 #include "fedshard/comm/inproc.hpp"
 #include "fedshard/core/fp8.hpp"
 #include "fedshard/federation/outer_rules.hpp"
@@ -523,4 +524,57 @@ TEST_CASE_TEMPLATE("after the first step no allocation reaches the space's syste
   trainer_options<streaming_diloco> st;
   st.schedule = {.period = 6, .fragments = 3, .delay = 1, .alpha = 0.5f};
   run(std::type_identity<streaming_diloco>{}, {2, 1, 2}, st, {});
+}
+
+namespace {
+/// SparseLoCo's outer step with a topk that sends every element exactly (K = Chunk, f32
+/// values), and DiLoCo's outer SGD step with lr 1 and no momentum.
+template <class Codec>
+using sparse_sgd =
+    algorithm<shard::hybrid_shard,
+              federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, Codec>,
+              schedule::periodic>;
+using plain_sgd = algorithm<shard::hybrid_shard, federation::outer_optimizer<federation::outer_sgd>,
+                            schedule::periodic>;
+}  // namespace
+
+TEST_CASE(
+    "topk with K = Chunk, unquantised: sparseloco's outer step is DiLoCo's (lr 1, no "
+    "momentum)") {
+  using all_of_chunk = codec::topk<32, 32, codec::topk_unquantised>;
+  const auto sparse = train<sparse_sgd<all_of_chunk>, optim::adamw>(
+      {2, 2, 1}, 9, {.lr = 1e-2f}, every<sparse_sgd<all_of_chunk>>(3));
+  const auto plain =
+      train<plain_sgd, optim::adamw>({2, 2, 1}, 9, {.lr = 1e-2f}, every<plain_sgd>(3));
+  for (int r = 0; r < 4; ++r) {
+    REQUIRE(sparse.params[r].size() == plain.params[r].size());
+    for (std::size_t i = 0; i < plain.params[r].size(); ++i)
+      CHECK(sparse.params[r][i] == doctest::Approx(plain.params[r][i]).epsilon(1e-6));
+  }
+  // A real top-k (4 of every 32, 2-bit values) differs, but still trains and syncs the groups.
+  using sparse4 = codec::topk<32, 4, 2>;
+  const auto lossy = train<sparse_sgd<sparse4>, optim::adamw>({2, 2, 1}, 9, {.lr = 1e-2f},
+                                                              every<sparse_sgd<sparse4>>(3));
+  CHECK_FALSE(bit_equal(lossy.params[0], plain.params[0]));
+  CHECK(bit_equal(lossy.params[0], lossy.params[3]));  // the run ends with a sync
+  for (const auto& m : lossy.wire_mismatches) FAIL_CHECK(m);
+}
+
+TEST_CASE("fl_hsdp_int8: the gathers move about 4x fewer bytes and training still converges") {
+  const auto f32 = train<fl_hsdp, optim::adamw>({2, 1, 2}, 24, {.lr = 1e-2f}, every<fl_hsdp>(3), 4);
+  const auto int8 = train<fl_hsdp_int8<>, optim::adamw>({2, 1, 2}, 24, {.lr = 1e-2f},
+                                                        every<fl_hsdp_int8<>>(3), 4);
+  for (const auto& m : int8.wire_mismatches) FAIL_CHECK(m);
+  double gather_f32 = 0, gather_int8 = 0;
+  for (const auto& op : f32.step_plans[0].ops)
+    if (op.kind == comm_kind::all_gather) gather_f32 += wire_bytes(op);
+  for (const auto& op : int8.step_plans[0].ops)
+    if (op.kind == comm_kind::all_gather) gather_int8 += wire_bytes(op);
+  // int8 + one f32 scale per 256 values (a short block per small unit shard here).
+  CHECK(gather_f32 / gather_int8 > 3.5);
+  CHECK(gather_f32 / gather_int8 < 4.0);
+  for (int r = 0; r < 4; ++r) {
+    CHECK(int8.eval_after[r] < 0.7f * int8.eval_before[r]);
+    CHECK(int8.eval_after[r] == doctest::Approx(f32.eval_after[r]).epsilon(0.05));
+  }
 }
