@@ -340,6 +340,35 @@ TEST_CASE("hierarchical federation sync prices R times fewer inter-group bytes p
   CHECK(coords_of(shape, ref.critical_rank).replica == 0);
 }
 
+TEST_CASE("codecs: encoded bytes are priced as their wires, plus the codec kernels' passes") {
+  cluster c = a100_4gpu_node();
+  const workload w = small_gpt();
+  const mesh_shape shape{4, 2, 2};
+  const int r = rank_of(shape, {1, 1, 1});
+  const auto fed = static_cast<std::size_t>(axis::federation);
+  const auto sh = static_cast<std::size_t>(axis::shard);
+  // sparseloco's outer step vs diloco's (same H). Its wire is 110.7x smaller than the f32
+  // buffer, but at G = 4 each rank sends G - 1 = 3 wires against the ring all_reduce's
+  // 2 (G - 1) / G = 1.5 buffers: 110.7 x 1.5 / 3 = 55x fewer bytes.
+  const auto sparse = price(algorithm_by_name("sparseloco", {.period = 30}), w, shape, c);
+  const auto dense = price(algorithm_by_name("diloco", {.period = 30}), w, shape, c);
+  const double sb = sparse.ranks[r].axes[fed].sync_bytes, db = dense.ranks[r].axes[fed].sync_bytes;
+  CHECK(db / sb == doctest::Approx(16384.0 / 148 * 1.5 / 3).epsilon(0.01));
+  // fl_hsdp_int8: the shard axis carries int8 + scales (about 4x fewer bytes than f32 params;
+  // the workload gathers bf16, so about 2x fewer here).
+  const auto int8 = price(algorithm_by_name("fl_hsdp_int8", {.period = 8}), w, shape, c);
+  const auto f32 = price(algorithm_by_name("fl_hsdp", {.period = 8}), w, shape, c);
+  CHECK(int8.ranks[r].axes[sh].step_bytes < f32.ranks[r].axes[sh].step_bytes);
+  // The codec kernels cost time at the GPU's memory bandwidth: infinitely fast memory makes
+  // the federation sync cheaper, and without a codec it changes nothing.
+  cluster fast = c;
+  fast.memory_bandwidth = 0;  // priced at nothing
+  const auto sparse_free = price(algorithm_by_name("sparseloco", {.period = 30}), w, shape, fast);
+  CHECK(sparse_free[axis::federation].sync_seconds < sparse[axis::federation].sync_seconds);
+  const auto dense_free = price(algorithm_by_name("diloco", {.period = 30}), w, shape, fast);
+  CHECK(dense_free[axis::federation].sync_seconds == dense[axis::federation].sync_seconds);
+}
+
 TEST_CASE("overlap: overlappable step ops hide behind compute, blocking syncs are exposed") {
   const cluster c = a100_4gpu_node();
   workload w = small_gpt();

@@ -545,6 +545,16 @@ inline op_key key_of(const comm_op& op) {
   return {op.kind, op.axis, op.bytes, op.phase, op.trigger, op.unit, op.fragment};
 }
 
+/// Seconds one rank's codec kernels take for encoded op `op` on cluster c: encoding its
+/// elements and decoding every rank's wire, each as passes over 4-byte elements at the GPU's
+/// memory bandwidth (codec::spec's encode_passes and decode_passes); 0 for plain ops.
+inline double codec_seconds(const comm_op& op, const cluster& c) {
+  if (!encoded(op) || c.memory_bandwidth <= 0) return 0.0;
+  const double f32_bytes = 4.0 * static_cast<double>(codec_elements(op));
+  const double passes = op.codec.encode_passes + op.ranks * op.codec.decode_passes;
+  return passes * f32_bytes / c.memory_bandwidth;
+}
+
 /// Per-rank spans of every axis, computed on first use.
 class span_cache {
  public:
@@ -684,8 +694,9 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
                        s.ranks);
       const double wire = wire_bytes(op);
       if (s.nodes > 1) node_bytes += wire * share.per_node;
-      return memo.get(op, s, share, [&] {
-        return price_collective(op.kind, static_cast<double>(op.bytes), s, share, c, o.collectives)
+      const comm_op w = carried(op);  // an encoded op moves its wires
+      return detail::codec_seconds(op, c) + memo.get(w, s, share, [&] {
+        return price_collective(w.kind, static_cast<double>(w.bytes), s, share, c, o.collectives)
             .seconds;
       });
     };

@@ -48,6 +48,9 @@ struct cluster {
   double peak_flops = 0;     ///< dense bf16 FLOP/s of one GPU
   double default_mfu = 0.5;  ///< achieved fraction of peak_flops for transformer training
   int sites = 1;             ///< the world is split over this many sites
+  /// Bytes/s of one GPU's memory: the codec kernels' price (passes over the buffer at this
+  /// rate); 0 prices them at nothing.
+  double memory_bandwidth = 0;
 
   /// Bytes/s a node can send to the network: nics_per_node x nic_bandwidth.
   double node_bandwidth() const noexcept { return nics_per_node * nic_bandwidth; }
@@ -92,6 +95,7 @@ struct preset_figures {
   double nvlink_busbw_gbyte_per_s = 0;  ///< nccl-tests busbw of one GPU in a ring
   double peak_flops = 0;                ///< dense bf16 FLOP/s of one GPU
   double default_mfu = 0.5;             ///< achieved fraction of peak_flops
+  double memory_gbyte_per_s = 0;        ///< one GPU's memory bandwidth
 };
 
 /// A Leonardo Booster node (the paper's system).
@@ -114,7 +118,10 @@ inline constexpr preset_figures a100_4gpu_figures{
     // Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
     // Megatron-LM" (SC'21): 163 TFLOP/s per A100 = 52% of peak on GPT models; PaLM (Chowdhery
     // et al. 2022, Table 3) reports 46.2% MFU. We take 0.5 for the compute alone.
-    .default_mfu = 0.5};
+    .default_mfu = 0.5,
+    // A100 datasheet: HBM2e 1,555 GB/s (40 GB) to 2,039 GB/s (80 GB); Leonardo's 64 GB part
+    // sits between. We take 1,600 GB/s.
+    .memory_gbyte_per_s = 1600};
 
 /// A DGX H100.
 inline constexpr preset_figures h100_8gpu_figures{
@@ -131,7 +138,9 @@ inline constexpr preset_figures h100_8gpu_figures{
     .peak_flops = 989e12,
     // Llama 3 (Dubey et al. 2024, Table 4): 38-43% BF16 MFU on H100 at 8K-16K GPUs. We take
     // 0.4.
-    .default_mfu = 0.4};
+    .default_mfu = 0.4,
+    // H100 SXM datasheet: HBM3 3.35 TB/s.
+    .memory_gbyte_per_s = 3350};
 
 /// Every preset, in the order cluster_preset_names() lists them.
 inline constexpr const preset_figures* presets[] = {&a100_4gpu_figures, &h100_8gpu_figures};
@@ -148,7 +157,8 @@ inline cluster cluster_of(const preset_figures& f) {
           .wan = default_wan(),
           .op_latency = microseconds(nccl_ring_simple_base_us),
           .peak_flops = f.peak_flops,
-          .default_mfu = f.default_mfu};
+          .default_mfu = f.default_mfu,
+          .memory_bandwidth = gbyte_per_s(f.memory_gbyte_per_s)};
 }
 
 }  // namespace detail
