@@ -1,11 +1,13 @@
-// fedshard-demo: FL+HSDP against HSDP (and DDP, FSDP, FL+FSDP, DiLoCo) on a character-level
-// language model, 8 in-process ranks on 2 emulated sites joined by a slow link.
+// fedshard-demo: FL+HSDP against HSDP (and DDP, FSDP, FL+FSDP, DiLoCo, SparseLoCo, FL+HSDP
+// with int8 gathers) on a character-level language model, 8 in-process ranks on 2 emulated
+// sites joined by a slow link.
 //
 // Every algorithm trains the same model on the same number of tokens. Collectives whose
 // members span both sites wait latency + cross-site bytes / bandwidth (shaped::communicator;
 // the link is emulated, the training is real). The output is a table of tokens/s, eval
 // perplexity, bytes per rank on each mesh axis and time in communication, and CSV curves of
 // eval perplexity against time and tokens (examples/plot_curves.py renders them).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -34,7 +36,7 @@ using comm = fedshard::shaped::communicator<fedshard::inproc::communicator>;
 
 struct settings {
   std::string corpus = "/usr/share/common-licenses";
-  int steps = 240;
+  int steps = 480;
   int batch = 16;    // examples per rank per step
   int hidden = 256;  // width of the two hidden layers
   int eval_every = 40;
@@ -48,7 +50,8 @@ struct settings {
   int fragments = 2;  // streaming_diloco
   int delay = 1;      // streaming_diloco: steps a fragment's sync overlaps
   std::string out = "demo-out";
-  std::vector<std::string> algorithms{"ddp", "fsdp", "hsdp", "fl_fsdp", "fl_hsdp", "diloco"};
+  std::vector<std::string> algorithms{"ddp",     "fsdp",   "hsdp",       "fl_fsdp",
+                                      "fl_hsdp", "diloco", "sparseloco", "fl_hsdp_int8"};
 };
 
 struct curve_point {
@@ -60,21 +63,26 @@ struct result {
   std::string name;
   fedshard::mesh_shape shape;
   double tokens = 0, seconds = 0, ppl = 0, comm_seconds = 0, link_delay = 0;
+  double cross_site = 0;  // bytes rank 0 sent over the inter-site link
+  double gather = 0;      // bytes rank 0 sent in parameter gathers (part of the shard axis)
   std::map<fedshard::axis, double> bytes;  // per rank (rank 0)
   std::vector<curve_point> curve;
 };
 
 [[noreturn]] void usage(const char* msg) {
-  std::cerr << "fedshard-demo: " << msg << "\n"
-            << "usage: fedshard-demo [--corpus PATH] [--steps N] [--batch N] [--hidden N]\n"
-               "       [--eval-every N] [--eval-examples N]\n"
-               "       [--bandwidth-gbit G] [--latency-ms MS] [--lr LR] [--seed S] [--out DIR]\n"
-               "       [--k K] [--h H] [--fragments P] [--delay T]\n"
-               "       [--algorithms ddp,fsdp,hsdp,fl_fsdp,fl_hsdp,diloco]\n"
-               "  algorithms: ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, diloco, streaming_diloco;\n"
-               "  --k: steps between syncs of fl_fsdp and fl_hsdp (default 8); --h: inner steps\n"
-               "  of diloco and streaming_diloco (default 16); --fragments, --delay: streaming's\n"
-               "  fragments (default 2) and overlap in steps (default 1)\n";
+  std::cerr
+      << "fedshard-demo: " << msg << "\n"
+      << "usage: fedshard-demo [--corpus PATH] [--steps N] [--batch N] [--hidden N]\n"
+         "       [--eval-every N] [--eval-examples N]\n"
+         "       [--bandwidth-gbit G] [--latency-ms MS] [--lr LR] [--seed S] [--out DIR]\n"
+         "       [--k K] [--h H] [--fragments P] [--delay T]\n"
+         "       [--algorithms ddp,fsdp,hsdp,fl_fsdp,fl_hsdp,diloco,sparseloco,fl_hsdp_int8]\n"
+         "  algorithms: ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco,\n"
+         "  streaming_diloco, sparseloco;\n"
+         "  --k: steps between syncs of fl_fsdp, fl_hsdp, fl_hsdp_int8 and sparseloco\n"
+         "  (default 8); --h: inner steps of diloco and streaming_diloco (default 16);\n"
+         "  --fragments, --delay: streaming's fragments (default 2) and overlap in steps\n"
+         "  (default 1)\n";
   std::exit(2);
 }
 
@@ -195,9 +203,16 @@ result train(const std::string& name, fedshard::mesh_shape shape, const settings
         r.seconds = train_seconds;
         r.tokens = double(s.steps) * world_size * s.batch;
         r.ppl = curve.back().ppl;
+        for (const auto& op : t.step_plan().ops)  // the wire carries the plan (tested)
+          if (op.out.role == fedshard::role::params) r.gather += fedshard::wire_bytes(op) * s.steps;
+        std::vector<const comm*> seen;  // axes may share a communicator
         for (fedshard::axis a : fedshard::all_axes) {
           r.bytes[a] = t.traffic()[a].wire_bytes;
           r.comm_seconds += t.traffic()[a].seconds;
+          const comm* c = &m.comm(a);
+          if (std::find(seen.begin(), seen.end(), c) != seen.end()) continue;
+          seen.push_back(c);
+          r.cross_site += c->stats().crossing_bytes;
         }
       },
       run_options);
@@ -231,8 +246,12 @@ fedshard::mesh_shape mesh_of(const std::string& algorithm) {
 template <class A>
 fedshard::trainer_options<A> options_of(const settings& s) {
   using schedule = typename A::sync_schedule;
+  // Outer optimizers sync every H steps, except sparseloco: it syncs every K, like the
+  // averaging it compresses, so its bytes compare with fl_hsdp's at the same cadence.
+  using federation = typename A::federation_policy;
   constexpr bool outer =
-      !std::is_same_v<typename A::federation_policy, fedshard::federation::average>;
+      !std::is_same_v<federation, fedshard::federation::average> &&
+      std::is_same_v<fedshard::federation::sync_codec_t<federation>, fedshard::codec::identity>;
   fedshard::trainer_options<A> o;
   if constexpr (std::is_same_v<schedule, fedshard::schedule::periodic>)
     o.schedule = {.period = outer ? s.h : s.k};
@@ -259,8 +278,8 @@ int main(int argc, char** argv) {
       "cross-site collective.\n",
       s.bandwidth_gbit, s.latency_ms);
   std::printf(
-      "%d steps x %d examples per rank per step; AdamW lr %g; fl_* sync every %d steps, "
-      "diloco every %d.\n\n",
+      "%d steps x %d examples per rank per step; AdamW lr %g; fl_* and sparseloco sync every "
+      "%d steps, diloco every %d.\n\n",
       s.steps, s.batch, double(s.lr), s.k, s.h);
 
   std::vector<result> results;
@@ -279,19 +298,22 @@ int main(int argc, char** argv) {
   for (const auto& r : results)
     if (r.name == "hsdp") hsdp_rate = r.tokens / r.seconds;
   std::printf(
-      "\n| algorithm | mesh G x R x S | tokens/s | eval ppl | shard B/rank | replica "
-      "B/rank | federation B/rank | group B/rank | comm s | speed-up vs hsdp |\n");
-  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "\n| algorithm | mesh G x R x S | tokens/s | eval ppl | shard B/rank (gathers) | "
+      "replica B/rank | federation B/rank | group B/rank | cross-site B/rank | comm s | "
+      "speed-up vs hsdp |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& r : results) {
     const double rate = r.tokens / r.seconds;
     char speed[32] = "n/a";
     if (hsdp_rate > 0) std::snprintf(speed, sizeof speed, "%.2fx", rate / hsdp_rate);
-    std::printf("| %s | %dx%dx%d | %.0f | %.3f | %s | %s | %s | %s | %.1f | %s |\n", r.name.c_str(),
-                r.shape.groups, r.shape.replicas, r.shape.shards, rate, r.ppl,
+    std::printf("| %s | %dx%dx%d | %.0f | %.3f | %s (%s) | %s | %s | %s | %s | %.1f | %s |\n",
+                r.name.c_str(), r.shape.groups, r.shape.replicas, r.shape.shards, rate, r.ppl,
                 human_bytes(r.bytes.at(fedshard::axis::shard)).c_str(),
+                human_bytes(r.gather).c_str(),
                 human_bytes(r.bytes.at(fedshard::axis::replica)).c_str(),
                 human_bytes(r.bytes.at(fedshard::axis::federation)).c_str(),
-                human_bytes(r.bytes.at(fedshard::axis::group)).c_str(), r.comm_seconds, speed);
+                human_bytes(r.bytes.at(fedshard::axis::group)).c_str(),
+                human_bytes(r.cross_site).c_str(), r.comm_seconds, speed);
   }
 
   std::filesystem::create_directories(s.out);
