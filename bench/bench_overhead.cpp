@@ -16,9 +16,10 @@
 //              per-step bookkeeping.
 //
 // BM_step/<variant> times each variant alone. BM_side_by_side runs one step of every variant
-// per iteration, in a rotating order, times each, and reports the ratios of the median step
-// times as counters (fedshard/plain for ddp and fsdp, fl_hsdp/fsdp): the figures to quote,
-// since neighbours on a shared machine slow the variants alike there. Targets (issue 12):
+// per iteration (a round), in a rotating order, times each, and reports as counters the
+// medians over rounds of the ratios within a round (fedshard/plain for ddp and fsdp,
+// fl_hsdp/fsdp and fl_hsdp/ddp): the figures to quote, since neighbours on a shared machine
+// slow the steps of one round alike. Targets (issue 12):
 // ddp/plain <= 1.05 and fl_hsdp/fsdp <= 1.05 with the project's default flags (Release, no
 // -march).
 #include <benchmark/benchmark.h>
@@ -156,8 +157,16 @@ double median(std::vector<double> v) {
   return n == 0 ? 0.0 : (n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
 }
 
-/// Every variant once per iteration, in an order that rotates; counters: the median step
-/// time of each (ms) and the ratios.
+/// The median over rounds of ms[a][r] / ms[b][r]: each ratio compares two steps of one round,
+/// run next to each other, so that a neighbour's load that comes and goes cancels out.
+double median_ratio(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> r(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) r[i] = a[i] / b[i];
+  return median(std::move(r));
+}
+
+/// Every variant once per iteration (a round), in an order that rotates; counters: the median
+/// step time of each (ms) and the medians of the per-round ratios.
 void BM_side_by_side(benchmark::State& state) {
   std::array<std::vector<double>, num_variants> ms;
   with_steps([&](std::array<step_fn, num_variants>& steps) {
@@ -173,17 +182,14 @@ void BM_side_by_side(benchmark::State& state) {
       ++round;
     }
   });
-  std::array<double, num_variants> med{};
-  for (std::size_t v = 0; v < num_variants; ++v) {
-    med[v] = median(ms[v]);
-    state.counters[std::string(kNames[v]) + "_ms"] = med[v];
-  }
-  state.counters["ddp/plain"] = med[ddp] / med[plain];
-  state.counters["fsdp/plain"] = med[fsdp] / med[plain];
-  state.counters["fl_hsdp/fsdp"] = med[fl_hsdp] / med[fsdp];
-  state.counters["fl_hsdp/ddp"] = med[fl_hsdp] / med[ddp];
+  for (std::size_t v = 0; v < num_variants; ++v)
+    state.counters[std::string(kNames[v]) + "_ms"] = median(ms[v]);
+  state.counters["ddp/plain"] = median_ratio(ms[ddp], ms[plain]);
+  state.counters["fsdp/plain"] = median_ratio(ms[fsdp], ms[plain]);
+  state.counters["fl_hsdp/fsdp"] = median_ratio(ms[fl_hsdp], ms[fsdp]);
+  state.counters["fl_hsdp/ddp"] = median_ratio(ms[fl_hsdp], ms[ddp]);
   set_common_counters(state, num_variants);
 }
-BENCHMARK(BM_side_by_side)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(20.0);
+BENCHMARK(BM_side_by_side)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(40.0);
 
 }  // namespace
