@@ -35,8 +35,9 @@
 /// correctly rounded (within 0.75 ulp; about 1 in 6 results differ by an ulp), so there
 /// torch's AdamW may differ from this one by an ulp in denom, and its params drift apart
 /// at that level; with an IEEE sqrt (replayed op by op in torch) the two agree bit for bit.
-/// Host loops vectorise only with -fno-math-errno (else the sqrt's errno branch stops
-/// them) and are fastest with hardware fma (-mfma, -march=...); neither changes a result.
+/// The host loop picks a version with hardware fma at run time (kernels/dispatch.hpp); it
+/// vectorises only with -fno-math-errno (else the sqrt's errno branch stops it), which
+/// changes no result.
 /// Compile without -ffast-math.
 
 #include <cmath>

@@ -14,6 +14,7 @@
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/kernels/cast.hpp"
+#include "fedshard/kernels/for_each.hpp"
 
 namespace fedshard::kernels {
 
@@ -38,18 +39,32 @@ struct axpy_fn {
 
 namespace detail {
 
+/// x = scale_fn(x), as an element update of kernels/for_each.hpp.
+template <class T>
+struct scale_update {
+  scale_fn<T> f;
+  FEDSHARD_HOST_DEVICE void operator()(T& x) const noexcept { x = f(x); }
+};
+
+/// y = axpy_fn(x, y), as an element update of kernels/for_each.hpp.
+template <class X, class Y>
+struct axpy_update {
+  axpy_fn<X, Y> f;
+  FEDSHARD_HOST_DEVICE void operator()(X x, Y& y) const noexcept { y = f(x, y); }
+};
+
+/// The host loop of scale (compiled for each instruction set, kernels/for_each.hpp).
 template <class T>
 void scale_n(T* x, std::size_t n, double alpha) noexcept {
-  const scale_fn<T> f{static_cast<accum_t<T>>(alpha)};
-  for (std::size_t i = 0; i < n; ++i) x[i] = f(x[i]);
+  for_each_element(scale_update<T>{{static_cast<accum_t<T>>(alpha)}}, n, x);
 }
 
-/// The host loop of axpy for one pair of element types; a function of its own, as
-/// weighted_sum_n is.
+/// The host loop of axpy for one pair of element types (compiled for each instruction set);
+/// a function of its own, as weighted_sum_n is. x may be y itself (each element reads x
+/// before it writes y).
 template <class X, class Y>
 [[gnu::noinline]] void axpy_n(double a, const X* x, Y* y, std::size_t n) noexcept {
-  const axpy_fn<X, Y> f{static_cast<accum_t<X, Y>>(a)};
-  for (std::size_t i = 0; i < n; ++i) y[i] = f(x[i], y[i]);
+  for_each_element(axpy_update<X, Y>{{static_cast<accum_t<X, Y>>(a)}}, n, x, y);
 }
 
 }  // namespace detail

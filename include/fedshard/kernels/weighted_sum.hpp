@@ -11,13 +11,13 @@
 #include <cstddef>
 #include <span>
 #include <string_view>
-#include <vector>
 
 #include "fedshard/config.hpp"
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/kernels/cast.hpp"
+#include "fedshard/kernels/for_each.hpp"
 #include "fedshard/kernels/sgd.hpp"
 
 namespace fedshard::kernels {
@@ -45,20 +45,60 @@ struct weighted_sum_fn {
 
 namespace detail {
 
-/// The host loop of weighted_sum for one pair of element types. A function of its own, so
-/// that its loop compiles alike wherever the dtype dispatch is inlined.
+/// acc = w * in, the first term of weighted_sum_fn's sum.
+template <class In, class A>
+struct weighted_first_update {
+  A w;
+  void operator()(A& acc, In in) const noexcept { acc = mul_rn(w, operand_fn<In, A>{}(in)); }
+};
+
+/// acc = acc + w * in, a later term of weighted_sum_fn's sum.
+template <class In, class A>
+struct weighted_term_update {
+  A w;
+  void operator()(A& acc, In in) const noexcept {
+    acc = add_rn(acc, mul_rn(w, operand_fn<In, A>{}(in)));
+  }
+};
+
+/// out = acc rounded to Out.
+template <class A, class Out>
+struct weighted_store_update {
+  void operator()(Out& out, A acc) const noexcept { out = cast_fn<A, Out>{}(acc); }
+};
+
+/// Elements weighted_sum_n sums per pass: its accumulator stays in L1.
+inline constexpr std::size_t weighted_sum_block = 2048;
+
+/// The host loop of weighted_sum for one pair of element types: weighted_sum_fn's sum, one
+/// pass per input over blocks of weighted_sum_block elements (the same operations in the
+/// same order, so the same bits), each pass a loop of kernels/for_each.hpp compiled for each
+/// instruction set. A function of its own, so that its loops compile alike wherever the
+/// dtype dispatch is inlined.
 template <class In, class Out>
 [[gnu::noinline]] void weighted_sum_n(std::span<const const_buffer_view> ins,
                                       std::span<const double> weights, Out* out, std::size_t n) {
   using accum = accum_t<In, Out>;
-  std::vector<const In*> pointers(ins.size());
-  std::vector<accum> w(ins.size());
-  for (std::size_t j = 0; j < ins.size(); ++j) {
-    pointers[j] = static_cast<const In*>(ins[j].data);
-    w[j] = static_cast<accum>(weights[j]);
+  const isa which = active_isa();
+  accum acc[weighted_sum_block];
+  for (std::size_t b = 0; b < n; b += weighted_sum_block) {
+    const std::size_t m = n - b < weighted_sum_block ? n - b : weighted_sum_block;
+    bool first = true;
+    for (std::size_t j = 0; j < ins.size(); ++j) {
+      const auto w = static_cast<accum>(weights[j]);
+      if (w == 0) continue;
+      const In* in = static_cast<const In*>(ins[j].data) + b;
+      if (first)
+        for_each_element_on(which, weighted_first_update<In, accum>{w}, m, acc, in);
+      else
+        for_each_element_on(which, weighted_term_update<In, accum>{w}, m, acc, in);
+      first = false;
+    }
+    if (first)  // every weight is 0: +0
+      for (std::size_t i = 0; i < m; ++i) acc[i] = accum{0};
+    for_each_element_on(which, weighted_store_update<accum, Out>{}, m, out + b,
+                        static_cast<const accum*>(acc));
   }
-  const weighted_sum_fn<In, Out> f{pointers.data(), w.data(), ins.size()};
-  for (std::size_t i = 0; i < n; ++i) out[i] = f(i);
 }
 
 /// The checks of a type-erased weighted_sum, on the host and on the device: at least one

@@ -16,6 +16,7 @@
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
 #include "fedshard/kernels/cast.hpp"
+#include "fedshard/kernels/for_each.hpp"
 
 namespace fedshard::detail {
 
@@ -47,40 +48,58 @@ decltype(auto) visit_op(reduce_op op, F&& f) {
 /// Elements reduced per pass: the accumulator stays in L1.
 inline constexpr std::int64_t reduce_block_elems = 2048;
 
-/// acc[j] = combine(acc[j], in[j]) for j < m, the inputs widened as operands (a NaN keeps its
-/// quiet bit as it is: the result is rounded back to T, which quiets it). A function of its own
-/// (with restrict pointers) so that the compiler vectorises it rather than fusing consecutive
-/// passes into one scalar loop.
+/// acc = combine(acc, in), the input widened as an operand (a NaN keeps its quiet bit as it
+/// is: the result is rounded back to T, which quiets it).
 template <class T, reduce_op Op>
-[[gnu::noinline]] void accumulate(accum_t<T>* __restrict acc, const T* __restrict in,
-                                  std::int64_t m) {
-  const combine_fn<Op> f;
-  const kernels::operand_fn<T, accum_t<T>> widen;
-  for (std::int64_t j = 0; j < m; ++j) acc[j] = f(acc[j], widen(in[j]));
-}
+struct accumulate_update {
+  void operator()(accum_t<T>& acc, T in) const noexcept {
+    acc = combine(Op, acc, kernels::operand_fn<T, accum_t<T>>{}(in));
+  }
+};
+
+/// acc = in, widened as an operand.
+template <class T>
+struct widen_update {
+  void operator()(accum_t<T>& acc, T in) const noexcept {
+    acc = kernels::operand_fn<T, accum_t<T>>{}(in);
+  }
+};
+
+/// acc = acc / n (avg).
+template <class A>
+struct divide_update {
+  A n;
+  void operator()(A& acc) const noexcept { acc = acc / n; }
+};
+
+/// out = acc rounded to T.
+template <class T>
+struct narrow_update {
+  void operator()(T& out, accum_t<T> acc) const noexcept { out = T(acc); }
+};
 
 /// Reduces len elements of n ranks' inputs in rank order, where input(p) points at the first
-/// element of rank p, and stores the result to each of outs[0..nout).
+/// element of rank p, and stores the result to each of outs[0..nout). Every pass over a block
+/// is a loop of kernels/for_each.hpp, compiled for each instruction set (the same bits on
+/// each: one IEEE operation per element and pass, in the same order).
 template <class T, reduce_op Op, class Input>
 void reduce_rank_order(const Input& input, int n, T* const* outs, int nout, std::int64_t len) {
   using A = accum_t<T>;
+  const kernels::isa which = kernels::active_isa();
   A acc[reduce_block_elems];
   for (std::int64_t b = 0; b < len; b += reduce_block_elems) {
-    const std::int64_t m = std::min(reduce_block_elems, len - b);
-    const T* in0 = input(0) + b;
-    const kernels::operand_fn<T, A> widen;
-    for (std::int64_t j = 0; j < m; ++j) acc[j] = widen(in0[j]);
-    for (int p = 1; p < n; ++p) accumulate<T, Op>(acc, input(p) + b, m);
-    if constexpr (Op == reduce_op::avg) {
-      const A div = static_cast<A>(n);
-      for (std::int64_t j = 0; j < m; ++j) acc[j] = acc[j] / div;
-    }
+    const auto m = static_cast<std::size_t>(std::min(reduce_block_elems, len - b));
+    kernels::for_each_element_on(which, widen_update<T>{}, m, acc, input(0) + b);
+    for (int p = 1; p < n; ++p)
+      kernels::for_each_element_on(which, accumulate_update<T, Op>{}, m, acc, input(p) + b);
+    if constexpr (Op == reduce_op::avg)
+      kernels::for_each_element_on(which, divide_update<A>{static_cast<A>(n)}, m, acc);
     for (int p = 0; p < nout; ++p) {
       T* o = outs[p] + b;
       if constexpr (std::is_same_v<T, A>) {
-        std::memcpy(o, acc, static_cast<std::size_t>(m) * sizeof(T));
+        std::memcpy(o, acc, m * sizeof(T));
       } else {
-        for (std::int64_t j = 0; j < m; ++j) o[j] = T(acc[j]);
+        kernels::for_each_element_on(which, narrow_update<T>{}, m, o, static_cast<const A*>(acc));
       }
     }
   }
