@@ -12,12 +12,21 @@
 /// operations in the same order, so what can differ is only what the compiler adds:
 ///  - no contraction: GCC contracts `a * b + c` into an fma wherever the target has one
 ///    (C++ defaults to -ffp-contract=fast), so every dispatched loop is compiled with
-///    fp-contract off (FEDSHARD_ISA_LOOP); a kernel that wants an fma writes std::fma, which
+///    fp-contract off (FEDSHARD_TARGET_*); a kernel that wants an fma writes std::fma, which
 ///    is exact in every version (an instruction where the target has FMA, a library call
 ///    otherwise);
 ///  - no reassociation: reductions keep their order (the compiler does not reorder float
 ///    sums without -ffast-math, which a user must not combine with bit-identical claims).
 /// Tests run every version the machine supports and compare the bits (tests/kernels/).
+///
+/// Vector width: the loops of kernels without a square root vectorise in every version
+/// (16 floats wide in the AVX-512 one). A square root (adamw, fedadam, fedyogi) keeps its
+/// loop scalar under GCC's default -fmath-errno, since `std::sqrt` of a negative number
+/// must set errno: those versions run sqrtss and vfmadd one element at a time (no library
+/// call for the fma). A per-function `optimize("no-math-errno")` does not help (GCC 12
+/// decides errno for the whole translation unit and then refuses to inline the functor
+/// into the loop); a user who compiles with -fno-math-errno gets them vectorised, with the
+/// same bits.
 ///
 /// On other architectures, with other compilers than GCC, in CUDA translation units or with
 /// FEDSHARD_NO_DISPATCH defined, only the portable version exists.
@@ -81,8 +90,8 @@ constexpr std::string_view to_string(isa i) noexcept {
 inline isa parse_isa(std::string_view s) {
   for (isa i : {isa::portable, isa::avx2, isa::avx512})
     if (s == to_string(i)) return i;
-  throw invalid_argument(::fedshard::detail::concat("fedshard: unknown instruction set '", s,
-                                                    "', expected portable, avx2 or avx512"));
+  throw invalid_argument(fedshard::detail::concat("fedshard: unknown instruction set '", s,
+                                                  "', expected portable, avx2 or avx512"));
 }
 
 /// The widest instruction set this CPU (and OS) supports, detected once.
