@@ -81,8 +81,8 @@ constexpr std::string_view to_string(isa i) noexcept {
 inline isa parse_isa(std::string_view s) {
   for (isa i : {isa::portable, isa::avx2, isa::avx512})
     if (s == to_string(i)) return i;
-  throw invalid_argument(detail::concat("fedshard: unknown instruction set '", s,
-                                        "', expected portable, avx2 or avx512"));
+  throw invalid_argument(::fedshard::detail::concat("fedshard: unknown instruction set '", s,
+                                                    "', expected portable, avx2 or avx512"));
 }
 
 /// The widest instruction set this CPU (and OS) supports, detected once.
