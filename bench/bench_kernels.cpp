@@ -10,6 +10,11 @@
 /// the counter ratio_vs_memcpy = memcpy time / kernel time for the same bytes (1 = as fast
 /// as memcpy), and memcpy_GBps is the baseline's bandwidth in 1e9 bytes/s.
 ///
+/// The rows named after a kernel (cast_f32_bf16, fp8_encode, int8_block_encode, topk_encode,
+/// ...) compare instead with a memcpy of the kernel's f32 side (the input of an encode or
+/// narrowing cast, the output of a decode or widening cast): their size argument is those
+/// f32 bytes, and bytes_per_second counts them.
+///
 /// The pack case: a unit of 8 tensors of mixed sizes (1:3:8:2:16:1:4:5), each starting on a
 /// 64-byte boundary (the gaps are padding), sharded over 4 ranks; rank 1's shard is packed
 /// and unpacked, so shard edges cut tensors.
@@ -23,8 +28,12 @@
 #include <span>
 #include <vector>
 
+#include "fedshard/codec/cast.hpp"
+#include "fedshard/codec/int8_block.hpp"
+#include "fedshard/codec/topk.hpp"
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
+#include "fedshard/core/fp8.hpp"
 #include "fedshard/kernels/cast.hpp"
 #include "fedshard/kernels/pack.hpp"
 
@@ -146,6 +155,87 @@ void bm_cast(benchmark::State& state) {
                [&] { kernels::cast(std::span<const From>(in.span()), std::span<To>(out.span())); });
 }
 
+/// f32 values of a fixed pseudo-random sequence, roughly normal with the given spread.
+aligned_buffer<float> f32_inputs(std::size_t n, float spread, std::uint32_t seed) {
+  aligned_buffer<float> v(n);
+  std::uint32_t x = seed * 2654435761u + 1u;
+  const auto unit = [&] {  // xorshift32, uniform in [-1, 1)
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    return static_cast<float>(static_cast<std::int32_t>(x >> 8) - (1 << 23)) * 0x1p-23f;
+  };
+  for (std::size_t i = 0; i < n; ++i) v[i] = (unit() + unit() + unit()) * spread;
+  return v;
+}
+
+/// kernels::cast between f32 and To (or back), against memcpy of the f32 side.
+template <class From, class To>
+void bm_cast_f32(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t n = bytes / sizeof(float);
+  const aligned_buffer<float> values = f32_inputs(n, 300.0f, 1);
+  aligned_buffer<From> in(n);
+  kernels::cast(std::span<const float>(values.data(), n), std::span<From>(in.span()));
+  aligned_buffer<To> out(n);
+  side_by_side(state, bytes,
+               [&] { kernels::cast(std::span<const From>(in.span()), std::span<To>(out.span())); });
+}
+
+/// Encode with a stateless codec C, against memcpy of its f32 input.
+template <class C>
+void bm_codec_encode(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t n = bytes / sizeof(float);
+  const aligned_buffer<float> in = f32_inputs(n, 100.0f, 2);
+  aligned_buffer<std::byte> wire(C::encoded_bytes(n));
+  side_by_side(state, bytes, [&] {
+    C::encode(std::span<const float>(in.data(), n), std::span<std::byte>(wire.span()));
+  });
+}
+
+/// decode_add with a stateless codec C, against memcpy of its f32 output.
+template <class C>
+void bm_codec_decode_add(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t n = bytes / sizeof(float);
+  const aligned_buffer<float> in = f32_inputs(n, 100.0f, 3);
+  aligned_buffer<std::byte> wire(C::encoded_bytes(n));
+  C::encode(std::span<const float>(in.data(), n), std::span<std::byte>(wire.span()));
+  aligned_buffer<float> out(n);
+  side_by_side(state, bytes, [&] {
+    C::decode_add(std::span<const std::byte>(wire.span()), std::span<float>(out.span()));
+  });
+}
+
+/// topk<> (4096, 64, 2 bits; beta 0.95) encode: error feedback, selection, quantisation.
+void bm_topk_encode(benchmark::State& state) {
+  using C = fedshard::codec::topk<>;
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t n = bytes / sizeof(float);
+  const aligned_buffer<float> in = f32_inputs(n, 1.0f, 4);
+  C c({.beta = 0.95f}, n);
+  aligned_buffer<std::byte> wire(C::encoded_bytes(n));
+  side_by_side(state, bytes, [&] {
+    c.encode(std::span<const float>(in.data(), n), std::span<std::byte>(wire.span()));
+  });
+}
+
+/// topk<> decode_add, against memcpy of its f32 output.
+void bm_topk_decode_add(benchmark::State& state) {
+  using C = fedshard::codec::topk<>;
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t n = bytes / sizeof(float);
+  const aligned_buffer<float> in = f32_inputs(n, 1.0f, 5);
+  C c({.beta = 0.95f}, n);
+  aligned_buffer<std::byte> wire(C::encoded_bytes(n));
+  c.encode(std::span<const float>(in.data(), n), std::span<std::byte>(wire.span()));
+  aligned_buffer<float> out(n);
+  side_by_side(state, bytes, [&] {
+    c.decode_add(std::span<const std::byte>(wire.span()), std::span<float>(out.span()));
+  });
+}
+
 void sizes(benchmark::internal::Benchmark* b) {
   b->RangeMultiplier(4)->Range(64 << 10, 64 << 20)->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
@@ -157,5 +247,29 @@ BENCHMARK(bm_cast<float, bf16>)->Name("cast/f32_to_bf16")->Apply(sizes);
 BENCHMARK(bm_cast<bf16, float>)->Name("cast/bf16_to_f32")->Apply(sizes);
 BENCHMARK(bm_cast<float, f16>)->Name("cast/f32_to_f16")->Apply(sizes);
 BENCHMARK(bm_cast<f16, float>)->Name("cast/f16_to_f32")->Apply(sizes);
+
+/// The f32 sizes of the rows named after a kernel: in cache, in L2/L3, in memory.
+void f32_sizes(benchmark::internal::Benchmark* b) {
+  b->Arg(256 << 10)->Arg(4 << 20)->Arg(64 << 20)->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
+using fedshard::fp8_e4m3;
+namespace codec = fedshard::codec;
+BENCHMARK(bm_cast_f32<float, bf16>)->Name("cast_f32_bf16")->Apply(f32_sizes);
+BENCHMARK(bm_cast_f32<bf16, float>)->Name("cast_bf16_f32")->Apply(f32_sizes);
+BENCHMARK(bm_cast_f32<float, f16>)->Name("cast_f32_f16")->Apply(f32_sizes);
+BENCHMARK(bm_cast_f32<f16, float>)->Name("cast_f16_f32")->Apply(f32_sizes);
+BENCHMARK(bm_codec_encode<codec::cast<bf16>>)->Name("cast_bf16_encode")->Apply(f32_sizes);
+BENCHMARK(bm_codec_decode_add<codec::cast<bf16>>)->Name("cast_bf16_decode_add")->Apply(f32_sizes);
+BENCHMARK(bm_codec_encode<codec::cast<f16>>)->Name("cast_f16_encode")->Apply(f32_sizes);
+BENCHMARK(bm_codec_decode_add<codec::cast<f16>>)->Name("cast_f16_decode_add")->Apply(f32_sizes);
+BENCHMARK(bm_codec_encode<codec::cast<fp8_e4m3>>)->Name("fp8_encode")->Apply(f32_sizes);
+BENCHMARK(bm_codec_decode_add<codec::cast<fp8_e4m3>>)->Name("fp8_decode_add")->Apply(f32_sizes);
+BENCHMARK(bm_codec_encode<codec::int8_block<>>)->Name("int8_block_encode")->Apply(f32_sizes);
+BENCHMARK(bm_codec_decode_add<codec::int8_block<>>)
+    ->Name("int8_block_decode_add")
+    ->Apply(f32_sizes);
+BENCHMARK(bm_topk_encode)->Name("topk_encode")->Apply(f32_sizes);
+BENCHMARK(bm_topk_decode_add)->Name("topk_decode_add")->Apply(f32_sizes);
 
 }  // namespace

@@ -8,7 +8,10 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "fedshard/kernels/dispatch.hpp"
 
 namespace codec = fedshard::codec;
 
@@ -120,4 +123,72 @@ TEST_CASE("int8_block: decode_add accumulates; encoding is deterministic") {
   std::vector<float> acc(in.size(), 1.0f);
   C::decode_add(std::as_bytes(std::span(w1)).first(C::encoded_bytes(in.size())), acc);
   for (std::size_t i = 0; i < in.size(); ++i) CHECK(acc[i] == 1.0f + once[i]);
+}
+
+TEST_CASE_TEMPLATE("int8_block: every instruction set gives the portable wire and sums", C,
+                   codec::int8_block<256>, codec::int8_block<100>, codec::int8_block<7>) {
+  // Random bit patterns (NaN, infinities, subnormals), blocks of one magnitude with ties
+  // (k + 1/2 times the scale), blocks of zeros and of subnormals; a partial last block.
+  namespace kernels = fedshard::kernels;
+  std::mt19937 gen(9);
+  std::vector<float> in(7 * 256 + 77);
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const std::uint32_t r = gen();
+    switch ((i / 256) % 4) {
+      case 0: std::memcpy(&in[i], &r, 4); break;  // any pattern
+      case 1: in[i] = static_cast<float>(static_cast<int>(r % 255) - 127) * 0.5f; break;  // ties
+      case 2: in[i] = (r % 5 == 0) ? 0.0f : std::ldexp(static_cast<float>(r % 1000), -140); break;
+      default: in[i] = (r % 3 == 0) ? -0.0f : 0.0f; break;
+    }
+  }
+  std::vector<float> base(in.size());
+  for (std::size_t i = 0; i < base.size(); ++i) base[i] = static_cast<float>(i % 11) - 5.0f;
+  const auto run = [&](std::size_t n, std::vector<std::byte>& wire, std::vector<float>& out) {
+    wire.assign(C::encoded_bytes(n), std::byte{0});
+    C::encode(std::span<const float>(in.data(), n), wire);
+    out.assign(base.begin(), base.begin() + static_cast<std::ptrdiff_t>(n));
+    C::decode_add(wire, out);
+  };
+  for (std::size_t n : {in.size(), std::size_t{1}, std::size_t{300}, std::size_t{1000}}) {
+    std::vector<std::byte> want_wire, wire;
+    std::vector<float> want_out, out;
+    {
+      kernels::isa_limit_guard g(kernels::isa::portable);
+      run(n, want_wire, want_out);
+    }
+    for (kernels::isa which : kernels::supported_isas()) {
+      CAPTURE(std::string(kernels::to_string(which)));
+      CAPTURE(n);
+      kernels::isa_limit_guard g(which);
+      run(n, wire, out);
+      REQUIRE(wire == want_wire);
+      REQUIRE(std::memcmp(out.data(), want_out.data(), n * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("int8_block: the branch-free code equals rounding the quotient with nearbyint") {
+  // int8_code rounds on the bits; the definition is nearbyint(v) clamped to [-127, 127],
+  // NaN -> -127. Checked here on a sweep of quotients around every half-integer, and
+  // on random bit patterns (an exhaustive run over all 2^32 floats agreed when written).
+  const auto reference = [](float v) {
+    const float q = std::nearbyint(v);
+    return static_cast<std::int8_t>(q >= -127.0f ? (q <= 127.0f ? q : 127.0f) : -127.0f);
+  };
+  std::vector<float> v;
+  for (int k = -300; k <= 300; ++k) {
+    const float h = static_cast<float>(k) * 0.5f;
+    v.insert(v.end(), {h, std::nextafter(h, -1e9f), std::nextafter(h, 1e9f)});
+  }
+  std::mt19937 gen(4);
+  for (int i = 0; i < 200000; ++i) {
+    const std::uint32_t r = gen();
+    float f;
+    std::memcpy(&f, &r, 4);
+    v.push_back(f);
+  }
+  for (float x : v) {
+    CAPTURE(x);
+    REQUIRE(codec::detail::int8_code(x) == reference(x));
+  }
 }

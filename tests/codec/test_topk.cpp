@@ -7,8 +7,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "fedshard/kernels/dispatch.hpp"
 
 namespace codec = fedshard::codec;
 
@@ -181,4 +186,108 @@ TEST_CASE(
   idx[2] = 7;  // chunk 1 has 2 elements
   std::vector<float> out(10, 0.0f);
   CHECK_THROWS_AS(c.decode_add(w.cspan(), out), fedshard::invalid_argument);
+}
+
+namespace {
+
+/// topk's encode as first written (a key per element, nth_element, then a sort of the
+/// indices): the reference the faster selection must equal, wire and residual, bit for bit.
+template <class C>
+void reference_encode(std::vector<float>& e, const std::vector<float>& delta, float beta,
+                      std::span<std::byte> wire) {
+  using index_t = typename C::index_t;
+  const std::size_t n = e.size();
+  for (std::size_t i = 0; i < n; ++i)
+    e[i] = beta == 1.0f ? e[i] + delta[i] : beta * e[i] + delta[i];
+  const std::size_t floats = C::quantised ? C::chunks(n) : C::selected(n);
+  const std::size_t at_indices = floats * sizeof(float);
+  const std::size_t at_codes = at_indices + C::selected(n) * sizeof(index_t);
+  auto* scales_or_values = reinterpret_cast<float*>(wire.data());
+  auto* indices = reinterpret_cast<index_t*>(wire.data() + at_indices);
+  auto* all_codes = reinterpret_cast<std::uint8_t*>(wire.data() + at_codes);
+  if constexpr (C::quantised) std::memset(all_codes, 0, wire.size() - at_codes);
+  for (std::size_t c = 0, base = 0; base < n; ++c, base += C::chunk) {
+    const std::size_t m = std::min(C::chunk, n - base);
+    const std::size_t k = std::min(C::k, m);
+    float* ec = e.data() + base;
+    std::vector<std::uint64_t> keys(m);
+    for (std::size_t i = 0; i < m; ++i)
+      keys[i] = (static_cast<std::uint64_t>(codec::detail::magnitude_bits(ec[i])) << 32) |
+                (0xffffffffu - static_cast<std::uint32_t>(i));
+    std::sort(keys.begin(), keys.end(), std::greater<>{});
+    std::vector<index_t> order(k);
+    for (std::size_t j = 0; j < k; ++j)
+      order[j] = static_cast<index_t>(0xffffffffu - static_cast<std::uint32_t>(keys[j]));
+    std::sort(order.begin(), order.end());
+    std::memcpy(indices + c * C::k, order.data(), k * sizeof(index_t));
+    if constexpr (C::quantised) {
+      float s = 0.0f;
+      for (std::size_t j = 0; j < k; ++j) s = std::max(s, std::fabs(ec[order[j]]));
+      scales_or_values[c] = s;
+      std::uint8_t* codes = all_codes + c * C::code_bytes(C::k);
+      using q = codec::detail::topk_quantiser<C::bits>;
+      for (std::size_t j = 0; j < k; ++j) {
+        float& v = ec[order[j]];
+        const std::uint32_t code = q::encode(v, s);
+        codec::detail::put_code<C::bits>(codes, j * C::bits, code);
+        v -= q::decode(code, s);
+      }
+    } else {
+      for (std::size_t j = 0; j < k; ++j) {
+        float& v = ec[order[j]];
+        scales_or_values[c * C::k + j] = v;
+        v -= v;
+      }
+    }
+  }
+}
+
+/// Inputs for the comparison: step t mixes normal values, many exact ties (multiples of
+/// 1/4), subnormals, zeros of both signs, and now and then an infinity or a NaN.
+std::vector<float> mixed_input(std::size_t n, unsigned t) {
+  std::mt19937 gen(1000 + t);
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t r = gen();
+    switch ((i / 97 + t) % 5) {
+      case 0: v[i] = static_cast<float>(static_cast<int>(r % 9) - 4) * 0.25f; break;
+      case 1: v[i] = std::ldexp(static_cast<float>(static_cast<int>(r % 200) - 100), -140); break;
+      case 2: v[i] = (r % 2) ? 0.0f : -0.0f; break;
+      default: v[i] = std::ldexp(static_cast<float>(static_cast<int>(r % 2001) - 1000), -10); break;
+    }
+  }
+  if (t == 3 && n > 50) {
+    v[7] = std::numeric_limits<float>::infinity();
+    v[n / 2] = -std::numeric_limits<float>::infinity();
+  }
+  if (t == 5 && n > 50) v[n - 3] = std::numeric_limits<float>::quiet_NaN();
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("topk: the selection equals the sort of (|e|, index) on every instruction set",
+                   C, codec::topk<>, codec::topk<256, 16, 4>, codec::topk<100, 7, 3>,
+                   codec::topk<64, 8, codec::topk_unquantised>, codec::topk<50, 40, 8>,
+                   codec::topk<8, 3, 1>) {
+  namespace kernels = fedshard::kernels;
+  const std::size_t n = 3 * C::chunk + C::chunk / 3 + 1;  // a partial last chunk
+  for (const float beta : {1.0f, 0.9f}) {
+    for (kernels::isa which : kernels::supported_isas()) {
+      CAPTURE(std::string(kernels::to_string(which)));
+      CAPTURE(beta);
+      kernels::isa_limit_guard g(which);
+      C c({.beta = beta}, n);
+      std::vector<float> e(n, 0.0f);
+      wire_buffer got(C::encoded_bytes(n)), want(C::encoded_bytes(n));
+      for (unsigned t = 0; t < 7; ++t) {
+        CAPTURE(t);
+        const std::vector<float> delta = mixed_input(n, t);
+        c.encode(delta, got.span());
+        reference_encode<C>(e, delta, beta, want.span());
+        REQUIRE(std::memcmp(got.cspan().data(), want.cspan().data(), got.bytes) == 0);
+        REQUIRE(std::memcmp(c.residual().data(), e.data(), n * sizeof(float)) == 0);
+      }
+    }
+  }
 }

@@ -7,6 +7,9 @@
 /// infinity beyond 65504; fp8_e4m3 saturates to +-448 and has no scaling, so values are
 /// expected in its range (an int8_block or a scaled codec suits arbitrary deltas better).
 /// Wire: n elements of T, sizeof(T) * n bytes.
+///
+/// The host loops are compiled once per instruction set (kernels/dispatch.hpp) and run the
+/// widest the CPU supports; every version gives the same bits.
 
 #include <cstddef>
 #include <span>
@@ -18,6 +21,8 @@
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/fp8.hpp"
 #include "fedshard/kernels/cast.hpp"
+#include "fedshard/kernels/dispatch.hpp"
+#include "fedshard/kernels/for_each.hpp"
 
 namespace fedshard::codec {
 
@@ -44,6 +49,22 @@ struct cast_decode_add_fn {
       out += kernels::cast_fn<T, float>{}(w);
   }
 };
+
+/// wire[i] = T(in[i]) for i < n, with the instruction set `which`.
+template <class T>
+void cast_encode_on(kernels::isa which, const float* in, T* wire, std::size_t n) noexcept {
+  if constexpr (std::is_same_v<T, fp8_e4m3>)
+    kernels::for_each_element_on(
+        which, [](float v, T& w) { w = cast_encode_fn<T>{}(v); }, n, in, wire);
+  else
+    kernels::detail::cast_n_on(which, in, wire, n);
+}
+
+/// out[i] += the value of wire[i] for i < n, with the instruction set `which`.
+template <class T>
+void cast_decode_add_on(kernels::isa which, const T* wire, float* out, std::size_t n) noexcept {
+  kernels::for_each_element_on(which, cast_decode_add_fn<T>{}, n, wire, out);
+}
 
 /// The name of cast<T>.
 template <class T>
@@ -86,22 +107,16 @@ class cast {
   static void encode(std::span<const float> in, std::span<std::byte> wire) {
     detail::check_wire(name, "encode", wire.data(), wire.size(), encoded_bytes(in.size()),
                        in.size());
-    T* w = reinterpret_cast<T*>(wire.data());
-    if constexpr (std::is_same_v<T, fp8_e4m3>) {
-      const detail::cast_encode_fn<T> f;
-      for (std::size_t i = 0; i < in.size(); ++i) w[i] = f(in[i]);
-    } else {
-      kernels::detail::cast_n(in.data(), w, in.size());
-    }
+    detail::cast_encode_on(kernels::active_isa(), in.data(), reinterpret_cast<T*>(wire.data()),
+                           in.size());
   }
 
   /// out[i] += the value of wire element i.
   static void decode_add(std::span<const std::byte> wire, std::span<float> out) {
     detail::check_wire(name, "decode_add", wire.data(), wire.size(), encoded_bytes(out.size()),
                        out.size());
-    const T* w = reinterpret_cast<const T*>(wire.data());
-    const detail::cast_decode_add_fn<T> f;
-    for (std::size_t i = 0; i < out.size(); ++i) f(w[i], out[i]);
+    detail::cast_decode_add_on(kernels::active_isa(), reinterpret_cast<const T*>(wire.data()),
+                               out.data(), out.size());
   }
 };
 

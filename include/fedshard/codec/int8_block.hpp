@@ -6,6 +6,9 @@
 /// zeros, scale 0); the receiver adds q[i] * scale. With a normal scale the error is at
 /// most scale / 2 plus float rounding: |x - q * scale| <= scale * (1/2 + 2^-15).
 /// Wire: ceil(n / Block) f32 scales, then n int8 values.
+///
+/// The host loops are compiled once per instruction set (kernels/dispatch.hpp) and run the
+/// widest the CPU supports; every version gives the same bits.
 
 #include <cmath>
 #include <cstddef>
@@ -16,6 +19,8 @@
 
 #include "fedshard/codec/codec.hpp"
 #include "fedshard/config.hpp"
+#include "fedshard/core/dtype.hpp"
+#include "fedshard/kernels/dispatch.hpp"
 
 namespace fedshard::codec {
 
@@ -26,17 +31,150 @@ FEDSHARD_HOST_DEVICE inline float int8_scale(float absmax) noexcept {
   return absmax / 127.0f;
 }
 
+/// The int8 code of a quotient v = x / scale: v rounded to nearest even, clamped to
+/// [-127, 127]; -127 for a NaN. Written on the bits of v, without branches or library
+/// calls, so that host loops vectorise: |v| is clamped to 128 (an infinity or a NaN too),
+/// rounded by the float addition |v| + 1.5 * 2^23 (whose last mantissa bit is worth 1; exact
+/// rounding to nearest even in the default rounding mode), 128 becomes 127, and the sign is
+/// applied (rounding to nearest even is symmetric).
+FEDSHARD_HOST_DEVICE inline std::int8_t int8_code(float v) noexcept {
+  using ::fedshard::detail::bit_cast;
+  const std::uint32_t u = bit_cast<std::uint32_t>(v);
+  const std::uint32_t a = u & 0x7fffffffu;
+  const std::uint32_t clamped = a < 0x43000000u ? a : 0x43000000u;  // min(|v|, 128)
+  const std::uint32_t r =
+      bit_cast<std::uint32_t>(bit_cast<float>(clamped) + 0x1.8p23f) - 0x4b400000u;
+  const std::uint32_t m = r - (r >> 7);  // 0..128 -> 0..127
+  const std::uint32_t neg = 0u - (u >> 31);
+  const std::uint32_t nan = 0u - std::uint32_t{a > 0x7f800000u};
+  const std::uint32_t q = (((m ^ neg) - neg) & ~nan) | (0x81u & nan);  // 0x81: -127
+  return static_cast<std::int8_t>(static_cast<std::uint8_t>(q));
+}
+
 /// The int8 code of x in a block of the given scale: x / scale rounded to nearest even,
 /// clamped to [-127, 127]; 0 when scale is 0 (a NaN, from a non-finite input, gives -127).
 FEDSHARD_HOST_DEVICE inline std::int8_t int8_quantise(float x, float scale) noexcept {
-  if (!(scale > 0.0f)) return 0;
-  const float q = std::nearbyint(x / scale);
-  return static_cast<std::int8_t>(q >= -127.0f ? (q <= 127.0f ? q : 127.0f) : -127.0f);
+  return scale > 0.0f ? int8_code(x / scale) : std::int8_t{0};
 }
 
 /// The value of an int8 code in a block of the given scale.
 FEDSHARD_HOST_DEVICE inline float int8_dequantise(std::int8_t q, float scale) noexcept {
   return static_cast<float>(q) * scale;
+}
+
+#if FEDSHARD_DISPATCH
+#define FEDSHARD_DETAIL_INT8_BODY __attribute__((always_inline)) inline
+#else
+#define FEDSHARD_DETAIL_INT8_BODY inline
+#endif
+
+/// The scales and codes of n elements in blocks of Block (see int8_block::encode). The
+/// largest magnitude is taken over the bits of |x| (ordered as |x| for numbers), skipping
+/// NaN as the float comparison does, so that the loop is an integer max the compiler
+/// vectorises.
+template <std::size_t Block>
+FEDSHARD_DETAIL_INT8_BODY void int8_encode_body(const float* __restrict in, std::size_t n,
+                                                float* __restrict scales,
+                                                std::int8_t* __restrict codes) noexcept {
+  for (std::size_t b = 0, begin = 0; begin < n; ++b, begin += Block) {
+    const std::size_t m = begin + Block < n ? Block : n - begin;
+    const float* x = in + begin;
+    std::uint32_t largest = 0;
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::uint32_t a = ::fedshard::detail::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu;
+      const std::uint32_t number = a & (0u - std::uint32_t{a <= 0x7f800000u});
+      largest = number > largest ? number : largest;
+    }
+    const float scale = int8_scale(::fedshard::detail::bit_cast<float>(largest));
+    scales[b] = scale;
+    std::int8_t* q = codes + begin;
+    if (scale > 0.0f) {
+      for (std::size_t i = 0; i < m; ++i) q[i] = int8_code(x[i] / scale);
+    } else {
+      for (std::size_t i = 0; i < m; ++i) q[i] = 0;
+    }
+  }
+}
+
+/// out[i] += code[i] * the scale of i's block, for n elements in blocks of Block.
+template <std::size_t Block>
+FEDSHARD_DETAIL_INT8_BODY void int8_decode_add_body(const float* __restrict scales,
+                                                    const std::int8_t* __restrict codes,
+                                                    std::size_t n, float* __restrict out) noexcept {
+  for (std::size_t b = 0, begin = 0; begin < n; ++b, begin += Block) {
+    const std::size_t m = begin + Block < n ? Block : n - begin;
+    const float scale = scales[b];
+    const std::int8_t* q = codes + begin;
+    float* o = out + begin;
+    for (std::size_t i = 0; i < m; ++i) o[i] += int8_dequantise(q[i], scale);
+  }
+}
+
+template <std::size_t Block>
+FEDSHARD_TARGET_PORTABLE inline void int8_encode_portable(const float* in, std::size_t n,
+                                                          float* scales,
+                                                          std::int8_t* codes) noexcept {
+  int8_encode_body<Block>(in, n, scales, codes);
+}
+template <std::size_t Block>
+FEDSHARD_TARGET_PORTABLE inline void int8_decode_add_portable(const float* scales,
+                                                              const std::int8_t* codes,
+                                                              std::size_t n, float* out) noexcept {
+  int8_decode_add_body<Block>(scales, codes, n, out);
+}
+#if FEDSHARD_DISPATCH
+template <std::size_t Block>
+FEDSHARD_TARGET_AVX2 inline void int8_encode_avx2(const float* in, std::size_t n, float* scales,
+                                                  std::int8_t* codes) noexcept {
+  int8_encode_body<Block>(in, n, scales, codes);
+}
+template <std::size_t Block>
+FEDSHARD_TARGET_AVX2 inline void int8_decode_add_avx2(const float* scales, const std::int8_t* codes,
+                                                      std::size_t n, float* out) noexcept {
+  int8_decode_add_body<Block>(scales, codes, n, out);
+}
+template <std::size_t Block>
+FEDSHARD_TARGET_AVX512 inline void int8_encode_avx512(const float* in, std::size_t n, float* scales,
+                                                      std::int8_t* codes) noexcept {
+  int8_encode_body<Block>(in, n, scales, codes);
+}
+template <std::size_t Block>
+FEDSHARD_TARGET_AVX512 inline void int8_decode_add_avx512(const float* scales,
+                                                          const std::int8_t* codes, std::size_t n,
+                                                          float* out) noexcept {
+  int8_decode_add_body<Block>(scales, codes, n, out);
+}
+#endif
+#undef FEDSHARD_DETAIL_INT8_BODY
+
+/// int8_encode_body with the instruction set `which`.
+template <std::size_t Block>
+void int8_encode_on(kernels::isa which, const float* in, std::size_t n, float* scales,
+                    std::int8_t* codes) noexcept {
+#if FEDSHARD_DISPATCH
+  if (which == kernels::isa::avx512 && kernels::detected_isa() >= kernels::isa::avx512)
+    return int8_encode_avx512<Block>(in, n, scales, codes);
+  if (which >= kernels::isa::avx2 && kernels::detected_isa() >= kernels::isa::avx2)
+    return int8_encode_avx2<Block>(in, n, scales, codes);
+#else
+  (void)which;
+#endif
+  int8_encode_portable<Block>(in, n, scales, codes);
+}
+
+/// int8_decode_add_body with the instruction set `which`.
+template <std::size_t Block>
+void int8_decode_add_on(kernels::isa which, const float* scales, const std::int8_t* codes,
+                        std::size_t n, float* out) noexcept {
+#if FEDSHARD_DISPATCH
+  if (which == kernels::isa::avx512 && kernels::detected_isa() >= kernels::isa::avx512)
+    return int8_decode_add_avx512<Block>(scales, codes, n, out);
+  if (which >= kernels::isa::avx2 && kernels::detected_isa() >= kernels::isa::avx2)
+    return int8_decode_add_avx2<Block>(scales, codes, n, out);
+#else
+  (void)which;
+#endif
+  int8_decode_add_portable<Block>(scales, codes, n, out);
 }
 
 }  // namespace detail
@@ -72,17 +210,7 @@ class int8_block {
     detail::check_wire(name, "encode", wire.data(), wire.size(), encoded_bytes(n), n);
     float* scales = reinterpret_cast<float*>(wire.data());
     std::int8_t* codes = reinterpret_cast<std::int8_t*>(wire.data() + blocks(n) * sizeof(float));
-    for (std::size_t b = 0, begin = 0; begin < n; ++b, begin += Block) {
-      const std::size_t end = begin + Block < n ? begin + Block : n;
-      float absmax = 0.0f;
-      for (std::size_t i = begin; i < end; ++i) {
-        const float a = std::fabs(in[i]);
-        absmax = a > absmax ? a : absmax;
-      }
-      const float scale = detail::int8_scale(absmax);
-      scales[b] = scale;
-      for (std::size_t i = begin; i < end; ++i) codes[i] = detail::int8_quantise(in[i], scale);
-    }
+    detail::int8_encode_on<Block>(kernels::active_isa(), in.data(), n, scales, codes);
   }
 
   /// out[i] += code[i] * scale of i's block.
@@ -92,11 +220,7 @@ class int8_block {
     const float* scales = reinterpret_cast<const float*>(wire.data());
     const std::int8_t* codes =
         reinterpret_cast<const std::int8_t*>(wire.data() + blocks(n) * sizeof(float));
-    for (std::size_t b = 0, begin = 0; begin < n; ++b, begin += Block) {
-      const std::size_t end = begin + Block < n ? begin + Block : n;
-      const float scale = scales[b];
-      for (std::size_t i = begin; i < end; ++i) out[i] += detail::int8_dequantise(codes[i], scale);
-    }
+    detail::int8_decode_add_on<Block>(kernels::active_isa(), scales, codes, n, out.data());
   }
 };
 

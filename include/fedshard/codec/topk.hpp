@@ -23,13 +23,22 @@
 ///                (bit b of the chunk's codes is bit b % 8 of byte b / 8; padding bits 0);
 ///   unquantised: S f32 values | S indices.
 /// Indices are relative to the chunk; chunk c's selections are S-entries [c K, c K + k).
+///
+/// The selection runs without a sort: a lower bound L of the k-th largest |e| (the smallest
+/// of K column maxima, each the largest of a distinct set of elements), the elements at or
+/// above L as candidates, the k-th largest |e| T among them (nth_element), then one pass
+/// in index order that takes every |e| > T and the first |e| = T until k are taken: the
+/// same set and tie-break as sorting by (|e| descending, index ascending). All on the bits
+/// of |e| (integers), so a NaN ranks above everything. The fold of delta and the column
+/// maxima are compiled once per instruction set (kernels/dispatch.hpp); every version gives
+/// the same bits.
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <numeric>
 #include <span>
 #include <string_view>
@@ -40,6 +49,11 @@
 #include "fedshard/config.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/kernels/dispatch.hpp"
+
+#if FEDSHARD_DISPATCH
+#include <immintrin.h>
+#endif
 
 namespace fedshard::codec {
 
@@ -99,6 +113,271 @@ FEDSHARD_HOST_DEVICE constexpr std::uint32_t magnitude_bits(float x) noexcept {
   return ::fedshard::detail::bit_cast<std::uint32_t>(x) & 0x7fffffffu;
 }
 
+#if FEDSHARD_DISPATCH
+#define FEDSHARD_DETAIL_TOPK_BODY __attribute__((always_inline)) inline
+#else
+#define FEDSHARD_DETAIL_TOPK_BODY inline
+#endif
+
+/// e <- beta e + delta (Decay) or e <- e + delta over the m elements of a chunk; when
+/// m >= 2 K, also returns the smallest of K column maxima of |e| bits (column j: the
+/// elements r K + j), a lower bound of the K-th largest; else 0.
+template <std::size_t K, bool Decay>
+FEDSHARD_DETAIL_TOPK_BODY std::uint32_t topk_fold_body(float* __restrict e,
+                                                       const float* __restrict delta, std::size_t m,
+                                                       float beta,
+                                                       std::uint32_t* __restrict colmax) noexcept {
+  const auto fold = [beta](float ei, float di) {
+    if constexpr (Decay)
+      return beta * ei + di;
+    else
+      return ei + di;
+  };
+  const std::size_t full = m >= 2 * K ? m / K * K : 0;  // the elements in columns
+  std::uint32_t lower = 0;
+  if (full != 0) {
+    for (std::size_t j = 0; j < K; ++j) colmax[j] = 0;
+    for (std::size_t r = 0; r < full; r += K) {
+      float* er = e + r;
+      const float* dr = delta + r;
+      for (std::size_t j = 0; j < K; ++j) {
+        const float v = fold(er[j], dr[j]);
+        er[j] = v;
+        const std::uint32_t a = ::fedshard::detail::bit_cast<std::uint32_t>(v) & 0x7fffffffu;
+        colmax[j] = a > colmax[j] ? a : colmax[j];
+      }
+    }
+    lower = colmax[0];
+    for (std::size_t j = 1; j < K; ++j) lower = colmax[j] < lower ? colmax[j] : lower;
+  }
+  for (std::size_t i = full; i < m; ++i) e[i] = fold(e[i], delta[i]);
+  return lower;
+}
+
+/// The elements of the m of a chunk whose |e| bits are >= lower, in index order: their
+/// indices to cand and their |e| bits to cmag (each with room for m + 16 entries); returns
+/// how many.
+FEDSHARD_TARGET_PORTABLE inline std::size_t topk_gather_portable(const float* e, std::size_t m,
+                                                                 std::uint32_t lower,
+                                                                 std::uint32_t* cand,
+                                                                 std::uint32_t* cmag) noexcept {
+  std::size_t c = 0;
+  for (std::size_t i = 0; i < m; ++i) {  // branch-free compaction
+    const std::uint32_t a = magnitude_bits(e[i]);
+    cand[c] = static_cast<std::uint32_t>(i);
+    cmag[c] = a;
+    c += a >= lower ? 1u : 0u;
+  }
+  return c;
+}
+
+/// The k-th largest of the c values v (all >= lower, k <= c), built bit by bit from the
+/// top: the largest t with at least k values >= t. Each step is a count the compiler
+/// vectorises (no data-dependent branches, unlike a partition).
+FEDSHARD_DETAIL_TOPK_BODY std::uint32_t topk_kth_body(const std::uint32_t* __restrict v,
+                                                      std::size_t c, std::size_t k,
+                                                      std::uint32_t lower) noexcept {
+  std::uint32_t largest = lower;
+  for (std::size_t i = 0; i < c; ++i) largest = v[i] > largest ? v[i] : largest;
+  // Every value lies in [lower, largest]: the bits above the highest bit where the two
+  // differ are common to all, and to the answer.
+  const std::uint32_t differ = lower ^ largest;
+  if (differ == 0) return lower;
+  std::uint32_t bit = 0x80000000u >> std::countl_zero(differ);
+  std::uint32_t t = largest & ~((bit << 1) - 1u);
+  for (; bit != 0; bit >>= 1) {
+    const std::uint32_t probe = t | bit;
+    std::uint32_t at_least = 0;
+    for (std::size_t i = 0; i < c; ++i) at_least += v[i] >= probe ? 1u : 0u;
+    if (at_least >= k) t = probe;
+  }
+  return t;
+}
+
+FEDSHARD_TARGET_PORTABLE inline std::uint32_t topk_kth_portable(const std::uint32_t* v,
+                                                                std::size_t c, std::size_t k,
+                                                                std::uint32_t lower) noexcept {
+  return topk_kth_body(v, c, k, lower);
+}
+
+template <std::size_t K, bool Decay>
+FEDSHARD_TARGET_PORTABLE inline std::uint32_t topk_fold_portable(float* e, const float* delta,
+                                                                 std::size_t m, float beta,
+                                                                 std::uint32_t* colmax) noexcept {
+  return topk_fold_body<K, Decay>(e, delta, m, beta, colmax);
+}
+#if FEDSHARD_DISPATCH
+template <std::size_t K, bool Decay>
+FEDSHARD_TARGET_AVX2 inline std::uint32_t topk_fold_avx2(float* e, const float* delta,
+                                                         std::size_t m, float beta,
+                                                         std::uint32_t* colmax) noexcept {
+  return topk_fold_body<K, Decay>(e, delta, m, beta, colmax);
+}
+template <std::size_t K, bool Decay>
+FEDSHARD_TARGET_AVX512 inline std::uint32_t topk_fold_avx512(float* e, const float* delta,
+                                                             std::size_t m, float beta,
+                                                             std::uint32_t* colmax) noexcept {
+  return topk_fold_body<K, Decay>(e, delta, m, beta, colmax);
+}
+
+FEDSHARD_TARGET_AVX2 inline std::uint32_t topk_kth_avx2(const std::uint32_t* v, std::size_t c,
+                                                        std::size_t k,
+                                                        std::uint32_t lower) noexcept {
+  return topk_kth_body(v, c, k, lower);
+}
+FEDSHARD_TARGET_AVX512 inline std::uint32_t topk_kth_avx512(const std::uint32_t* v, std::size_t c,
+                                                            std::size_t k,
+                                                            std::uint32_t lower) noexcept {
+  return topk_kth_body(v, c, k, lower);
+}
+
+/// The lanes of a mask of 8 in increasing order, one per byte (then zeros), for each mask.
+inline constexpr auto topk_compress8 = [] {
+  struct table {
+    std::uint64_t lanes[256];
+  } t{};
+  for (unsigned mask = 0; mask < 256; ++mask) {
+    std::uint64_t packed = 0;
+    unsigned at = 0;
+    for (unsigned lane = 0; lane < 8; ++lane)
+      if (mask & (1u << lane)) packed |= static_cast<std::uint64_t>(lane) << (8 * at++);
+    t.lanes[mask] = packed;
+  }
+  return t;
+}();
+
+/// topk_gather_portable with AVX2: 8 lanes compared at once, packed with a permutation.
+FEDSHARD_TARGET_AVX2 inline std::size_t topk_gather_avx2(const float* e, std::size_t m,
+                                                         std::uint32_t lower, std::uint32_t* cand,
+                                                         std::uint32_t* cmag) noexcept {
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff);
+  // |e| bits and lower are below 2^31: a >= lower is a signed a > lower - 1.
+  const __m256i below = _mm256_set1_epi32(static_cast<int>(lower) - 1);
+  __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i step = _mm256_set1_epi32(8);
+  std::size_t c = 0, i = 0;
+  for (; i + 8 <= m; i += 8) {
+    const __m256i a =
+        _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(e + i)), abs_mask);
+    const auto mask = static_cast<unsigned>(
+        _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, below))));
+    const __m256i perm =
+        _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(topk_compress8.lanes[mask])));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cand + c),
+                        _mm256_permutevar8x32_epi32(index, perm));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(cmag + c), _mm256_permutevar8x32_epi32(a, perm));
+    c += static_cast<std::size_t>(__builtin_popcount(mask));
+    index = _mm256_add_epi32(index, step);
+  }
+  for (; i < m; ++i) {
+    const std::uint32_t a = magnitude_bits(e[i]);
+    cand[c] = static_cast<std::uint32_t>(i);
+    cmag[c] = a;
+    c += a >= lower ? 1u : 0u;
+  }
+  return c;
+}
+
+/// topk_gather_portable with AVX-512: 16 lanes compared and compressed at once.
+FEDSHARD_TARGET_AVX512 inline std::size_t topk_gather_avx512(const float* e, std::size_t m,
+                                                             std::uint32_t lower,
+                                                             std::uint32_t* cand,
+                                                             std::uint32_t* cmag) noexcept {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i low = _mm512_set1_epi32(static_cast<int>(lower));
+  __m512i index = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t c = 0, i = 0;
+  for (; i + 16 <= m; i += 16) {
+    const __m512i a = _mm512_and_si512(_mm512_loadu_si512(e + i), abs_mask);
+    const __mmask16 mask = _mm512_cmpge_epu32_mask(a, low);
+    // Compress in registers and store whole vectors (a compressing store is slow on some
+    // CPUs); the lanes past the candidates are overwritten by the next store.
+    _mm512_storeu_si512(cand + c, _mm512_maskz_compress_epi32(mask, index));
+    _mm512_storeu_si512(cmag + c, _mm512_maskz_compress_epi32(mask, a));
+    c += static_cast<std::size_t>(__builtin_popcount(mask));
+    index = _mm512_add_epi32(index, step);
+  }
+  for (; i < m; ++i) {
+    const std::uint32_t a = magnitude_bits(e[i]);
+    cand[c] = static_cast<std::uint32_t>(i);
+    cmag[c] = a;
+    c += a >= lower ? 1u : 0u;
+  }
+  return c;
+}
+#endif
+#undef FEDSHARD_DETAIL_TOPK_BODY
+
+/// topk_kth_body with the instruction set `which`.
+inline std::uint32_t topk_kth_on(kernels::isa which, const std::uint32_t* v, std::size_t c,
+                                 std::size_t k, std::uint32_t lower) noexcept {
+#if FEDSHARD_DISPATCH
+  if (which == kernels::isa::avx512 && kernels::detected_isa() >= kernels::isa::avx512)
+    return topk_kth_avx512(v, c, k, lower);
+  if (which >= kernels::isa::avx2 && kernels::detected_isa() >= kernels::isa::avx2)
+    return topk_kth_avx2(v, c, k, lower);
+#else
+  (void)which;
+#endif
+  return topk_kth_portable(v, c, k, lower);
+}
+
+/// topk_gather_portable with the instruction set `which`.
+inline std::size_t topk_gather_on(kernels::isa which, const float* e, std::size_t m,
+                                  std::uint32_t lower, std::uint32_t* cand,
+                                  std::uint32_t* cmag) noexcept {
+#if FEDSHARD_DISPATCH
+  if (which == kernels::isa::avx512 && kernels::detected_isa() >= kernels::isa::avx512)
+    return topk_gather_avx512(e, m, lower, cand, cmag);
+  if (which >= kernels::isa::avx2 && kernels::detected_isa() >= kernels::isa::avx2)
+    return topk_gather_avx2(e, m, lower, cand, cmag);
+#else
+  (void)which;
+#endif
+  return topk_gather_portable(e, m, lower, cand, cmag);
+}
+
+/// topk_fold_body with the instruction set `which`.
+template <std::size_t K, bool Decay>
+std::uint32_t topk_fold_on(kernels::isa which, float* e, const float* delta, std::size_t m,
+                           float beta, std::uint32_t* colmax) noexcept {
+#if FEDSHARD_DISPATCH
+  if (which == kernels::isa::avx512 && kernels::detected_isa() >= kernels::isa::avx512)
+    return topk_fold_avx512<K, Decay>(e, delta, m, beta, colmax);
+  if (which >= kernels::isa::avx2 && kernels::detected_isa() >= kernels::isa::avx2)
+    return topk_fold_avx2<K, Decay>(e, delta, m, beta, colmax);
+#else
+  (void)which;
+#endif
+  return topk_fold_portable<K, Decay>(e, delta, m, beta, colmax);
+}
+
+/// The k (< m) elements of largest |e| bits among the m of a chunk, ties to the lower
+/// index, written to order in increasing index order; every element with |e| bits >= lower
+/// is a candidate and at least k are. cand and cmag: scratch of m + 16 entries; order:
+/// room for k + 1.
+template <class Index>
+void topk_select(kernels::isa which, const float* e, std::size_t m, std::size_t k,
+                 std::uint32_t lower, std::uint32_t* cand, std::uint32_t* cmag, Index* order) {
+  const std::size_t c = topk_gather_on(which, e, m, lower, cand, cmag);
+  // threshold: the k-th largest magnitude; gt of the candidates lie above it.
+  const std::uint32_t threshold = topk_kth_on(which, cmag, c, k, lower);
+  // Take every candidate above the threshold and the first ones equal to it, in index
+  // order, until k: without branches on the data (order has room for k + 1 entries).
+  std::size_t above = 0;
+  for (std::size_t j = 0; j < c; ++j) above += cmag[j] > threshold ? 1u : 0u;
+  std::size_t ties = k - above;
+  std::size_t taken = 0;
+  for (std::size_t j = 0; j < c; ++j) {
+    const std::uint32_t a = cmag[j];
+    const bool tie = a == threshold && ties > 0;
+    order[taken] = static_cast<Index>(cand[j]);
+    taken += (a > threshold || tie) ? 1u : 0u;
+    ties -= tie ? 1u : 0u;
+  }
+}
+
 }  // namespace detail
 
 /// Chunked top-K with error feedback and Bits-bit values (topk_unquantised: f32 values);
@@ -132,7 +411,10 @@ class topk {
 
   /// A codec for a buffer of n elements, with a zero residual.
   topk(config cfg, std::size_t n)
-      : e_(n, 0.0f), order_(std::min(n, Chunk)), keys_(std::min(n, Chunk)) {
+      : e_(n, 0.0f),
+        order_(std::min(n, Chunk)),
+        cand_(std::min(n, Chunk) + 16),
+        cmag_(std::max(std::min(n, Chunk) + 16, K)) {
     set_beta(cfg.beta);
   }
 
@@ -177,12 +459,7 @@ class topk {
                      " elements, the codec was built for ", n);
     detail::check_wire(name, "encode", wire.data(), wire.size(), encoded_bytes(n), n);
     float* e = e_.data();
-    if (beta_ == 1.0f) {
-      for (std::size_t i = 0; i < n; ++i) e[i] += delta[i];
-    } else {
-      const float beta = beta_;
-      for (std::size_t i = 0; i < n; ++i) e[i] = beta * e[i] + delta[i];
-    }
+    const kernels::isa which = kernels::active_isa();
 
     const layout at = sections(n);
     float* scales_or_values = reinterpret_cast<float*>(wire.data());
@@ -194,21 +471,15 @@ class topk {
       const std::size_t k_sent = std::min(K, m);
       float* ec = e + base;
       index_t* order = order_.data();
-      if (k_sent < m) {
-        // One 64-bit key per element, larger for a larger |e| (the bits of a non-negative
-        // float order as its value; a NaN's lie above infinity's), then for a lower index:
-        // the selection compares integers and never reads e again.
-        std::uint64_t* keys = keys_.data();
-        for (std::size_t i = 0; i < m; ++i)
-          keys[i] = (static_cast<std::uint64_t>(detail::magnitude_bits(ec[i])) << 32) |
-                    (0xffffffffu - static_cast<std::uint32_t>(i));
-        std::nth_element(keys, keys + k_sent, keys + m, std::greater<>{});
-        for (std::size_t j = 0; j < k_sent; ++j)
-          order[j] = static_cast<index_t>(0xffffffffu - static_cast<std::uint32_t>(keys[j]));
-        std::sort(order, order + k_sent);
-      } else {
+      const std::uint32_t lower = beta_ == 1.0f
+                                      ? detail::topk_fold_on<K, false>(
+                                            which, ec, delta.data() + base, m, beta_, cmag_.data())
+                                      : detail::topk_fold_on<K, true>(
+                                            which, ec, delta.data() + base, m, beta_, cmag_.data());
+      if (k_sent < m)
+        detail::topk_select(which, ec, m, k_sent, lower, cand_.data(), cmag_.data(), order);
+      else
         std::iota(order, order + m, index_t{0});
-      }
       index_t* idx = indices + c * K;
       std::memcpy(idx, order, k_sent * sizeof(index_t));
       if constexpr (quantised) {
@@ -277,7 +548,8 @@ class topk {
 
   std::vector<float> e_;
   std::vector<index_t> order_;       // per-chunk scratch: the indices sent
-  std::vector<std::uint64_t> keys_;  // per-chunk scratch: selection keys
+  std::vector<std::uint32_t> cand_;  // per-chunk scratch: candidate indices
+  std::vector<std::uint32_t> cmag_;  // per-chunk scratch: column maxima, candidates' |e| bits
   float beta_ = 0.95f;
 };
 

@@ -23,40 +23,47 @@ namespace detail {
 /// The conversions of OCP FP8 E4M3 (saturating).
 struct e4m3_format {
   /// Round-to-nearest-even conversion of a float, saturating to +-448; NaN -> 0x7F | sign.
+  /// Written as selects so that host loops vectorise. Subnormal results come from one float
+  /// addition that rounds |f| onto the 2^-9 grid (nearest even); it runs for every element
+  /// (on 0 where unused) because a compiler may not speculate a float operation that it
+  /// would otherwise move into a branch. Assumes the default rounding mode (to nearest).
   FEDSHARD_HOST_DEVICE static constexpr std::uint8_t from_float(float f) noexcept {
     const std::uint32_t u = bit_cast<std::uint32_t>(f);
-    const auto sign = static_cast<std::uint8_t>((u >> 24) & 0x80u);
+    const std::uint32_t sign = (u >> 24) & 0x80u;
     const std::uint32_t x = u & 0x7fffffffu;
-    if (x > 0x7f800000u) return static_cast<std::uint8_t>(sign | 0x7fu);   // NaN
-    if (x >= 0x43e00000u) return static_cast<std::uint8_t>(sign | 0x7eu);  // >= 448, inf: 448
-    if (x >= 0x3c800000u) {  // >= 2^-6, the normal range: rebias, round 23 -> 3 mantissa bits
-      // The carry of rounding may step the exponent; below 448 it never reaches 0x7f (NaN):
-      // the largest float below 448 rounds to 448 itself.
-      const std::uint32_t r = x + 0x7ffffu + ((x >> 20) & 1u);
-      return static_cast<std::uint8_t>(sign | ((r >> 20) - (120u << 3)));
-    }
-    // Subnormal range: |f| in units of 2^-9, rounded to an integer 0..8 (8 is 2^-6, the
-    // smallest normal, whose pattern 0x08 follows on from the subnormals').
-    const std::uint32_t exp = x >> 23;
-    if (exp < 116) return sign;  // |f| < 2^-11: below half the smallest subnormal
-    const std::uint32_t man = (x & 0x7fffffu) | 0x800000u;
-    const std::uint32_t shift = 141 - exp;  // 21..25: man * 2^(exp-150) in units of 2^-9
-    const std::uint32_t q = man >> shift;
-    const std::uint32_t rem = man & ((1u << shift) - 1u);
-    const std::uint32_t half = 1u << (shift - 1);
-    const std::uint32_t up = (rem > half || (rem == half && (q & 1u))) ? 1u : 0u;
-    return static_cast<std::uint8_t>(sign | (q + up));
+    const bool is_nan = x > 0x7f800000u;
+    const bool saturates = x >= 0x43e00000u;    // >= 448, and infinity: 448
+    const bool is_subnormal = x < 0x3c800000u;  // < 2^-6
+    // Normal range: rebias, round 23 -> 3 mantissa bits. The carry of rounding may step the
+    // exponent; below 448 it never reaches 0x7f (NaN): the largest float below 448 rounds to
+    // 448 itself.
+    const std::uint32_t normal = ((x + 0x7ffffu + ((x >> 20) & 1u)) >> 20) - (120u << 3);
+    // Subnormal range: |f| + 2^14 has its last mantissa bit worth 2^-9, so the sum rounds |f|
+    // to a multiple of 2^-9: 0..8 units (8 is 2^-6, the smallest normal, whose pattern 0x08
+    // follows on from the subnormals').
+    const float tiny = bit_cast<float>(x & (0u - std::uint32_t{is_subnormal}));
+    const std::uint32_t subnormal = bit_cast<std::uint32_t>(tiny + 0x1p14f) - 0x46800000u;
+    const std::uint32_t sub_mask = 0u - std::uint32_t{is_subnormal};
+    const std::uint32_t sat_mask = 0u - std::uint32_t{saturates};
+    const std::uint32_t nan_mask = 0u - std::uint32_t{is_nan};
+    const std::uint32_t finite =
+        (subnormal & sub_mask) | (((0x7eu & sat_mask) | (normal & ~sat_mask)) & ~sub_mask);
+    return static_cast<std::uint8_t>(sign | (finite & ~nan_mask) | (0x7fu & nan_mask));
   }
 
-  /// The exact float value of a pattern; NaN quiet, with its sign.
+  /// The exact float value of a pattern; NaN quiet, with its sign. Written without
+  /// branches so that host loops vectorise; the float subtraction that makes subnormals
+  /// runs for every element (subtracting 0 where unused), for the reason given above.
   FEDSHARD_HOST_DEVICE static constexpr float to_float(std::uint8_t bits) noexcept {
     const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x80u) << 24;
-    const std::uint32_t exp = (bits >> 3) & 0xfu;
-    const std::uint32_t man = bits & 0x7u;
-    if ((bits & 0x7fu) == 0x7fu) return bit_cast<float>(sign | 0x7fc00000u);
-    if (exp == 0)  // m * 2^-9, exact in float
-      return bit_cast<float>(sign | bit_cast<std::uint32_t>(static_cast<float>(man) * 0x1p-9f));
-    return bit_cast<float>(sign | ((exp + 120u) << 23) | (man << 20));
+    const std::uint32_t em = bits & 0x7fu;
+    const std::uint32_t sub_mask = 0u - std::uint32_t{(em & 0x78u) == 0};
+    // Normal: rebias the exponent (+120). Subnormal m: (1 + m/8) 2^-6 - 2^-6 = m 2^-9, exact.
+    const std::uint32_t biased = (em << 20) + (120u << 23) + ((1u << 23) & sub_mask);
+    const float value = bit_cast<float>(biased) - bit_cast<float>((121u << 23) & sub_mask);
+    const std::uint32_t nan_mask = 0u - std::uint32_t{em == 0x7fu};
+    return bit_cast<float>(sign | (bit_cast<std::uint32_t>(value) & ~nan_mask) |
+                           (0x7fc00000u & nan_mask));
   }
 };
 

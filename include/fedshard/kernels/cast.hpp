@@ -8,6 +8,9 @@
 /// subnormals are produced and read exactly. The conversions from float to bf16 and f16 and
 /// from f16 to float are rewritten here without branches so that host loops vectorise;
 /// they assume the default floating-point rounding mode (to nearest).
+///
+/// The host loops are compiled once per instruction set (kernels/dispatch.hpp) and run the
+/// widest the CPU supports; every version gives the same bits.
 
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +23,7 @@
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/kernels/dispatch.hpp"
 
 namespace fedshard::kernels {
 
@@ -124,27 +128,68 @@ struct operand_fn {
 
 namespace detail {
 
-/// out[i] = cast(in[i]) for i < n, without checks; in and out must not overlap.
 template <class From, class To>
-void cast_n(const From* in, To* out, std::size_t n) noexcept {
+FEDSHARD_TARGET_PORTABLE inline void cast_loop_portable(const From* __restrict in,
+                                                        To* __restrict out,
+                                                        std::size_t n) noexcept {
+  const cast_fn<From, To> f;
+  for (std::size_t i = 0; i < n; ++i) out[i] = f(in[i]);
+}
+#if FEDSHARD_DISPATCH
+template <class From, class To>
+FEDSHARD_TARGET_AVX2 inline void cast_loop_avx2(const From* __restrict in, To* __restrict out,
+                                                std::size_t n) noexcept {
+  const cast_fn<From, To> f;
+  for (std::size_t i = 0; i < n; ++i) out[i] = f(in[i]);
+}
+template <class From, class To>
+FEDSHARD_TARGET_AVX512 inline void cast_loop_avx512(const From* __restrict in, To* __restrict out,
+                                                    std::size_t n) noexcept {
+  const cast_fn<From, To> f;
+  for (std::size_t i = 0; i < n; ++i) out[i] = f(in[i]);
+}
+#endif
+
+/// out[i] = cast(in[i]) for i < n with the instruction set `which`, without checks; in and
+/// out must not overlap (unless From and To are the same type: a copy, none in place).
+template <class From, class To>
+void cast_n_on(isa which, const From* in, To* out, std::size_t n) noexcept {
   if constexpr (std::is_same_v<From, To>) {
+    (void)which;
     if (n != 0 && in != out) std::memcpy(out, in, n * sizeof(To));
   } else {
-    const cast_fn<From, To> f;
-    for (std::size_t i = 0; i < n; ++i) out[i] = f(in[i]);
+#if FEDSHARD_DISPATCH
+    if (which == isa::avx512 && detected_isa() >= isa::avx512) return cast_loop_avx512(in, out, n);
+    if (which >= isa::avx2 && detected_isa() >= isa::avx2) return cast_loop_avx2(in, out, n);
+#else
+    (void)which;
+#endif
+    cast_loop_portable(in, out, n);
   }
 }
 
+/// cast_n_on(active_isa(), in, out, n).
+template <class From, class To>
+void cast_n(const From* in, To* out, std::size_t n) noexcept {
+  cast_n_on(active_isa(), in, out, n);
+}
+
 }  // namespace detail
+
+/// cast(in, out) with the instruction set `which` (tests and benchmarks compare them).
+template <class From, class To>
+void cast_on(isa which, std::span<From> in, std::span<To> out) {
+  static_assert(!std::is_const_v<To>, "fedshard::kernels::cast: the output must be writable");
+  FEDSHARD_EXPECTS(in.size() == out.size(), "cast: input has ", in.size(), " elements, output has ",
+                   out.size(), " (sizes must match)");
+  detail::cast_n_on<std::remove_const_t<From>, To>(which, in.data(), out.data(), in.size());
+}
 
 /// Converts in into out element by element; sizes must match and the spans must not
 /// overlap (unless they are the same span of the same type).
 template <class From, class To>
 void cast(std::span<From> in, std::span<To> out) {
-  static_assert(!std::is_const_v<To>, "fedshard::kernels::cast: the output must be writable");
-  FEDSHARD_EXPECTS(in.size() == out.size(), "cast: input has ", in.size(), " elements, output has ",
-                   out.size(), " (sizes must match)");
-  detail::cast_n<std::remove_const_t<From>, To>(in.data(), out.data(), in.size());
+  cast_on(active_isa(), in, out);
 }
 
 namespace detail {
