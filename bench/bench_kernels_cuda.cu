@@ -24,6 +24,10 @@
 /// included); vs_memcpy = that traffic's bandwidth / a cudaMemcpyDeviceToDevice of 4 S bytes
 /// measured in the same run; algbw and busbw as nccl-tests.
 ///
+/// codec/*: encode and decode_add of S bytes of f32 through gpu::device_codec (cast to bf16,
+/// f16, fp8_e4m3; int8_block<256>; topk<4096, 64, 2>), each against a cudaMemcpyDeviceToDevice
+/// of the same S bytes: vs_memcpy = copy time / codec time, input_GBps = S / codec time.
+///
 /// NCCL (built with fedshard::nccl). On a communicator of one rank (device 0), all_reduce of
 /// S bytes of f32, out of place. nccl_blocking: each iteration times with steady_clock a raw
 /// ncclAllReduce + cudaStreamSynchronize and then the communicator's blocking all_reduce (which
@@ -45,7 +49,12 @@
 #include <span>
 #include <vector>
 
+#include "fedshard/codec/cast.hpp"
+#include "fedshard/codec/int8_block.hpp"
+#include "fedshard/codec/topk.hpp"
 #include "fedshard/core/dtype.hpp"
+#include "fedshard/core/fp8.hpp"
+#include "fedshard/cuda/codec.cuh"
 #include "fedshard/cuda/cuda_space.cuh"
 #include "fedshard/cuda/device_buffer.cuh"
 #include "fedshard/cuda/error.cuh"
@@ -253,6 +262,42 @@ void bm_count_nonfinite(benchmark::State& state) {
   side_by_side(state, n * sizeof(float), [&](cudaStream_t s) {
     gpu::count_nonfinite_async(std::span<const float>(x.span()), result.data(), ws, s);
   });
+}
+
+// ---------------------------------------------------------------- codecs
+
+/// encode of S bytes of f32 through gpu::device_codec<C> (a topk residual updated on every
+/// call), side by side with a cudaMemcpyDeviceToDevice of the same S bytes: traffic is given
+/// as 2 S, so vs_memcpy = memcpy time of the f32 input / encode time, and input_GBps = S /
+/// encode time (GBps counts 2 S); wire_bytes is the size of the wire written.
+template <class C>
+void bm_codec_encode(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+  auto in = filled<float>(n, 1e-3f);
+  auto wire = gpu::device_buffer<std::byte>::uninitialized(C::encoded_bytes(n));
+  gpu::device_codec<C> c({}, n);
+  side_by_side(state, 2 * n * sizeof(float),
+               [&](cudaStream_t s) { c.encode(s, in.data(), wire.data()); });
+  state.counters["input_GBps"] = state.counters["GBps"].value / 2.0;
+  state.counters["wire_bytes"] = static_cast<double>(C::encoded_bytes(n));
+}
+
+/// decode_add of one wire of S bytes of f32 into an f32 array, side by side with a
+/// cudaMemcpyDeviceToDevice of the same S bytes (as bm_codec_encode): input_GBps = S /
+/// decode_add time.
+template <class C>
+void bm_codec_decode_add(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+  auto in = filled<float>(n, 1e-3f);
+  auto out = filled<float>(n);
+  auto wire = gpu::device_buffer<std::byte>::uninitialized(C::encoded_bytes(n));
+  gpu::device_codec<C> c({}, n);
+  c.encode(nullptr, in.data(), wire.data());
+  FEDSHARD_CUDA_TRY(cudaDeviceSynchronize());
+  side_by_side(state, 2 * n * sizeof(float),
+               [&](cudaStream_t s) { c.decode_add(s, wire.data(), out.data()); });
+  state.counters["input_GBps"] = state.counters["GBps"].value / 2.0;
+  state.counters["wire_bytes"] = static_cast<double>(C::encoded_bytes(n));
 }
 
 // ---------------------------------------------------------------- the reference copy
@@ -531,6 +576,36 @@ BENCHMARK(bm_space_cast)->Name("cuda_space/cast_f32_to_bf16")->Apply(sizes);
 BENCHMARK(bm_space_pack)->Name("cuda_space/pack_f32")->Apply(sizes);
 BENCHMARK(bm_space_mix)->Name("cuda_space/weighted_sum_mix_f32")->Apply(sizes);
 BENCHMARK(bm_space_adamw)->Name("cuda_space/adamw_f32")->Apply(sizes);
+BENCHMARK(bm_codec_encode<fedshard::codec::cast<bf16>>)
+    ->Name("codec/encode_cast_bf16")
+    ->Apply(sizes);
+BENCHMARK(bm_codec_decode_add<fedshard::codec::cast<bf16>>)
+    ->Name("codec/decode_add_cast_bf16")
+    ->Apply(sizes);
+BENCHMARK(bm_codec_encode<fedshard::codec::cast<fedshard::f16>>)
+    ->Name("codec/encode_cast_f16")
+    ->Apply(sizes);
+BENCHMARK(bm_codec_decode_add<fedshard::codec::cast<fedshard::f16>>)
+    ->Name("codec/decode_add_cast_f16")
+    ->Apply(sizes);
+BENCHMARK(bm_codec_encode<fedshard::codec::cast<fedshard::fp8_e4m3>>)
+    ->Name("codec/encode_cast_fp8_e4m3")
+    ->Apply(sizes);
+BENCHMARK(bm_codec_decode_add<fedshard::codec::cast<fedshard::fp8_e4m3>>)
+    ->Name("codec/decode_add_cast_fp8_e4m3")
+    ->Apply(sizes);
+BENCHMARK(bm_codec_encode<fedshard::codec::int8_block<256>>)
+    ->Name("codec/encode_int8_block256")
+    ->Apply(sizes);
+BENCHMARK(bm_codec_decode_add<fedshard::codec::int8_block<256>>)
+    ->Name("codec/decode_add_int8_block256")
+    ->Apply(sizes);
+BENCHMARK(bm_codec_encode<fedshard::codec::topk<4096, 64, 2>>)
+    ->Name("codec/encode_topk4096_k64_2bit")
+    ->Apply(sizes);
+BENCHMARK(bm_codec_decode_add<fedshard::codec::topk<4096, 64, 2>>)
+    ->Name("codec/decode_add_topk4096_k64_2bit")
+    ->Apply(sizes);
 #if FEDSHARD_HAS_NCCL
 BENCHMARK(bm_nccl_blocking)->Name("nccl_blocking/all_reduce_f32")->Apply(sizes);
 BENCHMARK(bm_nccl_async)->Name("nccl_async/all_reduce_f32")->Apply(sizes);
