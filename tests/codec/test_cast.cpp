@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fedshard/kernels/dispatch.hpp"
+#include "support/codec_isa.hpp"
 
 namespace codec = fedshard::codec;
 using fedshard::bf16;
@@ -107,7 +108,6 @@ TEST_CASE_TEMPLATE("cast<T>: every instruction set gives the portable wire and s
   // inputs() and random bit patterns (NaN payloads, subnormals, infinities); decode_add
   // adds to finite values, so that a NaN sum has one NaN operand.
   using C = codec::cast<T>;
-  namespace kernels = fedshard::kernels;
   std::vector<float> in = inputs();
   std::mt19937 gen(5);
   for (int i = 0; i < 20011; ++i) {
@@ -118,28 +118,8 @@ TEST_CASE_TEMPLATE("cast<T>: every instruction set gives the portable wire and s
   }
   std::vector<float> base(in.size());
   for (std::size_t i = 0; i < base.size(); ++i) base[i] = static_cast<float>(i % 13) * 0.37f - 2.0f;
-  const auto run = [&](std::size_t n, std::vector<std::byte>& wire, std::vector<float>& out) {
-    wire.assign(C::encoded_bytes(n), std::byte{0});
-    C::encode(std::span<const float>(in.data(), n), wire);
-    out.assign(base.begin(), base.begin() + static_cast<std::ptrdiff_t>(n));
-    C::decode_add(wire, out);
-  };
-  for (std::size_t n : {in.size(), std::size_t{1}, std::size_t{31}, std::size_t{100}}) {
-    std::vector<std::byte> want_wire, wire;
-    std::vector<float> want_out, out;
-    {
-      kernels::isa_limit_guard g(kernels::isa::portable);
-      run(n, want_wire, want_out);
-    }
-    for (kernels::isa which : kernels::supported_isas()) {
-      CAPTURE(std::string(kernels::to_string(which)));
-      CAPTURE(n);
-      kernels::isa_limit_guard g(which);
-      run(n, wire, out);
-      REQUIRE(wire == want_wire);
-      REQUIRE(std::memcmp(out.data(), want_out.data(), n * sizeof(float)) == 0);
-    }
-  }
+  fedshard::test::check_codec_on_every_isa<C>(
+      in, base, {in.size(), std::size_t{1}, std::size_t{31}, std::size_t{100}});
 }
 
 TEST_CASE("cast: names") {

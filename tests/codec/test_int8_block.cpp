@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "fedshard/kernels/dispatch.hpp"
+#include "support/codec_isa.hpp"
 
 namespace codec = fedshard::codec;
 
@@ -129,7 +130,6 @@ TEST_CASE_TEMPLATE("int8_block: every instruction set gives the portable wire an
                    codec::int8_block<256>, codec::int8_block<100>, codec::int8_block<7>) {
   // Random bit patterns (NaN, infinities, subnormals), blocks of one magnitude with ties
   // (k + 1/2 times the scale), blocks of zeros and of subnormals; a partial last block.
-  namespace kernels = fedshard::kernels;
   std::mt19937 gen(9);
   std::vector<float> in(7 * 256 + 77);
   for (std::size_t i = 0; i < in.size(); ++i) {
@@ -143,28 +143,8 @@ TEST_CASE_TEMPLATE("int8_block: every instruction set gives the portable wire an
   }
   std::vector<float> base(in.size());
   for (std::size_t i = 0; i < base.size(); ++i) base[i] = static_cast<float>(i % 11) - 5.0f;
-  const auto run = [&](std::size_t n, std::vector<std::byte>& wire, std::vector<float>& out) {
-    wire.assign(C::encoded_bytes(n), std::byte{0});
-    C::encode(std::span<const float>(in.data(), n), wire);
-    out.assign(base.begin(), base.begin() + static_cast<std::ptrdiff_t>(n));
-    C::decode_add(wire, out);
-  };
-  for (std::size_t n : {in.size(), std::size_t{1}, std::size_t{300}, std::size_t{1000}}) {
-    std::vector<std::byte> want_wire, wire;
-    std::vector<float> want_out, out;
-    {
-      kernels::isa_limit_guard g(kernels::isa::portable);
-      run(n, want_wire, want_out);
-    }
-    for (kernels::isa which : kernels::supported_isas()) {
-      CAPTURE(std::string(kernels::to_string(which)));
-      CAPTURE(n);
-      kernels::isa_limit_guard g(which);
-      run(n, wire, out);
-      REQUIRE(wire == want_wire);
-      REQUIRE(std::memcmp(out.data(), want_out.data(), n * sizeof(float)) == 0);
-    }
-  }
+  fedshard::test::check_codec_on_every_isa<C>(
+      in, base, {in.size(), std::size_t{1}, std::size_t{300}, std::size_t{1000}});
 }
 
 TEST_CASE("int8_block: the branch-free code equals rounding the quotient with nearbyint") {

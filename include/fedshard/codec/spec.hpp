@@ -12,7 +12,9 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "fedshard/codec/codec.hpp"
 #include "fedshard/codec/identity.hpp"
@@ -93,21 +95,14 @@ struct spec {
 };
 
 /// The memory passes of a codec's kernels: C::encode_passes and C::decode_passes where the
-/// codec declares them, else those of a dense codec (read the input, write a smaller wire;
-/// read the wire, read and write the output).
+/// codec declares them, else those of a dense codec (encode: read the input, write a smaller
+/// wire; decode: read the wire, read and write the output).
 template <class C>
-constexpr float encode_passes_of() noexcept {
-  if constexpr (requires { C::encode_passes; })
-    return static_cast<float>(C::encode_passes);
+constexpr std::pair<float, float> passes_of() noexcept {
+  if constexpr (requires { C::encode_passes + C::decode_passes; })
+    return {static_cast<float>(C::encode_passes), static_cast<float>(C::decode_passes)};
   else
-    return 1.5f;
-}
-template <class C>
-constexpr float decode_passes_of() noexcept {
-  if constexpr (requires { C::decode_passes; })
-    return static_cast<float>(C::decode_passes);
-  else
-    return 2.5f;
+    return {1.5f, 2.5f};
 }
 
 /// The spec of Codec C with settings cfg.
@@ -126,8 +121,7 @@ spec spec_of(typename C::config cfg = {}) {
       if constexpr (requires { c.beta; }) c.beta = sp.beta;
       return std::make_unique<detail::erased_impl<C>>(c, n);
     };
-    s.encode_passes = encode_passes_of<C>();
-    s.decode_passes = decode_passes_of<C>();
+    std::tie(s.encode_passes, s.decode_passes) = passes_of<C>();
     return s;
   }
 }

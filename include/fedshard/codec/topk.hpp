@@ -157,18 +157,24 @@ FEDSHARD_DETAIL_TOPK_BODY std::uint32_t topk_fold_body(float* __restrict e,
 /// The elements of the m of a chunk whose |e| bits are >= lower, in index order: their
 /// indices to cand and their |e| bits to cmag (each with room for m + 16 entries); returns
 /// how many.
-FEDSHARD_TARGET_PORTABLE inline std::size_t topk_gather_portable(const float* e, std::size_t m,
-                                                                 std::uint32_t lower,
-                                                                 std::uint32_t* cand,
-                                                                 std::uint32_t* cmag) noexcept {
-  std::size_t c = 0;
-  for (std::size_t i = 0; i < m; ++i) {  // branch-free compaction
+FEDSHARD_TARGET_PORTABLE inline std::size_t topk_gather_from(const float* e, std::size_t i,
+                                                             std::size_t m, std::uint32_t lower,
+                                                             std::uint32_t* cand,
+                                                             std::uint32_t* cmag,
+                                                             std::size_t c) noexcept {
+  for (; i < m; ++i) {  // branch-free compaction
     const std::uint32_t a = magnitude_bits(e[i]);
     cand[c] = static_cast<std::uint32_t>(i);
     cmag[c] = a;
     c += a >= lower ? 1u : 0u;
   }
   return c;
+}
+FEDSHARD_TARGET_PORTABLE inline std::size_t topk_gather_portable(const float* e, std::size_t m,
+                                                                 std::uint32_t lower,
+                                                                 std::uint32_t* cand,
+                                                                 std::uint32_t* cmag) noexcept {
+  return topk_gather_from(e, 0, m, lower, cand, cmag, 0);
 }
 
 /// The k-th largest of the c values v (all >= lower, k <= c), built bit by bit from the
@@ -269,13 +275,7 @@ FEDSHARD_TARGET_AVX2 inline std::size_t topk_gather_avx2(const float* e, std::si
     c += static_cast<std::size_t>(__builtin_popcount(mask));
     index = _mm256_add_epi32(index, step);
   }
-  for (; i < m; ++i) {
-    const std::uint32_t a = magnitude_bits(e[i]);
-    cand[c] = static_cast<std::uint32_t>(i);
-    cmag[c] = a;
-    c += a >= lower ? 1u : 0u;
-  }
-  return c;
+  return topk_gather_from(e, i, m, lower, cand, cmag, c);  // the tail
 }
 
 /// topk_gather_portable with AVX-512: 16 lanes compared and compressed at once.
@@ -298,13 +298,7 @@ FEDSHARD_TARGET_AVX512 inline std::size_t topk_gather_avx512(const float* e, std
     c += static_cast<std::size_t>(__builtin_popcount(mask));
     index = _mm512_add_epi32(index, step);
   }
-  for (; i < m; ++i) {
-    const std::uint32_t a = magnitude_bits(e[i]);
-    cand[c] = static_cast<std::uint32_t>(i);
-    cmag[c] = a;
-    c += a >= lower ? 1u : 0u;
-  }
-  return c;
+  return topk_gather_from(e, i, m, lower, cand, cmag, c);  // the tail
 }
 #endif
 #undef FEDSHARD_DETAIL_TOPK_BODY
