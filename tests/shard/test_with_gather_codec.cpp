@@ -1,0 +1,60 @@
+// with_gather_codec<P, Codec>: P's plan with exactly its compute gathers encoded (f32 ops,
+// even when the parameters compute in bf16), everything else untouched; the bytes these
+// gathers carry are the codec's closed form.
+#include "fedshard/shard/with_gather_codec.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+
+#include "fedshard/codec/int8_block.hpp"
+#include "fedshard/shard/full_shard.hpp"
+#include "fedshard/shard/hybrid_shard.hpp"
+#include "fedshard/shard/replicate.hpp"
+#include "support/tiny_mlp.hpp"
+
+using namespace fedshard;
+
+namespace {
+using int8 = codec::int8_block<256>;
+template <class P>
+using qwz = shard::with_gather_codec<P, int8>;
+}  // namespace
+
+static_assert(shard::ShardPolicy<qwz<shard::hybrid_shard>>);
+
+TEST_CASE("with_gather_codec encodes the compute gathers of its policy and nothing else") {
+  const flat_layout l(test::tiny_mlp{}.units(), 2);
+  CHECK(qwz<shard::full_shard>::name == shard::full_shard::name);
+  CHECK(qwz<shard::full_shard>::layout_shards({1, 1, 2}) == 2);
+  for (dtype param : {dtype::f32, dtype::bf16}) {
+    CAPTURE(to_string(param));
+    const shard::precision prec{param, dtype::f32};
+    const plan coded = qwz<shard::hybrid_shard>::step_plan(l, {2, 2, 2}, prec);
+    const plan plain = shard::hybrid_shard::step_plan(l, {2, 2, 2}, prec);
+    REQUIRE(coded.ops.size() == plain.ops.size());
+    int gathers = 0;
+    for (std::size_t i = 0; i < coded.ops.size(); ++i) {
+      const comm_op& c = coded.ops[i];
+      const comm_op& p = plain.ops[i];
+      if (p.kind != comm_kind::all_gather) {
+        CHECK(c == p);
+        continue;
+      }
+      ++gathers;
+      CHECK(c.codec == codec::spec_of<int8>());
+      CHECK(c.dtype == dtype::f32);  // the codec reads the f32 master
+      CHECK(c.bytes / 4 == p.bytes / static_cast<std::int64_t>(size_of(param)));  // same count
+      const auto per_rank = static_cast<std::size_t>(c.bytes / 4 / 2);
+      CHECK(codec_slot_bytes(c) ==
+            static_cast<std::int64_t>((int8::encoded_bytes(per_rank) + 3) / 4 * 4));
+      CHECK_NOTHROW(check(c));
+    }
+    CHECK(gathers == 6);  // forward and backward, 3 units
+  }
+  // On-demand reads of the master (evaluation, checkpoints) are not the policy's plan: exact.
+  for (const comm_op& op : shard::ops::read_units(l, {2, 2, 2}).ops) CHECK_FALSE(encoded(op));
+  // A policy without gathers has nothing to encode.
+  const plan ddp = qwz<shard::replicate>::step_plan(l, {1, 4, 1}, {});
+  for (const comm_op& op : ddp.ops) CHECK_FALSE(encoded(op));
+}
