@@ -67,3 +67,22 @@ if(FEDSHARD_ENABLE_NCCL AND NOT fedshard_nccl_found)
     "${fedshard_cuda_root} and the system folders); set FEDSHARD_NCCL_INCLUDE_DIR and "
     "FEDSHARD_NCCL_LIBRARY or configure with -DFEDSHARD_ENABLE_NCCL=OFF")
 endif()
+
+# ---------------------------------------------------------------- Gloo (TCP collectives
+# between jobs) and hiredis (its Redis store)
+if(NOT DEFINED FEDSHARD_ENABLE_GLOO OR FEDSHARD_ENABLE_GLOO)
+  find_package(Gloo CONFIG QUIET)
+  find_path(FEDSHARD_HIREDIS_INCLUDE_DIR hiredis/hiredis.h DOC "Folder holding hiredis/hiredis.h")
+  find_library(FEDSHARD_HIREDIS_LIBRARY hiredis DOC "The hiredis library")
+endif()
+set(fedshard_gloo_found OFF)
+if(TARGET gloo AND FEDSHARD_HIREDIS_INCLUDE_DIR AND FEDSHARD_HIREDIS_LIBRARY)
+  set(fedshard_gloo_found ON)
+endif()
+option(FEDSHARD_ENABLE_GLOO "Build the Gloo communicator (fedshard::gloo)" ${fedshard_gloo_found})
+if(FEDSHARD_ENABLE_GLOO AND NOT fedshard_gloo_found)
+  message(FATAL_ERROR
+    "FEDSHARD_ENABLE_GLOO is ON but Gloo (find_package(Gloo CONFIG)) or hiredis "
+    "(hiredis/hiredis.h, libhiredis) was not found; install them (Debian: libgloo-dev "
+    "libhiredis-dev) or configure with -DFEDSHARD_ENABLE_GLOO=OFF")
+endif()

@@ -8,6 +8,8 @@ packages=(
   doctest-dev               # unit tests
   libbenchmark-dev          # benchmarks
   libopenmpi-dev openmpi-bin  # MPI backend and the Open MPI baseline of the benchmarks
+  libgloo-dev libhiredis-dev  # Gloo backend (cross-job federation over TCP) and its Redis store
+  redis-server              # the Redis store's tests and examples/multi_job (started on the loopback)
   python3 python3-matplotlib  # plots of the demo's curves and the simulator's sweeps
   libtorch-dev              # examples/libtorch (skipped cleanly when absent)
   util-linux                # setarch: ThreadSanitizer tests run without ASLR

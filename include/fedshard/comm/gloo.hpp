@@ -1,0 +1,743 @@
+#pragma once
+/// The Gloo communicator: ranks are processes (of one job or of several) connected by Gloo's
+/// TCP transport, which meet through a key-value store they can all reach.
+///
+/// Stores (`gloo::store`, a gloo::rendezvous::Store with create-if-absent and timeouts):
+///  - file_store: a directory several jobs on one machine (or on a shared file system) can
+///    reach; every key is a file, written to a temporary name and renamed (or linked, for
+///    try_set) into place, so a reader never sees half a value;
+///  - redis_store: a Redis server (Debian's redis-server), through hiredis.
+/// Keys are never deleted: every context a communicator makes has its own key prefix.
+///
+/// The communicator follows the Communicator concept (comm/communicator.hpp):
+///  - reductions are fedshard's rank-order reduction (comm/detail/reduction.hpp), so results
+///    are bit-identical to inproc's and mpi's for every dtype and op: an all_reduce of at most
+///    options::small_all_reduce_bytes (n * count * element size) all-gathers the inputs and
+///    every rank reduces every element; a larger one sends chunk p of every input to rank p
+///    (gloo::alltoall), which reduces it, then all-gathers the chunks; reduce_scatter is an
+///    alltoall of the blocks and a local reduction;
+///  - all_gather, broadcast and barrier are Gloo's; send and recv are Gloo unbound buffers
+///    (slots derived from the tag, matched in order per sender, receiver and tag);
+///  - collectives run when they are called (the *_async variants return a completed request,
+///    or one that rethrows the call's error); send and recv are posted and complete in wait();
+///  - checked mode (options::checked: on without NDEBUG, or FEDSHARD_GLOO_CHECKED=1) exchanges
+///    every call's arguments first, so a mismatch throws collective_mismatch and an invalid
+///    argument invalid_argument on every rank, with inproc's messages; split always exchanges;
+///  - every call has a deadline (options::timeout: FEDSHARD_TIMEOUT_S, else 300 s): a peer
+///    that does not answer in time gives timeout_error, a peer whose process died (its sockets
+///    closed) gives peer_failure, as soon as the transport notices. After either the
+///    communicator is unusable (later calls throw backend_error saying why); the processes of
+///    the other ranks go on (this is what cross-job federation relies on).
+///
+/// Listening addresses: options::hostname (default 127.0.0.1, the loopback).
+
+#include <fcntl.h>
+#include <gloo/allgather.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <hiredis/hiredis.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "fedshard/comm/async_calls.hpp"
+#include "fedshard/comm/blocking.hpp"
+#include "fedshard/comm/communicator.hpp"
+#include "fedshard/comm/detail/call.hpp"
+#include "fedshard/comm/detail/reduction.hpp"
+#include "fedshard/comm/request.hpp"
+#include "fedshard/core/dtype.hpp"
+#include "fedshard/core/reduce_op.hpp"
+#include "fedshard/error.hpp"
+
+namespace fedshard::gloo {
+
+namespace detail {
+using fedshard::detail::concat;
+
+inline std::chrono::milliseconds to_ms(std::chrono::duration<double> d) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d);
+  return std::max(ms, std::chrono::milliseconds(1));
+}
+
+/// FEDSHARD_GLOO_CHECKED=1 or 0 from the environment, else `fallback`.
+inline bool checked_from_env(bool fallback) {
+  if (const char* s = std::getenv("FEDSHARD_GLOO_CHECKED")) {
+    if (std::string_view(s) == "1") return true;
+    if (std::string_view(s) == "0") return false;
+  }
+  return fallback;
+}
+#ifdef NDEBUG
+inline constexpr bool checked_build = false;
+#else
+inline constexpr bool checked_build = true;
+#endif
+
+/// Polls `ready` with a growing sleep (1 ms to 20 ms) until it is true or `timeout` passed.
+template <class F>
+bool poll_until(F&& ready, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto nap = std::chrono::milliseconds(1);
+  for (;;) {
+    if (ready()) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(nap);
+    nap = std::min(nap * 2, std::chrono::milliseconds(20));
+  }
+}
+}  // namespace detail
+
+/// A key-value store several processes reach: the rendezvous of Gloo contexts (it is a
+/// gloo::rendezvous::Store) and the meeting point of cross-job federation. Values are bytes.
+/// Thread-safe.
+class store : public ::gloo::rendezvous::Store {
+ public:
+  /// Sets key to value (replacing a value already there).
+  void set(const std::string& key, const std::vector<char>& value) override = 0;
+  /// Sets key to value unless the key exists; true when this call created it.
+  virtual bool try_set(const std::string& key, const std::vector<char>& value) = 0;
+  /// The value of key if it exists (no waiting), else nothing: `found` says which.
+  virtual std::vector<char> try_get(const std::string& key, bool& found) = 0;
+  /// True when the key exists.
+  bool has(const std::string& key) {
+    bool found = false;
+    (void)try_get(key, found);
+    return found;
+  }
+  /// The value of key, waiting up to the store's timeout for it (timeout_error naming it).
+  std::vector<char> get(const std::string& key) override { return get(key, timeout_); }
+  /// The value of key, waiting up to `timeout` for it (timeout_error naming the key).
+  std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout) {
+    std::vector<char> value;
+    bool found = false;
+    if (!detail::poll_until(
+            [&] {
+              value = try_get(key, found);
+              return found;
+            },
+            timeout))
+      throw timeout_error(detail::concat("fedshard: ", name(), ": key '", key,
+                                         "' did not appear within ", timeout.count(), " ms"));
+    return value;
+  }
+  /// Waits until every key exists (timeout_error naming the first missing one).
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    for (const auto& k : keys) (void)get(k, timeout);
+  }
+  /// The value as a string.
+  std::string get_string(const std::string& key, std::chrono::milliseconds timeout) {
+    const auto v = get(key, timeout);
+    return {v.begin(), v.end()};
+  }
+  /// The default timeout of get() and wait() without one.
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  /// "file_store(<dir>)" or "redis_store(<host>:<port>)".
+  virtual std::string name() const = 0;
+
+ private:
+  std::chrono::milliseconds timeout_ = detail::to_ms(fedshard::detail::default_timeout());
+};
+
+/// Bytes of a string.
+inline std::vector<char> bytes_of(std::string_view s) { return {s.begin(), s.end()}; }
+
+/// A store in a directory: one file per key (its name the key with every byte other than
+/// [A-Za-z0-9._-] written as %XX). The directory is made if missing.
+class file_store final : public store {
+ public:
+  explicit file_store(std::filesystem::path dir) : dir_(std::move(dir)) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir_, ec);
+    FEDSHARD_EXPECTS(std::filesystem::is_directory(dir_), "file_store: cannot use directory '",
+                     dir_.string(), "'", ec ? ": " + ec.message() : std::string());
+  }
+
+  void set(const std::string& key, const std::vector<char>& value) override {
+    const auto tmp = write_temp(value);
+    if (std::rename(tmp.c_str(), path(key).c_str()) != 0) {
+      const int e = errno;
+      std::remove(tmp.c_str());
+      throw backend_error(detail::concat("fedshard: ", name(), ": cannot set key '", key,
+                                         "': ", std::strerror(e)));
+    }
+  }
+  bool try_set(const std::string& key, const std::vector<char>& value) override {
+    const auto tmp = write_temp(value);
+    const int rc = ::link(tmp.c_str(), path(key).c_str());
+    const int e = errno;
+    std::remove(tmp.c_str());
+    if (rc == 0) return true;
+    if (e == EEXIST) return false;
+    throw backend_error(detail::concat("fedshard: ", name(), ": cannot create key '", key,
+                                       "': ", std::strerror(e)));
+  }
+  std::vector<char> try_get(const std::string& key, bool& found) override {
+    std::ifstream in(path(key), std::ios::binary);
+    found = static_cast<bool>(in);
+    if (!found) return {};
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+  std::string name() const override { return "file_store(" + dir_.string() + ")"; }
+  const std::filesystem::path& directory() const noexcept { return dir_; }
+
+ private:
+  std::string path(const std::string& key) const {
+    std::string file;
+    for (unsigned char ch : key) {
+      if (std::isalnum(ch) || ch == '.' || ch == '_' || ch == '-') {
+        file += static_cast<char>(ch);
+      } else {
+        char hex[4];
+        std::snprintf(hex, sizeof hex, "%%%02X", ch);
+        file += hex;
+      }
+    }
+    if (file.empty() || file[0] == '.') file = "%" + file;  // never hidden, never a temp name
+    return (dir_ / file).string();
+  }
+  std::string write_temp(const std::vector<char>& value) {
+    static std::atomic<std::uint64_t> counter{0};
+    const auto tmp = (dir_ / detail::concat(".tmp.", ::getpid(), '.', counter++)).string();
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      out.write(value.data(), static_cast<std::streamsize>(value.size()));
+      out.flush();
+      if (!out)
+        throw backend_error(detail::concat("fedshard: ", name(), ": cannot write '", tmp, "'"));
+    }
+    return tmp;
+  }
+  std::filesystem::path dir_;
+};
+
+/// A store on a Redis server (SET, SET NX and GET through hiredis). The connection is made
+/// at construction: backend_error naming host and port when the server cannot be reached.
+class redis_store final : public store {
+ public:
+  explicit redis_store(std::string host = "127.0.0.1", int port = 6379)
+      : host_(std::move(host)), port_(port) {
+    const timeval tv{5, 0};
+    ctx_ = redisConnectWithTimeout(host_.c_str(), port_, tv);
+    if (ctx_ == nullptr || ctx_->err != 0) {
+      const std::string why = ctx_ ? ctx_->errstr : "out of memory";
+      if (ctx_) redisFree(ctx_);
+      throw backend_error(detail::concat("fedshard: redis_store: cannot connect to ", host_, ':',
+                                         port_, ": ", why,
+                                         " (is redis-server running there?)"));
+    }
+  }
+  redis_store(const redis_store&) = delete;
+  redis_store& operator=(const redis_store&) = delete;
+  ~redis_store() override { redisFree(ctx_); }
+
+  void set(const std::string& key, const std::vector<char>& value) override {
+    auto r = command("SET", key, &value, false);
+    freeReplyObject(r);
+  }
+  bool try_set(const std::string& key, const std::vector<char>& value) override {
+    auto* r = command("SET", key, &value, true);
+    const bool created = r->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r);
+    return created;
+  }
+  std::vector<char> try_get(const std::string& key, bool& found) override {
+    auto* r = command("GET", key, nullptr, false);
+    found = r->type == REDIS_REPLY_STRING;
+    std::vector<char> v;
+    if (found) v.assign(r->str, r->str + r->len);
+    freeReplyObject(r);
+    return v;
+  }
+  std::string name() const override { return detail::concat("redis_store(", host_, ':', port_, ")"); }
+
+ private:
+  redisReply* command(const char* verb, const std::string& key, const std::vector<char>* value,
+                      bool nx) {
+    std::lock_guard lock(mu_);
+    void* reply = nullptr;
+    if (value == nullptr)
+      reply = redisCommand(ctx_, "%s %b", verb, key.data(), key.size());
+    else if (nx)
+      reply = redisCommand(ctx_, "%s %b %b NX", verb, key.data(), key.size(), value->data(),
+                           value->size());
+    else
+      reply = redisCommand(ctx_, "%s %b %b", verb, key.data(), key.size(), value->data(),
+                           value->size());
+    auto* r = static_cast<redisReply*>(reply);
+    if (r == nullptr)
+      throw backend_error(detail::concat("fedshard: ", name(), ": ", verb, " '", key,
+                                         "' failed: ", ctx_->errstr));
+    if (r->type == REDIS_REPLY_ERROR) {
+      const std::string why(r->str, r->len);
+      freeReplyObject(r);
+      throw backend_error(
+          detail::concat("fedshard: ", name(), ": ", verb, " '", key, "' failed: ", why));
+    }
+    return r;
+  }
+  std::string host_;
+  int port_;
+  redisContext* ctx_ = nullptr;
+  std::mutex mu_;
+};
+
+/// Settings of a Gloo communicator (the ranks must agree on all but timeout).
+struct options {
+  /// The deadline of every call (rendezvous included): FEDSHARD_TIMEOUT_S, else 300 s.
+  std::chrono::duration<double> timeout = fedshard::detail::default_timeout();
+  /// The address this rank listens on (the loopback by default).
+  std::string hostname = "127.0.0.1";
+  /// Exchange every collective's arguments first (see the file comment).
+  bool checked = detail::checked_from_env(detail::checked_build);
+  /// all_reduce of at most this many bytes (ranks x count x element size) all-gathers.
+  std::int64_t small_all_reduce_bytes = 256 * 1024;
+};
+
+/// The Gloo communicator (see the file comment). Movable; calls from one thread at a time.
+class communicator : public blocking_calls<communicator>, public async_calls<communicator> {
+ public:
+  using blocking_calls<communicator>::all_reduce;
+
+  /// Collective over `size` processes: rank `rank` of the context named `prefix` in store
+  /// `st` (every rank passes the same prefix; a prefix names one context, once). Connects a
+  /// full mesh of TCP pairs; timeout_error when the others do not arrive within the timeout.
+  communicator(std::shared_ptr<store> st, std::string prefix, int rank, int size,
+               options o = {})
+      : s_(std::make_unique<state>()) {
+    FEDSHARD_EXPECTS(st != nullptr, "gloo::communicator: the store is null");
+    FEDSHARD_EXPECTS(size >= 1 && rank >= 0 && rank < size,
+                     "gloo::communicator: rank must be in [0, size) with size >= 1, found rank ",
+                     rank, " of ", size);
+    s_->kv = std::move(st);
+    s_->prefix = std::move(prefix);
+    s_->rank = rank;
+    s_->size = size;
+    s_->opts = std::move(o);
+    ::gloo::transport::tcp::attr attr;
+    attr.hostname = s_->opts.hostname;
+    try {
+      s_->device = ::gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      throw backend_error(detail::concat("fedshard: gloo::communicator: cannot listen on ",
+                                         s_->opts.hostname, ": ", e.what()));
+    }
+    connect();
+  }
+
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&&) noexcept = default;
+  ~communicator() = default;
+
+  int rank() const noexcept { return s_->rank; }
+  int size() const noexcept { return s_->size; }
+  /// The context's key prefix in the store.
+  const std::string& prefix() const noexcept { return s_->prefix; }
+  /// The store the ranks met through.
+  const std::shared_ptr<store>& meeting_store() const noexcept { return s_->kv; }
+  const options& settings() const noexcept { return s_->opts; }
+
+  /// Collective: the communicator of the ranks that passed the same color (>= 0), ordered
+  /// by key then rank; a new Gloo context under this one's prefix.
+  communicator split(int color, int key) {
+    auto a = fedshard::detail::make_call(fedshard::detail::op_kind::split, nullptr, nullptr, 0,
+                                         dtype::f32);
+    a.color = color;
+    a.key = key;
+    const auto all = exchange(a);  // always: split must agree
+    std::vector<std::pair<std::int64_t, int>> members;
+    for (int p = 0; p < s_->size; ++p)
+      if (all[static_cast<std::size_t>(p)].color == color)
+        members.emplace_back(all[static_cast<std::size_t>(p)].key, p);
+    std::sort(members.begin(), members.end());
+    int me = 0;
+    for (std::size_t i = 0; i < members.size(); ++i)
+      if (members[i].second == s_->rank) me = static_cast<int>(i);
+    const auto seq = s_->splits++;
+    return communicator(s_->kv, detail::concat(s_->prefix, "/split", seq, "c", color), me,
+                        static_cast<int>(members.size()), s_->opts, s_->device);
+  }
+
+ private:
+  friend class async_calls<communicator>;
+  using call_args = fedshard::detail::call_args;
+  using op_kind = fedshard::detail::op_kind;
+  using call_summary = fedshard::detail::call_summary;
+
+  /// A posted receive of a message to itself.
+  struct self_receive {
+    char* out = nullptr;
+    std::size_t bytes = 0;
+    int tag = 0;
+    bool done = false;
+    std::string error;
+  };
+  /// Messages to itself on one tag: sent and not yet received, or receives still waiting.
+  struct self_box {
+    std::deque<std::vector<char>> messages;
+    std::deque<std::shared_ptr<self_receive>> receivers;
+  };
+
+  struct state {
+    std::shared_ptr<gloo::store> kv;
+    std::string prefix;
+    int rank = 0;
+    int size = 1;
+    options opts;
+    std::shared_ptr<::gloo::transport::Device> device;
+    std::shared_ptr<::gloo::rendezvous::Context> ctx;
+    std::uint64_t seq = 0;
+    int splits = 0;
+    std::string broken;  // why the communicator is unusable, empty while it is fine
+    std::map<int, self_box> mailbox;  // messages to itself, per tag
+  };
+
+  communicator(std::shared_ptr<store> st, std::string prefix, int rank, int size, options o,
+               std::shared_ptr<::gloo::transport::Device> dev)
+      : s_(std::make_unique<state>()) {
+    s_->kv = std::move(st);
+    s_->prefix = std::move(prefix);
+    s_->rank = rank;
+    s_->size = size;
+    s_->opts = std::move(o);
+    s_->device = std::move(dev);
+    connect();
+  }
+
+  std::chrono::milliseconds timeout() const { return timeout_of(*s_); }
+  static std::chrono::milliseconds timeout_of(const state& s) { return detail::to_ms(s.opts.timeout); }
+
+  void connect() {
+    s_->ctx = std::make_shared<::gloo::rendezvous::Context>(s_->rank, s_->size);
+    s_->ctx->setTimeout(timeout());
+    if (s_->size == 1) return;  // nobody to connect to
+    ::gloo::rendezvous::PrefixStore prefixed(s_->prefix, *s_->kv);
+    try {
+      s_->ctx->connectFullMesh(prefixed, s_->device);
+    } catch (const fedshard::error& e) {
+      throw timeout_error(detail::concat("fedshard: gloo::communicator: rank ", s_->rank, " of ",
+                                         s_->size, " ('", s_->prefix,
+                                         "') could not meet its peers: ", e.what()));
+    } catch (const std::exception& e) {
+      throw backend_error(detail::concat("fedshard: gloo::communicator: rank ", s_->rank, " of ",
+                                         s_->size, " ('", s_->prefix,
+                                         "') could not connect: ", e.what()));
+    }
+  }
+
+  /// Runs f(), turning Gloo's errors into fedshard's (and marking the communicator broken).
+  template <class F>
+  void guarded(const char* what, F&& f) {
+    guard(*s_, what, std::forward<F>(f));
+  }
+  template <class F>
+  static void guard(state& s, const char* what, F&& f) {
+    const auto* s_ = &s;  // the messages below read the state as the members do
+    if (!s_->broken.empty())
+      throw backend_error(detail::concat("fedshard: gloo::communicator (rank ", s_->rank, " of ",
+                                         s_->size, ") is unusable after an earlier failure: ",
+                                         s_->broken));
+    try {
+      f();
+    } catch (const fedshard::error&) {
+      throw;
+    } catch (const ::gloo::IoException& e) {
+      const std::string msg = e.what();
+      const bool timed_out = msg.find("imed out") != std::string::npos;
+      s.broken = detail::concat(what, " #", s_->seq, ": ", msg);
+      const auto text = detail::concat("fedshard: gloo ", what, " on rank ", s_->rank, " of ",
+                                       s_->size, " (call #", s_->seq, "): ",
+                                       timed_out ? "timed out after " : "a peer failed: ",
+                                       timed_out ? detail::concat(timeout_of(s).count(), " ms: ")
+                                                 : std::string(),
+                                       msg);
+      if (timed_out) throw timeout_error(text);
+      throw peer_failure(text);
+    } catch (const std::exception& e) {
+      s.broken = detail::concat(what, " #", s_->seq, ": ", e.what());
+      throw backend_error(detail::concat("fedshard: gloo ", what, " on rank ", s_->rank, " of ",
+                                         s_->size, " (call #", s_->seq, "): ", e.what()));
+    }
+  }
+
+  void gather_bytes(const void* in, void* out, std::size_t bytes) {
+    ::gloo::AllgatherOptions o(s_->ctx);
+    o.setInput(static_cast<char*>(const_cast<void*>(in)), bytes);
+    o.setOutput(static_cast<char*>(out), bytes * static_cast<std::size_t>(s_->size));
+    o.setTimeout(timeout());
+    ::gloo::allgather(o);
+  }
+  void alltoall_bytes(const void* in, void* out, std::size_t bytes_per_rank) {
+    ::gloo::AlltoallOptions o(s_->ctx);
+    const auto total = bytes_per_rank * static_cast<std::size_t>(s_->size);
+    o.setInput(static_cast<char*>(const_cast<void*>(in)), total);
+    o.setOutput(static_cast<char*>(out), total);
+    o.setTimeout(timeout());
+    ::gloo::alltoall(o);
+  }
+
+  /// Every rank's summary of call a (all-gathered), checked: throws the same error everywhere.
+  std::vector<call_summary> exchange(const call_args& a) {
+    ++s_->seq;
+    const auto mine = fedshard::detail::summarize(a, s_->rank, s_->size).pack();
+    std::vector<std::int64_t> words(mine.size() * static_cast<std::size_t>(s_->size));
+    if (s_->size == 1) {
+      std::copy(mine.begin(), mine.end(), words.begin());
+    } else {
+      guarded("argument exchange", [&] { gather_bytes(mine.data(), words.data(), sizeof mine); });
+    }
+    std::vector<call_summary> all;
+    for (int p = 0; p < s_->size; ++p)
+      all.push_back(call_summary::unpack(words.data() + p * call_summary::words));
+    fedshard::detail::check_calls(all, s_->seq);
+    return all;
+  }
+
+  /// A request that rethrows the error of a call that failed when it was made.
+  class failed_request final : public fedshard::detail::request_state {
+   public:
+    explicit failed_request(std::exception_ptr e) : e_(std::move(e)) {}
+    void wait() override {
+      if (e_) std::rethrow_exception(std::exchange(e_, nullptr));
+    }
+    bool test() override { return true; }
+
+   private:
+    std::exception_ptr e_;
+  };
+
+  /// Runs a collective now; its error (if any) is rethrown by the request's wait().
+  request collective(const call_args& a) {
+    try {
+      run_collective(a);
+    } catch (...) {
+      return request(std::make_unique<failed_request>(std::current_exception()));
+    }
+    return {};
+  }
+
+  void run_collective(const call_args& a) {
+    if (s_->opts.checked) {
+      exchange(a);
+    } else {
+      ++s_->seq;
+      const auto why = fedshard::detail::validate(
+          fedshard::detail::summarize(a, s_->rank, s_->size), s_->rank, s_->size);
+      if (!why.empty()) throw fedshard::detail::invalid_call(a.kind, s_->rank, s_->size, s_->seq, why);
+    }
+    const int n = s_->size;
+    const std::size_t esz = a.count > 0 ? size_of(a.type) : 0;
+    const auto cnt = static_cast<std::size_t>(std::max<std::int64_t>(a.count, 0));
+    const auto bytes = cnt * esz;
+    guarded(fedshard::detail::to_string(a.kind), [&] {
+      switch (a.kind) {
+        case op_kind::barrier: {
+          if (n == 1) return;
+          ::gloo::BarrierOptions o(s_->ctx);
+          o.setTimeout(timeout());
+          ::gloo::barrier(o);
+          return;
+        }
+        case op_kind::broadcast: {
+          if (n == 1 || bytes == 0) return;
+          ::gloo::BroadcastOptions o(s_->ctx);
+          o.setOutput(static_cast<char*>(a.out), bytes);
+          o.setRoot(a.root);
+          o.setTimeout(timeout());
+          ::gloo::broadcast(o);
+          return;
+        }
+        case op_kind::all_gather: {
+          if (bytes == 0) return;
+          auto* out = static_cast<char*>(a.out);
+          std::vector<char> in(static_cast<const char*>(a.in), static_cast<const char*>(a.in) + bytes);
+          if (n == 1) {
+            std::memcpy(out, in.data(), bytes);
+            return;
+          }
+          gather_bytes(in.data(), out, bytes);
+          return;
+        }
+        case op_kind::reduce_scatter: {
+          if (bytes == 0) return;
+          std::vector<char> blocks(bytes * static_cast<std::size_t>(n));
+          if (n == 1)
+            std::memcpy(blocks.data(), a.in, bytes);
+          else
+            alltoall_bytes(a.in, blocks.data(), bytes);
+          fedshard::detail::reduce_blocks(a.type, a.op, blocks.data(), bytes, n, a.out, a.count);
+          return;
+        }
+        case op_kind::all_reduce: {
+          if (bytes == 0) return;
+          all_reduce_now(a, n, esz, cnt);
+          return;
+        }
+        case op_kind::split: break;
+      }
+      throw invalid_argument("fedshard: gloo::communicator: split is not a data collective");
+    });
+  }
+
+  void all_reduce_now(const call_args& a, int n, std::size_t esz, std::size_t cnt) {
+    const auto bytes = cnt * esz;
+    const auto un = static_cast<std::size_t>(n);
+    if (n == 1 || static_cast<std::int64_t>(bytes * un) <= s_->opts.small_all_reduce_bytes) {
+      std::vector<char> all(bytes * un);
+      if (n == 1)
+        std::memcpy(all.data(), a.in, bytes);
+      else
+        gather_bytes(a.in, all.data(), bytes);
+      fedshard::detail::reduce_blocks(a.type, a.op, all.data(), bytes, n, a.out, a.count);
+      return;
+    }
+    // Chunk p of every input goes to rank p, which reduces it; then the chunks are gathered.
+    const auto chunk = static_cast<std::size_t>(fedshard::detail::chunk_elems(a.count, n, esz));
+    const auto cb = chunk * esz;
+    std::vector<char> send(cb * un, 0), recv(cb * un), mine(cb), gathered(cb * un);
+    std::memcpy(send.data(), a.in, bytes);
+    alltoall_bytes(send.data(), recv.data(), cb);
+    const auto r = fedshard::detail::chunk_of(a.count, n, esz, s_->rank);
+    fedshard::detail::reduce_blocks(a.type, a.op, recv.data(), cb, n, mine.data(), r.end - r.begin);
+    gather_bytes(mine.data(), gathered.data(), cb);
+    std::memcpy(a.out, gathered.data(), bytes);
+  }
+
+  /// A posted send or receive; wait() blocks until it completed or timed out.
+  class p2p_request final : public fedshard::detail::request_state {
+   public:
+    p2p_request(state* s, std::unique_ptr<::gloo::transport::UnboundBuffer> b, bool send)
+        : s_(s), buf_(std::move(b)), send_(send) {}
+    void wait() override {
+      if (done_) return;
+      done_ = true;
+      guard(*s_, send_ ? "send" : "recv", [&] {
+        if (send_)
+          buf_->waitSend(timeout_of(*s_));
+        else
+          buf_->waitRecv(timeout_of(*s_));
+      });
+    }
+    bool test() override {
+      wait();
+      return true;
+    }
+
+   private:
+    state* s_;  // the communicator's state: its address survives moves of the communicator
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buf_;
+    bool send_;
+    bool done_ = false;
+  };
+
+  request p2p(bool is_send, const void* sbuf, void* rbuf, std::int64_t count, dtype t, int peer,
+              int tag) {
+    fedshard::detail::check_p2p_args(is_send, is_send ? sbuf : rbuf, count, t, peer, s_->size);
+    FEDSHARD_EXPECTS(tag >= 0, is_send ? "send" : "recv", ": tag must be >= 0, found ", tag);
+    const auto bytes = static_cast<std::size_t>(count) * size_of(t);
+    if (bytes == 0) return {};
+    if (peer == s_->rank) return to_self(is_send, sbuf, rbuf, bytes, tag);
+    const std::uint64_t slot = (std::uint64_t{0x7f} << 56) | static_cast<std::uint32_t>(tag);
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buf;
+    guarded(is_send ? "send" : "recv", [&] {
+      buf = s_->ctx->createUnboundBuffer(is_send ? const_cast<void*>(sbuf) : rbuf, bytes);
+      if (is_send)
+        buf->send(peer, slot);
+      else
+        buf->recv(peer, slot);
+    });
+    return request(std::make_unique<p2p_request>(s_.get(), std::move(buf), is_send));
+  }
+
+  /// A message to this rank itself: matched in order per tag through a mailbox.
+  request to_self(bool is_send, const void* sbuf, void* rbuf, std::size_t bytes, int tag) {
+    auto& box = s_->mailbox[tag];
+    if (is_send) {
+      const auto* p = static_cast<const char*>(sbuf);
+      if (!box.receivers.empty()) {
+        auto r = box.receivers.front();
+        box.receivers.pop_front();
+        deliver(*r, p, bytes);
+      } else {
+        box.messages.emplace_back(p, p + bytes);
+      }
+      return {};
+    }
+    auto r = std::make_shared<self_receive>();
+    r->out = static_cast<char*>(rbuf);
+    r->bytes = bytes;
+    r->tag = tag;
+    if (!box.messages.empty()) {
+      const auto m = std::move(box.messages.front());
+      box.messages.pop_front();
+      deliver(*r, m.data(), m.size());
+    } else {
+      box.receivers.push_back(r);
+    }
+    return request(std::make_unique<self_request>(std::move(r)));
+  }
+  static void deliver(self_receive& r, const char* data, std::size_t bytes) {
+    r.done = true;
+    if (bytes != r.bytes) {
+      r.error = detail::concat("fedshard: collective_mismatch: a message to itself on tag ",
+                               r.tag, " carries ", bytes, " bytes but the receive expects ",
+                               r.bytes);
+      return;
+    }
+    std::memcpy(r.out, data, bytes);
+  }
+  class self_request final : public fedshard::detail::request_state {
+   public:
+    explicit self_request(std::shared_ptr<self_receive> r) : r_(std::move(r)) {}
+    void wait() override {
+      if (!r_->done)
+        throw timeout_error(detail::concat(
+            "fedshard: gloo recv from itself on tag ", r_->tag,
+            " waited for a send this thread never made (post the send first)"));
+      if (!r_->error.empty()) throw collective_mismatch(r_->error);
+    }
+    bool test() override { return r_->done; }
+
+   private:
+    std::shared_ptr<self_receive> r_;
+  };
+
+  std::unique_ptr<state> s_;
+};
+
+static_assert(Communicator<communicator>);
+
+}  // namespace fedshard::gloo

@@ -1,0 +1,255 @@
+/// Tests of the Gloo communicator: the backend-generic test cases of comm/backend_tests.hpp
+/// on worlds of 1 to 8 thread ranks meeting through a file store (both all_reduce
+/// algorithms), results bit-identical to inproc's, the stores (file and Redis, a server the
+/// test starts on the loopback), and failures: a peer process killed mid-run gives
+/// peer_failure at once, a silent peer timeout_error, and the other ranks go on.
+
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/backend_tests.hpp"
+#include "fedshard/comm/gloo.hpp"
+#include "fedshard/comm/inproc.hpp"
+#include "support/collective_checks.hpp"
+#include "support/gloo_support.hpp"
+#include "support/spawn_ranks.hpp"
+
+namespace {
+
+using fedshard::dtype;
+using fedshard::reduce_op;
+using fedshard::detail::concat;
+namespace gl = fedshard::gloo;
+namespace ft = fedshard::test;
+
+/// One store for the whole test program; every world gets a prefix of its own.
+std::shared_ptr<gl::file_store> shared_store() {
+  static ft::temp_dir dir("fedshard-gloo-test");
+  static auto st = std::make_shared<gl::file_store>(dir.path());
+  return st;
+}
+std::string next_prefix() {
+  static std::atomic<int> n{0};
+  return concat("world", n++);
+}
+
+/// The traits of gloo for comm/backend_tests.hpp; SmallBytes is the all-gather limit of
+/// all_reduce (0: every all_reduce of more than one rank takes the alltoall path).
+template <std::int64_t SmallBytes>
+struct gloo_ranks {
+  using comm = gl::communicator;
+  static constexpr int determinism_runs = 3;
+  static int max_ranks() { return 8; }
+  template <class F>
+  static auto run(int n, F&& body) {
+    return ft::every_rank([&] {
+      const auto prefix = next_prefix();
+      return ft::on_threads(n, [&](int r) {
+        gl::options o = ft::gloo_timeout(60);
+        o.small_all_reduce_bytes = SmallBytes;
+        gl::communicator c(shared_store(), prefix, r, n, o);
+        return body(c);
+      });
+    });
+  }
+};
+using gloo_gather = gloo_ranks<256 * 1024>;
+using gloo_alltoall = gloo_ranks<0>;
+
+}  // namespace
+
+FEDSHARD_COMM_TESTS(gloo_gather)
+
+namespace fedshard::test {
+TEST_CASE_TEMPLATE_INVOKE(comm_all_reduce_grid, gloo_alltoall);
+TEST_CASE_TEMPLATE_INVOKE(comm_large_count, gloo_alltoall);
+TEST_CASE_TEMPLATE_INVOKE(comm_deterministic, gloo_alltoall);
+TEST_CASE_TEMPLATE_INVOKE(comm_mismatch, gloo_gather);
+TEST_CASE_TEMPLATE_INVOKE(comm_invalid_collective, gloo_gather);
+TEST_CASE_TEMPLATE_INVOKE(comm_dropped_failure, gloo_gather);
+}  // namespace fedshard::test
+
+namespace {
+
+/// f32 inputs of rank r: values whose sum depends on the order of the additions.
+std::vector<float> inputs_of(int r, std::size_t n) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = ft::input_value<float>(77, r, static_cast<std::int64_t>(i));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("gloo: every reduction is bit-identical to inproc's, on both all_reduce paths") {
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    const std::size_t count = 100003;
+    auto reference = ft::collect_ranks(n, [&](fedshard::inproc::communicator& c) {
+      std::vector<std::vector<float>> outs;
+      for (reduce_op op : {reduce_op::sum, reduce_op::avg, reduce_op::max}) {
+        auto v = inputs_of(c.rank(), count);
+        c.all_reduce(v.data(), v.data(), static_cast<std::int64_t>(count), dtype::f32, op);
+        outs.push_back(v);
+      }
+      auto in = inputs_of(c.rank(), count * static_cast<std::size_t>(n));
+      std::vector<float> mine(count);
+      c.reduce_scatter(in.data(), mine.data(), static_cast<std::int64_t>(count), dtype::f32,
+                       reduce_op::sum);
+      outs.push_back(mine);
+      return outs;
+    });
+    for (std::int64_t small : {std::int64_t{1} << 40, std::int64_t{0}}) {
+      CAPTURE(small);
+      const auto prefix = next_prefix();
+      auto got = ft::on_threads(n, [&](int r) {
+        gl::options o = ft::gloo_timeout(60);
+        o.small_all_reduce_bytes = small;
+        gl::communicator c(shared_store(), prefix, r, n, o);
+        std::vector<std::vector<float>> outs;
+        for (reduce_op op : {reduce_op::sum, reduce_op::avg, reduce_op::max}) {
+          auto v = inputs_of(r, count);
+          c.all_reduce(v.data(), v.data(), static_cast<std::int64_t>(count), dtype::f32, op);
+          outs.push_back(v);
+        }
+        auto in = inputs_of(r, count * static_cast<std::size_t>(n));
+        std::vector<float> mine(count);
+        c.reduce_scatter(in.data(), mine.data(), static_cast<std::int64_t>(count), dtype::f32,
+                         reduce_op::sum);
+        outs.push_back(mine);
+        return outs;
+      });
+      for (int r = 0; r < n; ++r)
+        for (std::size_t k = 0; k < got[r].size(); ++k) {
+          CAPTURE(r);
+          CAPTURE(k);
+          CHECK(std::memcmp(got[r][k].data(), reference[r][k].data(), count * sizeof(float)) == 0);
+        }
+    }
+  }
+}
+
+TEST_CASE("gloo: file_store keys are created once, read whole, and missing ones time out") {
+  ft::temp_dir dir;
+  gl::file_store st(dir.path());
+  CHECK(st.try_set("a/b c", gl::bytes_of("first")));
+  CHECK_FALSE(st.try_set("a/b c", gl::bytes_of("second")));
+  CHECK(st.get_string("a/b c", std::chrono::milliseconds(10)) == "first");
+  st.set("a/b c", gl::bytes_of("third"));
+  CHECK(st.get_string("a/b c", std::chrono::milliseconds(10)) == "third");
+  CHECK_FALSE(st.has("missing"));
+  try {
+    (void)st.get("missing", std::chrono::milliseconds(30));
+    FAIL("get of a missing key returned");
+  } catch (const fedshard::timeout_error& e) {
+    CHECK(ft::contains(e.what(), "'missing'"));
+    CHECK(ft::contains(e.what(), "30 ms"));
+  }
+  // Concurrent creators: exactly one wins.
+  std::atomic<int> wins{0};
+  ft::on_threads(8, [&](int r) {
+    wins += st.try_set("race", gl::bytes_of(std::to_string(r))) ? 1 : 0;
+    return 0;
+  });
+  CHECK(wins == 1);
+}
+
+TEST_CASE("gloo: ranks meet through a Redis server on the loopback") {
+  ft::redis_server server(FEDSHARD_REDIS_SERVER);
+  if (!server.available()) {
+    MESSAGE("redis-server not found (install redis-server): the Redis store is not tested");
+    return;
+  }
+  auto st = std::make_shared<gl::redis_store>("127.0.0.1", server.port());
+  CHECK(st->try_set("k", gl::bytes_of("v1")));
+  CHECK_FALSE(st->try_set("k", gl::bytes_of("v2")));
+  CHECK(st->get_string("k", std::chrono::milliseconds(10)) == "v1");
+  auto sums = ft::on_threads(3, [&](int r) {
+    gl::communicator c(st, "redis-world", r, 3, ft::gloo_timeout(30));
+    double v = r + 1;
+    c.all_reduce(&v, &v, 1, dtype::f64, reduce_op::sum);
+    auto half = c.split(r % 2, r);
+    double w = 1;
+    half.all_reduce(&w, &w, 1, dtype::f64, reduce_op::sum);
+    return v * 10 + w;
+  });
+  CHECK(sums == std::vector<double>{62, 61, 62});
+  CHECK_THROWS_WITH_AS(gl::redis_store("127.0.0.1", 1), doctest::Contains("127.0.0.1:1"),
+                       fedshard::backend_error);
+}
+
+TEST_CASE("gloo: a silent peer gives timeout_error, and the communicator says so afterwards") {
+  const auto prefix = next_prefix();
+  std::atomic<bool> done{false};
+  auto seen = ft::on_threads(2, [&](int r) -> std::string {
+    gl::communicator c(shared_store(), prefix, r, 2, ft::gloo_timeout(1.0));
+    if (r == 1) {  // stays connected, never calls
+      while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return "";
+    }
+    std::string first, second;
+    const auto t0 = std::chrono::steady_clock::now();
+    double v = 1;
+    try {
+      c.all_reduce(&v, &v, 1, dtype::f64, reduce_op::sum);
+    } catch (const fedshard::timeout_error& e) {
+      first = e.what();
+    }
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    try {
+      c.barrier();
+    } catch (const fedshard::backend_error& e) {
+      second = e.what();
+    }
+    done = true;
+    return concat(first, "|", second, "|", waited < 10 ? "fast" : "slow");
+  });
+  CAPTURE(seen[0]);
+  CHECK(ft::contains(seen[0], "timed out"));
+  CHECK(ft::contains(seen[0], "unusable after an earlier failure"));
+  CHECK(ft::contains(seen[0], "|fast"));
+}
+
+TEST_CASE("gloo: a peer process killed mid-run gives peer_failure at once, not a hang") {
+  ft::temp_dir dir;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    // Rank 1 in its own process: one all_reduce, then it dies without a word.
+    try {
+      auto st = std::make_shared<gl::file_store>(dir.path());
+      gl::communicator c(st, "killed", 1, 2, ft::gloo_timeout(60));
+      double v = 2;
+      c.all_reduce(&v, &v, 1, dtype::f64, reduce_op::sum);
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::kill(::getpid(), SIGKILL);
+    ::_exit(4);
+  }
+  REQUIRE(child > 0);
+  auto st = std::make_shared<gl::file_store>(dir.path());
+  gl::communicator c(st, "killed", 0, 2, ft::gloo_timeout(60));
+  double v = 1;
+  c.all_reduce(&v, &v, 1, dtype::f64, reduce_op::sum);
+  CHECK(v == 3);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> big(1 << 16, 1.0f);
+  CHECK_THROWS_AS(c.all_reduce(big.data(), big.data(), static_cast<std::int64_t>(big.size()),
+                               dtype::f32, reduce_op::sum),
+                  fedshard::peer_failure);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(waited < 30);  // far below the 60 s timeout: the closed socket is noticed
+}

@@ -1,0 +1,141 @@
+#pragma once
+/// Test support for the Gloo communicator: a fresh temporary directory, worlds of thread
+/// ranks meeting through one store, and a Redis server on the loopback that lives as long as
+/// the object (started and stopped by the test itself).
+
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "fedshard/comm/gloo.hpp"
+#include "fedshard/error.hpp"
+
+namespace fedshard::test {
+
+/// A directory under the system's temporary folder, removed with everything in it.
+class temp_dir {
+ public:
+  explicit temp_dir(const std::string& tag = "fedshard") {
+    std::random_device rd;
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      auto p = std::filesystem::temp_directory_path() /
+               fedshard::detail::concat(tag, '-', ::getpid(), '-', rd());
+      if (std::filesystem::create_directory(p)) {
+        path_ = p;
+        return;
+      }
+    }
+    throw backend_error("temp_dir: cannot make a temporary directory");
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const noexcept { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// Runs body(rank) on n threads; returns what each returned, rethrows the first failure.
+template <class F>
+auto on_threads(int n, F&& body) {
+  using R = decltype(body(0));
+  std::vector<R> results(static_cast<std::size_t>(n));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        results[static_cast<std::size_t>(r)] = body(r);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return results;
+}
+
+/// Options with a timeout of `seconds`.
+inline gloo::options gloo_timeout(double seconds) {
+  gloo::options o;
+  o.timeout = std::chrono::duration<double>(seconds);
+  return o;
+}
+
+/// A redis-server on 127.0.0.1 at a free port, without persistence, stopped (SIGTERM, then
+/// SIGKILL) by the destructor. available() is false when no redis-server binary is known.
+class redis_server {
+ public:
+  explicit redis_server(std::string binary) {
+    if (binary.empty() || !std::filesystem::exists(binary)) return;
+    std::random_device rd;
+    for (int attempt = 0; attempt < 20 && pid_ <= 0; ++attempt) {
+      port_ = 20000 + static_cast<int>(rd() % 30000);
+      const std::string port = std::to_string(port_);
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        if (FILE* quiet = std::fopen("/dev/null", "w")) {  // the server's banner stays out of logs
+          ::dup2(::fileno(quiet), 1);
+          ::dup2(::fileno(quiet), 2);
+        }
+        ::execl(binary.c_str(), binary.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--protected-mode", "yes", "--loglevel",
+                "warning", static_cast<char*>(nullptr));
+        ::_exit(127);
+      }
+      // Up when a store can connect; a port taken by someone else makes the server exit.
+      for (int i = 0; i < 200; ++i) {
+        int status = 0;
+        if (::waitpid(pid, &status, WNOHANG) == pid) break;
+        try {
+          gloo::redis_store probe("127.0.0.1", port_);
+          pid_ = pid;
+          break;
+        } catch (const backend_error&) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(25));
+        }
+      }
+      if (pid_ <= 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, nullptr, 0);
+      }
+    }
+  }
+  redis_server(const redis_server&) = delete;
+  redis_server& operator=(const redis_server&) = delete;
+  ~redis_server() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    for (int i = 0; i < 200; ++i) {
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  bool available() const noexcept { return pid_ > 0; }
+  int port() const noexcept { return port_; }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+}  // namespace fedshard::test
