@@ -74,6 +74,24 @@ struct sync_info {
   /// Every group's tokens since the fragment's last sync, when the plan exchanged them
   /// (role group_tokens), else empty.
   std::span<const double> group_tokens{};
+  /// Which of the G groups this sync combines (1) and which it leaves out (0), by group;
+  /// empty = every group. A federation axis of groups that come and go (elastic::link)
+  /// leaves out the groups that are absent, not sampled or rejected: their slots of
+  /// group_tokens and of gathered buffers hold zeros, and averages divide by the included
+  /// count.
+  std::span<const std::uint8_t> included{};
+
+  /// The number of groups combined: the ones in `included`, or all G.
+  int included_count() const {
+    if (included.empty()) return groups;
+    int n = 0;
+    for (auto b : included) n += b != 0;
+    return n;
+  }
+  /// True when group g is combined.
+  bool includes(int g) const {
+    return included.empty() || included[static_cast<std::size_t>(g)] != 0;
+  }
 };
 
 /// See the numbered requirements above.
