@@ -18,6 +18,8 @@
 /// for the world's small collectives: the trainer's means and checkpoint agreement; it moves
 /// G*R*S inputs to every rank). broadcast goes through the root's group, then every link.
 /// send and recv reach ranks of the same group (over C) or the same local rank (over F).
+/// With a link whose groups come and go (elastic::link), the world's reductions combine
+/// the groups the link includes at the time (the group alone outside its rounds).
 ///
 /// split on the world: the ranks exchange (color, key) over the world; a color whose ranks
 /// all lie in one group becomes a split of the group's C, a color made of local rank l of
@@ -95,7 +97,8 @@ class hybrid {
     const auto bytes = static_cast<std::size_t>(n) * size_of(t);
     std::vector<std::byte> all(bytes * static_cast<std::size_t>(size()));
     gather_world(in, all.data(), n, t);
-    detail::reduce_blocks(t, op, all.data(), bytes, size(), out, n);
+    const int used = keep_included(all, bytes * static_cast<std::size_t>(group_->size()));
+    detail::reduce_blocks(t, op, all.data(), bytes, used * group_->size(), out, n);
   }
   void all_gather(const void* in, void* out, std::int64_t n, dtype t) {
     if (side_ == side::group) return group_->all_gather(in, out, n, t);
@@ -118,9 +121,10 @@ class hybrid {
                                 static_cast<const std::byte*>(in) + bytes * W);
     std::vector<std::byte> all(bytes * W * W);
     gather_world(mine.data(), all.data(), n * size(), t);
-    // Block rank() of every rank's input, in rank order.
+    const int used = keep_included(all, bytes * W * static_cast<std::size_t>(group_->size()));
+    // Block rank() of every (combined) rank's input, in rank order.
     detail::reduce_blocks(t, op, all.data() + bytes * static_cast<std::size_t>(rank()), bytes * W,
-                          size(), out, n);
+                          used * group_->size(), out, n);
   }
   void broadcast(void* buf, std::int64_t n, dtype t, int root) {
     if (side_ == side::group) return group_->broadcast(buf, n, t, root);
@@ -257,6 +261,27 @@ class hybrid {
     auto* mine = static_cast<std::byte*>(out) + block * static_cast<std::size_t>(link_->rank());
     group_->all_gather(in, mine, n, t);
     link_->all_gather(mine, out, n * group_->size(), t);
+  }
+
+  /// A link whose groups come and go (elastic::link) combines only the groups it includes:
+  /// moves their blocks (`block` bytes per group) to the front of `all`; returns how many.
+  int keep_included(std::vector<std::byte>& all, std::size_t block) {
+    if constexpr (requires(F& f) { f.included(); }) {
+      const auto mask = link_->included();
+      int used = 0;
+      for (std::size_t g = 0; g < mask.size(); ++g) {
+        if (mask[g] == 0) continue;
+        if (static_cast<std::size_t>(used) != g)
+          std::memmove(all.data() + block * static_cast<std::size_t>(used), all.data() + block * g,
+                       block);
+        ++used;
+      }
+      return used;
+    } else {
+      (void)all;
+      (void)block;
+      return link_->size();
+    }
   }
 
   /// f(communicator, its rank of world peer) for a peer in this rank's group or link.

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -154,6 +155,12 @@ class synchronizer {
     auto st = space_->make_stream();
     reset(master, st);
     space_->synchronize(st);
+  }
+
+  /// Where sync_info::included comes from (a federation axis whose groups come and go, e.g.
+  /// elastic::link::included); asked at every begin() and end(). Unset: every group.
+  void set_included_source(std::function<std::vector<std::uint8_t>()> source) {
+    included_source_ = std::move(source);
   }
 
   /// Counts a step's tokens toward every fragment's weight.
@@ -386,11 +393,13 @@ class synchronizer {
 
   sync_info info(int f) {
     const auto& fr = at(f);
+    if (included_source_) included_ = included_source_();
     return {.fragment = f,
             .groups = shape_.groups,
             .group = coords_.group,
             .group_tokens = fr.exchanges_tokens ? std::span<const double>(fr.group_tokens)
-                                                : std::span<const double>()};
+                                                : std::span<const double>(),
+            .included = std::span<const std::uint8_t>(included_)};
   }
 
   auto binder(int f) {
@@ -480,6 +489,8 @@ class synchronizer {
   std::vector<fragment> fragments_;
   policy_type policy_;
   std::int64_t syncs_applied_ = 0;
+  std::function<std::vector<std::uint8_t>()> included_source_;
+  std::vector<std::uint8_t> included_;
 };
 
 }  // namespace fedshard::federation

@@ -5,7 +5,8 @@
 ///
 /// The sync plan exchanges the weights first (weights_ops: every rank sees all of them), then
 /// averages (G w_g / W) θ_g with W = Σ w: equal weights give a scale of exactly 1, so the
-/// result is then bit-identical to `average`. A negative weight, or all weights zero, is an
+/// result is then bit-identical to `average`. When the sync combines only some groups
+/// (sync_info::included: the others' weights are zero), G is the number combined. A negative weight, or all weights zero, is an
 /// invalid_argument on every rank.
 
 #include <cstddef>
@@ -70,7 +71,7 @@ class basic_weighted_average : public detail::stateless {
                      "weighted_average: weights (tokens since the last sync) must be >= 0 and not "
                      "all zero, found ",
                      listing);
-    return static_cast<double>(info.groups) *
+    return static_cast<double>(info.included_count()) *
            info.group_tokens[static_cast<std::size_t>(info.group)] / total;
   }
   /// buf: θ_g -> (G w_g / W) θ_g, queued on st.

@@ -136,6 +136,7 @@ class trainer final : private detail::unit_hooks<S> {
     const float lr = opts_.lr_schedule ? opts_.lr_schedule(step_) : base_lr_;
     optimizer_.step(engine_.master(), std::span<const float>(engine_.grad()), lr, compute);
     sync_.add_tokens(tokens_of(model_, batch));
+    if constexpr (elastic_federation) begin_elastic_round(compute);
     sync_.after_step(engine_.interp(), step_, opts_.total_steps, engine_.master(),
                      optimizer_.state(), compute);
     ++step_;
@@ -229,6 +230,11 @@ class trainer final : private detail::unit_hooks<S> {
                      [&](const checkpoint::file_reader& r, bool commit) { restore(r, commit); });
   }
 
+  /// True when the federation axis is an elastic link (comm/elastic.hpp): groups that are
+  /// jobs of their own, meeting in rounds.
+  static constexpr bool elastic_federation =
+      requires(C& c) { c.federation_side().begin_round(std::int64_t{}); };
+
   /// The host waits for the work queued on the compute stream (to read the master or the
   /// optimizer state in a host-accessible space).
   void synchronize() { space_->synchronize(engine_.compute_stream()); }
@@ -259,6 +265,54 @@ class trainer final : private detail::unit_hooks<S> {
   }
   buffer_view grad_buffer_as(std::size_t u, dtype t) override {
     return engine_.grad_buffer_as(u, t);
+  }
+
+  /// Where a sync starts after this step and the federation axis is elastic: the round
+  /// (elastic::link::begin_round), healing its joiners, and the groups the sync combines.
+  template <class Stream>
+  void begin_elastic_round(Stream& compute) {
+    bool starts = false;
+    for (int f = 0; f < sync_.fragments(); ++f)
+      starts = starts || schedule::starts(sync_.schedule().action(f, step_, opts_.total_steps));
+    if (!starts) return;
+    auto& link = engine_.topology().federation().federation_side();
+    const auto& round = link.begin_round(step_);
+    if (!round.joiners.empty()) {
+      space_->synchronize(compute);
+      heal_joiners(link, round);
+    }
+    sync_.set_included_source([&link] { return link.included(); });
+  }
+
+  /// The donor sends its whole state (what a checkpoint holds: parameters, inner and outer
+  /// optimizer state, step) to the round's joiners, rank by rank over the link; a joiner
+  /// verifies it and takes it, so it syncs from the donor's step on.
+  template <class Link, class Round>
+  void heal_joiners(Link& link, const Round& round) {
+    const int g = engine_.topology().coords().group;
+    const bool joiner = std::find(round.joiners.begin(), round.joiners.end(), g) !=
+                        round.joiners.end();
+    if (g == round.donor) {
+      checkpoint::file_writer w;
+      write_state(w);
+      std::string blob = w.bytes();
+      const double size = static_cast<double>(blob.size());
+      blob.resize((blob.size() + 7) / 8 * 8);
+      for (int j : round.joiners) {
+        link.send(&size, 1, dtype::f64, j, 1);
+        link.send(blob.data(), static_cast<std::int64_t>(blob.size() / 8), dtype::f64, j, 2);
+      }
+    } else if (joiner) {
+      double size = 0;
+      link.recv(&size, 1, dtype::f64, round.donor, 1);
+      std::string blob((static_cast<std::size_t>(size) + 7) / 8 * 8, '\0');
+      link.recv(blob.data(), static_cast<std::int64_t>(blob.size() / 8), dtype::f64, round.donor, 2);
+      blob.resize(static_cast<std::size_t>(size));
+      const checkpoint::file_reader r(std::move(blob),
+                                      fedshard::detail::concat("the state of group ", round.donor));
+      restore(r, false);
+      restore(r, true);
+    }
   }
 
   /// How checkpoints agree across the world: agreement_op through the interpreter.

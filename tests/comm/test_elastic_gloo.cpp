@@ -1,0 +1,207 @@
+/// Tests of elastic::link on thread ranks (groups of 1 or 2 ranks meeting through a file
+/// store): rounds decide the same members and participants on every rank, averages combine
+/// the participants only (partial participation matches a hand-computed mean), a group that
+/// does not come is left out after the join timeout and later rounds do not wait for it, a
+/// group that sends NaN or an outlier is rejected on all its links with a log line, and the
+/// bad input a user can give is refused with a message.
+
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "fedshard/comm/elastic.hpp"
+#include "support/gloo_support.hpp"
+
+namespace {
+
+using fedshard::dtype;
+using fedshard::reduce_op;
+using fedshard::detail::concat;
+namespace el = fedshard::elastic;
+namespace gl = fedshard::gloo;
+namespace ft = fedshard::test;
+
+/// Log lines of every rank, for the tests to look at.
+struct log_sink {
+  std::mutex mu;
+  std::vector<std::string> lines;
+  std::function<void(const std::string&)> fn() {
+    return [this](const std::string& s) {
+      std::lock_guard lock(mu);
+      lines.push_back(s);
+    };
+  }
+  bool has(const std::string& part) {
+    std::lock_guard lock(mu);
+    for (const auto& l : lines)
+      if (l.find(part) != std::string::npos) return true;
+    return false;
+  }
+};
+
+el::options quick(log_sink& sink, double join = 1.0) {
+  el::options o;
+  o.join_timeout = std::chrono::duration<double>(join);
+  o.transport = ft::gloo_timeout(20);
+  o.log = sink.fn();
+  return o;
+}
+
+/// The value group g's rank l puts in element i in round e.
+float value_of(int g, int l, int e, int i) { return 1.0f + 0.5f * g + 0.25f * l + 0.125f * e + 0.001f * i; }
+
+}  // namespace
+
+TEST_CASE("elastic: with every group there the round is everyone's and the mean is exact") {
+  ft::temp_dir dir;
+  auto st = std::make_shared<gl::file_store>(dir.path());
+  log_sink sink;
+  const int G = 3, L = 2, n = 5;
+  auto seen = ft::on_threads(G * L, [&](int id) {
+    const int g = id / L, l = id % L;
+    el::link lk(st, G, g, L, l, quick(sink));
+    std::vector<std::string> rounds;
+    for (int e = 0; e < 3; ++e) {
+      const auto& r = lk.begin_round(10 * e + 9);
+      rounds.push_back(r.text());
+      std::vector<float> v(n);
+      for (int i = 0; i < n; ++i) v[i] = value_of(g, l, e, i);
+      lk.all_reduce(v.data(), v.data(), n, dtype::f32, reduce_op::avg);
+      for (int i = 0; i < n; ++i) {
+        float want = 0;
+        for (int h = 0; h < G; ++h) want += value_of(h, l, e, i);
+        want /= G;
+        if (v[i] != want) rounds.push_back(concat("wrong mean at ", i, ": ", v[i], " != ", want));
+      }
+      std::vector<double> toks(G);
+      const double mine = 100 + g;
+      lk.all_gather(&mine, toks.data(), 1, dtype::f64);
+      if (toks != std::vector<double>{100, 101, 102}) rounds.push_back("wrong gather");
+    }
+    return rounds;
+  });
+  for (const auto& r : seen) CHECK(r == seen[0]);
+  REQUIRE(seen[0].size() == 3);
+  CHECK(seen[0][0].find("members {0,1,2}, participants {0,1,2}, joiners {}") != std::string::npos);
+  CHECK(seen[0][2].find("round 2 (step 29)") != std::string::npos);
+}
+
+TEST_CASE("elastic: partial participation samples the same groups everywhere and averages them") {
+  ft::temp_dir dir;
+  auto st = std::make_shared<gl::file_store>(dir.path());
+  log_sink sink;
+  const int G = 4, L = 2;
+  auto seen = ft::on_threads(G * L, [&](int id) {
+    const int g = id / L, l = id % L;
+    el::options o = quick(sink);
+    o.sample = {.fraction = 0.5, .min_groups = 1, .seed = 42};
+    el::link lk(st, G, g, L, l, o);
+    std::vector<std::string> out;
+    for (int e = 0; e < 6; ++e) {
+      const auto& r = lk.begin_round(e);
+      if (r.participants.size() != 2) out.push_back("not 2 participants");
+      float v = value_of(g, l, e, 0);
+      lk.all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
+      const float want = (value_of(r.participants[0], l, e, 0) + value_of(r.participants[1], l, e, 0)) / 2;
+      if (v != want) out.push_back(concat("round ", e, ": ", v, " != ", want));
+      out.push_back(concat(r.participants[0], r.participants[1]));
+    }
+    return out;
+  });
+  for (const auto& r : seen) CHECK(r == seen[0]);
+  std::set<std::string> samples(seen[0].begin(), seen[0].end());
+  CHECK(samples.size() > 1);  // rounds draw different samples
+  for (const auto& s : seen[0]) CHECK(s.size() == 2);  // no error lines
+}
+
+TEST_CASE("elastic: a group that never comes is left out after the join timeout, then not waited for") {
+  ft::temp_dir dir;
+  auto st = std::make_shared<gl::file_store>(dir.path());
+  log_sink sink;
+  const int G = 3, L = 1;
+  const double join = 0.5;
+  auto seen = ft::on_threads(2, [&](int g) {  // group 2 is never started
+    el::link lk(st, G, g, L, 0, quick(sink, join));
+    std::vector<double> waits;
+    for (int e = 0; e < 3; ++e) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto& r = lk.begin_round(e);
+      waits.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      float v = static_cast<float>(g + 1);
+      lk.all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
+      if (v != 1.5f || r.members != std::vector<int>{0, 1}) waits.push_back(-1);
+    }
+    return waits;
+  });
+  for (const auto& w : seen) {
+    REQUIRE(w.size() == 3);
+    CHECK(w[0] >= join * 0.9);  // round 0 waited for group 2
+    CHECK(w[1] < join * 0.9);   // later rounds did not
+    CHECK(w[2] < join * 0.9);
+  }
+  CHECK(sink.has("left out {2}"));
+}
+
+TEST_CASE("elastic: NaN and outliers are rejected on all links of the group, with a log line") {
+  ft::temp_dir dir;
+  auto st = std::make_shared<gl::file_store>(dir.path());
+  log_sink sink;
+  const int G = 4, L = 2, n = 8;
+  auto seen = ft::on_threads(G * L, [&](int id) {
+    const int g = id / L, l = id % L;
+    el::options o = quick(sink);
+    o.clip_ratio = 3.0;
+    el::link lk(st, G, g, L, l, o);
+    std::vector<std::string> out;
+    for (int e = 0; e < 2; ++e) {
+      lk.begin_round(e);
+      std::vector<float> v(n);
+      for (int i = 0; i < n; ++i) v[i] = value_of(g, 0, 0, i);
+      // Round 0: group 1's second link holds a NaN; round 1: group 3's first link an outlier.
+      if (e == 0 && g == 1 && l == 1) v[3] = std::nanf("");
+      if (e == 1 && g == 3 && l == 0) v[5] = 1e6f;
+      lk.all_reduce(v.data(), v.data(), n, dtype::f32, reduce_op::avg);
+      const int bad = e == 0 ? 1 : 3;
+      for (int i = 0; i < n; ++i) {
+        float want = 0;
+        for (int h = 0; h < G; ++h)
+          if (h != bad) want += value_of(h, 0, 0, i);
+        want /= 3;
+        if (v[i] != want) out.push_back(concat("round ", e, " element ", i, ": ", v[i], " != ", want));
+      }
+      if (lk.rejected() != std::vector<int>{bad}) out.push_back(concat("round ", e, ": rejected list"));
+    }
+    return out;
+  });
+  for (const auto& r : seen) CHECK(r.empty());
+  for (const auto& r : seen)
+    for (const auto& s : r) MESSAGE(s);
+  CHECK(sink.has("rejected group 1 in round 0: 1 non-finite value(s)"));
+  CHECK(sink.has("rejected group 3 in round 1: update norm"));
+}
+
+TEST_CASE("elastic: bad settings are refused with what was expected") {
+  auto st = std::make_shared<gl::file_store>(ft::temp_dir().path() / "unused");
+  CHECK_THROWS_WITH_AS(el::link(st, 3, 3, 1, 0), doctest::Contains("group must be in [0, groups)"),
+                       fedshard::invalid_argument);
+  CHECK_THROWS_WITH_AS(el::link(st, 3, 0, 2, 2), doctest::Contains("local_rank must be in [0, group_size)"),
+                       fedshard::invalid_argument);
+  el::options o;
+  o.sample.fraction = 0;
+  CHECK_THROWS_WITH_AS(el::link(st, 3, 0, 1, 0, o), doctest::Contains("fraction must be in (0, 1]"),
+                       fedshard::invalid_argument);
+  CHECK_THROWS_WITH_AS(el::link(nullptr, 3, 0, 1, 0), doctest::Contains("store is null"),
+                       fedshard::invalid_argument);
+  el::link lk(st, 3, 0, 1, 0);
+  CHECK_THROWS_WITH_AS((void)lk.split(0, 0), doctest::Contains("cannot be split"), fedshard::invalid_argument);
+  // Outside a round the link is the group alone.
+  float v = 7;
+  lk.all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
+  CHECK(v == 7);
+}
