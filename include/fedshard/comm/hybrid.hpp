@@ -21,7 +21,9 @@
 /// With a link whose groups come and go (elastic::link), the world's reductions combine
 /// the groups the link includes at the time (the group alone outside its rounds).
 ///
-/// split on the world: the ranks exchange (color, key) over the world; a color whose ranks
+/// A mesh over a hybrid world makes its axes with mesh_split: the group's splits and the link,
+/// no exchange across groups (so it works before a link's groups have met).
+/// split on the world (other uses): the ranks exchange (color, key) over the world; a color whose ranks
 /// all lie in one group becomes a split of the group's C, a color made of local rank l of
 /// every group (ordered by group) is the link itself (shared); any other color is refused on
 /// every rank (invalid_argument naming it). A mesh's four splits are of these kinds.
@@ -40,6 +42,7 @@
 #include "fedshard/comm/request.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/mesh/axis.hpp"
 #include "fedshard/space/space_of.hpp"
 
 namespace fedshard {
@@ -190,6 +193,16 @@ class hybrid {
     request r;
     route(peer, [&](auto& c, int p) { r = c.recv_async(out, n, t, p, tag); });
     return r;
+  }
+
+  /// A mesh's axis of the world (mesh/mesh.hpp calls it instead of split): the group,
+  /// shard and replica axes are splits of the group's communicator with the mesh's color
+  /// and key, the federation axis is the link. Collective over the group only.
+  hybrid mesh_split(axis a, int color, int key) {
+    if (side_ != side::world) return split(color, key);
+    if (a == axis::federation) return hybrid(federation_tag{}, link_);
+    FEDSHARD_EXPECTS(a != axis::world, "hybrid::mesh_split: the world is not split");
+    return hybrid(group_->split(color, key));
   }
 
   /// See the file comment.

@@ -98,10 +98,13 @@ class mesh {
       : world_(&world),
         shape_(detail::checked_mesh_shape(shape, world.size())),
         coords_(coords_of(shape_, world.rank())),
-        group_(world.split(coords_.group, local_index())),
-        shard_(world.split(coords_.group * shape_.replicas + coords_.replica, coords_.shard)),
-        replica_(world.split(coords_.group * shape_.shards + coords_.shard, coords_.replica)),
-        federation_(world.split(coords_.replica * shape_.shards + coords_.shard, coords_.group)) {
+        group_(split(world, axis::group, coords_.group, local_index())),
+        shard_(split(world, axis::shard, coords_.group * shape_.replicas + coords_.replica,
+                     coords_.shard)),
+        replica_(split(world, axis::replica, coords_.group * shape_.shards + coords_.shard,
+                       coords_.replica)),
+        federation_(split(world, axis::federation, coords_.replica * shape_.shards + coords_.shard,
+                          coords_.group)) {
     for (axis a : all_axes) check_split(a);
   }
 
@@ -167,6 +170,16 @@ class mesh {
 
  private:
   int local_index() const noexcept { return coords_.replica * shape_.shards + coords_.shard; }
+
+  /// The communicator of axis a: world.split(color, key), or world.mesh_split(a, color, key)
+  /// for a world that makes its axes itself (a hybrid world: its groups' axes are splits of
+  /// the group's communicator, its federation axis is its link, nothing crosses the groups).
+  static C split(C& world, axis a, int color, int key) {
+    if constexpr (requires { world.mesh_split(a, color, key); })
+      return world.mesh_split(a, color, key);
+    else
+      return world.split(color, key);
+  }
 
   /// A backend whose split does not order by key would break every plan: fail loudly.
   void check_split(axis a) {

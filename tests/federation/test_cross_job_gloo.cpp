@@ -1,0 +1,276 @@
+/// Cross-job federation: every group is a process of its own (an inproc job of 2 thread
+/// ranks) and the groups federate over Gloo, meeting through a file store:
+///  - with a static Gloo link and with an elastic link, 3 group processes end with the
+///    parameters of the same run inside one inproc world, bit for bit;
+///  - a group SIGKILLed between syncs: the other two finish every remaining sync (no hang);
+///  - restarted, it heals at the next sync: right after it its parameters equal the live
+///    groups', and all three end equal;
+///  - a group whose parameters turn NaN is rejected for the round and every model stays
+///    finite.
+
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fedshard/comm/elastic.hpp"
+#include "fedshard/comm/gloo.hpp"
+#include "fedshard/comm/hybrid.hpp"
+#include "fedshard/comm/inproc.hpp"
+#include "support/federated_run.hpp"
+#include "support/gloo_support.hpp"
+#include "support/spawn_ranks.hpp"
+#include "support/tiny_mlp.hpp"
+
+namespace {
+
+using namespace fedshard;
+namespace el = fedshard::elastic;
+namespace gl = fedshard::gloo;
+namespace ft = fedshard::test;
+using detail::concat;
+
+constexpr int G = 3, L = 2, steps = 12, period = 3;
+const mesh_shape shape{G, 1, L};
+
+void write_floats(const std::filesystem::path& p, const std::vector<float>& v) {
+  std::ofstream out(p.string() + ".tmp", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  out.close();
+  std::filesystem::rename(p.string() + ".tmp", p);
+}
+std::vector<float> read_floats(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::vector<char> b((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> v(b.size() / 4);
+  std::memcpy(v.data(), b.data(), v.size() * 4);
+  return v;
+}
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return !a.empty() && a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+/// Forks a process that runs body() and exits 0 (1 when it threw, after printing why).
+pid_t spawn(const std::function<void()>& body) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int rc = 0;
+    try {
+      body();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "group process failed: %s\n", e.what());
+      rc = 1;
+    }
+    std::fflush(nullptr);
+    ::_exit(rc);
+  }
+  return pid;
+}
+
+/// Waits for a child at most `seconds`; kills it then. Returns its wait status, -1 on timeout.
+int wait_for(pid_t pid, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (;;) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return status;
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+
+el::options elastic_options(const std::filesystem::path& logs, int g) {
+  el::options o;
+  o.job = "run";
+  o.join_timeout = std::chrono::duration<double>(1.5);
+  o.transport = ft::gloo_timeout(30);
+  auto mu = std::make_shared<std::mutex>();
+  const auto file = logs / concat("log", g);
+  o.log = [mu, file](const std::string& s) {
+    std::lock_guard lock(*mu);
+    std::ofstream(file, std::ios::app) << s << '\n';
+  };
+  return o;
+}
+
+using elastic_world = hybrid<inproc::communicator, el::link>;
+
+/// Group g's job: 2 inproc ranks whose federation link is elastic. Each rank trains until
+/// step `steps` (or until `die_at`, where the process kills itself), writes its parameters
+/// after every sync to <life>sync<step>_<g>_<l> and at the end to <life>final_<g>_<l>.
+void elastic_group(const std::filesystem::path& dir, int g, int die_at = -1,
+                   const std::string& life = "") {
+  inproc::run(L, [&](inproc::communicator& c) {
+    auto st = std::make_shared<gl::file_store>(dir / "store");
+    el::link lk(st, G, g, L, c.rank(), elastic_options(dir, g));
+    elastic_world w(c.split(0, c.rank()), std::move(lk));
+    mesh m(w, shape);
+    trainer_options<fl_hsdp> o;
+    o.total_steps = steps;
+    o.schedule.period = period;
+    trainer<ft::mlp_model, fl_hsdp, optim::adamw, elastic_world> t(m, ft::mlp_model{}, {.lr = 0.02f},
+                                                                 o);
+    while (t.step_count() < steps) {
+      const auto s = t.step_count();
+      if (s == die_at) {
+        c.barrier();
+        if (c.rank() == 0) ::kill(::getpid(), SIGKILL);
+        std::this_thread::sleep_for(std::chrono::seconds(60));
+      }
+      const auto syncs = t.syncs_applied();
+      t.step(t.model().batch(11, static_cast<int>(s), g, G, c.rank(), L, 2));
+      if (t.syncs_applied() != syncs) {
+        auto p = t.parameters();
+        write_floats(dir / concat(life, "sync", t.step_count() - 1, "_", g, "_", c.rank()), p);
+      }
+    }
+    write_floats(dir / concat(life, "final_", g, "_", c.rank()), t.parameters());
+  });
+}
+
+}  // namespace
+
+TEST_CASE("cross-job: 3 group processes over Gloo end where one inproc world ends, bit for bit") {
+  auto reference = ft::collect_ranks(G * L, [&](inproc::communicator& c) {
+    return ft::train_mlp<fl_hsdp>(c, shape, steps, period).params;
+  });
+  SUBCASE("static Gloo links") {
+    ft::temp_dir dir;
+    std::vector<pid_t> pids;
+    for (int g = 0; g < G; ++g)
+      pids.push_back(spawn([&, g] {
+        inproc::run(L, [&](inproc::communicator& c) {
+          auto st = std::make_shared<gl::file_store>(dir.path());
+          gl::communicator lk(st, concat("link", c.rank()), g, G, ft::gloo_timeout(30));
+          hybrid<inproc::communicator, gl::communicator> w(c.split(0, c.rank()), std::move(lk));
+          write_floats(dir.path() / concat("final_", g, "_", c.rank()),
+                       ft::train_mlp<fl_hsdp>(w, shape, steps, period).params);
+        });
+      }));
+    for (pid_t p : pids) CHECK(exited_ok(wait_for(p, 120)));
+    for (int r = 0; r < G * L; ++r) {
+      CAPTURE(r);
+      CHECK(same_bits(read_floats(dir.path() / concat("final_", r / L, "_", r % L)),
+                      reference[static_cast<std::size_t>(r)]));
+    }
+  }
+  SUBCASE("elastic links") {
+    ft::temp_dir dir;
+    std::vector<pid_t> pids;
+    for (int g = 0; g < G; ++g) pids.push_back(spawn([&, g] { elastic_group(dir.path(), g); }));
+    for (pid_t p : pids) CHECK(exited_ok(wait_for(p, 120)));
+    for (int r = 0; r < G * L; ++r) {
+      CAPTURE(r);
+      CHECK(same_bits(read_floats(dir.path() / concat("final_", r / L, "_", r % L)),
+                      reference[static_cast<std::size_t>(r)]));
+    }
+  }
+}
+
+TEST_CASE("cross-job: a group killed mid-run is left out, the others finish; restarted, it heals") {
+  for (bool restart : {false, true}) {
+    CAPTURE(restart);
+    ft::temp_dir dir;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<pid_t> pids;
+    for (int g = 0; g < G; ++g)
+      pids.push_back(spawn([&, g] { elastic_group(dir.path(), g, g == 2 ? 4 : -1); }));
+    const int killed = wait_for(pids[2], 120);
+    CHECK((killed >= 0 && WIFSIGNALED(killed)));
+    pid_t again = -1;
+    if (restart) {
+      // Restarted once the others have synced without it (so it is left out first, then heals).
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (!std::filesystem::exists(dir.path() / concat("sync", 2 * period - 1, "_0_0")) &&
+             std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      again = spawn([&] { elastic_group(dir.path(), 2, -1, "again_"); });
+    }
+    CHECK(exited_ok(wait_for(pids[0], 120)));
+    CHECK(exited_ok(wait_for(pids[1], 120)));
+    if (restart) CHECK(exited_ok(wait_for(again, 120)));
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(took < 60);
+    // The survivors applied every sync and agree.
+    for (int s = period - 1; s < steps; s += period)
+      for (int g = 0; g < 2; ++g) {
+        CAPTURE(s);
+        CAPTURE(g);
+        CHECK(std::filesystem::exists(dir.path() / concat("sync", s, "_", g, "_0")));
+      }
+    const auto a = read_floats(dir.path() / "final_0_0");
+    CHECK(same_bits(a, read_floats(dir.path() / "final_1_1")));
+    std::ifstream log(dir.path() / "log0");
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    CAPTURE(text);
+    CHECK(text.find("left out {2}") != std::string::npos);
+    if (!restart) continue;
+    // The restarted group's first sync: its parameters equal the live groups' after it.
+    int first = -1;
+    for (int s = period - 1; s < steps && first < 0; s += period)
+      if (std::filesystem::exists(dir.path() / concat("again_sync", s, "_2_0"))) first = s;
+    REQUIRE(first > 2 * period - 1);
+    for (int l = 0; l < L; ++l)
+      CHECK(same_bits(read_floats(dir.path() / concat("again_sync", first, "_2_", l)),
+                      read_floats(dir.path() / concat("sync", first, "_0_", l))));
+    CHECK(same_bits(read_floats(dir.path() / "again_final_2_0"), a));
+    CHECK(text.find("joiners {2}") != std::string::npos);
+  }
+}
+
+TEST_CASE("cross-job: a group whose model turns NaN is rejected; every model stays finite") {
+  ft::temp_dir dir;
+  auto results = ft::on_threads(G, [&](int g) {
+    std::vector<std::vector<float>> finals(L);
+    inproc::run(L, [&](inproc::communicator& c) {
+      auto st = std::make_shared<gl::file_store>(dir.path() / "store");
+      el::link lk(st, G, g, L, c.rank(), elastic_options(dir.path(), g));
+      elastic_world w(c.split(0, c.rank()), std::move(lk));
+      mesh m(w, shape);
+      trainer_options<fl_hsdp> o;
+      o.total_steps = 6;
+      o.schedule.period = period;
+      trainer<ft::mlp_model, fl_hsdp, optim::adamw, elastic_world> t(m, ft::mlp_model{},
+                                                                   {.lr = 0.02f}, o);
+      for (int s = 0; s < 6; ++s) {
+        if (g == 1 && s == 2) {  // poison this rank's master shard before the first sync
+          t.synchronize();
+          auto master = t.engine().master();
+          master[master.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+        }
+        t.step(t.model().batch(11, s, g, G, c.rank(), L, 2));
+      }
+      finals[static_cast<std::size_t>(c.rank())] = t.parameters();
+    });
+    return finals;
+  });
+  for (int g = 0; g < G; ++g)
+    for (const auto& p : results[static_cast<std::size_t>(g)]) {
+      CAPTURE(g);
+      REQUIRE(!p.empty());
+      bool finite = true;
+      for (float x : p) finite = finite && std::isfinite(x);
+      CHECK(finite);
+      CHECK(same_bits(p, results[0][0]));
+    }
+  std::ifstream log(dir.path() / "log0");
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  CAPTURE(text);
+  CHECK(text.find("rejected group 1 in round 0") != std::string::npos);
+}
