@@ -148,6 +148,43 @@ TEST_CASE("elastic: a group that never comes is left out after the join timeout,
   CHECK(sink.has("left out {2}"));
 }
 
+TEST_CASE("elastic: a member that dies inside a round: the others retry without it and go on") {
+  ft::temp_dir dir;
+  auto st = std::make_shared<gl::file_store>(dir.path());
+  log_sink sink;
+  const int G = 3;
+  const double join = 1.0;
+  auto seen = ft::on_threads(G, [&](int g) {
+    std::vector<std::string> out;
+    auto lk = std::make_unique<el::link>(st, G, g, 1, 0, quick(sink, join));
+    float v = static_cast<float>(g + 1);
+    lk->begin_round(0);
+    lk->all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
+    if (v != 2.0f) out.push_back(concat("round 0 mean ", v));
+    lk->begin_round(1);
+    if (g == 2) {  // dies in the round: its sockets close before the others' all_reduce
+      lk.reset();
+      return out;
+    }
+    v = static_cast<float>(g + 1);
+    lk->all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
+    if (v != 1.5f) out.push_back(concat("round 1 mean ", v));
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto& r = lk->begin_round(2);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (waited > 0.9 * join) out.push_back(concat("round 2 waited ", waited, " s for the dead group"));
+    if (r.members != std::vector<int>{0, 1}) out.push_back("round 2 members: " + r.text());
+    v = static_cast<float>(g + 1);
+    lk->all_reduce(&v, &v, 1, dtype::f32, reduce_op::sum);
+    if (v != 3.0f) out.push_back(concat("round 2 sum ", v));
+    return out;
+  });
+  for (const auto& r : seen)
+    for (const auto& s : r) FAIL_CHECK(s);
+  CHECK(sink.has("failed ("));
+  CHECK(sink.has("dropped 1 group(s), going on with 2"));
+}
+
 TEST_CASE("elastic: NaN and outliers are rejected on all links of the group, with a log line") {
   ft::temp_dir dir;
   auto st = std::make_shared<gl::file_store>(dir.path());
