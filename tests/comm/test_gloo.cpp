@@ -171,11 +171,13 @@ TEST_CASE("gloo: ranks meet through a Redis server on the loopback") {
     return;
   }
   auto st = std::make_shared<gl::redis_store>("127.0.0.1", server.port());
-  CHECK(st->try_set("k", gl::bytes_of("v1")));
-  CHECK_FALSE(st->try_set("k", gl::bytes_of("v2")));
-  CHECK(st->get_string("k", std::chrono::milliseconds(10)) == "v1");
+  const auto k = concat("k-", ::getpid());
+  CHECK(st->try_set(k, gl::bytes_of("v1")));
+  CHECK_FALSE(st->try_set(k, gl::bytes_of("v2")));
+  CHECK(st->get_string(k, std::chrono::milliseconds(10)) == "v1");
+  const auto world = concat("redis-world-", ::getpid(), "-", next_prefix());  // fresh keys
   auto sums = ft::on_threads(3, [&](int r) {
-    gl::communicator c(st, "redis-world", r, 3, ft::gloo_timeout(30));
+    gl::communicator c(st, world, r, 3, ft::gloo_timeout(30));
     double v = r + 1;
     c.all_reduce(&v, &v, 1, dtype::f64, reduce_op::sum);
     auto half = c.split(r % 2, r);

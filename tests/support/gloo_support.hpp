@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -79,11 +80,18 @@ inline gloo::options gloo_timeout(double seconds) {
   return o;
 }
 
-/// A redis-server on 127.0.0.1 at a free port, without persistence, stopped (SIGTERM, then
-/// SIGKILL) by the destructor. available() is false when no redis-server binary is known.
+/// A Redis server on the loopback for a test: the one .ci/run started when FEDSHARD_TEST_REDIS
+/// names its port on 127.0.0.1, else a redis-server of the test's own at a free port, without
+/// persistence, stopped (SIGTERM, then SIGKILL) by the destructor. available() is false when
+/// neither is there.
 class redis_server {
  public:
   explicit redis_server(std::string binary) {
+    if (const char* env = std::getenv("FEDSHARD_TEST_REDIS"); env != nullptr && *env != '\0') {
+      port_ = std::atoi(env);
+      shared_ = port_ > 0;
+      return;
+    }
     if (binary.empty() || !std::filesystem::exists(binary)) return;
     std::random_device rd;
     for (int attempt = 0; attempt < 20 && pid_ <= 0; ++attempt) {
@@ -121,7 +129,7 @@ class redis_server {
   redis_server(const redis_server&) = delete;
   redis_server& operator=(const redis_server&) = delete;
   ~redis_server() {
-    if (pid_ <= 0) return;
+    if (shared_ || pid_ <= 0) return;
     ::kill(pid_, SIGTERM);
     for (int i = 0; i < 200; ++i) {
       if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
@@ -130,12 +138,13 @@ class redis_server {
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
   }
-  bool available() const noexcept { return pid_ > 0; }
+  bool available() const noexcept { return shared_ || pid_ > 0; }
   int port() const noexcept { return port_; }
 
  private:
   pid_t pid_ = -1;
   int port_ = 0;
+  bool shared_ = false;  // .ci/run's server: not ours to stop
 };
 
 }  // namespace fedshard::test
