@@ -41,6 +41,7 @@
 #include "fedshard/federation/none.hpp"
 #include "fedshard/federation/outer_optimizer.hpp"
 #include "fedshard/federation/outer_rules.hpp"
+#include "fedshard/federation/robust_mean.hpp"
 #include "fedshard/federation/sync.hpp"
 #include "fedshard/federation/sync_plan.hpp"
 #include "fedshard/federation/weighted_average.hpp"

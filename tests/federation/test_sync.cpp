@@ -166,3 +166,64 @@ TEST_CASE("a schedule that starts twice, or a plan the optimizer cannot serve, i
                          invalid_argument);
   });
 }
+
+namespace {
+
+/// average's transforms, but its plan gathers every group's fragment into role gathered.
+struct gathers_fragments : average {
+  using average::average;
+  plan sync_plan(const sync_context& ctx) const {
+    const auto G = ctx.shape.groups;
+    plan p;
+    p.ops.push_back({.kind = comm_kind::all_gather,
+                     .axis = axis::federation,
+                     .bytes = static_cast<std::int64_t>(ctx.numel * sizeof(float)) * G,
+                     .ranks = G,
+                     .trigger = trigger::sync_start,
+                     .phase = phase::sync,
+                     .fragment = ctx.fragment,
+                     .in = {.role = role::fragment},
+                     .out = {.role = role::gathered},
+                     .overlappable = false});
+    return p;
+  }
+};
+
+/// gathers_fragments with a buffer for them: the synchronizer binds role gathered to it.
+struct keeps_gathered : gathers_fragments {
+  using gathers_fragments::gathers_fragments;
+  std::vector<float> all;
+  std::span<float> gathered(int) { return all; }
+};
+
+}  // namespace
+
+TEST_CASE("role gathered is bound to the policy's gathered(f), and refused without one") {
+  const mesh_shape shape{2, 1, 1};
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    interpreter<inproc::communicator> in(m);
+    const flat_layout l(four_units(), 1);
+    const auto numel = fragments_of(schedule::periodic({.period = 1}), l, 1)[0].padded;
+    std::vector<float> master(l.total_shard_numel(), float(world.rank() + 1));
+
+    synchronizer<keeps_gathered, schedule::periodic> s({}, {.period = 1}, l, shape, m.coords(), 0);
+    s.policy().all.assign(2 * numel, -1.0f);
+    s.after_step(in, 0, 0, master, {});
+    const auto cut = fragments_of(s.schedule(), l, 1);
+    for (int g = 0; g < 2; ++g) {  // group g's packed fragment, padding zeroed
+      std::vector<float> expected(numel, 0.0f);
+      std::size_t at = 0;
+      for (const auto& slice : cut[0].slices)
+        for (std::size_t i = 0; i < slice.second; ++i) expected[at++] = float(g + 1);
+      const auto first = s.policy().all.begin() + std::ptrdiff_t(std::size_t(g) * numel);
+      CHECK(std::vector<float>(first, first + std::ptrdiff_t(numel)) == expected);
+    }
+
+    synchronizer<gathers_fragments, schedule::periodic> t({}, {.period = 1}, l, shape, m.coords(),
+                                                          0);
+    CHECK_THROWS_WITH_AS(t.after_step(in, 0, 0, master, {}),
+                         doctest::Contains("holds no buffer of role gathered"), invalid_argument);
+    in.wait_all();
+  });
+}

@@ -410,6 +410,12 @@ class synchronizer {
         case role::moment: return fr.moments.at(static_cast<std::size_t>(o.index)).view();
         case role::tokens: return fr.tokens_buf.view();
         case role::group_tokens: return fr.group_tokens_buf.view();
+        case role::gathered:  // a policy's std::span<float> of G copies of the fragment, if any
+          if constexpr (requires {
+                          { policy_.gathered(f) } -> std::convertible_to<std::span<float>>;
+                        })
+            return view(std::span<float>(policy_.gathered(f)));
+          break;
         default: break;
       }
       throw invalid_argument(

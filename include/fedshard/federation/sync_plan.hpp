@@ -111,6 +111,28 @@ inline plan parameter_average_ops(const sync_context& ctx, sync_mode mode) {
                      trigger::sync_finish);
 }
 
+/// The op that gathers every group's copy of the fragment, on every replica, for a policy
+/// that combines the copies itself in end() (robust_mean.hpp): an all_gather over the
+/// federation axis from role fragment into role gathered (G x ctx.numel f32, ordered by
+/// group) at sync_start. Nothing is shared inside the group afterwards: see robust_mean.hpp
+/// for why, and for what it costs.
+inline plan fragment_gather_ops(const sync_context& ctx) {
+  plan p;
+  const int G = ctx.shape.groups;
+  p.ops.push_back({.kind = comm_kind::all_gather,
+                   .axis = axis::federation,
+                   .dtype = dtype::f32,
+                   .bytes = static_cast<std::int64_t>(ctx.numel * sizeof(float)) * G,
+                   .ranks = G,
+                   .trigger = trigger::sync_start,
+                   .phase = phase::sync,
+                   .fragment = ctx.fragment,
+                   .in = {.role = role::fragment},
+                   .out = {.role = role::gathered},
+                   .overlappable = false});
+  return p;
+}
+
 /// The ops that average every inner-optimizer state buffer of the fragment (Photon), after
 /// the parameters are applied (trigger sync_after).
 inline plan moment_average_ops(const sync_context& ctx, sync_mode mode) {

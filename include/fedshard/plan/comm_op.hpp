@@ -73,6 +73,8 @@ enum class role : std::uint8_t {
   tokens,        ///< this rank's token count since the fragment's last sync (one f64)
   group_tokens,  ///< every group's token count (G f64, ordered by group)
   value,         ///< a buffer the caller of an on-demand op passes
+  gathered,      ///< the policy's buffer holding every group's copy of the sync `fragment`
+                 ///< (G x its f32 elements, ordered by group); last: the codes above stay
 };
 
 /// A buffer reference: a role, which instance of it (index: the inner-optimizer state of a
@@ -186,6 +188,7 @@ constexpr std::string_view to_string(role r) noexcept {
     case role::tokens: return "tokens";
     case role::group_tokens: return "group_tokens";
     case role::value: return "value";
+    case role::gathered: return "gathered";
   }
   return "unknown-role";
 }
