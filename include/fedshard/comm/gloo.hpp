@@ -30,6 +30,9 @@
 ///    the other ranks go on (this is what cross-job federation relies on).
 ///
 /// Listening addresses: options::hostname (default 127.0.0.1, the loopback).
+///
+/// Naming: Gloo's own namespace is ::gloo; code that says `using namespace fedshard;` writes
+/// fedshard::gloo:: for this one.
 
 #include <fcntl.h>
 #include <gloo/allgather.h>
