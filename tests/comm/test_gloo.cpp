@@ -49,7 +49,7 @@ template <std::int64_t SmallBytes>
 struct gloo_ranks {
   using comm = gl::communicator;
   static constexpr int determinism_runs = 3;
-  static int max_ranks() { return 8; }
+  static int max_ranks() { return 5; }  // every size to 5: each case connects n^2 sockets
   template <class F>
   static auto run(int n, F&& body) {
     return ft::every_rank([&] {
@@ -72,7 +72,6 @@ FEDSHARD_COMM_TESTS(gloo_gather)
 
 namespace fedshard::test {
 TEST_CASE_TEMPLATE_INVOKE(comm_all_reduce_grid, gloo_alltoall);
-TEST_CASE_TEMPLATE_INVOKE(comm_large_count, gloo_alltoall);
 TEST_CASE_TEMPLATE_INVOKE(comm_deterministic, gloo_alltoall);
 TEST_CASE_TEMPLATE_INVOKE(comm_mismatch, gloo_gather);
 TEST_CASE_TEMPLATE_INVOKE(comm_invalid_collective, gloo_gather);
