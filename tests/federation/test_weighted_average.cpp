@@ -104,3 +104,22 @@ TEST_CASE("weights that cannot be averaged are refused naming every group's") {
                        invalid_argument);
   CHECK(buf == std::vector<float>{1.0f, 2.0f});  // nothing changed
 }
+
+TEST_CASE("weighted_average: a sync that combines some groups renormalises over them") {
+  // Groups 0 and 2 combine (group 1 is absent: its slot holds zero tokens); the average then
+  // divides by 2, so the scales are 2 w_g / W over the two.
+  const std::vector<double> tokens{10, 0, 30};
+  const std::vector<std::uint8_t> included{1, 0, 1};
+  sync_info info{.fragment = 0, .groups = 3, .group = 0, .group_tokens = tokens,
+                 .included = included};
+  CHECK(info.included_count() == 2);
+  CHECK(info.includes(2));
+  CHECK_FALSE(info.includes(1));
+  CHECK(federation::weighted_average::weight_scale(info) == doctest::Approx(0.5));
+  info.group = 2;
+  CHECK(federation::weighted_average::weight_scale(info) == doctest::Approx(1.5));
+  // 0.5 * a + 1.5 * c, averaged over the 2, is the token-weighted mean (10 a + 30 c) / 40.
+  info.included = {};
+  CHECK(info.included_count() == 3);
+  CHECK(federation::weighted_average::weight_scale(info) == doctest::Approx(3 * 30.0 / 40));
+}

@@ -75,6 +75,15 @@ class hybrid {
   /// The federation-side communicator (the link on the world side).
   F& federation_side() { return *link_; }
 
+  /// On the federation side of a link whose groups come and go (elastic::link): which groups
+  /// its collectives combine now (a mask over the groups); empty otherwise (all of them).
+  std::vector<std::uint8_t> included() const {
+    if constexpr (requires(const F& f) { f.included(); }) {
+      if (side_ == side::federation) return link_->included();
+    }
+    return {};
+  }
+
   int rank() const {
     switch (side_) {
       case side::group: return group_->rank();

@@ -498,13 +498,19 @@ class interpreter {
     auto* out = static_cast<float*>(b.staged ? static_cast<void*>(b.stage_out) : b.out.data);
     const bool gather = op.kind == comm_kind::all_gather;
     std::fill(out, out + b.out.count, 0.0f);
+    // A federation axis whose groups come and go combines only the ranks it includes.
+    std::vector<std::uint8_t> included;
+    if constexpr (requires(C& c) { c.included(); }) included = mesh_->comm(op.axis).included();
+    int combined = 0;
     for (int r = 0; r < op.ranks; ++r) {
       const auto rr = static_cast<std::size_t>(r);
+      if (!included.empty() && included[rr] == 0) continue;
+      ++combined;
       b.coder->decode_add(std::span<const std::byte>(b.wire + slot * rr, e),
                           std::span<float>(out + (gather ? n * rr : 0), n));
     }
     if (op.reduce == reduce_op::avg) {
-      const auto div = static_cast<float>(op.ranks);
+      const auto div = static_cast<float>(std::max(combined, 1));
       for (std::size_t i = 0; i < n; ++i) out[i] = out[i] / div;
     }
   }
