@@ -381,26 +381,9 @@ class link : public blocking_calls<link> {
   }
 
  private:
-  /// A request that rethrows the error of a call made when it was posted.
-  class done_request final : public fedshard::detail::request_state {
-   public:
-    explicit done_request(std::exception_ptr e) : e_(std::move(e)) {}
-    void wait() override {
-      if (e_) std::rethrow_exception(std::exchange(e_, nullptr));
-    }
-    bool test() override { return true; }
-
-   private:
-    std::exception_ptr e_;
-  };
   template <class F>
   static request eager(F&& f) {
-    try {
-      f();
-    } catch (...) {
-      return request(std::make_unique<done_request>(std::current_exception()));
-    }
-    return {};
+    return run_now(std::forward<F>(f));
   }
 
   std::string key(const std::string& k) const { return o_.job + "/" + k; }

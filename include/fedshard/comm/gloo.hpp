@@ -93,19 +93,6 @@ inline std::chrono::milliseconds to_ms(std::chrono::duration<double> d) {
   return std::max(ms, std::chrono::milliseconds(1));
 }
 
-/// FEDSHARD_GLOO_CHECKED=1 or 0 from the environment, else `fallback`.
-inline bool checked_from_env(bool fallback) {
-  if (const char* s = std::getenv("FEDSHARD_GLOO_CHECKED")) {
-    if (std::string_view(s) == "1") return true;
-    if (std::string_view(s) == "0") return false;
-  }
-  return fallback;
-}
-#ifdef NDEBUG
-inline constexpr bool checked_build = false;
-#else
-inline constexpr bool checked_build = true;
-#endif
 
 /// Polls `ready` with a growing sleep (1 ms to 20 ms) until it is true or `timeout` passed.
 template <class F>
@@ -325,7 +312,7 @@ struct options {
   /// The address this rank listens on (the loopback by default).
   std::string hostname = "127.0.0.1";
   /// Exchange every collective's arguments first (see the file comment).
-  bool checked = detail::checked_from_env(detail::checked_build);
+  bool checked = fedshard::detail::env_flag("FEDSHARD_GLOO_CHECKED", fedshard::detail::checked_build);
   /// all_reduce of at most this many bytes (ranks x count x element size) all-gathers.
   std::int64_t small_all_reduce_bytes = 256 * 1024;
 };
@@ -529,27 +516,9 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     return all;
   }
 
-  /// A request that rethrows the error of a call that failed when it was made.
-  class failed_request final : public fedshard::detail::request_state {
-   public:
-    explicit failed_request(std::exception_ptr e) : e_(std::move(e)) {}
-    void wait() override {
-      if (e_) std::rethrow_exception(std::exchange(e_, nullptr));
-    }
-    bool test() override { return true; }
-
-   private:
-    std::exception_ptr e_;
-  };
-
   /// Runs a collective now; its error (if any) is rethrown by the request's wait().
   request collective(const call_args& a) {
-    try {
-      run_collective(a);
-    } catch (...) {
-      return request(std::make_unique<failed_request>(std::current_exception()));
-    }
-    return {};
+    return run_now([&] { run_collective(a); });
   }
 
   void run_collective(const call_args& a) {

@@ -90,18 +90,10 @@ using fedshard::detail::default_timeout;
 
 /// FEDSHARD_MPI_CHECKED=1 or 0 from the environment, else `fallback`.
 inline bool checked_from_env(bool fallback) {
-  if (const char* s = std::getenv("FEDSHARD_MPI_CHECKED")) {
-    if (std::string_view(s) == "1") return true;
-    if (std::string_view(s) == "0") return false;
-  }
-  return fallback;
+  return fedshard::detail::env_flag("FEDSHARD_MPI_CHECKED", fallback);
 }
 
-#ifdef NDEBUG
-inline constexpr bool checked_build = false;
-#else
-inline constexpr bool checked_build = true;
-#endif
+using fedshard::detail::checked_build;
 }  // namespace detail
 
 /// Who reduces in all_reduce and reduce_scatter.

@@ -62,6 +62,33 @@ class request {
   std::unique_ptr<detail::request_state> state_;
 };
 
+namespace detail {
+/// A request that completed when it was made: wait() rethrows its error, if any.
+class completed_request final : public request_state {
+ public:
+  explicit completed_request(std::exception_ptr e) : e_(std::move(e)) {}
+  void wait() override {
+    if (e_) std::rethrow_exception(std::exchange(e_, nullptr));
+  }
+  bool test() override { return true; }
+
+ private:
+  std::exception_ptr e_;
+};
+}  // namespace detail
+
+/// Runs f() now and returns its request: complete, or rethrowing in wait() what f threw (the
+/// *_async calls of a backend whose collectives run when called).
+template <class F>
+request run_now(F&& f) {
+  try {
+    std::forward<F>(f)();
+  } catch (...) {
+    return request(std::make_unique<detail::completed_request>(std::current_exception()));
+  }
+  return {};
+}
+
 /// Waits for every request in a range, then rethrows the first error met.
 template <class Range>
 void wait_all(Range& requests) {

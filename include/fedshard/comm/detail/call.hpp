@@ -10,9 +10,11 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/core/dtype.hpp"
@@ -20,6 +22,22 @@
 #include "fedshard/error.hpp"
 
 namespace fedshard::detail {
+
+/// An environment variable that is "1" (true) or "0" (false), else `fallback`.
+inline bool env_flag(const char* name, bool fallback) {
+  if (const char* s = std::getenv(name)) {
+    if (std::string_view(s) == "1") return true;
+    if (std::string_view(s) == "0") return false;
+  }
+  return fallback;
+}
+
+/// True in builds without NDEBUG: the backends check calls across ranks by default there.
+#ifdef NDEBUG
+inline constexpr bool checked_build = false;
+#else
+inline constexpr bool checked_build = true;
+#endif
 
 /// The collectives whose calls ranks match.
 enum class op_kind : std::uint8_t {
