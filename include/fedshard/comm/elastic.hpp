@@ -115,7 +115,10 @@ struct round_info {
   std::string text() const {
     auto list = [](const std::vector<int>& v) {
       std::string s = "{";
-      for (std::size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (i > 0) s += ',';  // not `"," + to_string(...)`: GCC 12's -Wrestrict misfires at -O3
+        s += std::to_string(v[i]);
+      }
       return s + "}";
     };
     return fedshard::detail::concat("round ", round, " (step ", step, "): members ", list(members),
