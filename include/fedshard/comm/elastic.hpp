@@ -40,6 +40,14 @@
 /// mark the missing groups dropped, and go on; later rounds no longer wait for them. No rank
 /// of a live group throws, hangs or has its group's state touched.
 ///
+/// Limits: screening judges all_reduce inputs (an encoded op's all_gather of wires is not
+/// screened; use median / trimmed_mean for coordinate-wise robustness there); a group
+/// rejected inside an op leaves weighted_average's scales, computed before the op, as they
+/// were (plain averages and outer optimizers stay exact); a round ends when the next begins,
+/// so a schedule whose federation ops outlive the step they start in (a delayed sync that
+/// averages inner moments after the next fragment's round began) is not supported; store keys
+/// are never deleted (a few per rank and round).
+///
 /// Healing: in a round with joiners, the trainer sends the donor's state (global model,
 /// outer-optimizer state, step) to the joiners over the round's context before the sync
 /// (trainer::heal_joiners), and the joiners take part in the sync without contributing:
