@@ -45,7 +45,7 @@ struct log_sink {
   }
 };
 
-el::options quick(log_sink& sink, double join = 1.0) {
+el::options quick(log_sink& sink, double join = 10.0) {  // long where nobody should be missing
   el::options o;
   o.join_timeout = std::chrono::duration<double>(join);
   o.transport = ft::gloo_timeout(20);
@@ -125,7 +125,7 @@ TEST_CASE("elastic: a group that never comes is left out after the join timeout,
   auto st = std::make_shared<gl::file_store>(dir.path());
   log_sink sink;
   const int G = 3, L = 1;
-  const double join = 0.5;
+  const double join = 2.0;
   auto seen = ft::on_threads(2, [&](int g) {  // group 2 is never started
     el::link lk(st, G, g, L, 0, quick(sink, join));
     std::vector<double> waits;
@@ -153,7 +153,7 @@ TEST_CASE("elastic: a member that dies inside a round: the others retry without 
   auto st = std::make_shared<gl::file_store>(dir.path());
   log_sink sink;
   const int G = 3;
-  const double join = 1.0;
+  const double join = 3.0;
   auto seen = ft::on_threads(G, [&](int g) {
     std::vector<std::string> out;
     auto lk = std::make_unique<el::link>(st, G, g, 1, 0, quick(sink, join));
