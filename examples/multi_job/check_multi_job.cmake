@@ -1,13 +1,13 @@
 # The example_multi_job test (cmake -P): runs fedshard-multi-job with group 2 SIGKILLed
-# between two syncs and restarted 2 s after it died (join timeout 1 s, so the others leave
+# between two syncs and restarted 5 s after it died (join timeout 2 s, so the others leave
 # it out first). Passes when the launcher exits 0 and its output shows a round with group 2
 # left out, then a later round with group 2 as a joiner that healed.
 #   cmake -DEXE=<fedshard-multi-job> [-DLAUNCHER=<command list>] -P check_multi_job.cmake
 if(NOT EXE)
   message(FATAL_ERROR "check_multi_job.cmake: pass -DEXE=<path of fedshard-multi-job>")
 endif()
-set(command ${LAUNCHER} "${EXE}" --steps 300 --kill-group 2 --kill-at-step 45 --join-timeout 1
-            --restart-after 2 --timeout 240)
+set(command ${LAUNCHER} "${EXE}" --steps 400 --kill-group 2 --kill-at-step 45 --join-timeout 2
+            --restart-after 5 --timeout 240)
 string(REPLACE ";" " " shown "${command}")
 message("running: ${shown}")
 execute_process(COMMAND ${command} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
