@@ -54,7 +54,9 @@ el::options quick(log_sink& sink, double join = 10.0) {  // long where nobody sh
 }
 
 /// The value group g's rank l puts in element i in round e.
-float value_of(int g, int l, int e, int i) { return 1.0f + 0.5f * g + 0.25f * l + 0.125f * e + 0.001f * i; }
+float value_of(int g, int l, int e, int i) {
+  return 1.0f + 0.5f * g + 0.25f * l + 0.125f * e + 0.001f * i;
+}
 
 }  // namespace
 
@@ -108,7 +110,8 @@ TEST_CASE("elastic: partial participation samples the same groups everywhere and
       if (r.participants.size() != 2) out.push_back("not 2 participants");
       float v = value_of(g, l, e, 0);
       lk.all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
-      const float want = (value_of(r.participants[0], l, e, 0) + value_of(r.participants[1], l, e, 0)) / 2;
+      const float want =
+          (value_of(r.participants[0], l, e, 0) + value_of(r.participants[1], l, e, 0)) / 2;
       if (v != want) out.push_back(concat("round ", e, ": ", v, " != ", want));
       out.push_back(concat(r.participants[0], r.participants[1]));
     }
@@ -116,11 +119,12 @@ TEST_CASE("elastic: partial participation samples the same groups everywhere and
   });
   for (const auto& r : seen) CHECK(r == seen[0]);
   std::set<std::string> samples(seen[0].begin(), seen[0].end());
-  CHECK(samples.size() > 1);  // rounds draw different samples
+  CHECK(samples.size() > 1);                           // rounds draw different samples
   for (const auto& s : seen[0]) CHECK(s.size() == 2);  // no error lines
 }
 
-TEST_CASE("elastic: a group that never comes is left out after the join timeout, then not waited for") {
+TEST_CASE(
+    "elastic: a group that never comes is left out after the join timeout, then not waited for") {
   ft::temp_dir dir;
   auto st = std::make_shared<gl::file_store>(dir.path());
   log_sink sink;
@@ -171,8 +175,10 @@ TEST_CASE("elastic: a member that dies inside a round: the others retry without 
     if (v != 1.5f) out.push_back(concat("round 1 mean ", v));
     const auto t0 = std::chrono::steady_clock::now();
     const auto& r = lk->begin_round(2);
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (waited > 0.9 * join) out.push_back(concat("round 2 waited ", waited, " s for the dead group"));
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (waited > 0.9 * join)
+      out.push_back(concat("round 2 waited ", waited, " s for the dead group"));
     if (r.members != std::vector<int>{0, 1}) out.push_back("round 2 members: " + r.text());
     v = static_cast<float>(g + 1);
     lk->all_reduce(&v, &v, 1, dtype::f32, reduce_op::sum);
@@ -210,9 +216,11 @@ TEST_CASE("elastic: NaN and outliers are rejected on all links of the group, wit
         for (int h = 0; h < G; ++h)
           if (h != bad) want += value_of(h, 0, 0, i);
         want /= 3;
-        if (v[i] != want) out.push_back(concat("round ", e, " element ", i, ": ", v[i], " != ", want));
+        if (v[i] != want)
+          out.push_back(concat("round ", e, " element ", i, ": ", v[i], " != ", want));
       }
-      if (lk.rejected() != std::vector<int>{bad}) out.push_back(concat("round ", e, ": rejected list"));
+      if (lk.rejected() != std::vector<int>{bad})
+        out.push_back(concat("round ", e, ": rejected list"));
     }
     return out;
   });
@@ -227,7 +235,8 @@ TEST_CASE("elastic: bad settings are refused with what was expected") {
   auto st = std::make_shared<gl::file_store>(ft::temp_dir().path() / "unused");
   CHECK_THROWS_WITH_AS(el::link(st, 3, 3, 1, 0), doctest::Contains("group must be in [0, groups)"),
                        fedshard::invalid_argument);
-  CHECK_THROWS_WITH_AS(el::link(st, 3, 0, 2, 2), doctest::Contains("local_rank must be in [0, group_size)"),
+  CHECK_THROWS_WITH_AS(el::link(st, 3, 0, 2, 2),
+                       doctest::Contains("local_rank must be in [0, group_size)"),
                        fedshard::invalid_argument);
   el::options o;
   o.sample.fraction = 0;
@@ -236,7 +245,8 @@ TEST_CASE("elastic: bad settings are refused with what was expected") {
   CHECK_THROWS_WITH_AS(el::link(nullptr, 3, 0, 1, 0), doctest::Contains("store is null"),
                        fedshard::invalid_argument);
   el::link lk(st, 3, 0, 1, 0);
-  CHECK_THROWS_WITH_AS((void)lk.split(0, 0), doctest::Contains("cannot be split"), fedshard::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)lk.split(0, 0), doctest::Contains("cannot be split"),
+                       fedshard::invalid_argument);
   // Outside a round the link is the group alone.
   float v = 7;
   lk.all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);

@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <cstring>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -206,7 +206,8 @@ TEST_CASE("gloo: a silent peer gives timeout_error, and the communicator says so
     } catch (const fedshard::timeout_error& e) {
       first = e.what();
     }
-    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     try {
       c.barrier();
     } catch (const fedshard::backend_error& e) {
@@ -251,6 +252,7 @@ TEST_CASE("gloo: a peer process killed mid-run gives peer_failure at once, not a
   CHECK_THROWS_AS(c.all_reduce(big.data(), big.data(), static_cast<std::int64_t>(big.size()),
                                dtype::f32, reduce_op::sum),
                   fedshard::peer_failure);
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(waited < 30);  // far below the 60 s timeout: the closed socket is noticed
 }

@@ -118,9 +118,8 @@ TEST_CASE("hybrid: the mesh's splits work, any other cross-group split is refuse
 
 TEST_CASE("hybrid: a trainer over groups and links ends where one inproc world ends, bit for bit") {
   const fedshard::mesh_shape shape{3, 1, 2};
-  auto plain = ft::collect_ranks(6, [&](communicator& c) {
-    return ft::train_mlp<fedshard::fl_hsdp>(c, shape, 9, 3);
-  });
+  auto plain = ft::collect_ranks(
+      6, [&](communicator& c) { return ft::train_mlp<fedshard::fl_hsdp>(c, shape, 9, 3); });
   auto split = ft::collect_ranks(6, [&](communicator& c) {
     world_t w = make_hybrid(c, 2);
     return ft::train_mlp<fedshard::fl_hsdp>(w, shape, 9, 3);

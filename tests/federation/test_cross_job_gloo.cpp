@@ -93,7 +93,9 @@ int wait_for(pid_t pid, double seconds) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
-bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }
+bool exited_ok(int status) {
+  return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
 
 /// The join timeout only matters when a group is missing; where none should be, a long one
 /// keeps a group that is merely slow (a loaded machine, sanitizers) from being left out.
@@ -126,8 +128,8 @@ void elastic_group(const std::filesystem::path& dir, int g, int die_at = -1,
     trainer_options<fl_hsdp> o;
     o.total_steps = steps;
     o.schedule.period = period;
-    trainer<ft::mlp_model, fl_hsdp, optim::adamw, elastic_world> t(m, ft::mlp_model{}, {.lr = 0.02f},
-                                                                 o);
+    trainer<ft::mlp_model, fl_hsdp, optim::adamw, elastic_world> t(m, ft::mlp_model{},
+                                                                   {.lr = 0.02f}, o);
     while (t.step_count() < steps) {
       const auto s = t.step_count();
       if (s == die_at) {
@@ -210,7 +212,8 @@ TEST_CASE("cross-job: a group killed mid-run is left out, the others finish; res
     CHECK(exited_ok(wait_for(pids[0], 120)));
     CHECK(exited_ok(wait_for(pids[1], 120)));
     if (restart) CHECK(exited_ok(wait_for(again, 120)));
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     CHECK(took < 60);
     // The survivors applied every sync and agree.
     for (int s = period - 1; s < steps; s += period)
@@ -252,7 +255,7 @@ TEST_CASE("cross-job: a group whose model turns NaN is rejected; every model sta
       o.total_steps = 6;
       o.schedule.period = period;
       trainer<ft::mlp_model, fl_hsdp, optim::adamw, elastic_world> t(m, ft::mlp_model{},
-                                                                   {.lr = 0.02f}, o);
+                                                                     {.lr = 0.02f}, o);
       for (int s = 0; s < 6; ++s) {
         if (g == 1 && s == 2) {  // poison this rank's master shard before the first sync
           t.synchronize();

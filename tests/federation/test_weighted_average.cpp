@@ -110,8 +110,8 @@ TEST_CASE("weighted_average: a sync that combines some groups renormalises over 
   // divides by 2, so the scales are 2 w_g / W over the two.
   const std::vector<double> tokens{10, 0, 30};
   const std::vector<std::uint8_t> included{1, 0, 1};
-  sync_info info{.fragment = 0, .groups = 3, .group = 0, .group_tokens = tokens,
-                 .included = included};
+  sync_info info{
+      .fragment = 0, .groups = 3, .group = 0, .group_tokens = tokens, .included = included};
   CHECK(info.included_count() == 2);
   CHECK(info.includes(2));
   CHECK_FALSE(info.includes(1));

@@ -29,7 +29,8 @@ TEST_CASE("hybrid of mpi groups and gloo links: a trainer ends where the MPI wor
   // A store directory every rank reaches: made by rank 0, its name broadcast.
   char dir[256] = {};
   if (world.rank() == 0) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "fedshard-mpi-gloo-XXXXXX").string();
+    std::string tmpl =
+        (std::filesystem::temp_directory_path() / "fedshard-mpi-gloo-XXXXXX").string();
     REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
     std::strncpy(dir, tmpl.c_str(), sizeof dir - 1);
   }

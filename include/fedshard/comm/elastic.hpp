@@ -167,7 +167,8 @@ inline round_info parse(const std::string& s) {
   get(r.participants);
   get(r.joiners);
   get(r.left_out);
-  if (!is) throw backend_error("fedshard: elastic: a round decision in the store is corrupt: '" + s + "'");
+  if (!is)
+    throw backend_error("fedshard: elastic: a round decision in the store is corrupt: '" + s + "'");
   return r;
 }
 
@@ -436,7 +437,8 @@ class link : public blocking_calls<link> {
       for (int g = 0; g < groups_; ++g) {
         const bool was = std::find(known.begin(), known.end(), g) != known.end() ||
                          st_->has(key(detail::concat("r", e - 1, "/arrive/", g, "/0")));
-        if (was && !st_->has(key(detail::concat("r", e - 1, "/dropped/", g)))) expected.push_back(g);
+        if (was && !st_->has(key(detail::concat("r", e - 1, "/dropped/", g))))
+          expected.push_back(g);
       }
     }
     auto arrived = [&](int g, bool& joiner) {
@@ -448,8 +450,9 @@ class link : public blocking_calls<link> {
       }
       return true;
     };
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(o_.join_timeout);
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(o_.join_timeout);
     std::vector<int> members, joiners;
     auto nap = std::chrono::milliseconds(1);
     for (;;) {
@@ -527,8 +530,9 @@ class link : public blocking_calls<link> {
     const auto base = key(detail::concat("r", e, "/op", k, "/l", local_, "/a", attempt));
     st_->set(base + "/here/" + std::to_string(group_), gloo::bytes_of("1"));
     const auto dkey = base + "/decision";
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(o_.join_timeout);
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(o_.join_timeout);
     for (;;) {
       if (st_->has(dkey)) break;
       std::vector<int> here;
@@ -546,7 +550,8 @@ class link : public blocking_calls<link> {
     std::vector<int> dropped;
     for (int g : round_.members)
       if (!r.has(r.members, g)) dropped.push_back(g);
-    for (int g : dropped) st_->set(key(detail::concat("r", e, "/dropped/", g)), gloo::bytes_of("1"));
+    for (int g : dropped)
+      st_->set(key(detail::concat("r", e, "/dropped/", g)), gloo::bytes_of("1"));
     log(detail::concat("fedshard elastic: group ", group_, " link ", local_, ": ", what, " #", k,
                        " of round ", e, " failed (", why, "); dropped ", dropped.size(),
                        " group(s), going on with ", r.members.size()));
@@ -606,10 +611,11 @@ class link : public blocking_calls<link> {
         os << round_.members[i] << ' ' << nonfinite[i] << ' ' << dist2[i] << '\n';
       st_->set(base + std::to_string(local_), gloo::bytes_of(os.str()));
     }
-    std::vector<double> nf(static_cast<std::size_t>(groups_), 0), d2(static_cast<std::size_t>(groups_), 0);
+    std::vector<double> nf(static_cast<std::size_t>(groups_), 0),
+        d2(static_cast<std::size_t>(groups_), 0);
     for (int l = 0; l < group_size_; ++l) {
-      std::istringstream is(st_->get_string(base + std::to_string(l),
-                                            gloo::detail::to_ms(o_.join_timeout + o_.transport.timeout)));
+      std::istringstream is(st_->get_string(
+          base + std::to_string(l), gloo::detail::to_ms(o_.join_timeout + o_.transport.timeout)));
       int g = 0;
       double a = 0, b = 0;
       while (is >> g >> a >> b) {
@@ -640,8 +646,8 @@ class link : public blocking_calls<link> {
       if (reason.empty()) continue;
       rejected_.push_back(g);
       if (local_ == 0 && group_ == round_.members.front())
-        log(detail::concat("fedshard elastic: rejected group ", g, " in round ", round_.round,
-                           ": ", reason));
+        log(detail::concat("fedshard elastic: rejected group ", g, " in round ", round_.round, ": ",
+                           reason));
     }
   }
 

@@ -93,7 +93,6 @@ inline std::chrono::milliseconds to_ms(std::chrono::duration<double> d) {
   return std::max(ms, std::chrono::milliseconds(1));
 }
 
-
 /// Polls `ready` with a growing sleep (1 ms to 20 ms) until it is true or `timeout` passed.
 template <class F>
 bool poll_until(F&& ready, std::chrono::milliseconds timeout) {
@@ -163,7 +162,9 @@ class store : public ::gloo::rendezvous::Store {
 };
 
 /// Bytes of a string.
-inline std::vector<char> bytes_of(std::string_view s) { return {s.begin(), s.end()}; }
+inline std::vector<char> bytes_of(std::string_view s) {
+  return {s.begin(), s.end()};
+}
 
 /// A store in a directory: one file per key (its name the key with every byte other than
 /// [A-Za-z0-9._-] written as %XX). The directory is made if missing.
@@ -181,8 +182,8 @@ class file_store final : public store {
     if (std::rename(tmp.c_str(), path(key).c_str()) != 0) {
       const int e = errno;
       std::remove(tmp.c_str());
-      throw backend_error(detail::concat("fedshard: ", name(), ": cannot set key '", key,
-                                         "': ", std::strerror(e)));
+      throw backend_error(
+          detail::concat("fedshard: ", name(), ": cannot set key '", key, "': ", std::strerror(e)));
     }
   }
   bool try_set(const std::string& key, const std::vector<char>& value) override {
@@ -246,8 +247,7 @@ class redis_store final : public store {
       const std::string why = ctx_ ? ctx_->errstr : "out of memory";
       if (ctx_) redisFree(ctx_);
       throw backend_error(detail::concat("fedshard: redis_store: cannot connect to ", host_, ':',
-                                         port_, ": ", why,
-                                         " (is redis-server running there?)"));
+                                         port_, ": ", why, " (is redis-server running there?)"));
     }
   }
   redis_store(const redis_store&) = delete;
@@ -272,7 +272,9 @@ class redis_store final : public store {
     freeReplyObject(r);
     return v;
   }
-  std::string name() const override { return detail::concat("redis_store(", host_, ':', port_, ")"); }
+  std::string name() const override {
+    return detail::concat("redis_store(", host_, ':', port_, ")");
+  }
 
  private:
   redisReply* command(const char* verb, const std::string& key, const std::vector<char>* value,
@@ -289,8 +291,8 @@ class redis_store final : public store {
                            value->size());
     auto* r = static_cast<redisReply*>(reply);
     if (r == nullptr)
-      throw backend_error(detail::concat("fedshard: ", name(), ": ", verb, " '", key,
-                                         "' failed: ", ctx_->errstr));
+      throw backend_error(
+          detail::concat("fedshard: ", name(), ": ", verb, " '", key, "' failed: ", ctx_->errstr));
     if (r->type == REDIS_REPLY_ERROR) {
       const std::string why(r->str, r->len);
       freeReplyObject(r);
@@ -312,7 +314,8 @@ struct options {
   /// The address this rank listens on (the loopback by default).
   std::string hostname = "127.0.0.1";
   /// Exchange every collective's arguments first (see the file comment).
-  bool checked = fedshard::detail::env_flag("FEDSHARD_GLOO_CHECKED", fedshard::detail::checked_build);
+  bool checked =
+      fedshard::detail::env_flag("FEDSHARD_GLOO_CHECKED", fedshard::detail::checked_build);
   /// all_reduce of at most this many bytes (ranks x count x element size) all-gathers.
   std::int64_t small_all_reduce_bytes = 256 * 1024;
 };
@@ -325,8 +328,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   /// Collective over `size` processes: rank `rank` of the context named `prefix` in store
   /// `st` (every rank passes the same prefix; a prefix names one context, once). Connects a
   /// full mesh of TCP pairs; timeout_error when the others do not arrive within the timeout.
-  communicator(std::shared_ptr<store> st, std::string prefix, int rank, int size,
-               options o = {})
+  communicator(std::shared_ptr<store> st, std::string prefix, int rank, int size, options o = {})
       : s_(std::make_unique<state>()) {
     FEDSHARD_EXPECTS(st != nullptr, "gloo::communicator: the store is null");
     FEDSHARD_EXPECTS(size >= 1 && rank >= 0 && rank < size,
@@ -411,7 +413,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     std::shared_ptr<::gloo::rendezvous::Context> ctx;
     std::uint64_t seq = 0;
     int splits = 0;
-    std::string broken;  // why the communicator is unusable, empty while it is fine
+    std::string broken;               // why the communicator is unusable, empty while it is fine
     std::map<int, self_box> mailbox;  // messages to itself, per tag
   };
 
@@ -428,7 +430,9 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   }
 
   std::chrono::milliseconds timeout() const { return timeout_of(*s_); }
-  static std::chrono::milliseconds timeout_of(const state& s) { return detail::to_ms(s.opts.timeout); }
+  static std::chrono::milliseconds timeout_of(const state& s) {
+    return detail::to_ms(s.opts.timeout);
+  }
 
   void connect() {
     s_->ctx = std::make_shared<::gloo::rendezvous::Context>(s_->rank, s_->size);
@@ -458,8 +462,8 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     const auto* s_ = &s;  // the messages below read the state as the members do
     if (!s_->broken.empty())
       throw backend_error(detail::concat("fedshard: gloo::communicator (rank ", s_->rank, " of ",
-                                         s_->size, ") is unusable after an earlier failure: ",
-                                         s_->broken));
+                                         s_->size,
+                                         ") is unusable after an earlier failure: ", s_->broken));
     try {
       f();
     } catch (const fedshard::error&) {
@@ -468,12 +472,10 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
       const std::string msg = e.what();
       const bool timed_out = msg.find("imed out") != std::string::npos;
       s.broken = detail::concat(what, " #", s_->seq, ": ", msg);
-      const auto text = detail::concat("fedshard: gloo ", what, " on rank ", s_->rank, " of ",
-                                       s_->size, " (call #", s_->seq, "): ",
-                                       timed_out ? "timed out after " : "a peer failed: ",
-                                       timed_out ? detail::concat(timeout_of(s).count(), " ms: ")
-                                                 : std::string(),
-                                       msg);
+      const auto text = detail::concat(
+          "fedshard: gloo ", what, " on rank ", s_->rank, " of ", s_->size, " (call #", s_->seq,
+          "): ", timed_out ? "timed out after " : "a peer failed: ",
+          timed_out ? detail::concat(timeout_of(s).count(), " ms: ") : std::string(), msg);
       if (timed_out) throw timeout_error(text);
       throw peer_failure(text);
     } catch (const std::exception& e) {
@@ -528,7 +530,8 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
       ++s_->seq;
       const auto why = fedshard::detail::validate(
           fedshard::detail::summarize(a, s_->rank, s_->size), s_->rank, s_->size);
-      if (!why.empty()) throw fedshard::detail::invalid_call(a.kind, s_->rank, s_->size, s_->seq, why);
+      if (!why.empty())
+        throw fedshard::detail::invalid_call(a.kind, s_->rank, s_->size, s_->seq, why);
     }
     const int n = s_->size;
     const std::size_t esz = a.count > 0 ? size_of(a.type) : 0;
@@ -555,7 +558,8 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
         case op_kind::all_gather: {
           if (bytes == 0) return;
           auto* out = static_cast<char*>(a.out);
-          std::vector<char> in(static_cast<const char*>(a.in), static_cast<const char*>(a.in) + bytes);
+          std::vector<char> in(static_cast<const char*>(a.in),
+                               static_cast<const char*>(a.in) + bytes);
           if (n == 1) {
             std::memcpy(out, in.data(), bytes);
             return;
@@ -684,9 +688,8 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   static void deliver(self_receive& r, const char* data, std::size_t bytes) {
     r.done = true;
     if (bytes != r.bytes) {
-      r.error = detail::concat("fedshard: collective_mismatch: a message to itself on tag ",
-                               r.tag, " carries ", bytes, " bytes but the receive expects ",
-                               r.bytes);
+      r.error = detail::concat("fedshard: collective_mismatch: a message to itself on tag ", r.tag,
+                               " carries ", bytes, " bytes but the receive expects ", r.bytes);
       return;
     }
     std::memcpy(r.out, data, bytes);
@@ -696,9 +699,9 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     explicit self_request(std::shared_ptr<self_receive> r) : r_(std::move(r)) {}
     void wait() override {
       if (!r_->done)
-        throw timeout_error(detail::concat(
-            "fedshard: gloo recv from itself on tag ", r_->tag,
-            " waited for a send this thread never made (post the send first)"));
+        throw timeout_error(
+            detail::concat("fedshard: gloo recv from itself on tag ", r_->tag,
+                           " waited for a send this thread never made (post the send first)"));
       if (!r_->error.empty()) throw collective_mismatch(r_->error);
     }
     bool test() override { return r_->done; }

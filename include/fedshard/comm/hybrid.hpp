@@ -23,8 +23,8 @@
 ///
 /// A mesh over a hybrid world makes its axes with mesh_split: the group's splits and the link,
 /// no exchange across groups (so it works before a link's groups have met).
-/// split on the world (other uses): the ranks exchange (color, key) over the world; a color whose ranks
-/// all lie in one group becomes a split of the group's C, a color made of local rank l of
+/// split on the world (other uses): the ranks exchange (color, key) over the world; a color whose
+/// ranks all lie in one group becomes a split of the group's C, a color made of local rank l of
 /// every group (ordered by group) is the link itself (shared); any other color is refused on
 /// every rank (invalid_argument naming it). A mesh's four splits are of these kinds.
 
@@ -268,8 +268,10 @@ class hybrid {
 
  private:
   struct federation_tag {};
-  hybrid(federation_tag, F link) : side_(side::federation), link_(std::make_shared<F>(std::move(link))) {}
-  hybrid(federation_tag, std::shared_ptr<F> link) : side_(side::federation), link_(std::move(link)) {}
+  hybrid(federation_tag, F link)
+      : side_(side::federation), link_(std::make_shared<F>(std::move(link))) {}
+  hybrid(federation_tag, std::shared_ptr<F> link)
+      : side_(side::federation), link_(std::move(link)) {}
 
   static void expect_count(const char* what, std::int64_t n, dtype t) {
     FEDSHARD_EXPECTS(n >= 0, "hybrid: ", what, ": count must be >= 0, found ", n);
@@ -279,7 +281,8 @@ class hybrid {
   /// out (n * size() elements) = every world rank's in, in world-rank order: the group's
   /// inputs gathered into this group's block, then the blocks over the link.
   void gather_world(const void* in, void* out, std::int64_t n, dtype t) {
-    const auto block = static_cast<std::size_t>(n) * size_of(t) * static_cast<std::size_t>(group_->size());
+    const auto block =
+        static_cast<std::size_t>(n) * size_of(t) * static_cast<std::size_t>(group_->size());
     auto* mine = static_cast<std::byte*>(out) + block * static_cast<std::size_t>(link_->rank());
     group_->all_gather(in, mine, n, t);
     link_->all_gather(mine, out, n * group_->size(), t);
@@ -288,7 +291,7 @@ class hybrid {
   /// A link whose groups come and go (elastic::link) combines only the groups it includes:
   /// moves their blocks (`block` bytes per group) to the front of `all`; returns how many.
   int keep_included(std::vector<std::byte>& all, std::size_t block) {
-    if constexpr (requires(F& f) { f.included(); }) {
+    if constexpr (requires(F & f) { f.included(); }) {
       const auto mask = link_->included();
       int used = 0;
       for (std::size_t g = 0; g < mask.size(); ++g) {

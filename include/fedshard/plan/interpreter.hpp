@@ -500,7 +500,7 @@ class interpreter {
     std::fill(out, out + b.out.count, 0.0f);
     // A federation axis whose groups come and go combines only the ranks it includes.
     std::vector<std::uint8_t> included;
-    if constexpr (requires(C& c) { c.included(); }) included = mesh_->comm(op.axis).included();
+    if constexpr (requires(C & c) { c.included(); }) included = mesh_->comm(op.axis).included();
     int combined = 0;
     for (int r = 0; r < op.ranks; ++r) {
       const auto rr = static_cast<std::size_t>(r);

@@ -232,8 +232,9 @@ class trainer final : private detail::unit_hooks<S> {
 
   /// True when the federation axis is an elastic link (comm/elastic.hpp): groups that are
   /// jobs of their own, meeting in rounds.
-  static constexpr bool elastic_federation =
-      requires(C& c) { c.federation_side().begin_round(std::int64_t{}); };
+  static constexpr bool elastic_federation = requires(C & c) {
+    c.federation_side().begin_round(std::int64_t{});
+  };
 
   /// The host waits for the work queued on the compute stream (to read the master or the
   /// optimizer state in a host-accessible space).
@@ -290,8 +291,8 @@ class trainer final : private detail::unit_hooks<S> {
   template <class Link, class Round>
   void heal_joiners(Link& link, const Round& round) {
     const int g = engine_.topology().coords().group;
-    const bool joiner = std::find(round.joiners.begin(), round.joiners.end(), g) !=
-                        round.joiners.end();
+    const bool joiner =
+        std::find(round.joiners.begin(), round.joiners.end(), g) != round.joiners.end();
     if (g == round.donor) {
       checkpoint::file_writer w;
       write_state(w);
@@ -306,7 +307,8 @@ class trainer final : private detail::unit_hooks<S> {
       double size = 0;
       link.recv(&size, 1, dtype::f64, round.donor, 1);
       std::string blob((static_cast<std::size_t>(size) + 7) / 8 * 8, '\0');
-      link.recv(blob.data(), static_cast<std::int64_t>(blob.size() / 8), dtype::f64, round.donor, 2);
+      link.recv(blob.data(), static_cast<std::int64_t>(blob.size() / 8), dtype::f64, round.donor,
+                2);
       blob.resize(static_cast<std::size_t>(size));
       const checkpoint::file_reader r(std::move(blob),
                                       fedshard::detail::concat("the state of group ", round.donor));
