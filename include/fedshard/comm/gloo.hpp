@@ -20,9 +20,11 @@
 ///    (slots derived from the tag, matched in order per sender, receiver and tag);
 ///  - collectives run when they are called (the *_async variants return a completed request,
 ///    or one that rethrows the call's error); send and recv are posted and complete in wait();
-///  - checked mode (options::checked: on without NDEBUG, or FEDSHARD_GLOO_CHECKED=1) exchanges
-///    every call's arguments first, so a mismatch throws collective_mismatch and an invalid
-///    argument invalid_argument on every rank, with inproc's messages; split always exchanges;
+///  - checked mode (options::checked: on unless FEDSHARD_GLOO_CHECKED=0, in every build)
+///    exchanges every call's arguments first (one small all-gather), so a mismatch throws
+///    collective_mismatch and an invalid argument invalid_argument on every rank, with
+///    inproc's messages; split always exchanges. Unchecked, a mismatched collective is
+///    Gloo's to handle: its transport thread aborts the process on a size mismatch;
 ///  - every call has a deadline (options::timeout: FEDSHARD_TIMEOUT_S, else 300 s): a peer
 ///    that does not answer in time gives timeout_error, a peer whose process died (its sockets
 ///    closed) gives peer_failure, as soon as the transport notices. After either the
@@ -313,9 +315,9 @@ struct options {
   std::chrono::duration<double> timeout = fedshard::detail::default_timeout();
   /// The address this rank listens on (the loopback by default).
   std::string hostname = "127.0.0.1";
-  /// Exchange every collective's arguments first (see the file comment).
-  bool checked =
-      fedshard::detail::env_flag("FEDSHARD_GLOO_CHECKED", fedshard::detail::checked_build);
+  /// Exchange every collective's arguments first (see the file comment): on by default,
+  /// since a cross-job link's calls are few and large, and Gloo aborts on a mismatch.
+  bool checked = fedshard::detail::env_flag("FEDSHARD_GLOO_CHECKED", true);
   /// all_reduce of at most this many bytes (ranks x count x element size) all-gathers.
   std::int64_t small_all_reduce_bytes = 256 * 1024;
 };
