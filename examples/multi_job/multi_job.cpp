@@ -540,7 +540,10 @@ int run_launcher(const settings& s, int argc, char** argv) {
   for (int g = 0; g < s.groups; ++g) start_group(g, 0);
 
   bool failed = false;
-  std::optional<clock_type::time_point> restart_at;
+  // A flag and a time rather than an optional: GCC 12 at -O1 warns (falsely) that the
+  // optional's time may be read uninitialized.
+  bool restart_pending = false;
+  clock_type::time_point restart_at{};
   for (;;) {
     bool any = false;
     for (auto& ch : children) {
@@ -558,15 +561,18 @@ int run_launcher(const settings& s, int argc, char** argv) {
       } else if (asked) {
         say(tag + concat("group ", ch.group, " died (SIGKILL, as asked)"));
         if (s.restart_after >= 0)
+        {
+          restart_pending = true;
           restart_at = clock_type::now() +
                        std::chrono::duration_cast<clock_type::duration>(seconds(s.restart_after));
+        }
       } else {
         say(tag + concat("group ", ch.group, " FAILED: ", describe(status)));
         failed = true;
       }
     }
-    if (restart_at && clock_type::now() >= *restart_at) {
-      restart_at.reset();
+    if (restart_pending && clock_type::now() >= restart_at) {
+      restart_pending = false;
       if (any) {
         start_group(s.kill_group, 1);
         any = true;
@@ -574,7 +580,7 @@ int run_launcher(const settings& s, int argc, char** argv) {
         say(tag + concat("not restarting group ", s.kill_group, ": the others have finished"));
       }
     }
-    if (!any && !restart_at) break;
+    if (!any && !restart_pending) break;
     if (redis && ::waitpid(redis->pid(), nullptr, WNOHANG) == redis->pid()) {
       say(tag + "redis-server died; stopping the groups");
       redis.reset();
