@@ -560,8 +560,7 @@ int run_launcher(const settings& s, int argc, char** argv) {
         say(tag + concat("group ", ch.group, " finished"));
       } else if (asked) {
         say(tag + concat("group ", ch.group, " died (SIGKILL, as asked)"));
-        if (s.restart_after >= 0)
-        {
+        if (s.restart_after >= 0) {
           restart_pending = true;
           restart_at = clock_type::now() +
                        std::chrono::duration_cast<clock_type::duration>(seconds(s.restart_after));

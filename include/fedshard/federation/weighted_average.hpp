@@ -6,8 +6,8 @@
 /// The sync plan exchanges the weights first (weights_ops: every rank sees all of them), then
 /// averages (G w_g / W) θ_g with W = Σ w: equal weights give a scale of exactly 1, so the
 /// result is then bit-identical to `average`. When the sync combines only some groups
-/// (sync_info::included: the others' weights are zero), G is the number combined. A negative weight, or all weights zero, is an
-/// invalid_argument on every rank.
+/// (sync_info::included: the others' weights are zero), G is the number combined. A negative
+/// weight, or all weights zero, is an invalid_argument on every rank.
 
 #include <cstddef>
 #include <span>
