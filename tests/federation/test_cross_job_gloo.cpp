@@ -119,7 +119,8 @@ using elastic_world = hybrid<inproc::communicator, el::link>;
 /// step `steps` (or until `die_at`, where the process kills itself), writes its parameters
 /// after every sync to <life>sync<step>_<g>_<l> and at the end to <life>final_<g>_<l>.
 void elastic_group(const std::filesystem::path& dir, int g, int die_at = -1,
-                   const std::string& life = "", double join = 30) {
+                   const std::string& life = "", double join = 30,
+                   std::int64_t await_joiner_at = -1) {
   inproc::run(L, [&](inproc::communicator& c) {
     auto st = std::make_shared<gl::file_store>(dir / "store");
     el::link lk(st, G, g, L, c.rank(), elastic_options(dir, g, join));
@@ -132,6 +133,15 @@ void elastic_group(const std::filesystem::path& dir, int g, int die_at = -1,
                                                                    {.lr = 0.02f}, o);
     while (t.step_count() < steps) {
       const auto s = t.step_count();
+      if (s == await_joiner_at) {
+        // Before the step whose sync is round 2, wait until the restarted group 2 has
+        // arrived there with all its ranks, so that round includes it as a joiner however
+        // slowly its process started (sanitizers, a loaded machine).
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+        while ((!st->has("run/r2/arrive/2/0") || !st->has("run/r2/arrive/2/1")) &&
+               std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
       if (s == die_at) {
         c.barrier();
         if (c.rank() == 0) ::kill(::getpid(), SIGKILL);
@@ -197,7 +207,11 @@ TEST_CASE("cross-job: a group killed mid-run is left out, the others finish; res
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<pid_t> pids;
     for (int g = 0; g < G; ++g)
-      pids.push_back(spawn([&, g] { elastic_group(dir.path(), g, g == 2 ? 4 : -1, "", join); }));
+      pids.push_back(spawn([&, g] {
+        // With a restart, the survivors wait for it before the step that syncs round 2.
+        elastic_group(dir.path(), g, g == 2 ? 4 : -1, "", join,
+                      restart && g != 2 ? 3 * period - 1 : -1);
+      }));
     const int killed = wait_for(pids[2], 120);
     CHECK((killed >= 0 && WIFSIGNALED(killed)));
     pid_t again = -1;
