@@ -202,6 +202,24 @@ class synchronizer {
     space_->synchronize(sync_);
   }
 
+  /// After a resharding load (trainer::load of a checkpoint of another mesh or algorithm):
+  /// fragment f is idle (a sync in flight at the save is not carried over), with `tokens`
+  /// counted since its last start, syncs applied after the steps `applied_at` and, for a
+  /// policy with an outer optimizer, `outer_steps` outer steps taken.
+  void set_fragment_state(int f, std::int64_t tokens, std::vector<std::int64_t> applied_at,
+                          std::int64_t outer_steps) {
+    auto& fr = at(f);
+    fr.stage = sync_stage::idle;
+    fr.tokens = tokens;
+    fr.applied_at = std::move(applied_at);
+    std::fill(fr.group_tokens.begin(), fr.group_tokens.end(), 0.0);
+    fr.start = {};
+    fr.finish = {};
+    if constexpr (requires { policy_.outer_steps(0); }) policy_.set_outer_steps(f, outer_steps);
+  }
+  /// Sets the count syncs_applied() reports (a resharding load).
+  void set_syncs_applied(std::int64_t n) noexcept { syncs_applied_ = n; }
+
   /// Writes the policy's state (anchors, outer-optimizer state) and the fragments' into a
   /// checkpoint writer (add_value / add_span), copied to the host.
   template <class Writer>

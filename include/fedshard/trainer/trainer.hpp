@@ -9,15 +9,18 @@
 /// runs through the engine's interpreter, so traffic() counts at the wire all that moved.
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -35,6 +38,7 @@
 #include "fedshard/trainer/algorithm.hpp"
 #include "fedshard/trainer/checkpoint.hpp"
 #include "fedshard/trainer/model.hpp"
+#include "fedshard/trainer/reshard.hpp"
 
 namespace fedshard {
 
@@ -53,6 +57,9 @@ struct trainer_options {
   typename A::federation_policy::config federation{};
   /// The schedule's settings (K, H, fragments, delay, mixing), from the algorithm's defaults.
   typename A::sync_schedule::config schedule = A::default_schedule();
+  /// Where the trainer's log lines go (what a resharding load dropped or initialised), on
+  /// every rank; empty = world rank 0 prints them to stderr.
+  std::function<void(const std::string&)> log{};
 };
 
 /// The op of trainer::mean_over_world: an average all_reduce of one f64 (role value) over
@@ -115,7 +122,24 @@ class trainer final : private detail::unit_hooks<S> {
 
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;
-  ~trainer() override = default;
+  /// Waits for a save_async() still writing (its error, if any, goes to the log: the
+  /// destructor cannot agree with the other ranks).
+  ~trainer() override {
+    if (!pending_save_) return;
+    pending_save_->thread.join();
+    if (pending_save_->error) {
+      try {
+        std::rethrow_exception(pending_save_->error);
+      } catch (const std::exception& e) {
+        log(fedshard::detail::concat("fedshard: checkpoint: a save_async into '",
+                                     pending_save_->dir.string(),
+                                     "' failed and its trainer was destroyed before "
+                                     "wait_for_save(): ",
+                                     e.what()),
+            true);
+      }
+    }
+  }
 
   /// One training step on this rank's batch; returns the rank's loss.
   template <class Batch>
@@ -211,23 +235,75 @@ class trainer final : private detail::unit_hooks<S> {
 
   /// Collective over the world: writes every rank's whole state (master shard, inner and
   /// outer optimizer state, anchors, schedule phase, step) into directory dir, with a
-  /// manifest of the mesh and layout (checkpoint::save). A sync still in flight is completed
-  /// (not applied) first, so the restored run applies it at the same step.
+  /// manifest of the mesh and layout (checkpoint::save), written last: a save that stops
+  /// half-way leaves the previous checkpoint in dir loadable. A sync still in flight is
+  /// completed (not applied) first, so the restored run applies it at the same step.
   void save(const std::filesystem::path& dir) {
+    wait_for_save();
     sync_.complete_in_flight(engine_.interp());
     auto& m = engine_.topology();
-    checkpoint::save(dir, m.rank(), m.size(), manifest(), agree(),
-                     [&](checkpoint::file_writer& w) { write_state(w); });
+    checkpoint::save(
+        dir, m.rank(), m.size(), manifest(), agree(),
+        [&](checkpoint::file_writer& w) { write_state(w); },
+        [&](checkpoint::file_writer& w) { describe(w); });
   }
 
-  /// Collective over the world: restores the state saved by save(dir) (checkpoint::load). A
-  /// checkpoint from another mesh, layout or algorithm is refused with an error naming the
-  /// difference, and a torn or truncated file is refused on every rank; nothing is changed
-  /// unless every rank read and verified its whole state.
-  void load(const std::filesystem::path& dir) {
+  /// Collective over the world: save(dir) without waiting for the files. The rank's state is
+  /// copied into host memory (a snapshot: training goes on changing the live state) and
+  /// written by a thread of its own; world rank 0 writes the manifest once every rank's file
+  /// is there (so dir must be one that every rank sees, as for load). At most one save is in
+  /// flight: another save, save_async or load waits for it first.
+  void save_async(const std::filesystem::path& dir) {
+    wait_for_save();
+    sync_.complete_in_flight(engine_.interp());
     auto& m = engine_.topology();
-    checkpoint::load(dir, m.rank(), m.size(), manifest(), agree(),
-                     [&](const checkpoint::file_reader& r, bool commit) { restore(r, commit); });
+    auto job = checkpoint::prepare_save(
+        dir, m.rank(), m.size(), manifest(), agree(),
+        [&](checkpoint::file_writer& w) { write_state(w); },
+        [&](checkpoint::file_writer& w) { describe(w); });
+    pending_save_ = std::make_unique<pending_save>();
+    pending_save_->dir = dir;
+    pending_save_->thread = std::thread([job = std::move(job), p = pending_save_.get()]() mutable {
+      try {
+        job.run(true);
+      } catch (...) {
+        p->error = std::current_exception();
+      }
+      p->done.store(true, std::memory_order_release);
+    });
+  }
+
+  /// Collective over the world: waits until the save_async() in flight, if any, is written
+  /// (manifest included); its failure on any rank throws on every rank.
+  void wait_for_save() {
+    if (!pending_save_) return;
+    pending_save_->thread.join();
+    const std::exception_ptr error = pending_save_->error;
+    pending_save_.reset();
+    auto& m = engine_.topology();
+    auto a = agree();
+    checkpoint::detail::all_ok(error, "writing a checkpoint in the background", m.rank(), m.size(),
+                               a);
+  }
+  /// True while this rank's part of a save_async() is still being written.
+  bool save_in_flight() const noexcept {
+    return pending_save_ && !pending_save_->done.load(std::memory_order_acquire);
+  }
+
+  /// Collective over the world: restores the state saved by save(dir) (checkpoint::load).
+  /// A checkpoint of this very setup (mesh, layout, algorithm, optimizer, precision) is
+  /// restored rank by rank, bit-identically. Any other one of the same model is resharded:
+  /// each rank reads exactly the element ranges it now owns (master, inner optimizer state,
+  /// anchors and outer-optimizer state), group g from the saver's group g mod G; state this
+  /// run has no use for is dropped and state it needs but the checkpoint lacks starts as at a
+  /// fresh start, each said in one log line. Another model, a missing, torn, truncated or
+  /// corrupt file are refused on every rank, and nothing is changed unless every rank read
+  /// and verified everything it needs.
+  void load(const std::filesystem::path& dir) {
+    wait_for_save();
+    auto& m = engine_.topology();
+    checkpoint::load(dir, m.rank(), m.size(), agree(),
+                     [&](const checkpoint::saved_checkpoint& saved) { return prepare_load(saved); });
   }
 
   /// True when the federation axis is an elastic link (comm/elastic.hpp): groups that are
@@ -331,7 +407,7 @@ class trainer final : private detail::unit_hooks<S> {
     char fp[24];
     std::snprintf(fp, sizeof fp, "%016llx",
                   static_cast<unsigned long long>(engine_.layout().fingerprint()));
-    m.fields["format"] = "1";
+    m.fields["format"] = "2";
     m.fields["mesh"] = to_string(engine_.topology().shape());
     m.fields["layout"] = fp;
     m.fields["layout_summary"] = engine_.layout().summary();
@@ -345,6 +421,229 @@ class trainer final : private detail::unit_hooks<S> {
     for (const auto& t : optimizer_.state()) names += t.name + " ";
     m.fields["optimizer_state"] = names;
     return m;
+  }
+
+  /// The manifest's description of this rank's layout (checkpoint::saved_layout), which a
+  /// resharding load of another setup reads.
+  void describe(checkpoint::file_writer& w) {
+    const auto units = static_cast<int>(engine_.layout().num_units());
+    std::vector<std::vector<int>> fragments;
+    for (int f = 0; f < sync_.fragments(); ++f)
+      fragments.push_back(sync_.schedule().fragment_units(f, units));
+    std::vector<std::string> inner, outer;
+    for (const auto& t : optimizer_.state()) inner.push_back(t.name);
+    for (const auto& t : sync_.policy().state()) outer.push_back(t.name);
+    checkpoint::saved_layout::describe(w, engine_.topology().shape(), engine_.layout(), fragments,
+                                       inner, outer);
+  }
+
+  /// What load() runs before any rank changes anything: reads and checks this rank's state;
+  /// returns what applies it.
+  std::function<void()> prepare_load(const checkpoint::saved_checkpoint& saved) {
+    if (!manifest().differences(saved.fields()).empty()) return prepare_reshard(saved);
+    const int rank = engine_.topology().rank();
+    FEDSHARD_EXPECTS(saved.world_size() == engine_.topology().size(), "checkpoint '",
+                     saved.dir().string(), "' was saved by ", saved.world_size(),
+                     " ranks, its manifest names this run's mesh of ",
+                     engine_.topology().size());
+    const checkpoint::file_reader file = saved.rank_file_in_memory(rank);
+    restore(file, false);
+    return [this, file] { restore(file, true); };
+  }
+
+  /// prepare_load() for a checkpoint of another mesh, shard policy, algorithm, optimizer or
+  /// precision (reshard.hpp): every buffer is filled from the saved runs that overlap this
+  /// rank's, group g from the saver's group g mod G and replica r from its replica r mod R.
+  std::function<void()> prepare_reshard(const checkpoint::saved_checkpoint& saved) {
+    using checkpoint::element_run;
+    using checkpoint::saved_buffer;
+    using fedshard::detail::concat;
+    const auto sv = checkpoint::saved_layout::read(saved.manifest_file());
+    const auto& mine = engine_.layout();
+    if (const std::string d = sv.model_differences(mine); !d.empty())
+      throw invalid_argument(concat("fedshard: checkpoint '", saved.dir().string(),
+                                    "' holds another model than this run's: ", d));
+    const flat_layout old = sv.layout();
+    if (old.shards() > 1 && old.shards() != sv.shape.shards)
+      saved.manifest_file().fail("is corrupt: its layout has ", old.shards(),
+                                 " shards on a mesh of ", sv.shape.shards);
+    const mesh_coords c = engine_.topology().coords();
+    const int src_group = c.group % sv.shape.groups, src_replica = c.replica % sv.shape.replicas;
+    const int my_shard = mine.shards() > 1 ? c.shard : 0;
+    // The saved ranks whose buffers this rank reads: one per layout shard of the source group
+    // and replica (one of any shard when the saver's layout was not sharded).
+    std::vector<std::pair<int, int>> holders;  // (layout shard, saved world rank)
+    for (int s = 0; s < old.shards(); ++s)
+      holders.emplace_back(s, rank_of(sv.shape, {src_group, src_replica,
+                                                 old.shards() > 1 ? s : c.shard % sv.shape.shards}));
+    const auto& first = saved.rank_file(holders.front().second);
+    auto from = [&](auto runs_of, const std::string& section) {
+      std::vector<saved_buffer> v;
+      for (const auto& [s, r] : holders) v.push_back({r, section, runs_of(s)});
+      return v;
+    };
+    auto contains = [](const std::vector<std::string>& v, const std::string& x) {
+      return std::find(v.begin(), v.end(), x) != v.end();
+    };
+    std::vector<std::string> dropped, fresh;
+
+    struct staged_state {
+      std::vector<float> master;
+      std::vector<std::vector<float>> inner, outer;
+      std::int64_t inner_steps = 0, syncs = 0, step = 0;
+      bool started = false, restart_federation = false;
+      std::vector<std::int64_t> tokens, outer_steps;
+      std::vector<std::vector<std::int64_t>> applied_at;
+    };
+    auto st = std::make_shared<staged_state>();
+    auto master_of_old = [&](int s) { return checkpoint::master_runs(old, s); };
+    const auto want_master = checkpoint::master_runs(mine, my_shard);
+    st->master.assign(engine_.master().size(), 0.0f);
+    checkpoint::fill_elements(saved, st->master, want_master, from(master_of_old, "master"),
+                              "master");
+
+    bool all_inner = true;
+    for (const auto& t : optimizer_.state()) {
+      auto& v = st->inner.emplace_back(t.data.size(), 0.0f);
+      if (contains(sv.optimizer_state, t.name)) {
+        checkpoint::fill_elements(saved, v, want_master, from(master_of_old, "optimizer." + t.name),
+                                  "optimizer state '" + t.name + "'");
+      } else {
+        all_inner = false;
+        fresh.push_back("optimizer state '" + t.name + "'");
+      }
+    }
+    for (const auto& n : sv.optimizer_state) {
+      bool used = false;
+      for (const auto& t : optimizer_.state()) used = used || t.name == n;
+      if (!used) dropped.push_back("optimizer state '" + n + "'");
+    }
+    st->inner_steps = all_inner ? first.read_value<std::int64_t>("optimizer.step_count") : 0;
+
+    // Federation state: "fragment<f>.<key>", fragment-shaped; key k of this run's fragment f
+    // comes from key k of the saver's fragments that hold f's units.
+    auto split = [](const std::string& name) -> std::pair<int, std::string> {
+      const auto dot = name.find('.');
+      if (name.rfind("fragment", 0) != 0 || dot == std::string::npos) return {-1, name};
+      return {std::stoi(name.substr(8, dot - 8)), name.substr(dot + 1)};
+    };
+    const int units = static_cast<int>(mine.num_units());
+    std::vector<std::string> used_keys;
+    bool any_outer = false;
+    for (const auto& t : sync_.policy().state()) {
+      auto& v = st->outer.emplace_back(t.data.size(), 0.0f);
+      const auto [f, key] = split(t.name);
+      std::vector<saved_buffer> sources;
+      for (std::size_t fo = 0; fo < sv.fragments.size(); ++fo) {
+        const std::string name = concat("fragment", fo, ".", key);
+        if (!contains(sv.federation_state, name)) continue;
+        used_keys.push_back(name);
+        const auto& fu = sv.fragments[fo];
+        auto runs = [&](int s) { return checkpoint::fragment_runs(old, fu, s); };
+        for (auto& b : from(runs, "federation." + name)) sources.push_back(std::move(b));
+      }
+      if (f < 0 || sources.empty()) {
+        fresh.push_back("federation state '" + t.name + "'");
+        continue;
+      }
+      any_outer = true;
+      const auto fu = sync_.schedule().fragment_units(f, units);
+      checkpoint::fill_elements(saved, v, checkpoint::fragment_runs(mine, fu, my_shard), sources,
+                                "federation state '" + t.name + "'");
+    }
+    for (const auto& n : sv.federation_state)
+      if (!contains(used_keys, n)) dropped.push_back("federation state '" + n + "'");
+    // None of this run's federation state is in the checkpoint: it starts as a fresh run's
+    // does, from the (loaded) parameters at the next step.
+    st->restart_federation = !sync_.policy().state().empty() && !any_outer;
+
+    // Each fragment's counters come from the saver's fragment holding its first unit.
+    auto saved_fragment_of = [&](int u) {
+      for (std::size_t fo = 0; fo < sv.fragments.size(); ++fo)
+        if (contains_unit(sv.fragments[fo], u)) return static_cast<int>(fo);
+      return -1;
+    };
+    for (int f = 0; f < sync_.fragments(); ++f) {
+      const auto fu = sync_.schedule().fragment_units(f, units);
+      const int fo = fu.empty() ? -1 : saved_fragment_of(fu.front());
+      if (fo < 0) {
+        st->tokens.push_back(0);
+        st->applied_at.emplace_back();
+        st->outer_steps.push_back(0);
+        continue;
+      }
+      const std::string p = concat("fragment", fo, ".");
+      st->tokens.push_back(first.read_value<std::int64_t>(p + "tokens"));
+      const std::size_t n = first.section_size(p + "applied_at") / sizeof(std::int64_t);
+      auto& at = st->applied_at.emplace_back(n);
+      first.read_span(p + "applied_at", std::span<std::int64_t>(at));
+      st->outer_steps.push_back(first.has(p + "outer_steps")
+                                    ? first.read_value<std::int64_t>(p + "outer_steps")
+                                    : 0);
+    }
+    for (std::size_t fo = 0; fo < sv.fragments.size(); ++fo)
+      if (first.read_value<federation::sync_stage>(concat("fragment", fo, ".stage")) !=
+          federation::sync_stage::idle)
+        dropped.push_back(concat("the sync of fragment ", fo, " in flight"));
+    st->syncs = first.read_value<std::int64_t>("federation.syncs_applied");
+    for (const auto& n : first.names())
+      if (n.rfind("codec.", 0) == 0) dropped.push_back("codec residual '" + n + "'");
+    for_each_codec_state([&](const std::string& name, std::span<float>) {
+      fresh.push_back("codec residual '" + name + "'");
+    });
+    st->step = first.read_value<std::int64_t>("trainer.step");
+    st->started = first.read_value<bool>("trainer.started");
+
+    std::vector<std::string> lines;
+    lines.push_back(concat("fedshard: checkpoint '", saved.dir().string(), "' of ",
+                           to_string(sv.shape), " resharded onto ",
+                           to_string(engine_.topology().shape()), " (", shard_policy::name, ", ",
+                           federation_policy::name, "); group g reads the saved group g mod ",
+                           sv.shape.groups));
+    auto join = [](const std::vector<std::string>& v) {
+      std::string s;
+      for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+      return s;
+    };
+    if (!dropped.empty())
+      lines.push_back(concat("fedshard: checkpoint: dropped what this run has no use for: ",
+                             join(dropped)));
+    if (!fresh.empty())
+      lines.push_back(concat("fedshard: checkpoint: started as at a fresh start (not in the "
+                             "checkpoint): ",
+                             join(fresh)));
+    return [this, st, lines] {
+      engine_.upload(st->master, engine_.master());
+      const auto inner = optimizer_.state();
+      for (std::size_t k = 0; k < inner.size(); ++k) engine_.upload(st->inner[k], inner[k].data);
+      const auto outer = sync_.policy().state();
+      for (std::size_t k = 0; k < outer.size(); ++k) engine_.upload(st->outer[k], outer[k].data);
+      optimizer_.set_step_count(st->inner_steps);
+      for (int f = 0; f < sync_.fragments(); ++f) {
+        const auto i = static_cast<std::size_t>(f);
+        sync_.set_fragment_state(f, st->tokens[i], st->applied_at[i], st->outer_steps[i]);
+      }
+      sync_.set_syncs_applied(st->syncs);
+      for_each_codec_state([](const std::string&, std::span<float> r) {
+        std::fill(r.begin(), r.end(), 0.0f);
+      });
+      step_ = st->step;
+      started_ = st->started && !st->restart_federation;
+      for (const auto& l : lines) log(l, false);
+    };
+  }
+
+  static bool contains_unit(const std::vector<int>& units, int u) {
+    return std::find(units.begin(), units.end(), u) != units.end();
+  }
+
+  /// A log line: to options::log on every rank, else to stderr on world rank 0 (or on every
+  /// rank when `every_rank`).
+  void log(const std::string& line, bool every_rank) {
+    if (opts_.log)
+      opts_.log(line);
+    else if (every_rank || engine_.topology().rank() == 0)
+      std::fprintf(stderr, "%s\n", line.c_str());
   }
 
   void write_state(checkpoint::file_writer& w) {
@@ -415,6 +714,14 @@ class trainer final : private detail::unit_hooks<S> {
   sync_type sync_;
   std::int64_t step_ = 0;
   bool started_ = false;
+  /// A save_async() being written by a thread of its own.
+  struct pending_save {
+    std::filesystem::path dir;
+    std::thread thread;
+    std::exception_ptr error;
+    std::atomic<bool> done{false};
+  };
+  std::unique_ptr<pending_save> pending_save_;
 };
 
 }  // namespace fedshard
