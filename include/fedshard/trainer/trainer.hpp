@@ -595,9 +595,12 @@ class trainer final : private detail::unit_hooks<S> {
     st->started = first.read_value<bool>("trainer.started");
 
     std::vector<std::string> lines;
+    auto dims = [](const mesh_shape& x) {
+      return concat(x.groups, "x", x.replicas, "x", x.shards);
+    };
     lines.push_back(concat("fedshard: checkpoint '", saved.dir().string(), "' of ",
-                           to_string(sv.shape), " resharded onto ",
-                           to_string(engine_.topology().shape()), " (", shard_policy::name, ", ",
+                           dims(sv.shape), " resharded onto ", dims(engine_.topology().shape()),
+                           " (", shard_policy::name, ", ",
                            federation_policy::name, "); group g reads the saved group g mod ",
                            sv.shape.groups));
     auto join = [](const std::vector<std::string>& v) {
