@@ -493,7 +493,8 @@ void all_ok(const std::exception_ptr& error, const char* what, int rank, int siz
 }
 
 /// Removes the files of saves other than `id` (rank files, temporaries, failure notes) from
-/// dir; what cannot be removed stays (it is never read: names carry the id).
+/// dir, once its manifest names `id`; what cannot be removed stays (it is never read: names
+/// carry the id).
 inline void remove_stale(const std::filesystem::path& dir, std::uint64_t id) {
   const std::string keep = "-" + id_text(id) + ".bin";
   std::error_code ec;
@@ -503,7 +504,7 @@ inline void remove_stale(const std::filesystem::path& dir, std::uint64_t id) {
     const bool tmp = name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0;
     if ((ours && !(name.size() > keep.size() &&
                    name.compare(name.size() - keep.size(), keep.size(), keep) == 0)) ||
-        (tmp && name != std::string(manifest_file_name) + ".tmp"))
+        tmp)
       std::filesystem::remove(e.path(), ec);
   }
 }
