@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include <vector>
 
+#include "fedshard/codec/topk.hpp"
 #include "fedshard/comm/inproc.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/mesh/mesh.hpp"
@@ -71,6 +72,7 @@ struct rank_state {
   std::vector<float> params;
   std::vector<std::vector<float>> inner;  // optimizer().state(), master-shaped
   std::vector<std::vector<float>> outer;  // federation().state(), fragment-shaped
+  std::vector<std::vector<float>> codec;  // the sync plan's codec residuals
   std::int64_t inner_steps = -1, step = -1, syncs = -1;
   std::vector<float> losses;  // of the steps after the state was taken
   std::vector<float> final_params;
@@ -86,6 +88,11 @@ rank_state state_of(T& t) {
   r.params = t.parameters();
   for (const auto& s : t.optimizer().state()) r.inner.push_back(t.engine().download(s.data));
   for (const auto& s : t.federation().state()) r.outer.push_back(t.engine().download(s.data));
+  for (const auto& op : t.sync_plan(0).ops)
+    if (encoded(op) && op.codec.stateful) {
+      const auto st = t.engine().interp().codec_state(op);
+      r.codec.emplace_back(st.begin(), st.end());
+    }
   r.inner_steps = t.optimizer().step_count();
   r.step = t.step_count();
   r.syncs = t.syncs_applied();
@@ -379,5 +386,45 @@ TEST_CASE(
       CHECK((contains(two[r].error, "failed on world rank 4") ||
              (r > 4 && contains(two[r].error, victim.string()))));
     }
+  }
+}
+
+TEST_CASE("SparseLoCo's error-feedback residuals reshard from 2x2x1 (a piece per replica) to 2x1x2") {
+  using small_topk = codec::topk<16, 2, 2>;
+  using sloco = algorithm<
+      shard::hybrid_shard,
+      federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, small_topk>,
+      schedule::periodic, defaults<schedule::periodic::config{.period = 2}>>;
+  temp_dir dir;
+  const mesh_shape saved_shape{2, 2, 1};
+  const auto saved = test::collect_ranks(saved_shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, saved_shape);
+    trainer_t<sloco> t(m, mlp_model{}, {.lr = 1e-2f}, options_for<sloco>(12));
+    for (int s = 0; s < 4; ++s) t.step(batch_at(t, saved_shape, s));
+    t.save(dir.path);
+    return state_of(t);
+  });
+  REQUIRE(saved[0].codec.size() == 1);
+  const mesh_shape shape{2, 1, 2};
+  const auto loaded = load_into<sloco>(dir.path, shape, 1);
+  REQUIRE(loaded[0].error.empty());
+  CHECK(loaded[0].log.size() == 1);  // nothing dropped, nothing fresh
+  const flat_layout old(mlp_model{}.units(), 1);
+  for (int g = 0; g < 2; ++g) {
+    // The saved group's fragment buffer: replica r's residual is its r-th half.
+    std::vector<float> fragment;
+    for (int r = 0; r < 2; ++r) {
+      const auto& res = saved[static_cast<std::size_t>(rank_of(saved_shape, {g, r, 0}))].codec[0];
+      fragment.insert(fragment.end(), res.begin(), res.end());
+    }
+    std::vector<float> want;
+    for (std::size_t u = 0; u < old.num_units(); ++u) {
+      const auto from = fragment.begin() + static_cast<std::ptrdiff_t>(old.shard_offset(u));
+      want.insert(want.end(), from, from + static_cast<std::ptrdiff_t>(old.unit(u).numel));
+    }
+    bool nonzero = false;
+    for (float x : want) nonzero = nonzero || x != 0.0f;
+    CHECK(nonzero);  // a real residual, not the zeros of a fresh start
+    CHECK(bit_equal(full_state(loaded, shape, g, &rank_state::codec, 0), want));
   }
 }

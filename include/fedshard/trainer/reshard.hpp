@@ -68,6 +68,18 @@ inline std::vector<element_run> fragment_runs(const flat_layout& layout,
   return out;
 }
 
+/// The runs of `runs` inside the window [lo, lo + len) of their buffer, with `at` counted from
+/// lo (a piece of a buffer: an op's operand that covers one replica's part of a fragment).
+inline std::vector<element_run> window_runs(const std::vector<element_run>& runs, std::size_t lo,
+                                            std::size_t len) {
+  std::vector<element_run> out;
+  for (const element_run& r : runs) {
+    const std::size_t a = std::max(r.at, lo), b = std::min(r.at + r.count, lo + len);
+    if (a < b) out.push_back({r.unit, r.begin + (a - r.at), b - a, a - lo});
+  }
+  return out;
+}
+
 namespace detail {
 inline void put_string(std::string& out, std::string_view s) {
   put(out, static_cast<std::uint32_t>(s.size()));

@@ -494,6 +494,7 @@ class trainer final : private detail::unit_hooks<S> {
       bool started = false, restart_federation = false;
       std::vector<std::int64_t> tokens, outer_steps;
       std::vector<std::vector<std::int64_t>> applied_at;
+      std::vector<std::vector<float>> codec;  // the sync plans' residuals, in plan order
     };
     auto st = std::make_shared<staged_state>();
     auto master_of_old = [&](int s) { return checkpoint::master_runs(old, s); };
@@ -586,11 +587,76 @@ class trainer final : private detail::unit_hooks<S> {
           federation::sync_stage::idle)
         dropped.push_back(concat("the sync of fragment ", fo, " in flight"));
     st->syncs = first.read_value<std::int64_t>("federation.syncs_applied");
-    for (const auto& n : first.names())
-      if (n.rfind("codec.", 0) == 0) dropped.push_back("codec residual '" + n + "'");
+    // Error-feedback residuals of the sync plans' encoded ops on a fragment (or on one
+    // replica's piece of it): resharded when the saver ran the same federation policy, so the
+    // same plan, op for op; the others start at zero, as in a fresh run.
+    std::vector<std::string> used_codec;
+    const auto saved_policy = saved.fields().fields.find("federation_policy");
+    const bool same_policy = saved_policy != saved.fields().fields.end() &&
+                             saved_policy->second == federation_policy::name;
+    for (int f = 0; f < sync_.fragments(); ++f) {
+      const plan& p = sync_.sync_plan(f);
+      for (std::size_t i = 0; i < p.ops.size(); ++i) {
+        const comm_op& op = p.ops[i];
+        if (!encoded(op) || !op.codec.stateful) continue;
+        const std::string name = concat("codec.fragment", f, ".op", i);
+        const auto live = engine_.interp().codec_state(op);
+        auto& v = st->codec.emplace_back(live.size(), 0.0f);
+        const bool by_replica = op.in.piece == axis::replica;
+        if (!same_policy || op.in.role != role::fragment || (op.in.piece && !by_replica)) {
+          fresh.push_back("codec residual '" + name + "'");
+          continue;
+        }
+        const auto fu = sync_.schedule().fragment_units(f, units);
+        std::size_t numel = 0;
+        for (int u : fu) numel += mine.unit(static_cast<std::size_t>(u)).shard_numel;
+        const int pieces = by_replica ? engine_.topology().shape().replicas : 1;
+        const std::size_t len = federation::padded_fragment_numel(numel, engine_.topology().shape().replicas) /
+                                static_cast<std::size_t>(pieces);
+        if (len != live.size()) {
+          fresh.push_back("codec residual '" + name + "'");
+          continue;
+        }
+        std::vector<saved_buffer> sources;
+        for (std::size_t fo = 0; fo < sv.fragments.size(); ++fo) {
+          const std::string section = concat("codec.fragment", fo, ".op", i);
+          if (!first.has(section)) continue;
+          used_codec.push_back(section);
+          const auto& fuo = sv.fragments[fo];
+          std::size_t numel_old = 0;
+          for (int u : fuo) numel_old += old.unit(static_cast<std::size_t>(u)).shard_numel;
+          const int pieces_old = by_replica ? sv.shape.replicas : 1;
+          const std::size_t len_old =
+              federation::padded_fragment_numel(numel_old, sv.shape.replicas) /
+              static_cast<std::size_t>(pieces_old);
+          for (int r = 0; r < pieces_old; ++r)
+            for (int s = 0; s < old.shards(); ++s) {
+              const int rank = rank_of(sv.shape, {src_group, by_replica ? r : src_replica,
+                                                  old.shards() > 1 ? s : c.shard % sv.shape.shards});
+              sources.push_back({rank, section,
+                                 checkpoint::window_runs(checkpoint::fragment_runs(old, fuo, s),
+                                                         static_cast<std::size_t>(r) * len_old,
+                                                         len_old)});
+            }
+        }
+        if (sources.empty()) {
+          fresh.push_back("codec residual '" + name + "'");
+          continue;
+        }
+        const int k = by_replica ? c.replica : 0;
+        checkpoint::fill_elements(
+            saved, v,
+            checkpoint::window_runs(checkpoint::fragment_runs(mine, fu, my_shard),
+                                    static_cast<std::size_t>(k) * len, len),
+            sources, "codec residual '" + name + "'");
+      }
+    }
     for_each_codec_state([&](const std::string& name, std::span<float>) {
-      fresh.push_back("codec residual '" + name + "'");
+      if (name.rfind("codec.step", 0) == 0) fresh.push_back("codec residual '" + name + "'");
     });
+    for (const auto& n : first.names())
+      if (n.rfind("codec.", 0) == 0 && !contains(used_codec, n))
+        dropped.push_back("codec residual '" + n + "'");
     st->step = first.read_value<std::int64_t>("trainer.step");
     st->started = first.read_value<bool>("trainer.started");
 
@@ -627,8 +693,12 @@ class trainer final : private detail::unit_hooks<S> {
         sync_.set_fragment_state(f, st->tokens[i], st->applied_at[i], st->outer_steps[i]);
       }
       sync_.set_syncs_applied(st->syncs);
-      for_each_codec_state([](const std::string&, std::span<float> r) {
-        std::fill(r.begin(), r.end(), 0.0f);
+      std::size_t k = 0;
+      for_each_codec_state([&](const std::string& name, std::span<float> r) {
+        if (name.rfind("codec.fragment", 0) == 0 && k < st->codec.size())
+          std::copy(st->codec[k].begin(), st->codec[k].end(), r.begin()), ++k;
+        else
+          std::fill(r.begin(), r.end(), 0.0f);
       });
       step_ = st->step;
       started_ = st->started && !st->restart_federation;
