@@ -1,4 +1,4 @@
-# Detects the optional backends and defines FEDSHARD_ENABLE_{MPI,CUDA,NCCL}.
+# Detects the optional backends and defines FEDSHARD_ENABLE_{MPI,CUDA,NCCL,GLOO,SAFETENSORS}.
 # A backend that is not set explicitly is ON exactly when it is found; one that is set ON
 # but cannot be found stops the configuration with what was looked for.
 
@@ -85,4 +85,22 @@ if(FEDSHARD_ENABLE_GLOO AND NOT fedshard_gloo_found)
     "FEDSHARD_ENABLE_GLOO is ON but Gloo (find_package(Gloo CONFIG)) or hiredis "
     "(hiredis/hiredis.h, libhiredis) was not found; install them (Debian: libgloo-dev "
     "libhiredis-dev) or configure with -DFEDSHARD_ENABLE_GLOO=OFF")
+endif()
+
+# ---------------------------------------------------------------- nlohmann_json (the
+# safetensors header parser and writer)
+if(NOT DEFINED FEDSHARD_ENABLE_SAFETENSORS OR FEDSHARD_ENABLE_SAFETENSORS)
+  find_package(nlohmann_json 3 CONFIG QUIET)
+endif()
+set(fedshard_safetensors_found OFF)
+if(TARGET nlohmann_json::nlohmann_json)
+  set(fedshard_safetensors_found ON)
+endif()
+option(FEDSHARD_ENABLE_SAFETENSORS
+       "Build the safetensors export and import (fedshard::safetensors)" ${fedshard_safetensors_found})
+if(FEDSHARD_ENABLE_SAFETENSORS AND NOT fedshard_safetensors_found)
+  message(FATAL_ERROR
+    "FEDSHARD_ENABLE_SAFETENSORS is ON but find_package(nlohmann_json 3 CONFIG) found no "
+    "nlohmann_json; install it (Debian: nlohmann-json3-dev) or configure with "
+    "-DFEDSHARD_ENABLE_SAFETENSORS=OFF")
 endif()
