@@ -428,3 +428,55 @@ TEST_CASE("SparseLoCo's error-feedback residuals reshard from 2x2x1 (a piece per
     CHECK(bit_equal(full_state(loaded, shape, g, &rank_state::codec, 0), want));
   }
 }
+
+namespace {
+/// The test MLP with one more tensor in its head (variant 0) or its head in bf16 (variant 1):
+/// another model, for loads that must be refused (it is never stepped).
+struct variant_model {
+  int variant = 0;
+  mlp_model base{};
+  std::vector<unit_spec> units() const {
+    auto u = base.units();
+    if (variant == 0)
+      u[2].tensors.push_back({"extra", {3}});
+    else
+      for (auto& t : u[2].tensors) t.type = dtype::bf16;
+    return u;
+  }
+};
+}  // namespace
+
+TEST_CASE("a checkpoint of another model is refused on every rank, naming the tensor") {
+  temp_dir dir;
+  const mesh_shape shape{1, 1, 2};
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    trainer_t<fsdp> t(m, mlp_model{}, {.lr = 1e-2f}, options_for<fsdp>(4));
+    t.step(batch_at(t, shape, 0));
+    t.save(dir.path);
+  });
+  for (int variant : {0, 1}) {
+    CAPTURE(variant);
+    const auto errors = test::collect_ranks(2, [&](inproc::communicator& world) {
+      mesh m(world, shape);  // another layout: the resharding path reads the saved model
+      trainer<variant_model, fsdp, optim::adamw, inproc::communicator> t(m, {variant});
+      const auto before = t.parameters();
+      std::string error;
+      try {
+        t.load(dir.path);
+      } catch (const invalid_argument& e) {
+        error = e.what();
+      }
+      CHECK(bit_equal(t.parameters(), before));
+      CHECK(t.step_count() == 0);
+      return error;
+    });
+    for (const auto& e : errors) {
+      CAPTURE(e);
+      CHECK(contains(e, dir.path.string()));
+      CHECK(contains(e, variant == 0 ? "tensor 'head.extra' is missing from the checkpoint"
+                                     : "tensor 'head.w2' has dtype f32 in the checkpoint, bf16 "
+                                       "in this run"));
+    }
+  }
+}
