@@ -477,8 +477,9 @@ TEST_CASE(
       CAPTURE(a.error);
       CHECK(a.kind == "invalid_argument");
       CHECK(contains(a.error, "holds another model than this run's"));
-      CHECK(contains(a.error, "tensor 'layer0.w0' has shape [16, 8] in the checkpoint, [12, 8] "
-                              "in this run"));
+      CHECK(contains(a.error,
+                     "tensor 'layer0.w0' has shape [16, 8] in the checkpoint, [12, 8] "
+                     "in this run"));
       CHECK(contains(a.error, dir.path.string()));
     }
   }
@@ -663,7 +664,8 @@ TEST_CASE("file_writer and file_reader round-trip text, spans and values") {
   CHECK(ck::rank_file_name(12345, 1) == "rank-12345-0000000000000001.bin");
 }
 
-TEST_CASE("file_reader reads any element range across chunks, checking only the chunks it touches") {
+TEST_CASE(
+    "file_reader reads any element range across chunks, checking only the chunks it touches") {
   ck::file_writer w(64);  // 16 floats per chunk
   std::vector<float> v(1000);
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i) * 0.5f;
@@ -678,9 +680,10 @@ TEST_CASE("file_reader reads any element range across chunks, checking only the 
     CHECK(std::equal(got.begin(), got.end(), v.begin() + first));
   }
   std::vector<float> past(2);
-  CHECK_THROWS_WITH_AS(r.read_elements("v", 999, std::span<float>(past)),
-                       doctest::Contains("section 'v' holds 4000 bytes, asked for bytes [3996, 4004)"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      r.read_elements("v", 999, std::span<float>(past)),
+      doctest::Contains("section 'v' holds 4000 bytes, asked for bytes [3996, 4004)"),
+      invalid_argument);
   // One flipped byte in element 500 (chunk 31): reads that touch that chunk are refused, the
   // others still succeed.
   bytes[16 + 500 * 4 + 1] = static_cast<char>(bytes[16 + 500 * 4 + 1] ^ 0x40);
@@ -746,7 +749,8 @@ TEST_CASE("file_reader refuses a damaged header, trailer or table of contents be
   std::string data = good;
   data[16] = 'F';  // the first byte of "first section"
   const ck::file_reader r(data, "test.bin");
-  CHECK(contains(read_error(r, "alpha"), "section 'alpha' fails the checksum of its bytes [0, 13)"));
+  CHECK(
+      contains(read_error(r, "alpha"), "section 'alpha' fails the checksum of its bytes [0, 13)"));
   CHECK(r.section("beta") == "second");
 }
 

@@ -5,6 +5,7 @@
 // owns.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -16,7 +17,6 @@
 #include <string>
 #include <string_view>
 #include <system_error>
-#include <unistd.h>
 #include <vector>
 
 #include "fedshard/codec/topk.hpp"
@@ -113,8 +113,7 @@ std::vector<float> full_state(const std::vector<rank_state>& ranks, mesh_shape s
       const auto& rs = ranks[static_cast<std::size_t>(rank_of(shape, {g, 0, s}))];
       const auto& buf = (rs.*which).at(k);
       const auto from = buf.begin() + static_cast<std::ptrdiff_t>(layout.shard_offset(u));
-      unit.insert(unit.end(), from,
-                  from + static_cast<std::ptrdiff_t>(layout.unit(u).shard_numel));
+      unit.insert(unit.end(), from, from + static_cast<std::ptrdiff_t>(layout.unit(u).shard_numel));
     }
     unit.resize(layout.unit(u).numel);
     out.insert(out.end(), unit.begin(), unit.end());
@@ -259,7 +258,8 @@ TEST_CASE(
     for (const auto& r : loaded) {
       CAPTURE(r.error);
       REQUIRE(r.error.empty());
-      const auto& want = saved[static_cast<std::size_t>(rank_of(saved_shape, {r.coords.group % 2, 0, 0}))];
+      const auto& want =
+          saved[static_cast<std::size_t>(rank_of(saved_shape, {r.coords.group % 2, 0, 0}))];
       CHECK(bit_equal(r.params, want.params));
       CHECK(r.inner_steps == 4);
       CHECK(r.syncs == 1);
@@ -313,8 +313,9 @@ TEST_CASE(
                    "dropped what this run has no use for: optimizer state 'exp_avg', optimizer "
                    "state 'exp_avg_sq', federation state 'fragment0.anchor', federation state "
                    "'fragment0.momentum'"));
-    CHECK(contains(loaded[0].log[2], "started as at a fresh start (not in the checkpoint): "
-                                     "optimizer state 'momentum_buffer'"));
+    CHECK(contains(loaded[0].log[2],
+                   "started as at a fresh start (not in the checkpoint): "
+                   "optimizer state 'momentum_buffer'"));
     CHECK(bit_equal(loaded[1].params, saved[0].params));
     for (const auto& r : loaded) {
       CHECK(r.inner_steps == 0);
@@ -337,8 +338,9 @@ TEST_CASE("fsdp's checkpoint loaded by DiLoCo: the anchors start from the loaded
   const auto loaded = load_into<diloco>(dir.path, shape, 1);
   REQUIRE(loaded[0].error.empty());
   REQUIRE(loaded[0].log.size() == 2);
-  CHECK(contains(loaded[0].log[1], "federation state 'fragment0.anchor', federation state "
-                                   "'fragment0.momentum'"));
+  CHECK(contains(loaded[0].log[1],
+                 "federation state 'fragment0.anchor', federation state "
+                 "'fragment0.momentum'"));
   for (const auto& r : loaded) CHECK(bit_equal(r.params, saved[0].params));
   // After one step the anchors are the parameters as loaded, as at a fresh start.
   const auto anchors = test::collect_ranks(4, [&](inproc::communicator& world) {
@@ -389,7 +391,8 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("SparseLoCo's error-feedback residuals reshard from 2x2x1 (a piece per replica) to 2x1x2") {
+TEST_CASE(
+    "SparseLoCo's error-feedback residuals reshard from 2x2x1 (a piece per replica) to 2x1x2") {
   using small_topk = codec::topk<16, 2, 2>;
   using sloco = algorithm<
       shard::hybrid_shard,

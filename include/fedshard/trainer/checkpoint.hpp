@@ -151,9 +151,8 @@ class file_writer {
     {
       std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
       if (!f)
-        throw backend_error(
-            fedshard::detail::concat("fedshard: checkpoint: cannot open '", tmp.string(),
-                                     "' for writing"));
+        throw backend_error(fedshard::detail::concat("fedshard: checkpoint: cannot open '",
+                                                     tmp.string(), "' for writing"));
       emit([&](const char* p, std::size_t n) { f.write(p, static_cast<std::streamsize>(n)); });
       f.flush();
       if (!f)
@@ -163,8 +162,8 @@ class file_writer {
     std::error_code ec;
     std::filesystem::rename(tmp, path, ec);
     if (ec)
-      throw backend_error(fedshard::detail::concat("fedshard: checkpoint: renaming '",
-                                                   tmp.string(), "' to '", path.string(),
+      throw backend_error(fedshard::detail::concat("fedshard: checkpoint: renaming '", tmp.string(),
+                                                   "' to '", path.string(),
                                                    "' failed: ", ec.message()));
   }
 
@@ -186,7 +185,8 @@ class file_writer {
       detail::put(contents, at);
       detail::put(contents, static_cast<std::uint64_t>(data.size()));
       for (std::size_t c = 0; c < data.size(); c += chunk_)
-        detail::put(contents, fnv1a(data.data() + c, std::min<std::size_t>(chunk_, data.size() - c)));
+        detail::put(contents,
+                    fnv1a(data.data() + c, std::min<std::size_t>(chunk_, data.size() - c)));
       at += data.size();
     }
     std::string tail;
@@ -267,7 +267,8 @@ class file_reader {
       if (fnv1a(buf.data(), n) != e.sums[c])
         fail("is corrupt: section '", name, "' fails the checksum of its bytes [", begin, ", ",
              begin + n, ")");
-      const std::size_t from = std::max(offset, begin), to = std::min(offset + out.size(), begin + n);
+      const std::size_t from = std::max(offset, begin),
+                        to = std::min(offset + out.size(), begin + n);
       std::memcpy(out.data() + (from - offset), buf.data() + (from - begin), to - from);
     }
   }
@@ -557,10 +558,10 @@ struct save_job {
                                              " could not write its file of the save into '",
                                              dir.string(), "' (that rank reports why)"));
         if (std::chrono::steady_clock::now() > deadline)
-          throw timeout_error(detail::concat(
-              "fedshard: checkpoint: world rank ", r, "'s file ", rank_file_name(r, id),
-              " did not appear in '", dir.string(), "' within ", wait_for_peers.count(),
-              " ms; save_async needs a directory every rank sees"));
+          throw timeout_error(detail::concat("fedshard: checkpoint: world rank ", r, "'s file ",
+                                             rank_file_name(r, id), " did not appear in '",
+                                             dir.string(), "' within ", wait_for_peers.count(),
+                                             " ms; save_async needs a directory every rank sees"));
         std::this_thread::sleep_for(pause);
         pause = std::min(pause * 2, std::chrono::microseconds(20000));
       }
@@ -605,14 +606,14 @@ template <class Agree, class WriteState, class Describe>
 void save(const std::filesystem::path& dir, int rank, int size, const manifest& m, Agree&& agree,
           WriteState&& write_state, Describe&& describe) {
   save_job job = prepare_save(dir, rank, size, m, agree, write_state, describe);
-  std::exception_ptr error = detail::attempt([&] {
-    job.rank_file.write(dir / rank_file_name(rank, job.id));
-  });
+  std::exception_ptr error =
+      detail::attempt([&] { job.rank_file.write(dir / rank_file_name(rank, job.id)); });
   detail::all_ok(error, "writing the rank files", rank, size, agree);
-  if (rank == 0) error = detail::attempt([&] {
-    job.manifest.write(dir / manifest_file_name);
-    detail::remove_stale(dir, job.id);
-  });
+  if (rank == 0)
+    error = detail::attempt([&] {
+      job.manifest.write(dir / manifest_file_name);
+      detail::remove_stale(dir, job.id);
+    });
   detail::all_ok(error, "writing the manifest", rank, size, agree);
 }
 
@@ -666,10 +667,10 @@ class saved_checkpoint {
     fields_.require_same(manifest::parse(f.section("manifest")), f.what());
     const auto file_id = f.read_value<std::uint64_t>("save_id");
     if (file_id != id_)
-      throw invalid_argument(detail::concat(
-          "fedshard: checkpoint file '", f.what(), "' belongs to another save (id ", file_id,
-          ") than its manifest '", (dir_ / manifest_file_name).string(), "' (id ", id_,
-          "): a save stopped half-way"));
+      throw invalid_argument(
+          detail::concat("fedshard: checkpoint file '", f.what(), "' belongs to another save (id ",
+                         file_id, ") than its manifest '", (dir_ / manifest_file_name).string(),
+                         "' (id ", id_, "): a save stopped half-way"));
   }
 
   std::filesystem::path dir_;

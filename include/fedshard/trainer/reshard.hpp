@@ -53,8 +53,8 @@ inline std::vector<element_run> master_runs(const flat_layout& layout, int shard
 
 /// The runs of a fragment-shaped buffer (the shards of `units` back to back) of the rank
 /// holding shard `shard` of `layout`.
-inline std::vector<element_run> fragment_runs(const flat_layout& layout,
-                                              std::span<const int> units, int shard) {
+inline std::vector<element_run> fragment_runs(const flat_layout& layout, std::span<const int> units,
+                                              int shard) {
   std::vector<element_run> out;
   std::size_t at = 0;
   for (int u : units) {
@@ -276,8 +276,8 @@ inline void fill_elements(const saved_checkpoint& saved, std::span<float> dst,
                           const std::vector<element_run>& want,
                           const std::vector<saved_buffer>& from, std::string_view what) {
   for (const element_run& w : want) {
-    FEDSHARD_EXPECTS(w.at + w.count <= dst.size(), "reshard: run of ", w.count,
-                     " elements at ", w.at, " outside a buffer of ", dst.size());
+    FEDSHARD_EXPECTS(w.at + w.count <= dst.size(), "reshard: run of ", w.count, " elements at ",
+                     w.at, " outside a buffer of ", dst.size());
     std::size_t covered = 0;
     for (const saved_buffer& b : from) {
       for (const element_run& r : b.runs) {
@@ -285,15 +285,15 @@ inline void fill_elements(const saved_checkpoint& saved, std::span<float> dst,
         const std::size_t lo = std::max(r.begin, w.begin);
         const std::size_t hi = std::min(r.begin + r.count, w.begin + w.count);
         if (lo >= hi) continue;
-        saved.rank_file(b.rank).read_elements(
-            b.section, r.at + (lo - r.begin), dst.subspan(w.at + (lo - w.begin), hi - lo));
+        saved.rank_file(b.rank).read_elements(b.section, r.at + (lo - r.begin),
+                                              dst.subspan(w.at + (lo - w.begin), hi - lo));
         covered += hi - lo;
       }
     }
     if (covered != w.count)
       throw invalid_argument(fedshard::detail::concat(
-          "fedshard: checkpoint '", saved.dir().string(), "' holds ", covered, " of the ",
-          w.count, " elements [", w.begin, ", ", w.begin + w.count, ") of unit ", w.unit,
+          "fedshard: checkpoint '", saved.dir().string(), "' holds ", covered, " of the ", w.count,
+          " elements [", w.begin, ", ", w.begin + w.count, ") of unit ", w.unit,
           " that this rank's ", what, " needs"));
   }
 }

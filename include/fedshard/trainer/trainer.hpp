@@ -302,8 +302,9 @@ class trainer final : private detail::unit_hooks<S> {
   void load(const std::filesystem::path& dir) {
     wait_for_save();
     auto& m = engine_.topology();
-    checkpoint::load(dir, m.rank(), m.size(), agree(),
-                     [&](const checkpoint::saved_checkpoint& saved) { return prepare_load(saved); });
+    checkpoint::load(
+        dir, m.rank(), m.size(), agree(),
+        [&](const checkpoint::saved_checkpoint& saved) { return prepare_load(saved); });
   }
 
   /// True when the federation axis is an elastic link (comm/elastic.hpp): groups that are
@@ -444,8 +445,7 @@ class trainer final : private detail::unit_hooks<S> {
     const int rank = engine_.topology().rank();
     FEDSHARD_EXPECTS(saved.world_size() == engine_.topology().size(), "checkpoint '",
                      saved.dir().string(), "' was saved by ", saved.world_size(),
-                     " ranks, its manifest names this run's mesh of ",
-                     engine_.topology().size());
+                     " ranks, its manifest names this run's mesh of ", engine_.topology().size());
     const checkpoint::file_reader file = saved.rank_file_in_memory(rank);
     restore(file, false);
     return [this, file] { restore(file, true); };
@@ -474,8 +474,9 @@ class trainer final : private detail::unit_hooks<S> {
     // and replica (one of any shard when the saver's layout was not sharded).
     std::vector<std::pair<int, int>> holders;  // (layout shard, saved world rank)
     for (int s = 0; s < old.shards(); ++s)
-      holders.emplace_back(s, rank_of(sv.shape, {src_group, src_replica,
-                                                 old.shards() > 1 ? s : c.shard % sv.shape.shards}));
+      holders.emplace_back(
+          s, rank_of(sv.shape,
+                     {src_group, src_replica, old.shards() > 1 ? s : c.shard % sv.shape.shards}));
     const auto& first = saved.rank_file(holders.front().second);
     auto from = [&](auto runs_of, const std::string& section) {
       std::vector<saved_buffer> v;
@@ -578,9 +579,8 @@ class trainer final : private detail::unit_hooks<S> {
       const std::size_t n = first.section_size(p + "applied_at") / sizeof(std::int64_t);
       auto& at = st->applied_at.emplace_back(n);
       first.read_span(p + "applied_at", std::span<std::int64_t>(at));
-      st->outer_steps.push_back(first.has(p + "outer_steps")
-                                    ? first.read_value<std::int64_t>(p + "outer_steps")
-                                    : 0);
+      st->outer_steps.push_back(
+          first.has(p + "outer_steps") ? first.read_value<std::int64_t>(p + "outer_steps") : 0);
     }
     for (std::size_t fo = 0; fo < sv.fragments.size(); ++fo)
       if (first.read_value<federation::sync_stage>(concat("fragment", fo, ".stage")) !=
@@ -611,8 +611,9 @@ class trainer final : private detail::unit_hooks<S> {
         std::size_t numel = 0;
         for (int u : fu) numel += mine.unit(static_cast<std::size_t>(u)).shard_numel;
         const int pieces = by_replica ? engine_.topology().shape().replicas : 1;
-        const std::size_t len = federation::padded_fragment_numel(numel, engine_.topology().shape().replicas) /
-                                static_cast<std::size_t>(pieces);
+        const std::size_t len =
+            federation::padded_fragment_numel(numel, engine_.topology().shape().replicas) /
+            static_cast<std::size_t>(pieces);
         if (len != live.size()) {
           fresh.push_back("codec residual '" + name + "'");
           continue;
@@ -631,12 +632,13 @@ class trainer final : private detail::unit_hooks<S> {
               static_cast<std::size_t>(pieces_old);
           for (int r = 0; r < pieces_old; ++r)
             for (int s = 0; s < old.shards(); ++s) {
-              const int rank = rank_of(sv.shape, {src_group, by_replica ? r : src_replica,
-                                                  old.shards() > 1 ? s : c.shard % sv.shape.shards});
-              sources.push_back({rank, section,
-                                 checkpoint::window_runs(checkpoint::fragment_runs(old, fuo, s),
-                                                         static_cast<std::size_t>(r) * len_old,
-                                                         len_old)});
+              const int rank =
+                  rank_of(sv.shape, {src_group, by_replica ? r : src_replica,
+                                     old.shards() > 1 ? s : c.shard % sv.shape.shards});
+              sources.push_back(
+                  {rank, section,
+                   checkpoint::window_runs(checkpoint::fragment_runs(old, fuo, s),
+                                           static_cast<std::size_t>(r) * len_old, len_old)});
             }
         }
         if (sources.empty()) {
@@ -664,23 +666,23 @@ class trainer final : private detail::unit_hooks<S> {
     auto dims = [](const mesh_shape& x) {
       return concat(x.groups, "x", x.replicas, "x", x.shards);
     };
-    lines.push_back(concat("fedshard: checkpoint '", saved.dir().string(), "' of ",
-                           dims(sv.shape), " resharded onto ", dims(engine_.topology().shape()),
-                           " (", shard_policy::name, ", ",
-                           federation_policy::name, "); group g reads the saved group g mod ",
-                           sv.shape.groups));
+    lines.push_back(concat("fedshard: checkpoint '", saved.dir().string(), "' of ", dims(sv.shape),
+                           " resharded onto ", dims(engine_.topology().shape()), " (",
+                           shard_policy::name, ", ", federation_policy::name,
+                           "); group g reads the saved group g mod ", sv.shape.groups));
     auto join = [](const std::vector<std::string>& v) {
       std::string s;
       for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
       return s;
     };
     if (!dropped.empty())
-      lines.push_back(concat("fedshard: checkpoint: dropped what this run has no use for: ",
-                             join(dropped)));
+      lines.push_back(
+          concat("fedshard: checkpoint: dropped what this run has no use for: ", join(dropped)));
     if (!fresh.empty())
-      lines.push_back(concat("fedshard: checkpoint: started as at a fresh start (not in the "
-                             "checkpoint): ",
-                             join(fresh)));
+      lines.push_back(
+          concat("fedshard: checkpoint: started as at a fresh start (not in the "
+                 "checkpoint): ",
+                 join(fresh)));
     return [this, st, lines] {
       engine_.upload(st->master, engine_.master());
       const auto inner = optimizer_.state();
