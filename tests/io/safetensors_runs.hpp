@@ -25,49 +25,12 @@
 #include "fedshard/optim/adamw.hpp"
 #include "fedshard/trainer/algorithm.hpp"
 #include "fedshard/trainer/trainer.hpp"
+#include "support/files.hpp"
 #include "support/tiny_mlp.hpp"
 
 namespace fedshard::test {
 
 namespace fs = std::filesystem;
-
-/// A fresh, empty directory under the system temp directory, removed at scope exit.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           fedshard::detail::concat("fedshard-st-", ::getpid(), "-", counter++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-inline std::string read_all(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-inline void write_all(const fs::path& p, std::string_view data) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(data.data(), static_cast<std::streamsize>(data.size()));
-  REQUIRE(f.good());
-}
-
-inline bool contains(std::string_view haystack, std::string_view needle) {
-  return haystack.find(needle) != std::string_view::npos;
-}
-
-inline bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
 
 /// The trainer of the tests: the tiny MLP with AdamW on inproc thread ranks.
 template <class Alg>

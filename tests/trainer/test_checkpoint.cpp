@@ -31,6 +31,7 @@
 #include "fedshard/optim/sgd.hpp"
 #include "fedshard/trainer/checkpoint.hpp"
 #include "fedshard/trainer/trainer.hpp"
+#include "support/files.hpp"
 #include "support/spaces.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
@@ -46,48 +47,18 @@ namespace {
 
 constexpr std::uint64_t kData = 11;
 
-/// A fresh, empty directory under the system temp directory, removed at scope exit.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           fedshard::detail::concat("fedshard-ckpt-", ::getpid(), "-", counter++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-std::string read_all(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-void write_all(const fs::path& p, const std::string& data) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(data.data(), static_cast<std::streamsize>(data.size()));
-  REQUIRE(f.good());
-}
-
 /// World rank r's file of the checkpoint in dir (its name carries the save's id).
 fs::path rank_file(const fs::path& dir, int r) {
   return dir / ck::rank_file_name(r, ck::saved_checkpoint::open(dir).id());
 }
 
-bool contains(std::string_view haystack, std::string_view needle) {
-  return haystack.find(needle) != std::string_view::npos;
-}
-
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
+struct temp_dir : test::temp_dir {
+  temp_dir() : test::temp_dir("fedshard-ckpt") {}
+};
+using test::bit_equal;
+using test::contains;
+using test::read_all;
+using test::write_all;
 
 /// Everything that defines a run except the steps it covers.
 template <class Alg, class Opt>

@@ -27,6 +27,7 @@
 #include "fedshard/optim/sgd.hpp"
 #include "fedshard/trainer/checkpoint.hpp"
 #include "fedshard/trainer/trainer.hpp"
+#include "support/files.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
 
@@ -39,30 +40,11 @@ namespace {
 
 constexpr std::uint64_t kData = 7;
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           fedshard::detail::concat("fedshard-reshard-", ::getpid(), "-", counter++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct temp_dir : test::temp_dir {
+  temp_dir() : test::temp_dir("fedshard-reshard") {}
 };
-
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-bool contains(std::string_view haystack, std::string_view needle) {
-  return haystack.find(needle) != std::string_view::npos;
-}
+using test::bit_equal;
+using test::contains;
 
 /// What one rank holds: its coordinates, its group's full parameters, its shards of the inner
 /// optimizer's and of the federation policy's state, and what it logged.

@@ -26,6 +26,7 @@
 #include "fedshard/optim/adamw.hpp"
 #include "fedshard/trainer/checkpoint.hpp"
 #include "fedshard/trainer/trainer.hpp"
+#include "support/files.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
 
@@ -41,30 +42,11 @@ const mesh_shape kShape{2, 1, 2};
 using alg = diloco;
 using trainer_t = trainer<mlp_model, alg, optim::adamw, inproc::communicator>;
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() /
-           fedshard::detail::concat("fedshard-async-", ::getpid(), "-", counter++);
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  temp_dir(const temp_dir&) = delete;
-  temp_dir& operator=(const temp_dir&) = delete;
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct temp_dir : test::temp_dir {
+  temp_dir() : test::temp_dir("fedshard-async") {}
 };
-
-bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-bool contains(std::string_view haystack, std::string_view needle) {
-  return haystack.find(needle) != std::string_view::npos;
-}
+using test::bit_equal;
+using test::contains;
 
 trainer_options<alg> options() {
   trainer_options<alg> o;
