@@ -10,36 +10,10 @@ if(NOT TARGET MPI::MPI_CXX)
                       "(find_package(MPI COMPONENTS CXX)), found none")
 endif()
 
-add_library(fedshard_mpi INTERFACE)
-add_library(fedshard::mpi ALIAS fedshard_mpi)
-set_target_properties(fedshard_mpi PROPERTIES EXPORT_NAME mpi)
-target_link_libraries(fedshard_mpi INTERFACE fedshard::fedshard MPI::MPI_CXX)
+include("${CMAKE_CURRENT_LIST_DIR}/fedshard_component.cmake")
+fedshard_header_component(mpi fedshard/comm/mpi.hpp)
+target_link_libraries(fedshard_mpi INTERFACE MPI::MPI_CXX)
 target_compile_definitions(fedshard_mpi INTERFACE FEDSHARD_HAS_MPI=1)
-target_sources(fedshard_mpi INTERFACE
-  FILE_SET HEADERS
-  BASE_DIRS "${fedshard_SOURCE_DIR}/include"
-  FILES "${fedshard_SOURCE_DIR}/include/fedshard/comm/mpi.hpp")
-
-if(FEDSHARD_VERIFY_HEADERS)
-  set_target_properties(fedshard_mpi PROPERTIES VERIFY_INTERFACE_HEADER_SETS ON)
-  if(TARGET fedshard_verify_headers)
-    add_dependencies(fedshard_verify_headers fedshard_mpi_verify_interface_header_sets)
-  endif()
-endif()
-
-if(FEDSHARD_INSTALL)
-  if(NOT DEFINED FEDSHARD_INSTALL_CMAKEDIR)
-    set(FEDSHARD_INSTALL_CMAKEDIR "${CMAKE_INSTALL_DATADIR}/cmake/fedshard")
-  endif()
-  # fedshardConfig.cmake includes fedshard-mpiTargets.cmake for COMPONENTS mpi, after
-  # find_dependency(MPI COMPONENTS CXX).
-  install(TARGETS fedshard_mpi
-    EXPORT fedshard-mpiTargets
-    FILE_SET HEADERS DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
-  install(EXPORT fedshard-mpiTargets
-    NAMESPACE fedshard::
-    DESTINATION "${FEDSHARD_INSTALL_CMAKEDIR}")
-endif()
 
 # Open MPI refuses to start more ranks than cores unless told (and to run as root: see the
 # tests' environment). Other MPIs get no extra flag.

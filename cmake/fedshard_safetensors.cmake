@@ -9,35 +9,9 @@ if(NOT TARGET nlohmann_json::nlohmann_json)
                       "nlohmann_json::nlohmann_json (find_package(nlohmann_json 3 CONFIG)), found none")
 endif()
 
-add_library(fedshard_safetensors INTERFACE)
-add_library(fedshard::safetensors ALIAS fedshard_safetensors)
-set_target_properties(fedshard_safetensors PROPERTIES EXPORT_NAME safetensors)
-target_link_libraries(fedshard_safetensors INTERFACE fedshard::fedshard nlohmann_json::nlohmann_json)
-target_sources(fedshard_safetensors INTERFACE
-  FILE_SET HEADERS
-  BASE_DIRS "${fedshard_SOURCE_DIR}/include"
-  FILES "${fedshard_SOURCE_DIR}/include/fedshard/io/safetensors.hpp")
-
-if(FEDSHARD_VERIFY_HEADERS)
-  set_target_properties(fedshard_safetensors PROPERTIES VERIFY_INTERFACE_HEADER_SETS ON)
-  if(TARGET fedshard_verify_headers)
-    add_dependencies(fedshard_verify_headers fedshard_safetensors_verify_interface_header_sets)
-  endif()
-endif()
-
-if(FEDSHARD_INSTALL)
-  if(NOT DEFINED FEDSHARD_INSTALL_CMAKEDIR)
-    set(FEDSHARD_INSTALL_CMAKEDIR "${CMAKE_INSTALL_DATADIR}/cmake/fedshard")
-  endif()
-  # fedshardConfig.cmake includes fedshard-safetensorsTargets.cmake for COMPONENTS
-  # safetensors, after find_dependency(nlohmann_json 3 CONFIG).
-  install(TARGETS fedshard_safetensors
-    EXPORT fedshard-safetensorsTargets
-    FILE_SET HEADERS DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
-  install(EXPORT fedshard-safetensorsTargets
-    NAMESPACE fedshard::
-    DESTINATION "${FEDSHARD_INSTALL_CMAKEDIR}")
-endif()
+include("${CMAKE_CURRENT_LIST_DIR}/fedshard_component.cmake")
+fedshard_header_component(safetensors fedshard/io/safetensors.hpp)
+target_link_libraries(fedshard_safetensors INTERFACE nlohmann_json::nlohmann_json)
 
 if(NOT FEDSHARD_BUILD_TESTS)
   return()
