@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -666,6 +668,48 @@ TEST_CASE(
                                          "checksum of its bytes [1984, 2048)"),
                        invalid_argument);
   CHECK(damaged.section("tail") == "after");
+}
+
+TEST_CASE("checksum64 changes with every single-bit flip, word swap and length") {
+  std::vector<unsigned char> d(101);
+  for (std::size_t i = 0; i < d.size(); ++i) d[i] = static_cast<unsigned char>(i * 37 + 11);
+  const std::uint64_t base = ck::checksum64(d.data(), d.size());
+  std::set<std::uint64_t> seen{base};
+  for (std::size_t bit = 0; bit < d.size() * 8; ++bit) {
+    d[bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8));
+    seen.insert(ck::checksum64(d.data(), d.size()));
+    d[bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8));
+  }
+  CHECK(seen.size() == 1 + d.size() * 8);  // all different from each other and from base
+  // Two flips of the same bit in two words of one lane (what a plain multiply chain misses).
+  d[7] ^= 0x80;
+  d[39] ^= 0x80;
+  CHECK(ck::checksum64(d.data(), d.size()) != base);
+  d[7] ^= 0x80;
+  d[39] ^= 0x80;
+  std::swap_ranges(d.begin(), d.begin() + 8, d.begin() + 32);  // two words of one lane
+  CHECK(ck::checksum64(d.data(), d.size()) != base);
+  CHECK(ck::checksum64(d.data(), 100) != ck::checksum64(d.data(), 101));
+}
+
+TEST_CASE("file_writer::recycle: the next snapshot fills the same buffers") {
+  ck::file_writer first;
+  const auto a = first.add_elements<float>("master", 1000);
+  std::fill(a.begin(), a.end(), 1.5f);
+  const char* where = reinterpret_cast<const char*>(a.data());
+  ck::file_writer next;
+  next.recycle(std::move(first));
+  CHECK(first.size_bytes() == 0);
+  const auto b = next.add_elements<float>("master", 1000);
+  CHECK(reinterpret_cast<const char*>(b.data()) == where);
+  const auto c = next.add_elements<float>("other", 10);  // a name it has no buffer for
+  CHECK(reinterpret_cast<const char*>(c.data()) != where);
+  std::fill(b.begin(), b.end(), 2.0f);
+  std::fill(c.begin(), c.end(), 3.0f);
+  const ck::file_reader r(next.bytes(), "mem");
+  std::vector<float> got(1000);
+  r.read_span("master", std::span<float>(got));
+  CHECK(got == std::vector<float>(1000, 2.0f));
 }
 
 TEST_CASE("new_save_id gives a different id each call, held exactly by a double") {

@@ -224,8 +224,11 @@ class synchronizer {
   /// checkpoint writer (add_value / add_span), copied to the host.
   template <class Writer>
   void save(Writer& w) {
-    for (const auto& t : policy_.state())
-      w.add_span("federation." + t.name, std::span<const float>(download(t.data)));
+    for (const auto& t : policy_.state()) {
+      const auto dst = w.template add_elements<float>("federation." + t.name, t.data.size());
+      space_->to_host(sync_, cview(std::span<const float>(t.data)), view(dst));
+    }
+    space_->synchronize(sync_);
     for (int f = 0; f < fragments(); ++f) {
       const auto& fr = at(f);
       const std::string p = "fragment" + std::to_string(f) + ".";

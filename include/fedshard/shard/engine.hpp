@@ -165,6 +165,14 @@ class engine {
     space_->synchronize(compute_);
     return host;
   }
+  /// The elements of a span of the space's memory, copied into `host` (of the same size; after
+  /// the compute work queued so far).
+  void download(std::span<const float> from, std::span<float> host) {
+    FEDSHARD_EXPECTS(host.size() == from.size(), "download: ", from.size(), " elements into ",
+                     host.size(), " values");
+    space_->to_host(compute_, cview(from), view(host));
+    space_->synchronize(compute_);
+  }
   /// Copies host values into a span of the space's memory (before the compute work queued
   /// after this call).
   void upload(std::span<const float> host, std::span<float> to) {

@@ -7,8 +7,9 @@
 ///   header:   "FEDSHCK2" | u32 version | u32 chunk bytes C
 ///   data:     every section's bytes, back to back
 ///   contents: u32 section count | per section: u32 name length | name | u64 offset |
-///             u64 byte size | u64 FNV-1a of each C-byte chunk of its bytes
-///   trailer:  u64 contents offset | u64 contents size | u64 FNV-1a of the contents | "FEDSHEND"
+///             u64 byte size | u64 checksum64 of each C-byte chunk of its bytes
+///   trailer:  u64 contents offset | u64 contents size | u64 checksum64 of the contents |
+///             "FEDSHEND"
 /// (little-endian, as written by the host). Opening a file reads only its header, trailer and
 /// contents, and checks them: a truncated or torn file (the trailer is what is written last)
 /// and a corrupt table of contents are refused before anything else is read. A read of any
@@ -24,6 +25,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -64,6 +66,34 @@ inline std::uint64_t fnv1a(const void* data, std::size_t n,
     h ^= p[i];
     h *= 0x100000001b3ull;
   }
+  return h;
+}
+
+/// The checksum of a chunk and of a table of contents: four independent lanes each take a
+/// 64-bit little-endian word in turn (x ^= w; x *= golden ratio; x ^= x >> 29, a bijection of
+/// x for each w, so one changed word always changes its lane), the last n % 32 bytes go to
+/// lane 0 one by one, and the lanes are mixed together with the length. About 8x the speed
+/// of byte-wise FNV-1a, which made a checksum of 100 MB a step's worth of time.
+inline std::uint64_t checksum64(const void* data, std::size_t n) noexcept {
+  constexpr std::uint64_t golden = 0x9e3779b97f4a7c15ull;
+  auto mix = [](std::uint64_t x) {
+    x *= golden;
+    return x ^ (x >> 29);
+  };
+  const auto* p = static_cast<const unsigned char*>(data);
+  std::uint64_t lane[4] = {0x243f6a8885a308d3ull, 0x13198a2e03707344ull, 0xa4093822299f31d0ull,
+                           0x082efa98ec4e6c89ull};
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (std::size_t k = 0; k < 4; ++k) {
+      std::uint64_t w = 0;
+      std::memcpy(&w, p + i + 8 * k, 8);
+      lane[k] = mix(lane[k] ^ w);
+    }
+  }
+  for (; i < n; ++i) lane[0] = mix(lane[0] ^ p[i]);
+  std::uint64_t h = mix(static_cast<std::uint64_t>(n));
+  for (std::uint64_t x : lane) h = mix(h ^ x);
   return h;
 }
 
@@ -108,12 +138,36 @@ class file_writer {
     FEDSHARD_EXPECTS(chunk_bytes > 0, "checkpoint: the chunk size must be > 0");
   }
 
+  /// Adds a section of `bytes` bytes and returns it, to be filled in place (what it holds
+  /// until then is unspecified): one copy from where the values are, none through a
+  /// temporary. A buffer recycle() kept under the same name, if as large, is reused (no
+  /// allocation, no first-touch page faults).
+  std::span<char> add_buffer(std::string name, std::size_t bytes) {
+    FEDSHARD_EXPECTS(!index_.count(name), "checkpoint: section '", name, "' added twice");
+    section s;
+    if (auto it = spare_.find(name); it != spare_.end() && it->second.capacity >= bytes) {
+      s = std::move(it->second);
+      spare_.erase(it);
+    } else {
+      s.data.reset(new char[std::max<std::size_t>(bytes, 1)]);  // not value-initialised
+      s.capacity = bytes;
+    }
+    s.size = bytes;
+    index_.emplace(name, sections_.size());
+    sections_.emplace_back(std::move(name), std::move(s));
+    return {sections_.back().second.data.get(), bytes};
+  }
+  /// add_buffer() for `count` values of a trivially copyable T (aligned for any of them).
+  template <class T>
+  std::span<T> add_elements(std::string name, std::size_t count) {
+    static_assert(std::is_trivially_copyable_v<T> && alignof(T) <= alignof(std::max_align_t));
+    const auto b = add_buffer(std::move(name), count * sizeof(T));
+    return {reinterpret_cast<T*>(b.data()), count};
+  }
   /// Adds a section of raw bytes.
   void add(std::string name, const void* data, std::size_t bytes) {
-    FEDSHARD_EXPECTS(!index_.count(name), "checkpoint: section '", name, "' added twice");
-    const auto* p = static_cast<const char*>(data);
-    index_.emplace(name, sections_.size());
-    sections_.emplace_back(std::move(name), std::string(p, p + bytes));
+    const auto b = add_buffer(std::move(name), bytes);
+    if (bytes > 0) std::memcpy(b.data(), data, bytes);
   }
   /// Adds a section holding a span of trivially copyable values.
   template <class T>
@@ -134,8 +188,17 @@ class file_writer {
   /// Bytes held so far (the sections' sizes).
   std::size_t size_bytes() const noexcept {
     std::size_t n = 0;
-    for (const auto& s : sections_) n += s.second.size();
+    for (const auto& s : sections_) n += s.second.size;
     return n;
+  }
+  /// Keeps the section buffers of `used` (a writer done with) for add_buffer() to reuse by
+  /// name: a trainer's next save_async snapshots into the same memory.
+  void recycle(file_writer&& used) {
+    for (auto& [name, s] : used.sections_) spare_[name] = std::move(s);
+    for (auto& [name, s] : used.spare_) spare_.try_emplace(name, std::move(s));
+    used.sections_.clear();
+    used.index_.clear();
+    used.spare_.clear();
   }
 
   /// The serialised file.
@@ -178,29 +241,35 @@ class file_writer {
     std::string contents;
     detail::put(contents, static_cast<std::uint32_t>(sections_.size()));
     std::uint64_t at = head.size();
-    for (const auto& [name, data] : sections_) {
-      sink(data.data(), data.size());
+    for (const auto& [name, sec] : sections_) {
+      const char* data = sec.data.get();
+      sink(data, sec.size);
       detail::put(contents, static_cast<std::uint32_t>(name.size()));
       contents += name;
       detail::put(contents, at);
-      detail::put(contents, static_cast<std::uint64_t>(data.size()));
-      for (std::size_t c = 0; c < data.size(); c += chunk_)
-        detail::put(contents,
-                    fnv1a(data.data() + c, std::min<std::size_t>(chunk_, data.size() - c)));
-      at += data.size();
+      detail::put(contents, static_cast<std::uint64_t>(sec.size));
+      for (std::size_t c = 0; c < sec.size; c += chunk_)
+        detail::put(contents, checksum64(data + c, std::min<std::size_t>(chunk_, sec.size - c)));
+      at += sec.size;
     }
     std::string tail;
     detail::put(tail, at);
     detail::put(tail, static_cast<std::uint64_t>(contents.size()));
-    detail::put(tail, fnv1a(contents.data(), contents.size()));
+    detail::put(tail, checksum64(contents.data(), contents.size()));
     tail.append(end_magic, 8);
     sink(contents.data(), contents.size());
     sink(tail.data(), tail.size());
   }
 
+  struct section {
+    std::unique_ptr<char[]> data;
+    std::size_t size = 0;
+    std::size_t capacity = 0;
+  };
   std::uint32_t chunk_;
-  std::vector<std::pair<std::string, std::string>> sections_;  // in the order added
+  std::vector<std::pair<std::string, section>> sections_;  // in the order added
   std::map<std::string, std::size_t, std::less<>> index_;
+  std::map<std::string, section, std::less<>> spare_;  // recycled buffers, by section name
 };
 
 /// Reads a file written by file_writer, from memory or from disk. The constructor checks the
@@ -264,7 +333,7 @@ class file_reader {
       const std::size_t begin = c * chunk_, n = std::min<std::size_t>(chunk_, e.size - begin);
       buf.resize(n);
       raw(e.offset + begin, buf.data(), n);
-      if (fnv1a(buf.data(), n) != e.sums[c])
+      if (checksum64(buf.data(), n) != e.sums[c])
         fail("is corrupt: section '", name, "' fails the checksum of its bytes [", begin, ", ",
              begin + n, ")");
       const std::size_t from = std::max(offset, begin),
@@ -358,7 +427,7 @@ class file_reader {
       fail("is corrupt: its table of contents is not where its trailer says");
     std::string c(static_cast<std::size_t>(n), '\0');
     raw(at, c.data(), c.size());
-    if (fnv1a(c.data(), c.size()) != sum)
+    if (checksum64(c.data(), c.size()) != sum)
       fail("is corrupt: its table of contents fails its checksum");
     std::size_t p = 0;
     const auto count = get<std::uint32_t>(c, p);
@@ -571,11 +640,13 @@ struct save_job {
 
 /// Collective: the first half of a save over a world of `size` ranks (this one is `rank`):
 /// creates dir, agrees on a save id, snapshots this rank's state (`write_state(w)` adds its
-/// sections to a file_writer) and world rank 0's manifest (`m`, plus the sections
-/// `describe(w)` adds). Any rank's failure throws on every rank.
+/// sections to a file_writer, into the buffers of `reuse` when given) and world rank 0's
+/// manifest (`m`, plus the sections `describe(w)` adds). Any rank's failure throws on every
+/// rank.
 template <class Agree, class WriteState, class Describe>
 save_job prepare_save(const std::filesystem::path& dir, int rank, int size, const manifest& m,
-                      Agree&& agree, WriteState&& write_state, Describe&& describe) {
+                      Agree&& agree, WriteState&& write_state, Describe&& describe,
+                      file_writer* reuse = nullptr) {
   std::exception_ptr error;
   if (rank == 0) error = detail::attempt([&] { std::filesystem::create_directories(dir); });
   detail::all_ok(error, "creating the checkpoint directory", rank, size, agree);
@@ -585,6 +656,7 @@ save_job prepare_save(const std::filesystem::path& dir, int rank, int size, cons
   job.size = size;
   job.id = static_cast<std::uint64_t>(
       agree(rank == 0 ? static_cast<double>(new_save_id()) : 0.0, reduce_op::max));
+  if (reuse != nullptr) job.rank_file.recycle(std::move(*reuse));
   error = detail::attempt([&] {
     job.rank_file.add_text("manifest", m.text());
     job.rank_file.add_value("save_id", job.id);
@@ -601,11 +673,12 @@ save_job prepare_save(const std::filesystem::path& dir, int rank, int size, cons
 
 /// Collective: writes every rank's state into directory dir (prepare_save, then the files,
 /// agreed). Every file carries one save id, so files of two saves are never mixed; a rank that
-/// fails makes every rank throw, and the previous checkpoint in dir stays loadable.
+/// fails makes every rank throw, and the previous checkpoint in dir stays loadable. The
+/// snapshot's buffers go back to `reuse`, when given, for the next save.
 template <class Agree, class WriteState, class Describe>
 void save(const std::filesystem::path& dir, int rank, int size, const manifest& m, Agree&& agree,
-          WriteState&& write_state, Describe&& describe) {
-  save_job job = prepare_save(dir, rank, size, m, agree, write_state, describe);
+          WriteState&& write_state, Describe&& describe, file_writer* reuse = nullptr) {
+  save_job job = prepare_save(dir, rank, size, m, agree, write_state, describe, reuse);
   std::exception_ptr error =
       detail::attempt([&] { job.rank_file.write(dir / rank_file_name(rank, job.id)); });
   detail::all_ok(error, "writing the rank files", rank, size, agree);
@@ -614,6 +687,7 @@ void save(const std::filesystem::path& dir, int rank, int size, const manifest& 
       job.manifest.write(dir / manifest_file_name);
       detail::remove_stale(dir, job.id);
     });
+  if (reuse != nullptr) reuse->recycle(std::move(job.rank_file));
   detail::all_ok(error, "writing the manifest", rank, size, agree);
 }
 

@@ -245,7 +245,7 @@ class trainer final : private detail::unit_hooks<S> {
     checkpoint::save(
         dir, m.rank(), m.size(), manifest(), agree(),
         [&](checkpoint::file_writer& w) { write_state(w); },
-        [&](checkpoint::file_writer& w) { describe(w); });
+        [&](checkpoint::file_writer& w) { describe(w); }, &staging_);
   }
 
   /// Collective over the world: save(dir) without waiting for the files. The rank's state is
@@ -260,7 +260,7 @@ class trainer final : private detail::unit_hooks<S> {
     auto job = checkpoint::prepare_save(
         dir, m.rank(), m.size(), manifest(), agree(),
         [&](checkpoint::file_writer& w) { write_state(w); },
-        [&](checkpoint::file_writer& w) { describe(w); });
+        [&](checkpoint::file_writer& w) { describe(w); }, &staging_);
     pending_save_ = std::make_unique<pending_save>();
     pending_save_->dir = dir;
     pending_save_->thread = std::thread([job = std::move(job), p = pending_save_.get()]() mutable {
@@ -269,6 +269,7 @@ class trainer final : private detail::unit_hooks<S> {
       } catch (...) {
         p->error = std::current_exception();
       }
+      p->used.recycle(std::move(job.rank_file));  // for the next save's snapshot
       p->done.store(true, std::memory_order_release);
     });
   }
@@ -279,6 +280,7 @@ class trainer final : private detail::unit_hooks<S> {
     if (!pending_save_) return;
     pending_save_->thread.join();
     const std::exception_ptr error = pending_save_->error;
+    staging_.recycle(std::move(pending_save_->used));
     pending_save_.reset();
     auto& m = engine_.topology();
     auto a = agree();
@@ -721,11 +723,13 @@ class trainer final : private detail::unit_hooks<S> {
       std::fprintf(stderr, "%s\n", line.c_str());
   }
 
+  /// Adds this rank's whole state to w (copied from the space straight into w's sections).
   void write_state(checkpoint::file_writer& w) {
-    w.add_span("master", std::span<const float>(engine_.download(engine_.master())));
+    const auto master = engine_.master();
+    engine_.download(master, w.add_elements<float>("master", master.size()));
     w.add_value("optimizer.step_count", optimizer_.step_count());
     for (const auto& t : optimizer_.state())
-      w.add_span("optimizer." + t.name, std::span<const float>(engine_.download(t.data)));
+      engine_.download(t.data, w.add_elements<float>("optimizer." + t.name, t.data.size()));
     sync_.save(w);
     for_each_codec_state([&](const std::string& name, std::span<float> st) {
       w.add_span(name, std::span<const float>(st));
@@ -794,9 +798,14 @@ class trainer final : private detail::unit_hooks<S> {
     std::filesystem::path dir;
     std::thread thread;
     std::exception_ptr error;
+    checkpoint::file_writer used;  // its snapshot's buffers, once written
     std::atomic<bool> done{false};
   };
   std::unique_ptr<pending_save> pending_save_;
+  /// The host buffers of the last save's snapshot, which the next one fills again (no
+  /// allocation or page faults on the step that saves; the cost is one copy of the rank's
+  /// state kept in host memory between saves).
+  checkpoint::file_writer staging_;
 };
 
 }  // namespace fedshard
