@@ -30,10 +30,14 @@
 ///    (step time of the async blocks over the plain ones, all rounds) and
 ///    `async_overlapped_over_plain` (the mean time of the steps that overlapped a save, the one
 ///    that called save_async included, over the plain step time); `sync_over_plain`;
-///  - `checkpoint/writer_own_core`, `writer_same_core`, `writer_sched_idle`: plain, async, with
-///    the writer thread placed as `placement` says (where the time goes);
-///  - `checkpoint/staged_prototype`: plain, staged, async.
-/// Counters, per kind K (plain, async, sync, staged): `K_step_ms`, `K_over_plain`; per background
+///  - `checkpoint/writer_own_core` (plain, async, staged), `writer_same_core` (plain, async),
+///    `writer_sched_idle` (plain, async, staged): the writer thread placed as `placement` says
+///    (where the time goes);
+///  - `checkpoint/staged_prototype`: plain, staged, the writer placed by the OS.
+/// Counters, per kind K (plain, async, sync, staged): `K_step_ms`, `K_over_plain`,
+/// `K_cpu_step_ms` and `K_cpu_over_plain` (the same with the rank thread's CPU time instead of
+/// the wall clock: what the save adds to the compute thread's own work, whatever the load
+/// from elsewhere; wall minus CPU is time the thread waited or was preempted); per background
 /// kind also `K_overlapped_step_ms`, `K_overlapped_over_plain`, `K_first_step_ms` (the step
 /// that started the save, the call included), `K_later_step_ms` (the other overlapping steps:
 /// the writer's interference alone), `K_overlap_fraction` (overlapping steps / steps),
@@ -265,6 +269,12 @@ double realtime_now() {
   ::clock_gettime(CLOCK_REALTIME, &ts);
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
+/// CPU time of the calling thread, in seconds.
+double thread_cpu_now() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 double mtime_of(const fs::path& p) {
   struct stat st {};
   if (::stat(p.c_str(), &st) != 0) return 0;
@@ -304,7 +314,12 @@ void place_writer(placement where, const std::vector<pid_t>& before,
                   const std::vector<pid_t>& after) {
   for (pid_t tid : after) {
     if (std::binary_search(before.begin(), before.end(), tid)) continue;
-    if (where == placement::apart) pin(tid, 1);
+    if (where == placement::apart) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(1, &set);
+      ::sched_setaffinity(tid, sizeof set, &set);  // fails only if the writer is done already
+    }
     if (where == placement::idle) {
       sched_param none{};
       ::sched_setscheduler(tid, SCHED_IDLE, &none);
@@ -376,13 +391,15 @@ struct staged_saver {
 
 /// What the blocks of one kind added up to.
 struct tally {
-  double seconds = 0;  // all blocks, the saves and waits included
+  double seconds = 0;      // all blocks, the saves and waits included
+  double cpu_seconds = 0;  // the rank thread's CPU time in them
   std::int64_t steps = 0, blocks = 0;
   double first_seconds = 0;  // async, staged: the steps that started the save (its call included)
   double later_seconds = 0;  // async, staged: the other steps that overlapped the save
   std::int64_t later = 0;
   double snapshot = 0, save = 0, wait = 0, sync_save = 0;
   double step_ms() const { return steps ? 1e3 * seconds / double(steps) : 0; }
+  double cpu_step_ms() const { return steps ? 1e3 * cpu_seconds / double(steps) : 0; }
   double per_block_ms(double x) const { return blocks ? 1e3 * x / double(blocks) : 0; }
   std::int64_t overlapped() const { return blocks + later; }
   double overlapped_ms() const {
@@ -421,6 +438,7 @@ struct rig {
   /// Runs one block of kind k; returns its seconds.
   double block(block_kind k, tally& out) {
     const bool background = k == block_kind::async || k == block_kind::staged;
+    const double cpu0 = thread_cpu_now();
     const auto t0 = clock_type::now();
     double save_started = 0;
     if (background) {
@@ -458,6 +476,7 @@ struct rig {
                     save_started;
     }
     const double secs = seconds_since(t0);
+    out.cpu_seconds += thread_cpu_now() - cpu0;
     out.seconds += secs;
     out.steps += every;
     out.blocks += 1;
@@ -491,7 +510,11 @@ void report_kind(benchmark::State& state, const std::string& prefix, const tally
   auto& c = state.counters;
   if (!x.steps) return;
   c[prefix + "_step_ms"] = x.step_ms();
-  if (plain.steps && &x != &plain) c[prefix + "_over_plain"] = x.step_ms() / plain.step_ms();
+  c[prefix + "_cpu_step_ms"] = x.cpu_step_ms();
+  if (plain.steps && &x != &plain) {
+    c[prefix + "_over_plain"] = x.step_ms() / plain.step_ms();
+    c[prefix + "_cpu_over_plain"] = x.cpu_step_ms() / plain.cpu_step_ms();
+  }
   if (&x == &plain || x.sync_save > 0) {
     if (x.sync_save > 0) c["sync_save_ms"] = x.per_block_ms(x.sync_save);
     return;
@@ -557,18 +580,17 @@ void bm_interleaved(benchmark::State& state, const char* label, placement where,
     state.counters["every"] = r.every;
     state.counters["state_MB"] = r.state_mb();
     state.counters["load_avg"] = load_average();
-    const tally& bg = of(kinds.size() > 1 ? kinds[1] : kinds[0]);
     std::string line = concat("bench_checkpoint ", label, ": plain step ", plain.step_ms(), " ms");
     for (std::size_t i = 1; i < kinds.size(); ++i) {
       const tally& x = of(kinds[i]);
       line += concat("; ", names[static_cast<int>(kinds[i])], " ", x.step_ms(), " ms, x",
-                     x.step_ms() / plain.step_ms());
+                     x.step_ms() / plain.step_ms(), " (thread CPU x",
+                     x.cpu_step_ms() / plain.cpu_step_ms(), ")");
+      if (kinds[i] == block_kind::async || kinds[i] == block_kind::staged)
+        line += concat(", steps during the save x", x.overlapped_ms() / plain.step_ms(), " (",
+                       x.overlapped(), " of ", x.steps, "; snapshot ", x.per_block_ms(x.snapshot),
+                       " ms, save ", x.per_block_ms(x.save), " ms)");
     }
-    if (bg.blocks && &bg != &plain && bg.sync_save == 0)
-      line += concat("; steps during the save: ", bg.overlapped_ms(), " ms, x",
-                     bg.overlapped_ms() / plain.step_ms(), " (", bg.overlapped(), " of ", bg.steps,
-                     " steps; snapshot ", bg.per_block_ms(bg.snapshot), " ms, save ",
-                     bg.per_block_ms(bg.save), " ms)");
     std::fprintf(stderr, "%s; load %.1f\n", line.c_str(), load_average());
   });
 }
@@ -696,7 +718,7 @@ BENCHMARK_CAPTURE(bm_interleaved, free, "checkpoint/interleaved", placement::fre
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(bm_interleaved, apart, "checkpoint/writer_own_core", placement::apart,
-                  {block_kind::plain, block_kind::async})
+                  {block_kind::plain, block_kind::async, block_kind::staged})
     ->Name("checkpoint/writer_own_core")
     ->Iterations(std::max(2, rounds() / 2))
     ->UseManualTime()
@@ -708,13 +730,13 @@ BENCHMARK_CAPTURE(bm_interleaved, same, "checkpoint/writer_same_core", placement
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(bm_interleaved, idle, "checkpoint/writer_sched_idle", placement::idle,
-                  {block_kind::plain, block_kind::async})
+                  {block_kind::plain, block_kind::async, block_kind::staged})
     ->Name("checkpoint/writer_sched_idle")
     ->Iterations(std::max(2, rounds() / 2))
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(bm_interleaved, staged, "checkpoint/staged_prototype", placement::free,
-                  {block_kind::plain, block_kind::staged, block_kind::async})
+                  {block_kind::plain, block_kind::staged})
     ->Name("checkpoint/staged_prototype")
     ->Iterations(std::max(2, rounds() / 2))
     ->UseManualTime()
