@@ -17,9 +17,7 @@
 ///    next block; its time counts, and is about 0 when the save ended within the block). The
 ///    first step's time includes the save_async call: the snapshot of the state into host
 ///    memory on the calling thread is part of the price;
-///  - sync: save(dir), then N steps;
-///  - staged: the same as async with `staged_saver`, a bench-only prototype of a cheaper
-///    snapshot (see its comment).
+///  - sync: save(dir), then N steps.
 /// The block's time / N is its step time. A step *overlaps* the save when it is the first of
 /// the block or save_in_flight() is true right before it starts.
 ///
@@ -30,11 +28,9 @@
 ///    (step time of the async blocks over the plain ones, all rounds) and
 ///    `async_overlapped_over_plain` (the mean time of the steps that overlapped a save, the one
 ///    that called save_async included, over the plain step time); `sync_over_plain`;
-///  - `checkpoint/writer_own_core` (plain, async, staged), `writer_same_core` (plain, async),
-///    `writer_sched_idle` (plain, async, staged): the writer thread placed as `placement` says
-///    (where the time goes);
-///  - `checkpoint/staged_prototype`: plain, staged, the writer placed by the OS.
-/// Counters, per kind K (plain, async, sync, staged): `K_step_ms`, `K_over_plain`,
+///  - `checkpoint/writer_own_core`, `writer_same_core`, `writer_sched_idle` (plain, async):
+///    the writer thread placed as `placement` says (where the time goes).
+/// Counters, per kind K (plain, async, sync): `K_step_ms`, `K_over_plain`,
 /// `K_cpu_step_ms` and `K_cpu_over_plain` (the same with the rank thread's CPU time instead of
 /// the wall clock: what the save adds to the compute thread's own work, whatever the load
 /// from elsewhere; wall minus CPU is time the thread waited or was preempted); per background
@@ -52,10 +48,11 @@
 /// `checkpoint_parts/*` time what a save does, on 100 MB, without training: `snapshot`
 /// (save_async's call: the state copied into host memory), `save_async_idle` (save_async +
 /// wait_for_save: the whole save with nothing else running), `fnv1a` (the checksum of
-/// checkpoint.hpp, per 1 MiB chunk), `fnv1a_words_candidate` (FNV-1a over 8-byte words, a
-/// candidate faster checksum), `memcpy_warm` (a copy into pages written before),
-/// `copy_into_fresh_string` (a copy into a new std::string, as file_writer::add makes: every
-/// page is touched for the first time), `file_write` (ofstream writes of the bytes into a fresh
+/// checkpoint.hpp before this change, byte-wise, per 1 MiB chunk), `checksum64` (the chunk
+/// checksum of checkpoint.hpp), `memcpy_warm` (a copy into pages written before: a snapshot
+/// into the buffers of the previous one), `copy_into_fresh_string` (a copy into a new
+/// std::string, as file_writer::add did before the buffers were reused: every page is touched
+/// for the first time), `file_write` (ofstream writes of the bytes into a fresh
 /// file in a temporary directory, renamed, the previous file removed: file_writer::write
 /// without the checksums). Each sets bytes_per_second.
 ///
@@ -327,75 +324,16 @@ void place_writer(placement where, const std::vector<pid_t>& before,
   }
 }
 
-/// plain: steps only; async: save_async first; sync: save first; staged: the prototype of
-/// `staged_saver` first.
-enum class block_kind { plain, async, sync, staged };
-
-/// A prototype of the proposed save_async, in the bench only (it writes no manifest and its
-/// file is not the checkpoint format, but it does a save's work): the calling thread copies the
-/// master and AdamW's two moments into host staging buffers allocated at the first save and
-/// reused (a memcpy into warm pages: no allocation, no page faults), and a thread of its own
-/// computes the FNV-1a of every 1 MiB chunk and writes the bytes from the staging buffers into
-/// "<file>.tmp" (with the checksums after them), renames it and removes the previous save's
-/// file. One save at a time: start() first waits for the previous one.
-struct staged_saver {
-  std::vector<std::vector<float>> staging;
-  std::thread writer;
-  std::atomic<bool> done{true};
-  int saves = 0;
-
-  void start(trainer_type& t, const fs::path& dir) {
-    finish();
-    t.synchronize();
-    std::vector<std::span<const float>> state{t.engine().master()};
-    for (const auto& s : t.optimizer().state()) state.push_back(s.data);
-    staging.resize(state.size());
-    for (std::size_t k = 0; k < state.size(); ++k) {
-      staging[k].resize(state[k].size());
-      std::memcpy(staging[k].data(), state[k].data(), state[k].size_bytes());
-    }
-    fs::create_directories(dir);
-    const fs::path file = dir / concat("staged-", saves % 2, ".bin"),
-                   previous = dir / concat("staged-", (saves + 1) % 2, ".bin");
-    ++saves;
-    done.store(false);
-    writer = std::thread([this, file, previous] {
-      const fs::path tmp = file.string() + ".tmp";
-      std::vector<std::uint64_t> sums;
-      {
-        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        for (const auto& s : staging) {
-          const auto* p = reinterpret_cast<const char*>(s.data());
-          const std::size_t n = s.size() * sizeof(float);
-          for (std::size_t c = 0; c < n; c += fedshard::checkpoint::default_chunk_bytes)
-            sums.push_back(fedshard::checkpoint::fnv1a(
-                p + c, std::min<std::size_t>(fedshard::checkpoint::default_chunk_bytes, n - c)));
-          f.write(p, static_cast<std::streamsize>(n));
-        }
-        f.write(reinterpret_cast<const char*>(sums.data()),
-                static_cast<std::streamsize>(sums.size() * sizeof(std::uint64_t)));
-        f.flush();
-      }
-      std::error_code ec;
-      fs::rename(tmp, file, ec);
-      fs::remove(previous, ec);
-      done.store(true, std::memory_order_release);
-    });
-  }
-  bool in_flight() const { return !done.load(std::memory_order_acquire); }
-  void finish() {
-    if (writer.joinable()) writer.join();
-  }
-  ~staged_saver() { finish(); }
-};
+/// plain: steps only; async: save_async first; sync: save first.
+enum class block_kind { plain, async, sync };
 
 /// What the blocks of one kind added up to.
 struct tally {
   double seconds = 0;      // all blocks, the saves and waits included
   double cpu_seconds = 0;  // the rank thread's CPU time in them
   std::int64_t steps = 0, blocks = 0;
-  double first_seconds = 0;  // async, staged: the steps that started the save (its call included)
-  double later_seconds = 0;  // async, staged: the other steps that overlapped the save
+  double first_seconds = 0;  // async: the steps that started the save (its call included)
+  double later_seconds = 0;  // async: the other steps that overlapped the save
   std::int64_t later = 0;
   double snapshot = 0, save = 0, wait = 0, sync_save = 0;
   double step_ms() const { return steps ? 1e3 * seconds / double(steps) : 0; }
@@ -414,36 +352,29 @@ struct rig {
   temp_dir dir;
   int every;
   placement where = placement::free;
-  staged_saver staged;
 
   rig(fedshard::mesh<fedshard::inproc::communicator>& m, int n, int every_)
       : t(m, wide_mlp{}, {.lr = 1e-4f}), batch(make_batch(n)), every(every_) {}
 
   fs::path checkpoint_dir() const { return dir.path / "ckpt"; }
 
-  /// Starts a background save (async or staged) with the writer placed as `where` says.
-  void start_save(block_kind k) {
+  /// Starts a save_async with the writer placed as `where` says.
+  void start_save() {
     const bool placed = where == placement::apart || where == placement::idle;
     const auto before = placed ? threads_of_process() : std::vector<pid_t>{};
-    if (k == block_kind::async)
-      t.save_async(checkpoint_dir());
-    else
-      staged.start(t, dir.path / "staged");
+    t.save_async(checkpoint_dir());
     if (placed) place_writer(where, before, threads_of_process());
-  }
-  bool save_in_flight(block_kind k) const {
-    return k == block_kind::async ? t.save_in_flight() : staged.in_flight();
   }
 
   /// Runs one block of kind k; returns its seconds.
   double block(block_kind k, tally& out) {
-    const bool background = k == block_kind::async || k == block_kind::staged;
+    const bool background = k == block_kind::async;
     const double cpu0 = thread_cpu_now();
     const auto t0 = clock_type::now();
     double save_started = 0;
     if (background) {
       save_started = realtime_now();
-      start_save(k);
+      start_save();
       out.snapshot += seconds_since(t0);
     } else if (k == block_kind::sync) {
       t.save(checkpoint_dir());
@@ -451,7 +382,7 @@ struct rig {
     }
     auto step_start = t0;  // the first step's time holds the call that started the save
     for (int s = 0; s < every; ++s) {
-      const bool overlaps = background && (s == 0 || save_in_flight(k));
+      const bool overlaps = background && (s == 0 || t.save_in_flight());
       benchmark::DoNotOptimize(t.step(batch));
       const auto now = clock_type::now();
       const double took = std::chrono::duration<double>(now - step_start).count();
@@ -464,16 +395,10 @@ struct rig {
     }
     if (background) {
       const auto w0 = clock_type::now();
-      if (k == block_kind::async)
-        t.wait_for_save();
-      else
-        staged.finish();
+      t.wait_for_save();
       out.wait += seconds_since(w0);
       out.save +=
-          k == block_kind::async
-              ? mtime_of(checkpoint_dir() / fedshard::checkpoint::manifest_file_name) - save_started
-              : mtime_of(dir.path / "staged" / concat("staged-", (staged.saves - 1) % 2, ".bin")) -
-                    save_started;
+          mtime_of(checkpoint_dir() / fedshard::checkpoint::manifest_file_name) - save_started;
     }
     const double secs = seconds_since(t0);
     out.cpu_seconds += thread_cpu_now() - cpu0;
@@ -558,14 +483,10 @@ void on_one_rank(benchmark::State& state, placement where, F&& body) {
 /// second kind (the first is plain).
 void bm_interleaved(benchmark::State& state, const char* label, placement where,
                     std::vector<block_kind> kinds) {
-  static const char* const names[] = {"plain", "async", "sync", "staged"};
+  static const char* const names[] = {"plain", "async", "sync"};
   on_one_rank(state, where, [&](rig& r) {
-    tally tallies[4];
+    tally tallies[3];
     auto of = [&](block_kind k) -> tally& { return tallies[static_cast<int>(k)]; };
-    if (std::find(kinds.begin(), kinds.end(), block_kind::staged) != kinds.end()) {
-      r.staged.start(r.t, r.dir.path / "staged");  // untimed: allocates the staging buffers
-      r.staged.finish();
-    }
     for (auto _ : state) {
       double timed = 0;
       for (std::size_t i = 0; i < kinds.size(); ++i) {
@@ -575,7 +496,7 @@ void bm_interleaved(benchmark::State& state, const char* label, placement where,
       state.SetIterationTime(timed / r.every);
     }
     const tally& plain = of(block_kind::plain);
-    for (int k = 0; k < 4; ++k) report_kind(state, names[k], tallies[k], plain);
+    for (int k = 0; k < 3; ++k) report_kind(state, names[k], tallies[k], plain);
     state.counters["batch"] = batch_size();
     state.counters["every"] = r.every;
     state.counters["state_MB"] = r.state_mb();
@@ -586,7 +507,7 @@ void bm_interleaved(benchmark::State& state, const char* label, placement where,
       line += concat("; ", names[static_cast<int>(kinds[i])], " ", x.step_ms(), " ms, x",
                      x.step_ms() / plain.step_ms(), " (thread CPU x",
                      x.cpu_step_ms() / plain.cpu_step_ms(), ")");
-      if (kinds[i] == block_kind::async || kinds[i] == block_kind::staged)
+      if (kinds[i] == block_kind::async)
         line += concat(", steps during the save x", x.overlapped_ms() / plain.step_ms(), " (",
                        x.overlapped(), " of ", x.steps, "; snapshot ", x.per_block_ms(x.snapshot),
                        " ms, save ", x.per_block_ms(x.save), " ms)");
@@ -627,22 +548,9 @@ std::vector<char> filled(std::size_t n) {
   return v;
 }
 
-/// FNV-1a 64 over 8-byte little-endian words (a candidate faster checksum: one multiply per 8
-/// bytes instead of per byte); not what the format uses.
-std::uint64_t fnv1a_words(const char* p, std::size_t n) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    std::uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 0x100000001b3ull;
-  }
-  return fedshard::checkpoint::fnv1a(p + i, n - i, h);
-}
-
-/// The checksums of the format (`words` false: checkpoint::fnv1a) or the candidate, per 1 MiB
-/// chunk of 100 MB.
-void bm_checksum(benchmark::State& state, bool words) {
+/// The chunk checksum of the format (`lanes`: checkpoint::checksum64) or byte-wise FNV-1a (the
+/// one before), per 1 MiB chunk of 100 MB.
+void bm_checksum(benchmark::State& state, bool lanes) {
   const auto data = filled(part_bytes);
   const std::size_t chunk = fedshard::checkpoint::default_chunk_bytes;
   for (auto _ : state) {
@@ -650,8 +558,8 @@ void bm_checksum(benchmark::State& state, bool words) {
     std::uint64_t h = 0;
     for (std::size_t c = 0; c < data.size(); c += chunk) {
       const std::size_t n = std::min(chunk, data.size() - c);
-      h ^=
-          words ? fnv1a_words(data.data() + c, n) : fedshard::checkpoint::fnv1a(data.data() + c, n);
+      h ^= lanes ? fedshard::checkpoint::checksum64(data.data() + c, n)
+                 : fedshard::checkpoint::fnv1a(data.data() + c, n);
     }
     benchmark::DoNotOptimize(h);
     state.SetIterationTime(seconds_since(t0));
@@ -667,7 +575,7 @@ void bm_memcpy(benchmark::State& state, bool fresh) {
   for (auto _ : state) {
     const auto t0 = clock_type::now();
     if (fresh) {
-      std::string dst(src.data(), src.size());  // what file_writer::add does
+      std::string dst(src.data(), src.size());  // what file_writer::add did
       benchmark::DoNotOptimize(dst.data());
     } else {
       std::memcpy(warm.data(), src.data(), part_bytes);
@@ -718,7 +626,7 @@ BENCHMARK_CAPTURE(bm_interleaved, free, "checkpoint/interleaved", placement::fre
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(bm_interleaved, apart, "checkpoint/writer_own_core", placement::apart,
-                  {block_kind::plain, block_kind::async, block_kind::staged})
+                  {block_kind::plain, block_kind::async})
     ->Name("checkpoint/writer_own_core")
     ->Iterations(std::max(2, rounds() / 2))
     ->UseManualTime()
@@ -730,14 +638,8 @@ BENCHMARK_CAPTURE(bm_interleaved, same, "checkpoint/writer_same_core", placement
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(bm_interleaved, idle, "checkpoint/writer_sched_idle", placement::idle,
-                  {block_kind::plain, block_kind::async, block_kind::staged})
+                  {block_kind::plain, block_kind::async})
     ->Name("checkpoint/writer_sched_idle")
-    ->Iterations(std::max(2, rounds() / 2))
-    ->UseManualTime()
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(bm_interleaved, staged, "checkpoint/staged_prototype", placement::free,
-                  {block_kind::plain, block_kind::staged})
-    ->Name("checkpoint/staged_prototype")
     ->Iterations(std::max(2, rounds() / 2))
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
@@ -756,8 +658,8 @@ BENCHMARK_CAPTURE(bm_checksum, fnv1a, false)
     ->Iterations(4)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(bm_checksum, fnv1a_words, true)
-    ->Name("checkpoint_parts/fnv1a_words_candidate")
+BENCHMARK_CAPTURE(bm_checksum, checksum64, true)
+    ->Name("checkpoint_parts/checksum64")
     ->Iterations(4)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
