@@ -48,6 +48,7 @@
 #include "fedshard/mesh/axis.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/shard/flat_layout.hpp"
+#include "fedshard/trainer/checkpoint.hpp"
 
 namespace fedshard::safetensors {
 
@@ -527,16 +528,7 @@ inline comm_op agreement_op(reduce_op op, int world_size, std::size_t count = 1)
           .overlappable = false};
 }
 
-/// Runs f; returns what it threw, or null.
-template <class F>
-std::exception_ptr attempt(F&& f) {
-  try {
-    f();
-    return nullptr;
-  } catch (...) {
-    return std::current_exception();
-  }
-}
+using checkpoint::detail::attempt;  // runs f; returns what it threw, or null
 
 /// Longest message another rank's error is passed on with.
 inline constexpr std::size_t max_message = 2000;
