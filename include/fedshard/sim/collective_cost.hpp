@@ -25,15 +25,25 @@
 /// equal share of the node bandwidth, and a communicator with m members on a node reaches at
 /// most m x nics_per_node / gpus_per_node of its NICs (at least one). The same holds for a
 /// site's WAN uplink (link_sharing::per_site).
+///
+/// Measured constants (cluster::measured, calibrate.hpp): when they hold a fit of the kind at
+/// the span's level, t = latency + bus_factor x S / (busbw / sharing), sharing =
+/// link_sharing::per_site for a span across sites, per_node for one across nodes, 1 inside a
+/// node (busbw was measured for one communicator alone), whatever the algorithm asked for
+/// (the measured library chose its own). A fit of another rank count of the same kind and
+/// level gives busbw as measured and latency x ring_steps(n) / ring_steps(n measured), from
+/// the nearest rank count measured. Otherwise the α-β model above.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string_view>
 
 #include "fedshard/error.hpp"
 #include "fedshard/plan/comm_op.hpp"
+#include "fedshard/sim/calibrate.hpp"
 #include "fedshard/sim/topology.hpp"
 
 namespace fedshard::sim {
@@ -75,6 +85,7 @@ struct collective_cost {
   double latency = 0;                                           ///< α terms
   double transfer = 0;                                          ///< β terms
   collective_algorithm algorithm = collective_algorithm::ring;  ///< the one priced
+  bool measured = false;  ///< priced with cluster::measured, not the α-β model
 };
 
 namespace detail {
@@ -203,6 +214,34 @@ inline collective_cost hierarchical_cost(comm_kind k, double bytes, const comm_s
   return r;
 }
 
+/// The price from c.measured (see the file comment), or nothing when it has no fit of k at
+/// s's level.
+inline std::optional<collective_cost> measured_cost(comm_kind k, double bytes, const comm_span& s,
+                                                    const link_sharing& share, const cluster& c,
+                                                    collective_algorithm algo) {
+  if (!c.measured || s.ranks <= 1) return std::nullopt;
+  const level_kind level = s.level();
+  const fitted_collective* f = c.measured->find(k, level, s.ranks);
+  double latency = 0;
+  if (f) {
+    latency = f->latency;
+  } else {
+    f = c.measured->nearest(k, level, s.ranks);
+    if (!f) return std::nullopt;
+    latency = f->latency * (ring_steps(k, s.ranks) / ring_steps(k, f->ranks));
+  }
+  const int sharing = level == level_kind::wan     ? std::max(1, share.per_site)
+                      : level == level_kind::inter ? std::max(1, share.per_node)
+                                                   : 1;
+  collective_cost r;
+  r.algorithm = algo;
+  r.measured = true;
+  r.latency = latency;
+  r.transfer = transfer_time(bus_factor(k, s.ranks) * bytes, f->bus_bandwidth / sharing);
+  r.seconds = r.latency + r.transfer;
+  return r;
+}
+
 }  // namespace detail
 
 /// The time of one collective of kind k on an array of `bytes` (nccl-tests S) over a
@@ -218,6 +257,7 @@ inline collective_cost price_collective(comm_kind k, double bytes, const comm_sp
                    "sim::price_collective: a communicator span needs ranks, nodes, per_node and "
                    "sites >= 1, found ",
                    s.ranks, ", ", s.nodes, ", ", s.per_node, ", ", s.sites);
+  if (auto m = detail::measured_cost(k, bytes, s, share, c, algo)) return *m;
   const collective_cost ring = detail::ring_cost(k, bytes, s, share, c);
   if (s.ranks <= 1) return ring;
   const bool tree_ok = detail::tree_applies(k);

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,6 +29,8 @@
 #include "fedshard/mesh/mesh.hpp"
 
 namespace fedshard::sim {
+
+struct calibration;  // calibrate.hpp
 
 /// One level of links.
 struct link_level {
@@ -51,6 +54,9 @@ struct cluster {
   /// Bytes/s of one GPU's memory: the codec kernels' price (passes over the buffer at this
   /// rate); 0 prices them at nothing.
   double memory_bandwidth = 0;
+  /// Measured collective constants (calibrate.hpp); where they cover a collective's kind and
+  /// level, price_collective uses them instead of the α-β model.
+  std::shared_ptr<const calibration> measured{};
 
   /// Bytes/s a node can send to the network: nics_per_node x nic_bandwidth.
   double node_bandwidth() const noexcept { return nics_per_node * nic_bandwidth; }
