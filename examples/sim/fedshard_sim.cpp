@@ -6,6 +6,7 @@
 // its name with run-time settings (K, fragments, delay, alpha). --sweep writes a CSV over K,
 // groups and inter-group bandwidth (plot it with plot_sweep.py); --paper reproduces the
 // 512-GPU setting of the FL+FSDP paper.
+#include <fedshard/sim/calibrate.hpp>
 #include <fedshard/sim/price.hpp>
 
 #include <algorithm>
@@ -16,10 +17,12 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -112,6 +115,16 @@ Modes
   --sweep-groups LIST   e.g. 1,2,4,...,128 (default: powers of two that fit)
   --sweep-gbps LIST     inter-group bandwidth in Gb/s: the WAN uplink with --sites > 1, else
                         the node network (default 25,50,100,200,400,800,1600)
+
+Measured constants
+  --calibrate FILE      fit latency and busbw per collective, ranks and level from FILE
+                        (repeatable): Google Benchmark JSON of bench_collectives (*.json),
+                        bench_collectives_mpi's CSV, or nccl-tests' output (kind from its
+                        header or file name, ranks and level from its rank lines); prints the
+                        fit with residuals, then prices with the measured constants where
+                        they cover a collective's kind and level
+  --calibrate-level L   intra, inter or wan: the level of the --calibrate files that follow
+  --calibrate-ranks N   the ranks of the nccl-tests --calibrate files that follow
 )";
 }
 
@@ -135,6 +148,7 @@ struct options {
   std::vector<int> sweep_k{1, 2, 4, 8, 16, 32, 64};
   std::vector<int> sweep_groups;
   std::vector<double> sweep_gbps{25, 50, 100, 200, 400, 800, 1600};
+  std::vector<std::pair<std::string, measurement_overrides>> calibrate;  ///< --calibrate files
 };
 
 [[noreturn]] void fail(const std::string& msg) {
@@ -185,6 +199,7 @@ mesh_shape to_mesh(const std::string& v) {
 options parse(int argc, char** argv) {
   options o;
   std::optional<double> node_gbps, nvlink_gbs, wan_gbps, wan_ms;
+  measurement_overrides measured_as;  // --calibrate-level / -ranks for the files that follow
   bool custom = false;
   std::vector<std::string> args(argv + 1, argv + argc);
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -279,6 +294,12 @@ options parse(int argc, char** argv) {
       o.sweep_groups = to_list<int>(a, value(), to_int);
     else if (a == "--sweep-gbps")
       o.sweep_gbps = to_list<double>(a, value(), to_double);
+    else if (a == "--calibrate")
+      o.calibrate.emplace_back(value(), measured_as);
+    else if (a == "--calibrate-level")
+      measured_as.level = parse_level_kind(value());
+    else if (a == "--calibrate-ranks")
+      measured_as.ranks = to_int(a, value());
     else
       fail("unknown option '" + a + "'");
   }
@@ -348,6 +369,9 @@ void print_setting(const options& o, const cluster& c) {
   if (c.sites > 1)
     std::printf("; %d sites, WAN %.1f Gb/s, %.1f ms", c.sites, c.wan.bandwidth * 8 / 1e9,
                 c.wan.alpha * 1e3);
+  if (c.measured)
+    std::printf("\nmeasured collective constants (--calibrate) replace the model for: %s",
+                c.measured->summary().c_str());
   std::printf(
       "\nworkload micro-batch %d x seq %d = %.0f tokens per GPU per step; wire dtypes %s "
       "params, %s reductions, f32 syncs; collectives: %s\n",
@@ -586,11 +610,25 @@ void sweep(const options& o) {
   std::fprintf(stderr, ")\n");
 }
 
+/// Reads and fits the --calibrate files, prints the fit and installs it in o.where.
+void install_calibration(options& o) {
+  std::vector<measured_point> points;
+  for (const auto& [path, as] : o.calibrate) {
+    auto p = read_measurements(path, as);
+    points.insert(points.end(), p.begin(), p.end());
+  }
+  auto cal = std::make_shared<const calibration>(fit_collectives(points));
+  print_calibration(std::cout, *cal);
+  std::cout << '\n' << std::flush;
+  o.where.measured = std::move(cal);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     options o = parse(argc, argv);
+    if (!o.calibrate.empty()) install_calibration(o);
     if (o.paper) {
       paper(o);
       return 0;
