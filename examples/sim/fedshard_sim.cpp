@@ -125,6 +125,9 @@ Measured constants
                         they cover a collective's kind and level
   --calibrate-level L   intra, inter or wan: the level of the --calibrate files that follow
   --calibrate-ranks N   the ranks of the nccl-tests --calibrate files that follow
+  --calibrate-kind K    all_reduce, all_gather, reduce_scatter or broadcast: the collective
+                        of the nccl-tests --calibrate files that follow
+  --calibrate-points    print the residual of every point (default: fits of <= 16 points)
 )";
 }
 
@@ -149,6 +152,7 @@ struct options {
   std::vector<int> sweep_groups;
   std::vector<double> sweep_gbps{25, 50, 100, 200, 400, 800, 1600};
   std::vector<std::pair<std::string, measurement_overrides>> calibrate;  ///< --calibrate files
+  bool calibrate_points = false;
 };
 
 [[noreturn]] void fail(const std::string& msg) {
@@ -300,6 +304,10 @@ options parse(int argc, char** argv) {
       measured_as.level = parse_level_kind(value());
     else if (a == "--calibrate-ranks")
       measured_as.ranks = to_int(a, value());
+    else if (a == "--calibrate-kind")
+      measured_as.kind = parse_measured_kind(value());
+    else if (a == "--calibrate-points")
+      o.calibrate_points = true;
     else
       fail("unknown option '" + a + "'");
   }
@@ -618,7 +626,7 @@ void install_calibration(options& o) {
     points.insert(points.end(), p.begin(), p.end());
   }
   auto cal = std::make_shared<const calibration>(fit_collectives(points));
-  print_calibration(std::cout, *cal);
+  print_calibration(std::cout, *cal, o.calibrate_points);
   std::cout << '\n' << std::flush;
   o.where.measured = std::move(cal);
 }

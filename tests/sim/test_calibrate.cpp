@@ -228,6 +228,9 @@ TEST_CASE("nccl-tests text: the kind from the header, else the file name, else a
   CHECK(parse_level_kind("inter") == level_kind::inter);
   CHECK(parse_level_kind("wan") == level_kind::wan);
   CHECK(contains(error_of([] { parse_level_kind("pcie"); }), "expected intra, inter or wan"));
+  CHECK(parse_measured_kind("reduce_scatter") == comm_kind::reduce_scatter);
+  CHECK(contains(error_of([] { parse_measured_kind("alltoall"); }),
+                 "expected all_reduce, all_gather, reduce_scatter or broadcast"));
 }
 
 TEST_CASE("nccl-tests text: old layout without redop and root columns, log lines skipped") {

@@ -53,8 +53,8 @@ struct measured_point {
   comm_kind kind = comm_kind::all_reduce;
   int ranks = 1;
   level_kind level = level_kind::intra;
-  double bytes = 0;    ///< S: the whole array (nccl-tests' size column)
-  double seconds = 0;  ///< one call
+  double bytes = 0;      ///< S: the whole array (nccl-tests' size column)
+  double seconds = 0;    ///< one call
   std::string source{};  ///< "file:line" or "file: benchmark name"
 };
 
@@ -132,6 +132,17 @@ inline level_kind parse_level_kind(std::string_view name) {
   if (name == "wan") return level_kind::wan;
   FEDSHARD_EXPECTS(false, "sim: unknown level '", name, "', expected intra, inter or wan");
   return level_kind::intra;
+}
+
+/// The collective called name: all_reduce, all_gather, reduce_scatter or broadcast;
+/// invalid_argument otherwise.
+inline comm_kind parse_measured_kind(std::string_view name) {
+  for (auto k : {comm_kind::all_reduce, comm_kind::all_gather, comm_kind::reduce_scatter,
+                 comm_kind::broadcast})
+    if (name == to_string(k)) return k;
+  FEDSHARD_EXPECTS(false, "sim: unknown collective '", name,
+                   "', expected all_reduce, all_gather, reduce_scatter or broadcast");
+  return comm_kind::all_reduce;
 }
 
 namespace detail {
@@ -276,12 +287,16 @@ inline std::vector<measured_point> parse_nccl_tests(std::istream& in, const std:
   FEDSHARD_EXPECTS(kind.has_value(), "sim: ", source,
                    ": cannot tell which collective was measured (no '# Collective test "
                    "starting: <name>_perf' header, and the file name does not say all_reduce, "
-                   "all_gather, reduce_scatter or broadcast); say which explicitly");
+                   "all_gather, reduce_scatter or broadcast); say which explicitly "
+                   "(measurement_overrides::kind, "
+                   "fedshard-sim --calibrate-kind)");
   const int ranks = o.ranks ? *o.ranks : static_cast<int>(ranks_seen.size());
   FEDSHARD_EXPECTS(ranks >= 2, "sim: ", source, ": expected ",
                    o.ranks ? "a rank count >= 2" : "'#  Rank N ... on HOST device D' header lines",
                    " for at least 2 ranks, found ", ranks,
-                   o.ranks ? "" : "; give the rank count explicitly");
+                   o.ranks ? ""
+                           : "; give the rank count explicitly (measurement_overrides::ranks, "
+                             "fedshard-sim --calibrate-ranks)");
   const level_kind level = o.level            ? *o.level
                            : hosts.size() > 1 ? level_kind::inter
                                               : level_kind::intra;
