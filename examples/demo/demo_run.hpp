@@ -1,0 +1,276 @@
+#pragma once
+// The demo's training runs, shared by fedshard-demo (which prints them) and fedshard-sim
+// --predict-demo (which predicts them and measures them side by side): the settings and
+// their flags, the mesh and schedule of each algorithm, and train<A>, which trains charlm on
+// 8 in-process ranks over 2 emulated sites and reports tokens/s, perplexity and bytes.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "charlm/charlm.hpp"
+#include "fedshard/comm/inproc.hpp"
+#include "fedshard/comm/shaped.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "fedshard/optim/adamw.hpp"
+#include "fedshard/trainer/trainer.hpp"
+
+namespace demo {
+
+using comm = fedshard::shaped::communicator<fedshard::inproc::communicator>;
+
+struct settings {
+  std::string corpus = "/usr/share/common-licenses";
+  int steps = 480;
+  int batch = 16;    // examples per rank per step
+  int hidden = 256;  // width of the two hidden layers
+  int eval_every = 40;
+  int eval_examples = 1024;
+  double bandwidth_gbit = 1.0;
+  double latency_ms = 5.0;
+  float lr = 3e-3f;
+  std::uint64_t seed = 1;
+  int k = 8;          // fl_fsdp, fl_hsdp: steps between syncs
+  int h = 16;         // diloco, streaming_diloco: inner steps per outer step
+  int fragments = 2;  // streaming_diloco
+  int delay = 1;      // streaming_diloco: steps a fragment's sync overlaps
+  std::string out = "demo-out";
+  std::vector<std::string> algorithms{"ddp",     "fsdp",   "hsdp",       "fl_fsdp",
+                                      "fl_hsdp", "diloco", "sparseloco", "fl_hsdp_int8"};
+  bool quiet = false;  // no progress lines (fedshard-sim --predict-demo)
+};
+
+struct curve_point {
+  int step;
+  double tokens, seconds, ppl;
+};
+
+struct result {
+  std::string name;
+  fedshard::mesh_shape shape;
+  double tokens = 0, seconds = 0, ppl = 0, comm_seconds = 0, link_delay = 0;
+  double cross_site = 0;  // bytes rank 0 sent over the inter-site link
+  double gather = 0;      // bytes rank 0 sent in parameter gathers (part of the shard axis)
+  std::map<fedshard::axis, double> bytes;  // per rank (rank 0), evaluation included
+  // per rank (rank 0), in training steps only: calls, array bytes, wire bytes
+  std::map<fedshard::axis, fedshard::axis_traffic> step_traffic;
+  std::vector<curve_point> curve;
+};
+
+[[noreturn]] inline void usage(const char* msg, std::string_view program = "fedshard-demo") {
+  std::cerr
+      << program << ": " << msg << "\n"
+      << "usage: " << program
+      << " [--corpus PATH] [--steps N] [--batch N] [--hidden N]\n"
+         "       [--eval-every N] [--eval-examples N]\n"
+         "       [--bandwidth-gbit G] [--latency-ms MS] [--lr LR] [--seed S] [--out DIR]\n"
+         "       [--k K] [--h H] [--fragments P] [--delay T]\n"
+         "       [--algorithms ddp,fsdp,hsdp,fl_fsdp,fl_hsdp,diloco,sparseloco,fl_hsdp_int8]\n"
+         "  algorithms: ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco,\n"
+         "  streaming_diloco, sparseloco;\n"
+         "  --k: steps between syncs of fl_fsdp, fl_hsdp, fl_hsdp_int8 and sparseloco\n"
+         "  (default 8); --h: inner steps of diloco and streaming_diloco (default 16);\n"
+         "  --fragments, --delay: streaming's fragments (default 2) and overlap in steps\n"
+         "  (default 1)\n";
+  std::exit(2);
+}
+
+/// The demo settings of args[first, argc); usage(program) on a bad one.
+inline settings parse(int argc, char** argv, int first = 1,
+                      std::string_view program = "fedshard-demo") {
+  settings s;
+  for (int i = first; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value after " + a).c_str(), program);
+      return argv[++i];
+    };
+    auto number = [&](double lo) {
+      const std::string v = value();
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !(d >= lo))
+        usage((a + " expects a number >= " + std::to_string(lo) + ", found '" + v + "'").c_str(),
+              program);
+      return d;
+    };
+    if (a == "--corpus")
+      s.corpus = value();
+    else if (a == "--steps")
+      s.steps = static_cast<int>(number(1));
+    else if (a == "--batch")
+      s.batch = static_cast<int>(number(1));
+    else if (a == "--hidden")
+      s.hidden = static_cast<int>(number(1));
+    else if (a == "--eval-every")
+      s.eval_every = static_cast<int>(number(1));
+    else if (a == "--eval-examples")
+      s.eval_examples = static_cast<int>(number(8));
+    else if (a == "--bandwidth-gbit")
+      s.bandwidth_gbit = number(1e-6);
+    else if (a == "--latency-ms")
+      s.latency_ms = number(0);
+    else if (a == "--lr")
+      s.lr = static_cast<float>(number(0));
+    else if (a == "--seed")
+      s.seed = static_cast<std::uint64_t>(number(0));
+    else if (a == "--out")
+      s.out = value();
+    else if (a == "--k")
+      s.k = static_cast<int>(number(1));
+    else if (a == "--h")
+      s.h = static_cast<int>(number(1));
+    else if (a == "--fragments")
+      s.fragments = static_cast<int>(number(1));
+    else if (a == "--delay")
+      s.delay = static_cast<int>(number(0));
+    else if (a == "--algorithms") {
+      s.algorithms.clear();
+      std::stringstream ss(value());
+      for (std::string x; std::getline(ss, x, ',');) s.algorithms.push_back(x);
+    } else if (a == "--help" || a == "-h")
+      usage("help", program);
+    else
+      usage(("unknown option " + a).c_str(), program);
+  }
+  return s;
+}
+
+template <class Algorithm>
+inline result train(const std::string& name, fedshard::mesh_shape shape, const settings& s,
+                    const charlm::corpus& data, fedshard::trainer_options<Algorithm> opts = {}) {
+  constexpr int world_size = 8;
+  result r;
+  r.name = name;
+  r.shape = shape;
+  const fedshard::shaped::link wan{s.bandwidth_gbit * 1e9 / 8, s.latency_ms * 1e-3};
+  auto net =
+      fedshard::shaped::network::create(fedshard::shaped::topology::blocks(world_size, 2, wan));
+  opts.total_steps = s.steps;
+  const charlm::dims dims{data.vocab(), 8, 16, s.hidden};
+  std::mutex mu;
+  // 8 ranks computing on few cores: waiting ranks sleep at once instead of polling, so the
+  // ranks they wait for get the cores (fedshard::inproc::options::spin_polls).
+  fedshard::inproc::options run_options;
+  run_options.spin_polls = 0;
+  fedshard::inproc::run(
+      world_size,
+      [&](fedshard::inproc::communicator& w) {
+        const int rank = w.rank();
+        comm world(std::move(w), net);
+        fedshard::mesh m(world, shape);
+        fedshard::trainer<charlm::model, Algorithm, fedshard::optim::adamw, comm> t(
+            m, charlm::model(dims, s.seed), {.lr = s.lr, .weight_decay = 0.0f}, opts);
+        const auto eval_all = charlm::model::eval_batch(data, dims.context, s.eval_examples);
+        const std::size_t per = eval_all.size() / world_size;
+        const charlm::batch eval(eval_all.begin() + static_cast<std::ptrdiff_t>(per * rank),
+                                 eval_all.begin() + static_cast<std::ptrdiff_t>(per * (rank + 1)));
+        double train_seconds = 0;
+        std::map<fedshard::axis, fedshard::axis_traffic> step_traffic;
+        std::vector<curve_point> curve;
+        auto evaluate = [&](int step) {
+          const double loss = t.mean_over_world(t.evaluate(eval));
+          const double tokens = double(step) * world_size * s.batch;
+          curve.push_back({step, tokens, train_seconds, std::exp(loss)});
+          if (rank == 0 && !s.quiet) {
+            std::printf("  [%-8s] step %4d/%d  tokens %7.0f  eval ppl %7.3f  (%.1f s training)\n",
+                        name.c_str(), step, s.steps, tokens, std::exp(loss), train_seconds);
+            std::fflush(stdout);
+          }
+        };
+        evaluate(0);
+        for (int step = 0; step < s.steps; ++step) {
+          const auto b =
+              charlm::model::training_batch(data, dims.context, s.seed, step, rank, s.batch);
+          // All ranks start the step together and the time covers the slowest. The barriers
+          // are the wrapped communicator's: they measure, they are not training traffic, so
+          // they do not wait for the emulated link's latency.
+          world.inner().barrier();
+          const auto t0 = std::chrono::steady_clock::now();
+          std::map<fedshard::axis, fedshard::axis_traffic> before;
+          for (fedshard::axis a : fedshard::all_axes) before[a] = t.traffic()[a];
+          t.step(b);
+          world.inner().barrier();
+          train_seconds +=
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          for (fedshard::axis a : fedshard::all_axes) {
+            auto& x = step_traffic[a];
+            x.calls += t.traffic()[a].calls - before[a].calls;
+            x.payload_bytes += t.traffic()[a].payload_bytes - before[a].payload_bytes;
+            x.wire_bytes += t.traffic()[a].wire_bytes - before[a].wire_bytes;
+          }
+          if ((step + 1) % s.eval_every == 0 || step + 1 == s.steps) evaluate(step + 1);
+        }
+        if (rank != 0) return;
+        std::lock_guard lock(mu);
+        r.curve = curve;
+        r.seconds = train_seconds;
+        r.tokens = double(s.steps) * world_size * s.batch;
+        r.ppl = curve.back().ppl;
+        for (const auto& op : t.step_plan().ops)  // the wire carries the plan (tested)
+          if (op.out.role == fedshard::role::params) r.gather += fedshard::wire_bytes(op) * s.steps;
+        std::vector<const comm*> seen;  // axes may share a communicator
+        for (fedshard::axis a : fedshard::all_axes) {
+          r.bytes[a] = t.traffic()[a].wire_bytes;
+          r.step_traffic[a] = step_traffic[a];
+          r.comm_seconds += t.traffic()[a].seconds;
+          const comm* c = &m.comm(a);
+          if (std::find(seen.begin(), seen.end(), c) != seen.end()) continue;
+          seen.push_back(c);
+          r.cross_site += c->stats().crossing_bytes;
+        }
+      },
+      run_options);
+  return r;
+}
+
+/// The mesh each algorithm runs on: 8 ranks, the federated ones as 2 groups (one per site).
+inline fedshard::mesh_shape mesh_of(const std::string& algorithm) {
+  if (algorithm == "ddp") return {1, 8, 1};
+  if (algorithm == "fsdp" || algorithm == "zero2") return {1, 1, 8};
+  if (algorithm == "hsdp") return {1, 2, 4};
+  if (algorithm == "fl_fsdp") return {2, 1, 4};
+  return {2, 2, 2};
+}
+
+/// The demo's settings for algorithm A: K for periodic averaging, H (and the streaming
+/// settings) for the outer optimizers.
+template <class A>
+fedshard::trainer_options<A> options_of(const settings& s) {
+  using schedule = typename A::sync_schedule;
+  // Outer optimizers sync every H steps, except sparseloco: it syncs every K, like the
+  // averaging it compresses, so its bytes compare with fl_hsdp's at the same cadence.
+  using federation = typename A::federation_policy;
+  constexpr bool outer =
+      !std::is_same_v<federation, fedshard::federation::average> &&
+      std::is_same_v<fedshard::federation::sync_codec_t<federation>, fedshard::codec::identity>;
+  fedshard::trainer_options<A> o;
+  if constexpr (std::is_same_v<schedule, fedshard::schedule::periodic>)
+    o.schedule = {.period = outer ? s.h : s.k};
+  if constexpr (std::is_same_v<schedule, fedshard::schedule::streaming>)
+    o.schedule = {.period = s.h, .fragments = s.fragments, .delay = s.delay, .alpha = 1.0f};
+  return o;
+}
+
+/// Trains the alias `name` of fedshard::for_each_algorithm on its demo mesh with its demo
+/// settings; nullopt for a name that is not an alias.
+inline std::optional<result> train_named(const std::string& name, const settings& s,
+                                         const charlm::corpus& data) {
+  std::optional<result> r;
+  fedshard::for_each_algorithm([&]<class A>(std::string_view alias) {
+    if (alias == name) r = train<A>(name, mesh_of(name), s, data, options_of<A>(s));
+  });
+  return r;
+}
+
+}  // namespace demo
