@@ -65,6 +65,7 @@
 #include "fedshard/sim/collective_cost.hpp"
 #include "fedshard/sim/compute.hpp"
 #include "fedshard/sim/model_layout.hpp"
+#include "fedshard/sim/timeline.hpp"
 #include "fedshard/sim/topology.hpp"
 #include "fedshard/trainer/algorithm.hpp"
 
@@ -471,11 +472,27 @@ inline traffic_counters run_traffic(const algorithm_desc& a, std::vector<unit_sp
 }
 
 /// Settings of the pricing that are not the cluster's or the model's.
+/// How the simulator overlaps a step's ops with its compute.
+///  - channel: the overlappable ops run one after another behind the whole step's compute,
+///    so max(C, O) plus the ops that block;
+///  - timeline: the engine's order unit by unit (sim/timeline.hpp): an op starts when its
+///    trigger fires and the channel is free, the compute waits where it needs a result; on
+///    a level whose latency is propagation (link_level::pipelined_latency) ops in flight
+///    overlap their latencies.
+enum class step_overlap : std::uint8_t { channel, timeline };
+
+/// "channel" or "timeline".
+constexpr std::string_view to_string(step_overlap m) noexcept {
+  return m == step_overlap::channel ? "channel" : "timeline";
+}
+
 struct price_options {
   collective_algorithm collectives = collective_algorithm::best;
   /// bf16 on the wire for parameters and gradient reductions (the paper's bf16 mixed
   /// precision); master weights, and so federation syncs, are f32 in any case.
   shard::precision precision{dtype::bf16, dtype::bf16};
+  /// How a step's ops overlap its compute (see the file comment).
+  step_overlap overlap = step_overlap::channel;
 };
 
 /// The price of one axis for one rank.
@@ -603,21 +620,33 @@ inline std::vector<link_sharing> sharing_of(const placement& p, span_cache& span
   return out;
 }
 
+/// True when the latency of level l of cluster c is propagation (ops in flight overlap it).
+inline bool pipelined(level_kind l, const cluster& c) noexcept {
+  switch (l) {
+    case level_kind::intra: return c.intra.pipelined_latency;
+    case level_kind::inter: return c.inter.pipelined_latency;
+    case level_kind::wan: return c.wan.pipelined_latency;
+    case level_kind::local: break;
+  }
+  return false;
+}
+
 /// Remembers the price of an op for each (span, sharing) it was asked with.
 class price_memo {
  public:
   template <class F>
-  double get(const comm_op& op, const comm_span& s, const link_sharing& share, F&& compute) {
+  const collective_cost& get(const comm_op& op, const comm_span& s, const link_sharing& share,
+                             F&& compute) {
     const key k{op.kind,    op.bytes, s.ranks,        s.nodes,
                 s.per_node, s.sites,  share.per_node, share.per_site};
-    auto it = seconds_.find(k);
-    if (it == seconds_.end()) it = seconds_.emplace(k, compute()).first;
+    auto it = costs_.find(k);
+    if (it == costs_.end()) it = costs_.emplace(k, compute()).first;
     return it->second;
   }
 
  private:
   using key = std::tuple<comm_kind, std::int64_t, int, int, int, int, int, int>;
-  std::map<key, double> seconds_;
+  std::map<key, collective_cost> costs_;
 };
 
 }  // namespace detail
@@ -679,32 +708,48 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
 
   struct totals {
     double overlappable = 0, exposed_ops = 0, sync = 0, sync_exposed = 0, sync_hidden = 0;
+    double timeline_waiting = 0;  ///< step_overlap::timeline: seconds compute waited for ops
     std::array<double, 5> overlappable_by_axis{};
   };
   std::vector<totals> per_rank(static_cast<std::size_t>(W));
+  std::vector<double> unit_elements;  // the timeline splits compute by them
+  for (std::size_t u = 0; u < layout.num_units(); ++u)
+    unit_elements.push_back(static_cast<double>(layout.unit(u).numel));
   double worst = -1;
   for (int r = 0; r < W; ++r) {
     auto& t = per_rank[static_cast<std::size_t>(r)];
     auto& rp = out.ranks[static_cast<std::size_t>(r)];
-    // Prices op for rank r; adds the bytes it sends out of r's node to node_bytes.
-    auto cost = [&](const comm_op& op, const link_sharing& share, double& node_bytes) {
+    // The collective price of op for rank r (without its codec passes).
+    auto collective = [&](const comm_op& op, const link_sharing& share) -> const collective_cost& {
       const comm_span& s = spans.get(op.axis, r);
       FEDSHARD_EXPECTS(s.ranks == op.ranks, "sim::price_plans: the plan's ", describe(op), " has ",
                        op.ranks, " ranks but the mesh's ", to_string(op.axis), " communicator has ",
                        s.ranks);
-      const double wire = wire_bytes(op);
-      if (s.nodes > 1) node_bytes += wire * share.per_node;
       const comm_op w = carried(op);  // an encoded op moves its wires
-      return detail::codec_seconds(op, c) + memo.get(w, s, share, [&] {
-        return price_collective(w.kind, static_cast<double>(w.bytes), s, share, c, o.collectives)
-            .seconds;
+      return memo.get(w, s, share, [&] {
+        return price_collective(w.kind, static_cast<double>(w.bytes), s, share, c, o.collectives);
       });
     };
+    // Prices op for rank r; adds the bytes it sends out of r's node to node_bytes.
+    auto cost = [&](const comm_op& op, const link_sharing& share, double& node_bytes) {
+      const comm_span& s = spans.get(op.axis, r);
+      if (s.nodes > 1) node_bytes += wire_bytes(op) * share.per_node;
+      return detail::codec_seconds(op, c) + collective(op, share).seconds;
+    };
+    // The timeline's view of a step op: the latency of a level whose latency is propagation
+    // does not hold the channel.
+    std::vector<op_time> step_times;
     for (const auto& op : step_ops.ops) {
       auto& ax = rp.axes[static_cast<std::size_t>(op.axis)];
-      const double sec =
-          cost(op, step_sharing[static_cast<std::size_t>(op.axis)][static_cast<std::size_t>(r)],
-               ax.step_node_bytes);
+      const link_sharing& share =
+          step_sharing[static_cast<std::size_t>(op.axis)][static_cast<std::size_t>(r)];
+      const double sec = cost(op, share, ax.step_node_bytes);
+      if (o.overlap == step_overlap::timeline) {
+        const double tail = detail::pipelined(spans.get(op.axis, r).level(), c)
+                                ? collective(op, share).latency
+                                : 0.0;
+        step_times.push_back({sec - tail, tail});
+      }
       ax.step_bytes += wire_bytes(op);
       ++ax.step_calls;
       ax.step_seconds += sec;
@@ -713,7 +758,7 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
         t.overlappable_by_axis[static_cast<std::size_t>(op.axis)] += sec;
       } else {
         t.exposed_ops += sec;
-        ax.exposed += sec;
+        if (o.overlap == step_overlap::channel) ax.exposed += sec;
       }
     }
     // Compute a step leaves free of its own overlappable ops: what an in-flight sync uses.
@@ -772,11 +817,30 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
       ax.ranks = s.ranks;
       ax.bytes_per_step += ax.step_bytes;
       ax.node_bytes_per_step += ax.step_node_bytes;
-      if (t.overlappable > 0)
+      if (t.overlappable > 0 && o.overlap == step_overlap::channel)
         ax.exposed +=
             spill * t.overlappable_by_axis[static_cast<std::size_t>(ax_id)] / t.overlappable;
     }
-    rp.step = std::max(compute_seconds, t.overlappable) + t.exposed_ops + t.sync_exposed;
+    if (o.overlap == step_overlap::timeline) {
+      // The step ops' exposure from the engine's timeline, shared among the axes as their
+      // seconds are.
+      const step_timeline tl = time_step(step_ops.ops, step_times, unit_elements, compute_seconds);
+      double all = 0;
+      std::array<double, 5> by_axis{};
+      for (std::size_t i = 0; i < step_ops.ops.size(); ++i) {
+        const double sec = step_times[i].occupancy + step_times[i].tail;
+        all += sec;
+        by_axis[static_cast<std::size_t>(step_ops.ops[i].axis)] += sec;
+      }
+      if (all > 0)
+        for (axis ax_id : all_axes)
+          rp.axes[static_cast<std::size_t>(ax_id)].exposed +=
+              tl.waiting * by_axis[static_cast<std::size_t>(ax_id)] / all;
+      t.timeline_waiting = tl.waiting;
+      rp.step = tl.step + t.sync_exposed;
+    } else {
+      rp.step = std::max(compute_seconds, t.overlappable) + t.exposed_ops + t.sync_exposed;
+    }
     if (rp.step > worst) {
       worst = rp.step;
       out.critical_rank = r;
@@ -786,8 +850,13 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
   const auto& rp = out.ranks[static_cast<std::size_t>(out.critical_rank)];
   out.axes = rp.axes;
   out.overlappable = t.overlappable;
-  out.hidden = std::min(t.overlappable, compute_seconds);
-  out.exposed_step = (t.overlappable - out.hidden) + t.exposed_ops;
+  if (o.overlap == step_overlap::timeline) {
+    out.exposed_step = t.timeline_waiting;
+    out.hidden = std::max(0.0, t.overlappable + t.exposed_ops - t.timeline_waiting);
+  } else {
+    out.hidden = std::min(t.overlappable, compute_seconds);
+    out.exposed_step = (t.overlappable - out.hidden) + t.exposed_ops;
+  }
   out.sync = t.sync;
   out.sync_per_step = t.sync_exposed;
   out.sync_hidden = t.sync_hidden;

@@ -36,6 +36,10 @@ struct calibration;  // calibrate.hpp
 struct link_level {
   double alpha = 0;      ///< seconds per ring step that crosses this level
   double bandwidth = 0;  ///< bytes/s, per direction (see the file comment for whose)
+  /// The latency is propagation: collectives in flight at once overlap their latencies (a
+  /// long-haul link; the demo's emulated one), so with step_overlap::timeline an op holds
+  /// the channel only for its transfer. False: the whole op holds it (NCCL's one stream).
+  bool pipelined_latency = false;
 };
 
 /// A cluster of identical nodes.
