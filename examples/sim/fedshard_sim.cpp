@@ -9,6 +9,8 @@
 #include <fedshard/sim/calibrate.hpp>
 #include <fedshard/sim/price.hpp>
 
+#include "predict_demo.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -108,6 +110,12 @@ How
   --collectives A       best (default), ring, tree or hierarchical
 
 Modes
+  --predict-demo [demo options] [--fail-above X]
+                        calibrate a `local` cluster on this machine, then predict and measure
+                        fedshard-demo's algorithms side by side (the options after it are
+                        fedshard-demo's: --steps, --algorithms, --bandwidth-gbit, ...); exit
+                        1 when the worst predicted/measured ratio exceeds X or the bytes a run
+                        moved differ from its plans
   --paper               the paper's 512-GPU reproduction table (Llama-3.1-8B, 128 x 4 A100)
   --sweep               CSV over --sweep-k, --sweep-groups and --sweep-gbps, for --algo
                         (default: fl_fsdp and fl_hsdp); --csv FILE (default: stdout)
@@ -631,10 +639,49 @@ void install_calibration(options& o) {
   o.where.measured = std::move(cal);
 }
 
+/// fedshard-sim --predict-demo [demo options] [--fail-above X]: see predict_demo.hpp.
+int predict_demo_main(int argc, char** argv, int first) {
+  std::vector<char*> args{argv[0]};
+  std::optional<double> fail_above;
+  for (int i = first; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--fail-above") {
+      if (i + 1 >= argc) fail("--fail-above needs a value");
+      fail_above = to_double("--fail-above", argv[++i]);
+      if (!(*fail_above >= 1)) fail("--fail-above expects a ratio >= 1");
+    } else {
+      args.push_back(argv[i]);
+    }
+  }
+  demo::settings s =
+      demo::parse(static_cast<int>(args.size()), args.data(), 1, "fedshard-sim --predict-demo");
+  s.quiet = true;
+  const charlm::corpus data = charlm::corpus::load(s.corpus);
+  std::printf(
+      "fedshard-sim --predict-demo: fedshard-demo's runs (8 inproc ranks on 2 sites, emulated "
+      "link %.3g Gbit/s, %.3g ms; %d steps x %d examples per rank) predicted on a `local` "
+      "cluster calibrated on this machine, then measured\n",
+      s.bandwidth_gbit, s.latency_ms, s.steps, s.batch);
+  const auto rows = predict_demo::predict_and_measure(s, data);
+  const predict_demo::summary sum = predict_demo::report(rows);
+  if (!sum.bytes_match) {
+    std::fprintf(stderr, "fedshard-sim: a run moved other bytes than its plans say\n");
+    return 1;
+  }
+  if (fail_above && sum.worst > *fail_above) {
+    std::fprintf(stderr, "fedshard-sim: worst predicted/measured ratio %.2f exceeds %.2f\n",
+                 sum.worst, *fail_above);
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
+    for (int i = 1; i < argc; ++i)
+      if (std::string_view(argv[i]) == "--predict-demo")
+        return predict_demo_main(argc, argv, i + 1);
     options o = parse(argc, argv);
     if (!o.calibrate.empty()) install_calibration(o);
     if (o.paper) {

@@ -1,0 +1,299 @@
+#pragma once
+// fedshard-sim --predict-demo: the simulator predicts the demo (examples/demo) on this machine
+// and measures it in the same invocation, side by side.
+//
+// The `local` cluster is calibrated here, before anything is predicted:
+//  - compute: 8 threads (the demo's ranks) each train charlm on a 1 x 1 x 1 mesh of their
+//    own, no communication, the demo's step loop and batch; the optimizer's share is then
+//    moved to each mesh's shard size by timing AdamW alone on both sizes (8 threads at once);
+//  - inproc collectives: every (kind, ranks) that a demo plan runs inside a site, timed with
+//    8 threads split into communicators of that size all running it at once (as a plan's op
+//    runs on every communicator of its axis), over sizes spanning the plans' arrays, fitted
+//    by sim::fit_collectives (latency + bus bytes / bus bandwidth);
+//  - the emulated cross-site link: latency and bandwidth from the demo's flags
+//    (--latency-ms, --bandwidth-gbit), per collective as shaped::communicator charges them;
+//  - codec passes: the memory bandwidth one of 8 threads copying at once gets.
+// Nothing is taken from the runs being predicted. Each algorithm is then priced from its
+// plans (sim::describe with the demo's own trainer options, the charlm units, the demo's
+// mesh), and trained with fedshard-demo's code; the table shows both, the bytes the run moved
+// against the plans' bytes, and the last line the worst ratio and whether the order agrees.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "demo/demo_run.hpp"
+#include "fedshard/sim/calibrate.hpp"
+#include "fedshard/sim/price.hpp"
+#include "local_timing.hpp"
+
+namespace predict_demo {
+
+namespace sim = fedshard::sim;
+
+/// What the local cluster is calibrated from.
+struct local_calibration {
+  double step_1x1x1 = 0;                    ///< seconds of a step of 8 independent 1x1x1 trainers
+  std::map<std::size_t, double> adamw;      ///< seconds of an AdamW step by elements per rank
+  std::vector<sim::measured_point> points;  ///< inproc collectives
+  double memory_bandwidth = 0;              ///< bytes/s one of 8 copying threads gets
+
+  /// Compute seconds of a step when each rank's optimizer updates `elements`.
+  double compute(std::size_t elements, std::size_t full) const {
+    return step_1x1x1 - adamw.at(full) + adamw.at(elements);
+  }
+};
+
+/// One algorithm of the demo, described for the simulator exactly as the demo trains it.
+struct entry {
+  std::string name;
+  fedshard::mesh_shape shape;
+  sim::algorithm_desc desc;
+  fedshard::shard::precision precision;
+};
+
+inline std::vector<entry> entries(const demo::settings& s) {
+  std::vector<entry> out;
+  for (const auto& name : s.algorithms) {
+    bool known = false;
+    fedshard::for_each_algorithm([&]<class A>(std::string_view alias) {
+      if (alias != name) return;
+      known = true;
+      const fedshard::trainer_options<A> o = demo::options_of<A>(s);
+      sim::algorithm_options<A> ao;
+      ao.federation = o.federation;
+      ao.schedule = o.schedule;
+      ao.inner_state_buffers = 2;  // AdamW
+      out.push_back({name, demo::mesh_of(name), sim::describe<A>(name, ao), o.precision});
+    });
+    if (!known) demo::usage(("unknown algorithm '" + name + "'").c_str(), "fedshard-sim");
+  }
+  return out;
+}
+
+/// Every op of e's plans: the step plan's and each rank's sync plans'.
+inline std::vector<fedshard::comm_op> plan_ops(const entry& e,
+                                               const std::vector<fedshard::unit_spec>& units) {
+  const fedshard::flat_layout layout = e.desc.layout(units, e.shape);
+  std::vector<fedshard::comm_op> ops = e.desc.step_plan(layout, e.shape, e.precision).ops;
+  if (e.desc.syncs())
+    for (int r = 0; r < e.shape.size(); ++r)
+      for (const auto& p : e.desc.sync_plans(layout, e.shape, r))
+        ops.insert(ops.end(), p.ops.begin(), p.ops.end());
+  return ops;
+}
+
+/// The (kind, ranks) of every op the entries' plans run inside one site.
+inline std::set<std::pair<comm_kind, int>> intra_site_ops(
+    const std::vector<entry>& es, const std::vector<fedshard::unit_spec>& units,
+    const sim::cluster& c) {
+  std::set<std::pair<comm_kind, int>> out;
+  for (const auto& e : es) {
+    const sim::placement place(e.shape, c);
+    for (const auto& op : plan_ops(e, units)) {
+      if (op.ranks <= 1 || op.kind == comm_kind::send_recv) continue;
+      if (place.span(op.axis, 0).level() != sim::level_kind::intra) continue;
+      out.insert({fedshard::carried(op).kind, op.ranks});
+    }
+  }
+  return out;
+}
+
+/// The local cluster: 2 sites of one 4-rank "node" each, joined by the emulated link.
+inline sim::cluster local_cluster(const demo::settings& s, const local_calibration& cal,
+                                  std::shared_ptr<const sim::calibration> fitted) {
+  sim::cluster c;
+  c.name = "local";
+  c.gpus_per_node = world_size / sites;
+  c.nics_per_node = 1;
+  c.sites = sites;
+  c.wan = {s.latency_ms * 1e-3, s.bandwidth_gbit * 1e9 / 8};
+  c.wan.pipelined_latency = true;  // shaped::communicator: collectives overlap their latencies
+  c.nic_bandwidth = c.wan.bandwidth;
+  c.memory_bandwidth = cal.memory_bandwidth;
+  c.measured = std::move(fitted);
+  return c;
+}
+
+/// One row of the table.
+struct row {
+  std::string name;
+  fedshard::mesh_shape shape;
+  sim::step_price price;
+  double predicted = 0;  ///< tokens/s, all ranks
+  double measured = 0;   ///< tokens/s, all ranks
+  bool bytes_match = false;
+};
+
+/// max(r, 1/r) of predicted / measured.
+inline double off_by(const row& r) {
+  const double x = r.predicted / r.measured;
+  return std::max(x, 1.0 / x);
+}
+
+/// The names ordered by tokens/s, fastest first, by `rate`.
+template <class F>
+std::vector<std::string> order_by(std::vector<row> rows, F rate) {
+  std::stable_sort(rows.begin(), rows.end(),
+                   [&](const row& a, const row& b) { return rate(a) > rate(b); });
+  std::vector<std::string> out;
+  for (const auto& r : rows) out.push_back(r.name);
+  return out;
+}
+
+inline std::string mesh_string(const fedshard::mesh_shape& s) {
+  return std::to_string(s.groups) + "x" + std::to_string(s.replicas) + "x" +
+         std::to_string(s.shards);
+}
+
+/// Calibrates, predicts and measures the demo with settings s; prints the table and the
+/// summary line; returns the rows.
+inline std::vector<row> predict_and_measure(const demo::settings& s, const charlm::corpus& data) {
+  const std::vector<entry> es = entries(s);
+  const charlm::dims dims{data.vocab(), 8, 16, s.hidden};
+  const std::vector<fedshard::unit_spec> units = charlm::model(dims, s.seed).units();
+  const fedshard::flat_layout whole(units, 1);
+  auto elements_of = [](const fedshard::flat_layout& l) {
+    std::size_t n = 0;
+    for (std::size_t u = 0; u < l.num_units(); ++u) n += l.unit(u).shard_numel;
+    return n;
+  };
+  const std::size_t full = elements_of(whole);
+
+  std::printf("calibrating the local cluster (nothing below is taken from the runs it predicts)\n");
+  std::fflush(stdout);
+  local_calibration cal;
+  constexpr int compute_steps = 16;
+  cal.step_1x1x1 = time_local_steps(s, data, compute_steps);
+  std::map<std::string, std::size_t> shard_elements;
+  cal.adamw[full] = time_adamw(full, 40);
+  for (const auto& e : es) {
+    const std::size_t n = elements_of(e.desc.layout(units, e.shape));
+    shard_elements[e.name] = n;
+    if (!cal.adamw.count(n)) cal.adamw[n] = time_adamw(n, 40);
+  }
+  cal.memory_bandwidth = time_memory_bandwidth();
+  std::printf(
+      "  compute: %.2f ms per step of 8 ranks training alone (1x1x1, %d examples each), "
+      "AdamW %.2f ms over %zu elements\n",
+      cal.step_1x1x1 * 1e3, s.batch, cal.adamw[full] * 1e3, full);
+  std::printf("  memory bandwidth per rank (8 copying at once): %.2f GB/s\n",
+              cal.memory_bandwidth / 1e9);
+
+  const sim::cluster probe = local_cluster(s, cal, nullptr);
+  for (const auto& [kind, n] : intra_site_ops(es, units, probe))
+    for (std::int64_t bytes = std::int64_t{2} << 10; bytes <= std::int64_t{2} << 20; bytes *= 4) {
+      const int iters =
+          static_cast<int>(std::clamp<std::int64_t>((std::int64_t{8} << 20) / bytes, 5, 300));
+      cal.points.push_back({kind, n, sim::level_kind::intra, static_cast<double>(bytes),
+                            time_collective(kind, n, bytes, iters), "inproc"});
+    }
+  sim::calibration fitted = sim::fit_collectives(cal.points);
+  // Every op a plan runs across the sites waits for the emulated link: its latency once and
+  // the op's bus bytes at its bandwidth, as shaped::communicator charges them.
+  std::set<std::pair<comm_kind, int>> crossing;
+  for (const auto& e : es)
+    for (const auto& op : plan_ops(e, units))
+      if (op.ranks > 1 &&
+          sim::placement(e.shape, probe).span(op.axis, 0).level() == sim::level_kind::wan)
+        crossing.insert({fedshard::carried(op).kind, op.ranks});
+  for (const auto& [kind, n] : crossing) {
+    sim::fitted_collective f;
+    f.kind = kind;
+    f.ranks = n;
+    f.level = sim::level_kind::wan;
+    f.latency = probe.wan.alpha;
+    f.bus_bandwidth = probe.wan.bandwidth;
+    fitted.collectives.push_back(f);
+  }
+  std::printf(
+      "\nfitted inproc collectives (8 ranks busy, split into communicators of n), and "
+      "the emulated link (from the flags):\n");
+  sim::print_calibration(std::cout, fitted);
+  std::cout.flush();
+  const sim::cluster c = local_cluster(s, cal, std::make_shared<const sim::calibration>(fitted));
+
+  std::printf("\npredicting and training %zu algorithms, %d steps each\n", es.size(), s.steps);
+  std::fflush(stdout);
+  std::vector<row> rows;
+  for (const auto& e : es) {
+    row r;
+    r.name = e.name;
+    r.shape = e.shape;
+    // The machine is shared and its load drifts: the compute is timed again right before
+    // and right after each run (never from the run), and their mean is the row's C.
+    const double before = time_local_steps(s, data, compute_steps);
+    const std::optional<demo::result> run = demo::train_named(e.name, s, data);
+    const double after = time_local_steps(s, data, compute_steps);
+    cal.step_1x1x1 = (before + after) / 2;
+    const double compute = cal.compute(shard_elements.at(e.name), full);
+    sim::price_options po;
+    po.precision = e.precision;
+    po.overlap = sim::step_overlap::timeline;
+    r.price = sim::price_plans(e.desc, units, e.shape, c, compute, s.batch, po);
+    r.predicted = world_size * s.batch / r.price.step;
+    r.measured = run->tokens / run->seconds;
+    // The calls and bytes rank 0 made on each axis in its training steps against what the
+    // plans say it makes in s.steps steps.
+    const fedshard::traffic_counters planned =
+        sim::run_traffic(e.desc, units, e.shape, 0, s.steps, s.steps, e.precision);
+    r.bytes_match = true;
+    for (fedshard::axis a : fedshard::all_axes)
+      r.bytes_match = r.bytes_match && planned[a].calls == run->step_traffic.at(a).calls &&
+                      planned[a].payload_bytes == run->step_traffic.at(a).payload_bytes;
+    std::printf(
+        "  %-13s predicted %7.0f tokens/s, measured %7.0f (%.2fx); compute alone "
+        "%.2f ms before the run, %.2f ms after%s\n",
+        r.name.c_str(), r.predicted, r.measured, r.predicted / r.measured, before * 1e3,
+        after * 1e3, r.bytes_match ? "" : "  BYTES DIFFER FROM THE PLANS");
+    std::fflush(stdout);
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
+/// What the table says: the worst ratio and whether the orders agree.
+struct summary {
+  double worst = 1;  ///< max over rows of max(r, 1/r), r = predicted / measured
+  bool order_matches = false;
+  bool bytes_match = true;
+};
+
+/// Prints the rows as a table and the summary line; returns the summary.
+inline summary report(const std::vector<row>& rows) {
+  summary out;
+  std::printf(
+      "\n| algorithm | mesh G x R x S | predicted tokens/s | measured tokens/s | predicted / "
+      "measured | predicted step ms = compute + exposed comm | bytes = plans |\n");
+  std::printf("|---|---|---:|---:|---:|---|---|\n");
+  for (const auto& r : rows) {
+    std::printf("| %s | %s | %.0f | %.0f | %.2f | %.2f = %.2f + %.2f | %s |\n", r.name.c_str(),
+                mesh_string(r.shape).c_str(), r.predicted, r.measured, r.predicted / r.measured,
+                r.price.step * 1e3, r.price.compute * 1e3, r.price.exposed_comm() * 1e3,
+                r.bytes_match ? "yes" : "NO");
+    out.worst = std::max(out.worst, off_by(r));
+    out.bytes_match = out.bytes_match && r.bytes_match;
+  }
+  const auto predicted = order_by(rows, [](const row& r) { return r.predicted; });
+  const auto measured = order_by(rows, [](const row& r) { return r.measured; });
+  out.order_matches = predicted == measured;
+  auto joined = [](const std::vector<std::string>& v) {
+    std::string j;
+    for (const auto& n : v) j += (j.empty() ? "" : " > ") + n;
+    return j;
+  };
+  std::printf("\npredicted order: %s\nmeasured order:  %s\n", joined(predicted).c_str(),
+              joined(measured).c_str());
+  std::printf("predict-demo: worst predicted/measured ratio %.2f, order matches: %s\n", out.worst,
+              out.order_matches ? "yes" : "no");
+  return out;
+}
+
+}  // namespace predict_demo
