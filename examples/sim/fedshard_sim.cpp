@@ -709,7 +709,8 @@ void sweep(const options& o) {
   out << "model,cluster,gpus,algo,groups,replicas,shards,K,inter_group_gbps,node_gbps,sites,"
          "compute_s,exposed_s,exposed_shard_s,exposed_replica_s,exposed_federation_s,"
          "exposed_group_s,exposed_world_s,sync_s,step_s,tokens_per_s_per_gpu,fsdp_step_s,"
-         "speedup_vs_fsdp,bytes_shard,bytes_replica,bytes_federation,bytes_group,bytes_world\n";
+         "speedup_vs_fsdp,bytes_shard,bytes_replica,bytes_federation,bytes_group,bytes_world,"
+         "straggler_s\n";
   int rows = 0, skipped = 0, refused = 0;
   for (double gbps : o.sweep_gbps) {
     cluster c = o.where;
@@ -745,7 +746,7 @@ void sweep(const options& o) {
           out << ',' << p.sync << ',' << p.step << ',' << p.tokens_per_s_per_gpu << ',' << base.step
               << ',' << base.step / p.step;
           for (axis a : all_axes) out << ',' << p[a].bytes_per_step;
-          out << '\n';
+          out << ',' << p.straggler_wait << '\n';
           ++rows;
         }
   }

@@ -530,7 +530,8 @@ inline traffic_counters run_traffic(const algorithm_desc& a, std::vector<unit_sp
 struct price_options {
   collective_algorithm collectives = collective_algorithm::best;
   /// bf16 on the wire for parameters and gradient reductions (the paper's bf16 mixed
-  /// precision); master weights, and so federation syncs, are f32 in any case.
+  /// precision); master weights, and so federation syncs, are f32 unless the federation
+  /// sends them through a codec (algorithm_settings::sync_dtype).
   shard::precision precision{dtype::bf16, dtype::bf16};
   /// Per-rank compute variability (straggler.hpp); cv = 0 (the default) prices exactly as
   /// without it.
@@ -598,7 +599,7 @@ struct step_price {
 
   /// The critical rank's price of axis a.
   const axis_price& operator[](axis a) const { return axes[static_cast<std::size_t>(a)]; }
-  /// Exposed communication seconds per step (step - compute).
+  /// Exposed communication seconds per step (step - compute - straggler_wait).
   double exposed_comm() const noexcept { return exposed_step + sync_per_step; }
 };
 
