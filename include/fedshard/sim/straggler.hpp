@@ -21,6 +21,7 @@
 /// e(n) and s(n) are integrated numerically (Simpson on [-9, 10], exact to ~1e-9 for n up to
 /// 1e9) and cached per n.
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
