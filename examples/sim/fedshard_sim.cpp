@@ -74,6 +74,8 @@ What to train
   --micro-batch B       sequences per GPU per step (default 2)
   --seq T               tokens per sequence (default 2048)
   --mfu X               achieved fraction of peak FLOP/s (default: the cluster's, cited)
+  --seconds-per-token X measured compute seconds per token per GPU; replaces the FLOP model
+                        (FLOPs / (peak x MFU))
   --recompute           activation recomputation (8N instead of 6N FLOPs per token)
 
 Where
@@ -85,6 +87,12 @@ Where
                         joined by a WAN
   --wan-gbps X          WAN uplink of a site, Gb/s (default 100, illustrative)
   --wan-latency-ms X    WAN latency per ring step, ms (default 10, illustrative)
+  --oversubscription LEVEL=F
+                        fabric contention: divide the bandwidth of LEVEL (nvlink, network or
+                        wan) by F (default 1); repeatable
+  --straggler-cv X      per-rank step compute varies with this coefficient of variation
+                        (e.g. 0.05): each collective waits for its slowest member, each sync
+                        for the slowest group (default 0: off)
 
 How
   --algo NAME           the algorithm (default fsdp), one of
@@ -108,6 +116,9 @@ How
   --param-dtype T       bf16 (default), f16 or f32 on the wire for parameters
   --reduce-dtype T      bf16 (default) or f32 for gradient reductions
   --collectives A       best (default), ring, tree or hierarchical
+  --sync-dtype T        f32 (default: master weights) or bf16: the federation's average sent
+                        through the bf16 cast codec (each group's wire all-gathered, decoded
+                        in f32); ignored by algorithms that do not federate
 
 Modes
   --predict-demo [demo options] [--fail-above X]
@@ -152,6 +163,7 @@ struct options {
   std::optional<int> fragments, delay;
   std::optional<float> alpha;
   federation::sync_mode sync = federation::sync_mode::hierarchical;
+  dtype sync_dtype = dtype::f32;  ///< of the federation's average (algorithm_settings)
   price_options pricing{};
   bool paper = false;
   bool sweep = false;
@@ -212,6 +224,7 @@ options parse(int argc, char** argv) {
   options o;
   std::optional<double> node_gbps, nvlink_gbs, wan_gbps, wan_ms;
   measurement_overrides measured_as;  // --calibrate-level / -ranks for the files that follow
+  std::map<std::string, double> oversubscription;  // by level name, applied after --cluster
   bool custom = false;
   std::vector<std::string> args(argv + 1, argv + argc);
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -294,7 +307,23 @@ options parse(int argc, char** argv) {
       o.pricing.precision.reduce = to_dtype(a, value());
     else if (a == "--collectives")
       o.pricing.collectives = parse_collective_algorithm(value());
-    else if (a == "--paper")
+    else if (a == "--straggler-cv")
+      o.pricing.stragglers.cv = to_double(a, value());
+    else if (a == "--seconds-per-token")
+      o.work.seconds_per_token = to_double(a, value());
+    else if (a == "--sync-dtype") {
+      const std::string v = value();
+      if (v != "f32" && v != "bf16") fail("--sync-dtype expects f32 or bf16, found '" + v + "'");
+      o.sync_dtype = v == "bf16" ? dtype::bf16 : dtype::f32;
+    } else if (a == "--oversubscription") {
+      const std::string v = value();
+      const auto eq = v.find('=');
+      const std::string level = v.substr(0, eq);
+      if (eq == std::string::npos || (level != "nvlink" && level != "network" && level != "wan"))
+        fail("--oversubscription expects LEVEL=F with LEVEL nvlink, network or wan, found '" + v +
+             "'");
+      oversubscription[level] = to_double(a, v.substr(eq + 1));
+    } else if (a == "--paper")
       o.paper = true;
     else if (a == "--sweep")
       o.sweep = true;
@@ -325,6 +354,17 @@ options parse(int argc, char** argv) {
   if (nvlink_gbs) o.where.intra.bandwidth = gbyte_per_s(*nvlink_gbs);
   if (wan_gbps) o.where.wan.bandwidth = gbit_per_s(*wan_gbps);
   if (wan_ms) o.where.wan.alpha = *wan_ms * 1e-3;
+  for (const auto& [level, f] : oversubscription) {
+    if (!(f >= 1) || !std::isfinite(f))
+      fail("--oversubscription " + level + "=F expects F >= 1, found " + std::to_string(f));
+    (level == "nvlink"    ? o.where.intra
+     : level == "network" ? o.where.inter
+                          : o.where.wan)
+        .oversubscription = f;
+  }
+  if (o.pricing.stragglers.cv < 0 || o.pricing.stragglers.cv > 1)
+    fail("--straggler-cv expects a fraction in [0, 1], e.g. 0.05");
+  if (o.work.seconds_per_token < 0) fail("--seconds-per-token must be >= 0");
   if (o.hsdp == 0) o.hsdp = o.where.gpus_per_node;
   if (o.gpus < 1) fail("--gpus must be >= 1");
   return o;
@@ -360,6 +400,15 @@ algorithm_settings plain_settings(const options& o, std::optional<int> k) {
   return {.period = k, .sync = o.sync};
 }
 
+/// The alias `name` with settings s, its federation's average sent in --sync-dtype when it
+/// federates.
+algorithm_desc described(const options& o, const std::string& name, algorithm_settings s) {
+  algorithm_desc a = algorithm_by_name(name, s);
+  if (o.sync_dtype == dtype::f32 || !a.syncs()) return a;
+  s.sync_dtype = o.sync_dtype;
+  return algorithm_by_name(name, s);
+}
+
 step_price run(const options& o, const algorithm_desc& a, const mesh_shape& shape,
                const cluster& c) {
   return price(a, o.work, shape, c, o.pricing);
@@ -368,6 +417,13 @@ step_price run(const options& o, const algorithm_desc& a, const mesh_shape& shap
 std::string mesh_string(const mesh_shape& s) {
   return std::to_string(s.groups) + "x" + std::to_string(s.replicas) + "x" +
          std::to_string(s.shards);
+}
+
+/// "8", "2.5", "inf".
+std::string number(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
 }
 
 void print_setting(const options& o, const cluster& c) {
@@ -390,18 +446,26 @@ void print_setting(const options& o, const cluster& c) {
                 c.measured->summary().c_str());
   std::printf(
       "\nworkload micro-batch %d x seq %d = %.0f tokens per GPU per step; wire dtypes %s "
-      "params, %s reductions, f32 syncs; collectives: %s\n",
+      "params, %s reductions, %s syncs; collectives: %s\n",
       o.work.micro_batch, o.work.seq, o.work.tokens_per_gpu(),
       std::string(to_string(o.pricing.precision.param)).c_str(),
       std::string(to_string(o.pricing.precision.reduce)).c_str(),
+      o.sync_dtype == dtype::f32 ? "f32" : "bf16 (cast codec)",
       std::string(to_string(o.pricing.collectives)).c_str());
-}
-
-/// "8", "2.5", "inf".
-std::string number(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", x);
-  return buf;
+  // Settings that are off print nothing.
+  std::vector<std::string> effects;
+  if (o.work.seconds_per_token > 0)
+    effects.push_back("compute: measured " + number(o.work.seconds_per_token) +
+                      " s per token per GPU (replaces FLOPs / (peak x MFU))");
+  if (o.pricing.stragglers.active())
+    effects.push_back("stragglers: cv " + number(100 * o.pricing.stragglers.cv) + "%");
+  for (const auto& [name, level] : {std::pair<const char*, const link_level*>{"nvlink", &c.intra},
+                                    {"network", &c.inter},
+                                    {"wan", &c.wan}})
+    if (level->oversubscription != 1)
+      effects.push_back(std::string("oversubscription: ") + name + " " +
+                        number(level->oversubscription) + "x");
+  for (const auto& e : effects) std::printf("effects  %s\n", e.c_str());
 }
 
 /// True when the algorithm syncs the whole model at once and blocking (a plain K).
@@ -420,8 +484,25 @@ void print_price(const step_price& p, const step_price* fsdp) {
               mesh_string(p.shape).c_str(), cadence.c_str());
   std::printf("  tokens/s per GPU     %10.1f", p.tokens_per_s_per_gpu);
   if (fsdp) std::printf("   (%.2fx fsdp)", fsdp->step / p.step);
-  std::printf("\n  step                 %10.4f s = compute %.4f s + exposed communication %.4f s\n",
-              p.step, p.compute, p.exposed_comm());
+  if (p.straggler_wait > 0)
+    std::printf(
+        "\n  step                 %10.4f s = compute %.4f s + stragglers %.4f s + exposed "
+        "communication %.4f s\n",
+        p.step, p.compute, p.straggler_wait, p.exposed_comm());
+  else
+    std::printf(
+        "\n  step                 %10.4f s = compute %.4f s + exposed communication %.4f s\n",
+        p.step, p.compute, p.exposed_comm());
+  if (p.straggler_wait > 0) {
+    std::printf(
+        "  stragglers           %10.4f s per step: the slowest of the %d ranks each step joins "
+        "(%.4f s)",
+        p.straggler_wait, p.step_component, p.straggler_wait - p.straggler_sync);
+    if (p.syncs && p.sync_components > 1)
+      std::printf(", each sync waits for the slowest of %d groups (%.4f s per step)",
+                  p.sync_components, p.straggler_sync);
+    std::printf("\n");
+  }
   std::printf("  overlappable comm    %10.4f s (%.4f s hidden behind compute)\n", p.overlappable,
               p.hidden);
   if (p.syncs && plain_k(p))
@@ -464,7 +545,7 @@ std::vector<paper_row> paper_rows() {
 std::vector<step_price> paper_prices(const options& o, const cluster& c) {
   std::vector<step_price> out;
   for (const auto& r : paper_rows())
-    out.push_back(run(o, algorithm_by_name(r.algo, plain_settings(o, 8)), r.shape, c));
+    out.push_back(run(o, described(o, r.algo, plain_settings(o, 8)), r.shape, c));
   return out;
 }
 
@@ -477,8 +558,10 @@ cluster with_node_gbps(cluster c, double gbps) {
   return c;
 }
 
+void what_it_would_take(const options& base, const cluster& c);
+
 void paper(options o) {
-  o.work = workload{llama31_8b(), 2, 2048, o.work.mfu, o.work.recompute};
+  o.work = workload{llama31_8b(), 2, 2048, o.work.mfu, o.work.recompute, o.work.seconds_per_token};
   o.gpus = 512;
   const cluster& c = o.where;
   std::printf("Reproduction of the FL+FSDP paper's setting (PAPERS.md section 1)\n");
@@ -516,7 +599,9 @@ void paper(options o) {
   std::printf(
       "fsdp's gathers and reduce-scatters take %.4f s per step (%.4f s of it latency-free "
       "transfer at best); its compute is %.4f s, so %s\n",
-      p[0].overlappable, p[0][axis::shard].step_node_bytes / c.node_bandwidth(), p[0].compute,
+      p[0].overlappable,
+      p[0][axis::shard].step_node_bytes * c.inter.oversubscription / c.node_bandwidth(),
+      p[0].compute,
       p[0].overlappable <= p[0].compute
           ? "they hide behind it: fsdp is compute-bound here and federation cannot speed "
             "it up"
@@ -541,9 +626,10 @@ void paper(options o) {
                 q[0].step / q[2].step, q[0].step / q[3].step);
     if (best_fl_speedup(q) < paper_speedup) {
       std::printf(
-          "  -> no network bandwidth gives %.2fx in this model: the syncs move f32 master "
-          "weights, and the bytes ratio caps the speed-up\n",
-          paper_speedup);
+          "  -> no network bandwidth gives %.2fx in this model: the syncs move %s, and the "
+          "bytes ratio caps the speed-up\n",
+          paper_speedup,
+          o.sync_dtype == dtype::f32 ? "f32 master weights" : "bf16 wires of every group");
     } else {
       double lo = 1e-3, hi = c.node_bandwidth() * 8 / 1e9;
       for (int it = 0; it < 60; ++it) {
@@ -555,6 +641,89 @@ void paper(options o) {
                   c.node_bandwidth() * 8 / 1e9);
     }
   }
+  what_it_would_take(o, c);
+}
+
+/// What node network bandwidth gives fl_* the paper's speed-up over fsdp: the largest at
+/// which it is reached (bisection), or the cap (the speed-up as the bandwidth goes to 0, the
+/// ratio of the bytes leaving a node) when none does.
+struct bandwidth_needed {
+  bool reachable = false;
+  double gbps = 0;      ///< nominal node bandwidth (Gb/s, all NICs), when reachable
+  double cap = 0;       ///< speed-up as the node bandwidth goes to 0
+  double at_now = 0;    ///< speed-up at the cluster's own bandwidth
+  bool always = false;  ///< reached even at max_gbps
+};
+
+bandwidth_needed bandwidth_for(const options& o, const cluster& c, std::size_t row) {
+  constexpr double min_gbps = 1e-3, max_gbps = 1e5;
+  const auto& r = paper_rows()[row];
+  const algorithm_desc fsdp = algorithm_by_name("fsdp", plain_settings(o, 8));
+  const algorithm_desc fl = described(o, r.algo, plain_settings(o, 8));
+  auto speedup = [&](double gbps) {
+    const cluster x = with_node_gbps(c, gbps);
+    return run(o, fsdp, paper_rows()[0].shape, x).step / run(o, fl, r.shape, x).step;
+  };
+  bandwidth_needed n;
+  n.cap = speedup(min_gbps);
+  n.at_now = speedup(c.node_bandwidth() * 8 / 1e9);
+  if (n.cap < paper_speedup) return n;
+  n.reachable = true;
+  if (speedup(max_gbps) >= paper_speedup) {
+    n.always = true;
+    n.gbps = max_gbps;
+    return n;
+  }
+  double lo = min_gbps, hi = max_gbps;  // speedup(lo) >= target > speedup(hi)
+  for (int it = 0; it < 28; ++it) {
+    const double mid = std::sqrt(lo * hi);
+    (speedup(mid) >= paper_speedup ? lo : hi) = mid;
+  }
+  n.gbps = lo;
+  return n;
+}
+
+/// --paper's "what it would take" table: for sync dtype f32 and bf16, stragglers off and on
+/// (cv 5%, or --straggler-cv), the effective node network bandwidth at which fl_fsdp and
+/// fl_hsdp reach the paper's speed-up over fsdp.
+void what_it_would_take(const options& base, const cluster& c) {
+  const double cv = base.pricing.stragglers.active() ? base.pricing.stragglers.cv : 0.05;
+  std::printf(
+      "\nwhat it would take: the effective node network bandwidth (all NICs, after any "
+      "oversubscription) at or below which fl_* reach %.2fx over fsdp; speed-up at %.0f Gb/s "
+      "in brackets\n",
+      paper_speedup, c.node_bandwidth() * 8 / 1e9 / c.inter.oversubscription);
+  std::printf("%-10s | %-10s | %-36s | %-36s\n", "sync dtype", "stragglers", "fl_fsdp needs",
+              "fl_hsdp needs");
+  for (dtype d : {dtype::f32, dtype::bf16})
+    for (double v : {0.0, cv}) {
+      options o = base;
+      o.sync_dtype = d;
+      o.pricing.stragglers.cv = v;
+      std::string cells[2];
+      for (std::size_t i = 0; i < 2; ++i) {
+        const bandwidth_needed n = bandwidth_for(o, c, 2 + i);
+        char buf[96];
+        if (!n.reachable)
+          std::snprintf(buf, sizeof buf, "none (cap %.2fx) [%.2fx]", n.cap, n.at_now);
+        else if (n.always)
+          std::snprintf(buf, sizeof buf, "any bandwidth [%.2fx]", n.at_now);
+        else
+          std::snprintf(buf, sizeof buf, "<= %.1f Gb/s per node [%.2fx]",
+                        n.gbps / c.inter.oversubscription, n.at_now);
+        cells[i] = buf;
+      }
+      std::printf("%-10s | %-10s | %-36s | %-36s\n", d == dtype::f32 ? "f32" : "bf16",
+                  v > 0 ? ("cv " + number(100 * v) + "%").c_str() : "off", cells[0].c_str(),
+                  cells[1].c_str());
+    }
+  std::printf(
+      "  cap: the speed-up as the network goes to 0, the ratio of the bytes leaving a node "
+      "(fsdp's gathers and reduce-scatters against fl_*'s\n  syncs and, for fl_hsdp, its "
+      "replica all-reduce); stragglers only add compute-proportional time, so they do not move "
+      "it.\n  bf16 syncs price the plans of federation::with_codec<average, cast<bf16>>: each "
+      "group's bf16 wire is all-gathered and decoded\n  in f32, so a rank sends (G-1) half "
+      "buffers instead of the ring all_reduce's 2(G-1)/G buffers: more bytes once G > 4.\n");
 }
 
 void sweep(const options& o) {
@@ -565,8 +734,8 @@ void sweep(const options& o) {
     algos = {"fl_fsdp", "fl_hsdp"};
   // Unknown names and settings an algorithm has no use for are refused before anything runs;
   // a K its schedule refuses (streaming: fewer steps than fragments) only skips that K.
-  std::vector<algorithm_desc> described;
-  for (const auto& algo : algos) described.push_back(algorithm_by_name(algo, settings_of(o, {})));
+  std::vector<algorithm_desc> descs;
+  for (const auto& algo : algos) descs.push_back(described(o, algo, settings_of(o, {})));
   const algorithm_desc fsdp = algorithm_by_name("fsdp", plain_settings(o, {}));
   std::vector<int> groups = o.sweep_groups;
   if (groups.empty())
@@ -580,7 +749,8 @@ void sweep(const options& o) {
   out << "model,cluster,gpus,algo,groups,replicas,shards,K,inter_group_gbps,node_gbps,sites,"
          "compute_s,exposed_s,exposed_shard_s,exposed_replica_s,exposed_federation_s,"
          "exposed_group_s,exposed_world_s,sync_s,step_s,tokens_per_s_per_gpu,fsdp_step_s,"
-         "speedup_vs_fsdp,bytes_shard,bytes_replica,bytes_federation,bytes_group,bytes_world\n";
+         "speedup_vs_fsdp,bytes_shard,bytes_replica,bytes_federation,bytes_group,bytes_world,"
+         "straggler_s\n";
   int rows = 0, skipped = 0, refused = 0;
   for (double gbps : o.sweep_gbps) {
     cluster c = o.where;
@@ -589,7 +759,7 @@ void sweep(const options& o) {
     else
       c = with_node_gbps(c, gbps);
     const step_price base = run(o, fsdp, {1, 1, o.gpus}, c);
-    for (const auto& desc : described)
+    for (const auto& desc : descs)
       for (int g : groups)
         for (int k : o.sweep_k) {
           const std::string& algo = desc.name();
@@ -602,7 +772,7 @@ void sweep(const options& o) {
           }
           algorithm_desc a;
           try {
-            a = algorithm_by_name(algo, settings_of(o, k));
+            a = described(o, algo, settings_of(o, k));
           } catch (const invalid_argument&) {
             ++refused;
             continue;
@@ -616,7 +786,7 @@ void sweep(const options& o) {
           out << ',' << p.sync << ',' << p.step << ',' << p.tokens_per_s_per_gpu << ',' << base.step
               << ',' << base.step / p.step;
           for (axis a : all_axes) out << ',' << p[a].bytes_per_step;
-          out << '\n';
+          out << ',' << p.straggler_wait << '\n';
           ++rows;
         }
   }
@@ -692,7 +862,7 @@ int main(int argc, char** argv) {
       sweep(o);
       return 0;
     }
-    const algorithm_desc a = algorithm_by_name(o.algo, settings_of(o, o.k));
+    const algorithm_desc a = described(o, o.algo, settings_of(o, o.k));
     const mesh_shape shape = o.mesh ? *o.mesh : mesh_for(a, o.gpus, o.groups, o.hsdp);
     if (shape.size() != o.gpus) o.gpus = shape.size();
     print_setting(o, o.where);

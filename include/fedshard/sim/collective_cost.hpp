@@ -24,7 +24,8 @@
 /// leaves the node at the same time (link_sharing::per_node, counting this one) gets an
 /// equal share of the node bandwidth, and a communicator with m members on a node reaches at
 /// most m x nics_per_node / gpus_per_node of its NICs (at least one). The same holds for a
-/// site's WAN uplink (link_sharing::per_site).
+/// site's WAN uplink (link_sharing::per_site). Each level's oversubscription (fabric
+/// contention) divides its bandwidth.
 ///
 /// Measured constants (cluster::measured, calibrate.hpp): when they hold a fit of the kind at
 /// the span's level, t = latency + bus_factor x S / (busbw / sharing), sharing =
@@ -108,18 +109,24 @@ inline double tree_depth(int n) noexcept {
   return n <= 1 ? 0.0 : std::ceil(std::log2(static_cast<double>(n)));
 }
 
-/// Bytes/s one communicator's traffic gets through the slowest level it crosses.
+/// Bytes/s one communicator's traffic gets through the slowest level it crosses, each
+/// level's bandwidth divided by its oversubscription.
 inline double ring_bandwidth(const comm_span& s, const link_sharing& share, const cluster& c) {
+  for (const link_level* l : {&c.intra, &c.inter, &c.wan})
+    FEDSHARD_EXPECTS(l->oversubscription > 0,
+                     "sim: a link level's oversubscription must be > 0 (1: none), found ",
+                     l->oversubscription);
   double bw = std::numeric_limits<double>::infinity();
-  if (s.per_node > 1) bw = std::min(bw, c.intra.bandwidth);
+  if (s.per_node > 1) bw = std::min(bw, c.intra.bandwidth / c.intra.oversubscription);
   if (s.nodes > 1) {
     const double reachable =
         std::clamp(static_cast<double>(s.per_node) * c.nics_per_node / c.gpus_per_node, 1.0,
                    static_cast<double>(c.nics_per_node));
-    bw = std::min(
-        {bw, c.node_bandwidth() / std::max(1, share.per_node), reachable * c.nic_bandwidth});
+    bw = std::min({bw, c.node_bandwidth() / std::max(1, share.per_node) / c.inter.oversubscription,
+                   reachable * c.nic_bandwidth / c.inter.oversubscription});
   }
-  if (s.sites > 1) bw = std::min(bw, c.wan.bandwidth / std::max(1, share.per_site));
+  if (s.sites > 1)
+    bw = std::min(bw, c.wan.bandwidth / std::max(1, share.per_site) / c.wan.oversubscription);
   return bw;
 }
 

@@ -29,13 +29,20 @@
 ///  - the exposed sync seconds of the window's syncs, divided by the window's steps, are added
 ///    to each step (a sync every K steps adds sync / K);
 ///  - step = max(C, O) + exposed step ops + exposed sync seconds per step; the job's step is
-///    the slowest rank's (collectives wait for every member).
+///    the slowest rank's (collectives wait for every member);
+///  - stragglers (price_options::stragglers, straggler.hpp; off by default): with per-rank
+///    compute of coefficient of variation cv, C above becomes C (1 + cv e(n_step)), n_step the
+///    ranks the step plan's ops join, and each step pays C cv s(n_step) e(G_sync) / sqrt(k)
+///    more, G_sync the components of n_step ranks the sync plans join and k the mean steps
+///    between two syncs (1 / the cadence's starts per step, at least 1). step_price reports
+///    both in straggler_wait.
 /// Bytes per axis are the plans' per-rank wire bytes (bus factor x array bytes), so they equal
 /// what the wire tap records for the same plans; run_traffic gives what a run of n steps
 /// moves, step by step as the trainer fires the plans (final-step syncs included).
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -51,10 +58,12 @@
 #include <utility>
 #include <vector>
 
+#include "fedshard/codec/cast.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/sync.hpp"
+#include "fedshard/federation/with_codec.hpp"
 #include "fedshard/mesh/axis.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/plan/comm_op.hpp"
@@ -65,6 +74,7 @@
 #include "fedshard/sim/collective_cost.hpp"
 #include "fedshard/sim/compute.hpp"
 #include "fedshard/sim/model_layout.hpp"
+#include "fedshard/sim/straggler.hpp"
 #include "fedshard/sim/timeline.hpp"
 #include "fedshard/sim/topology.hpp"
 #include "fedshard/trainer/algorithm.hpp"
@@ -359,6 +369,13 @@ struct algorithm_settings {
   std::optional<float> alpha{};    ///< α (streaming); refused by a schedule without mixing
   federation::sync_mode sync = federation::sync_mode::hierarchical;  ///< how R > 1 syncs
   int inner_state_buffers = 2;  ///< the inner optimizer's state buffers (2 for AdamW)
+  /// The dtype the cross-group average travels in. f32: the federation policy's own plans
+  /// (master weights, as the trainer runs the alias). bf16: the policy wrapped as
+  /// federation::with_codec<F, codec::cast<bf16>> (what a trainer of that algorithm runs):
+  /// each group's fragment is sent as bf16 and the wires are all-gathered and decoded in f32,
+  /// so the all_reduce becomes an all_gather of G half-size wires. Refused for an algorithm
+  /// that does not federate or whose federation already carries a codec.
+  dtype sync_dtype = dtype::f32;
 };
 
 /// A's options with the settings s applied (see algorithm_settings); invalid_argument naming
@@ -408,12 +425,51 @@ inline std::vector<std::string> algorithm_names() {
   return names;
 }
 
+/// A with its federation policy's cross-group average sent through Codec
+/// (federation::with_codec), the same shard policy and schedule.
+template <Algorithm A, codec::Codec Codec>
+using with_sync_codec = algorithm<typename A::shard_policy,
+                                  federation::with_codec<typename A::federation_policy, Codec>,
+                                  typename A::sync_schedule>;
+
+namespace detail {
+
+/// describe<A> named n with settings s, its sync sent in s.sync_dtype (algorithm_settings).
+template <Algorithm A>
+algorithm_desc describe_named(std::string_view n, const algorithm_settings& s) {
+  const algorithm_options<A> o = options_for<A>(n, s);
+  if (s.sync_dtype == dtype::f32) return describe<A>(std::string(n), o);
+  using F = typename A::federation_policy;
+  FEDSHARD_EXPECTS(s.sync_dtype == dtype::bf16, "sim: ", n,
+                   ": the sync dtype must be f32 or bf16, found ", to_string(s.sync_dtype));
+  if constexpr (!F::syncs) {
+    FEDSHARD_EXPECTS(false, "sim: ", n, ": a bf16 sync needs an algorithm that federates, but ",
+                     F::name, " never syncs");
+    return {};
+  } else if constexpr (!std::is_same_v<federation::sync_codec_t<F>, codec::identity>) {
+    FEDSHARD_EXPECTS(false, "sim: ", n, ": a bf16 sync wraps the federation in a cast codec, but ",
+                     F::name, " already sends its sync through codec ",
+                     federation::sync_codec_t<F>::name);
+    return {};
+  } else {
+    using B = with_sync_codec<A, codec::cast<bf16>>;
+    algorithm_options<B> b;
+    b.federation = o.federation;
+    b.schedule = o.schedule;
+    b.inner_state_buffers = o.inner_state_buffers;
+    b.cadence_window = o.cadence_window;
+    return describe<B>(std::string(n), b);
+  }
+}
+
+}  // namespace detail
+
 /// The alias called `name` (one of algorithm_names()) with settings s; invalid_argument
 /// listing the known names for an unknown one, and naming the setting for bad settings.
 inline algorithm_desc algorithm_by_name(std::string_view name, const algorithm_settings& s = {}) {
   std::optional<algorithm_desc> found;
   for_each_algorithm([&]<class A>(std::string_view n) {
-    if (n == name) found = describe<A>(std::string(n), options_for<A>(n, s));
+    if (n == name) found = detail::describe_named<A>(n, s);
   });
   if (!found) {
     std::string known;
@@ -489,10 +545,14 @@ constexpr std::string_view to_string(step_overlap m) noexcept {
 struct price_options {
   collective_algorithm collectives = collective_algorithm::best;
   /// bf16 on the wire for parameters and gradient reductions (the paper's bf16 mixed
-  /// precision); master weights, and so federation syncs, are f32 in any case.
+  /// precision); master weights, and so federation syncs, are f32 unless the federation
+  /// sends them through a codec (algorithm_settings::sync_dtype).
   shard::precision precision{dtype::bf16, dtype::bf16};
   /// How a step's ops overlap its compute (see the file comment).
   step_overlap overlap = step_overlap::channel;
+  /// Per-rank compute variability (straggler.hpp); cv = 0 (the default) prices exactly as
+  /// without it.
+  straggler_model stragglers{};
 };
 
 /// The price of one axis for one rank.
@@ -527,19 +587,27 @@ struct rank_price {
 struct step_price {
   std::string algorithm;
   mesh_shape shape;
-  double period = 1;          ///< steps between two syncs of a fragment: K, streaming's H (1
-                              ///< when the algorithm does not federate)
-  int fragments = 1;          ///< P, the fragments synced separately
-  double in_flight = 0;       ///< mean steps a sync stays in flight (streaming's τ)
-  bool syncs = false;         ///< the algorithm federates
-  double compute = 0;         ///< seconds of compute per step
-  double overlappable = 0;    ///< step comm marked overlappable, seconds
-  double hidden = 0;          ///< of it, hidden behind compute
-  double exposed_step = 0;    ///< step comm not hidden
-  double sync = 0;            ///< seconds of one sync of every fragment
-  double sync_per_step = 0;   ///< exposed sync seconds per step (sync / K when τ = 0)
-  double sync_hidden = 0;     ///< sync seconds per step hidden behind compute (τ > 0)
-  double step = 0;            ///< max(compute, overlappable) + exposed ops + sync_per_step
+  double period = 1;         ///< steps between two syncs of a fragment: K, streaming's H (1
+                             ///< when the algorithm does not federate)
+  int fragments = 1;         ///< P, the fragments synced separately
+  double in_flight = 0;      ///< mean steps a sync stays in flight (streaming's τ)
+  bool syncs = false;        ///< the algorithm federates
+  double compute = 0;        ///< seconds of compute per step
+  double overlappable = 0;   ///< step comm marked overlappable, seconds
+  double hidden = 0;         ///< of it, hidden behind compute
+  double exposed_step = 0;   ///< step comm not hidden
+  double sync = 0;           ///< seconds of one sync of every fragment
+  double sync_per_step = 0;  ///< exposed sync seconds per step (sync / K when τ = 0)
+  double sync_hidden = 0;    ///< sync seconds per step hidden behind compute (τ > 0)
+  double step = 0;           ///< max(compute + straggler step wait, overlappable) + exposed ops +
+                             ///< sync_per_step + straggler sync wait
+  /// Seconds per step the stragglers add (0 without price_options::stragglers): the slowest
+  /// of the step's n_step ranks, plus the syncs' wait for the slowest group, amortised
+  /// (straggler_sync of it). step = compute + straggler_wait + exposed_comm().
+  double straggler_wait = 0;
+  double straggler_sync = 0;  ///< of straggler_wait, the syncs' part
+  int step_component = 1;     ///< n_step: the ranks the step plan's ops join
+  int sync_components = 1;    ///< G_sync: the step components the sync plans join
   double tokens_per_gpu = 0;  ///< tokens one GPU processes per step
   double tokens_per_s_per_gpu = 0;
   int critical_rank = 0;             ///< the slowest rank, whose split is reported
@@ -548,7 +616,7 @@ struct step_price {
 
   /// The critical rank's price of axis a.
   const axis_price& operator[](axis a) const { return axes[static_cast<std::size_t>(a)]; }
-  /// Exposed communication seconds per step (step - compute).
+  /// Exposed communication seconds per step (step - compute - straggler_wait).
   double exposed_comm() const noexcept { return exposed_step + sync_per_step; }
 };
 
@@ -649,6 +717,23 @@ class price_memo {
   std::map<key, collective_cost> costs_;
 };
 
+/// Which mesh dimensions (groups, replicas, shards) the communicators of axis a run along.
+constexpr std::array<bool, 3> dims_of(axis a) noexcept {
+  switch (a) {
+    case axis::shard: return {false, false, true};
+    case axis::replica: return {false, true, false};
+    case axis::federation: return {true, false, false};
+    case axis::group: return {false, true, true};
+    case axis::world: return {true, true, true};
+  }
+  return {false, false, false};
+}
+
+/// Ranks of a component joined along the dimensions d of mesh s (1 when none).
+inline int component_size(const mesh_shape& s, const std::array<bool, 3>& d) noexcept {
+  return (d[0] ? s.groups : 1) * (d[1] ? s.replicas : 1) * (d[2] ? s.shards : 1);
+}
+
 }  // namespace detail
 
 /// Prices algorithm a on units laid out for `shape` on cluster c, given the compute seconds
@@ -659,6 +744,10 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
   FEDSHARD_EXPECTS(compute_seconds >= 0 && tokens_per_gpu >= 0,
                    "sim::price_plans: compute seconds and tokens must be >= 0, found ",
                    compute_seconds, " and ", tokens_per_gpu);
+  FEDSHARD_EXPECTS(o.stragglers.cv >= 0 && std::isfinite(o.stragglers.cv),
+                   "sim::price_plans: the stragglers' coefficient of variation must be a finite "
+                   "number >= 0, found ",
+                   o.stragglers.cv);
   const placement place(shape, c);
   const flat_layout layout = a.layout(std::move(units), shape);
   const plan step_ops = a.step_plan(layout, shape, o.precision);
@@ -694,6 +783,27 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
     sync_sharing.emplace(key, detail::sharing_of(place, spans, std::get<1>(key), active));
   // Ranks mostly see the same (span, sharing) for an op: price each combination once.
   detail::price_memo memo;
+
+  // Stragglers: the component the step ops join every step, and how many of them a sync
+  // joins (straggler.hpp).
+  std::array<bool, 3> step_dims{}, sync_dims{};
+  for (const auto& op : step_ops.ops)
+    if (op.ranks > 1)
+      for (std::size_t d = 0; d < 3; ++d)
+        step_dims[d] = step_dims[d] || detail::dims_of(op.axis)[d];
+  sync_dims = step_dims;
+  for (const auto& [key, active] : sync_runs)
+    for (std::size_t d = 0; d < 3; ++d)
+      sync_dims[d] = sync_dims[d] || detail::dims_of(std::get<1>(key))[d];
+  const int n_step = detail::component_size(shape, step_dims);
+  const int g_sync = syncs ? detail::component_size(shape, sync_dims) / n_step : 1;
+  const double straggler_step = straggler_step_wait(o.stragglers, compute_seconds, n_step);
+  const double straggler_sync =
+      straggler_sync_wait(o.stragglers, compute_seconds, n_step, g_sync,
+                          syncs ? std::min(1.0, cadence.starts_per_step()) : 0.0);
+  // The compute window of a step: the slowest member's compute.
+  const double window_compute =
+      o.stragglers.active() ? compute_seconds + straggler_step : compute_seconds;
 
   step_price out;
   out.algorithm = a.name();
@@ -762,7 +872,7 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
       }
     }
     // Compute a step leaves free of its own overlappable ops: what an in-flight sync uses.
-    const double slack = std::max(0.0, compute_seconds - t.overlappable);
+    const double slack = std::max(0.0, window_compute - t.overlappable);
     const auto& fragments = sync_ops[static_cast<std::size_t>(r)];
     for (std::size_t f = 0; f < fragments.size(); ++f) {
       const fragment_cadence& fc = cadence.fragments[f];
@@ -809,7 +919,7 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
       t.sync_exposed += exposed / window;
       t.sync_hidden += hidden / window;
     }
-    const double spill = std::max(0.0, t.overlappable - compute_seconds);
+    const double spill = std::max(0.0, t.overlappable - window_compute);
     for (axis ax_id : all_axes) {
       auto& ax = rp.axes[static_cast<std::size_t>(ax_id)];
       const comm_span& s = spans.get(ax_id, r);
@@ -824,7 +934,7 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
     if (o.overlap == step_overlap::timeline) {
       // The step ops' exposure from the engine's timeline, shared among the axes as their
       // seconds are.
-      const step_timeline tl = time_step(step_ops.ops, step_times, unit_elements, compute_seconds);
+      const step_timeline tl = time_step(step_ops.ops, step_times, unit_elements, window_compute);
       double all = 0;
       std::array<double, 5> by_axis{};
       for (std::size_t i = 0; i < step_ops.ops.size(); ++i) {
@@ -839,8 +949,9 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
       t.timeline_waiting = tl.waiting;
       rp.step = tl.step + t.sync_exposed;
     } else {
-      rp.step = std::max(compute_seconds, t.overlappable) + t.exposed_ops + t.sync_exposed;
+      rp.step = std::max(window_compute, t.overlappable) + t.exposed_ops + t.sync_exposed;
     }
+    if (o.stragglers.active()) rp.step += straggler_sync;
     if (rp.step > worst) {
       worst = rp.step;
       out.critical_rank = r;
@@ -854,12 +965,16 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
     out.exposed_step = t.timeline_waiting;
     out.hidden = std::max(0.0, t.overlappable + t.exposed_ops - t.timeline_waiting);
   } else {
-    out.hidden = std::min(t.overlappable, compute_seconds);
+    out.hidden = std::min(t.overlappable, window_compute);
     out.exposed_step = (t.overlappable - out.hidden) + t.exposed_ops;
   }
   out.sync = t.sync;
   out.sync_per_step = t.sync_exposed;
   out.sync_hidden = t.sync_hidden;
+  out.straggler_wait = (window_compute - compute_seconds) + straggler_sync;
+  out.straggler_sync = straggler_sync;
+  out.step_component = n_step;
+  out.sync_components = g_sync;
   out.step = rp.step;
   out.tokens_per_s_per_gpu =
       out.step > 0 ? tokens_per_gpu / out.step : std::numeric_limits<double>::infinity();
@@ -873,6 +988,9 @@ struct workload {
   int seq = 2048;       ///< tokens per sequence
   double mfu = 0;       ///< 0: the cluster's default_mfu
   bool recompute = false;
+  /// Measured compute seconds per token on one GPU; > 0 replaces the FLOP model (FLOPs /
+  /// (peak x MFU)), so mfu and recompute no longer matter for the time.
+  double seconds_per_token = 0;
 
   /// micro_batch x seq.
   double tokens_per_gpu() const noexcept { return double(micro_batch) * seq; }
@@ -880,16 +998,23 @@ struct workload {
 
 /// Prices algorithm a training workload w on a G x R x S mesh of cluster c: the model's
 /// units (sim::transformer_units, bf16) planned by a's policies, compute from
-/// sim::compute_model.
+/// w.seconds_per_token when it is set, else from sim::compute_model.
 inline step_price price(const algorithm_desc& a, const workload& w, const mesh_shape& shape,
                         const cluster& c, const price_options& o = {}) {
   FEDSHARD_EXPECTS(w.micro_batch >= 1 && w.seq >= 1,
                    "sim::price: micro_batch and seq must be >= 1, found ", w.micro_batch, " and ",
                    w.seq);
-  const compute_model cm{c.peak_flops, w.mfu > 0 ? w.mfu : c.default_mfu, w.recompute};
+  FEDSHARD_EXPECTS(w.seconds_per_token >= 0 && std::isfinite(w.seconds_per_token),
+                   "sim::price: seconds_per_token must be a finite number >= 0 (0: the FLOP "
+                   "model), found ",
+                   w.seconds_per_token);
   const double tokens = w.tokens_per_gpu();
-  return price_plans(a, transformer_units(w.model, dtype::bf16), shape, c,
-                     cm.seconds(w.model, tokens, w.seq), tokens, o);
+  double seconds = w.seconds_per_token * tokens;
+  if (w.seconds_per_token <= 0) {
+    const compute_model cm{c.peak_flops, w.mfu > 0 ? w.mfu : c.default_mfu, w.recompute};
+    seconds = cm.seconds(w.model, tokens, w.seq);
+  }
+  return price_plans(a, transformer_units(w.model, dtype::bf16), shape, c, seconds, tokens, o);
 }
 
 }  // namespace fedshard::sim

@@ -12,7 +12,8 @@
 ///    on each site. β is one site's uplink, shared by every ring that leaves the site at the
 ///    same time.
 /// α is the latency of one ring step that crosses the level; op_latency is the fixed cost of
-/// launching one collective.
+/// launching one collective. A level's oversubscription F >= 1 models fabric contention: the
+/// bandwidth of the level (NVLink busbw, a node's NICs, a site's uplink) is divided by F.
 ///
 /// Placement: world ranks are contiguous, node = rank / gpus_per_node, site = rank / (W / sites).
 /// All bandwidths are bytes per second, all latencies seconds.
@@ -36,6 +37,9 @@ struct calibration;  // calibrate.hpp
 struct link_level {
   double alpha = 0;      ///< seconds per ring step that crosses this level
   double bandwidth = 0;  ///< bytes/s, per direction (see the file comment for whose)
+  /// Contention on this level: its bandwidth (for inter, the node's NICs) is divided by it;
+  /// 1 = none, 2 = every link delivers half of its rate.
+  double oversubscription = 1;
   /// The latency is propagation: collectives in flight at once overlap their latencies (a
   /// long-haul link; the demo's emulated one), so with step_overlap::timeline an op holds
   /// the channel only for its transfer. False: the whole op holds it (NCCL's one stream).
