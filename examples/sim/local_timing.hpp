@@ -31,9 +31,13 @@ inline double since(clock::time_point t0) {
   return std::chrono::duration<double>(clock::now() - t0).count();
 }
 
-/// Seconds per step of 8 ranks each training charlm alone (a 1x1x1 mesh), with the demo's
-/// step loop: a barrier before and after each step, the slowest rank's time.
-inline double time_local_steps(const demo::settings& s, const charlm::corpus& data, int steps) {
+/// Seconds per step of 8 ranks each training charlm alone on a 1x1x1 mesh with shard policy
+/// Shard (its engine's own work per step, no communication), with the demo's step loop: a
+/// barrier before and after each step, the slowest rank's time.
+template <fedshard::shard::ShardPolicy Shard>
+double time_local_steps(const demo::settings& s, const charlm::corpus& data, int steps) {
+  using alone =
+      fedshard::algorithm<Shard, fedshard::federation::none, fedshard::schedule::every_step>;
   const charlm::dims dims{data.vocab(), 8, 16, s.hidden};
   double seconds = 0;
   fedshard::inproc::run(
@@ -42,7 +46,7 @@ inline double time_local_steps(const demo::settings& s, const charlm::corpus& da
         const int rank = world.rank();
         fedshard::inproc::communicator self = world.split(rank, 0);
         fedshard::mesh m(self, {1, 1, 1});
-        fedshard::trainer<charlm::model, fedshard::fsdp, fedshard::optim::adamw,
+        fedshard::trainer<charlm::model, alone, fedshard::optim::adamw,
                           fedshard::inproc::communicator>
             t(m, charlm::model(dims, s.seed), {.lr = s.lr, .weight_decay = 0.0f});
         double total = 0;

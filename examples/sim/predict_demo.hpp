@@ -22,10 +22,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,7 +42,7 @@ namespace sim = fedshard::sim;
 
 /// What the local cluster is calibrated from.
 struct local_calibration {
-  double step_1x1x1 = 0;                    ///< seconds of a step of 8 independent 1x1x1 trainers
+  double step_1x1x1 = 0;  ///< seconds of a step of 8 independent 1x1x1 trainers (the policy's)
   std::map<std::size_t, double> adamw;      ///< seconds of an AdamW step by elements per rank
   std::vector<sim::measured_point> points;  ///< inproc collectives
   double memory_bandwidth = 0;              ///< bytes/s one of 8 copying threads gets
@@ -57,9 +59,12 @@ struct entry {
   fedshard::mesh_shape shape;
   sim::algorithm_desc desc;
   fedshard::shard::precision precision;
+  /// Seconds of a step of 8 ranks training alone on 1x1x1 meshes with the algorithm's shard
+  /// policy, over n steps (time_local_steps).
+  std::function<double(int n)> time_alone;
 };
 
-inline std::vector<entry> entries(const demo::settings& s) {
+inline std::vector<entry> entries(const demo::settings& s, const charlm::corpus& data) {
   std::vector<entry> out;
   for (const auto& name : s.algorithms) {
     bool known = false;
@@ -71,7 +76,9 @@ inline std::vector<entry> entries(const demo::settings& s) {
       ao.federation = o.federation;
       ao.schedule = o.schedule;
       ao.inner_state_buffers = 2;  // AdamW
-      out.push_back({name, demo::mesh_of(name), sim::describe<A>(name, ao), o.precision});
+      out.push_back(
+          {name, demo::mesh_of(name), sim::describe<A>(name, ao), o.precision,
+           [&s, &data](int n) { return time_local_steps<typename A::shard_policy>(s, data, n); }});
     });
     if (!known) demo::usage(("unknown algorithm '" + name + "'").c_str(), "fedshard-sim");
   }
@@ -116,6 +123,7 @@ inline sim::cluster local_cluster(const demo::settings& s, const local_calibrati
   c.sites = sites;
   c.wan = {s.latency_ms * 1e-3, s.bandwidth_gbit * 1e9 / 8};
   c.wan.pipelined_latency = true;  // shaped::communicator: collectives overlap their latencies
+  c.intra.on_compute = true;       // inproc: the rank threads copy and reduce themselves
   c.nic_bandwidth = c.wan.bandwidth;
   c.memory_bandwidth = cal.memory_bandwidth;
   c.measured = std::move(fitted);
@@ -156,7 +164,7 @@ inline std::string mesh_string(const fedshard::mesh_shape& s) {
 /// Calibrates, predicts and measures the demo with settings s; prints the table and the
 /// summary line; returns the rows.
 inline std::vector<row> predict_and_measure(const demo::settings& s, const charlm::corpus& data) {
-  const std::vector<entry> es = entries(s);
+  const std::vector<entry> es = entries(s, data);
   const charlm::dims dims{data.vocab(), 8, 16, s.hidden};
   const std::vector<fedshard::unit_spec> units = charlm::model(dims, s.seed).units();
   const fedshard::flat_layout whole(units, 1);
@@ -171,7 +179,7 @@ inline std::vector<row> predict_and_measure(const demo::settings& s, const charl
   std::fflush(stdout);
   local_calibration cal;
   constexpr int compute_steps = 16;
-  cal.step_1x1x1 = time_local_steps(s, data, compute_steps);
+  cal.step_1x1x1 = es.front().time_alone(compute_steps);
   std::map<std::string, std::size_t> shard_elements;
   cal.adamw[full] = time_adamw(full, 40);
   for (const auto& e : es) {
@@ -181,9 +189,10 @@ inline std::vector<row> predict_and_measure(const demo::settings& s, const charl
   }
   cal.memory_bandwidth = time_memory_bandwidth();
   std::printf(
-      "  compute: %.2f ms per step of 8 ranks training alone (1x1x1, %d examples each), "
-      "AdamW %.2f ms over %zu elements\n",
-      cal.step_1x1x1 * 1e3, s.batch, cal.adamw[full] * 1e3, full);
+      "  compute: %.2f ms per step of 8 ranks training alone (1x1x1, %s, %d examples each; "
+      "timed again around each run), AdamW %.2f ms over %zu elements; %u cores for 8 ranks\n",
+      cal.step_1x1x1 * 1e3, std::string(es.front().desc.shard_policy()).c_str(), s.batch,
+      cal.adamw[full] * 1e3, full, std::thread::hardware_concurrency());
   std::printf("  memory bandwidth per rank (8 copying at once): %.2f GB/s\n",
               cal.memory_bandwidth / 1e9);
 
@@ -220,40 +229,53 @@ inline std::vector<row> predict_and_measure(const demo::settings& s, const charl
   std::cout.flush();
   const sim::cluster c = local_cluster(s, cal, std::make_shared<const sim::calibration>(fitted));
 
-  std::printf("\npredicting and training %zu algorithms, %d steps each\n", es.size(), s.steps);
+  std::printf("\ntraining %zu algorithms, %d steps each, the compute alone timed around each run\n",
+              es.size(), s.steps);
   std::fflush(stdout);
+  // The machine is shared and its load drifts: the compute alone is timed right before and
+  // right after each run (never from the run). An algorithm's C is the mean of every such
+  // timing of its shard policy, so algorithms on one policy are priced on the same compute
+  // and differ only by what the simulator says about their communication.
   std::vector<row> rows;
+  std::vector<demo::result> runs;
+  std::map<std::string, std::pair<double, int>> alone;  // by shard policy: sum, count
   for (const auto& e : es) {
+    const double before = e.time_alone(compute_steps);
+    runs.push_back(*demo::train_named(e.name, s, data));
+    const double after = e.time_alone(compute_steps);
+    auto& [sum, n] = alone[std::string(e.desc.shard_policy())];
+    sum += before + after;
+    n += 2;
+    std::printf(
+        "  %-13s measured %7.0f tokens/s; %s alone %.2f ms per step before, %.2f ms "
+        "after\n",
+        e.name.c_str(), runs.back().tokens / runs.back().seconds,
+        std::string(e.desc.shard_policy()).c_str(), before * 1e3, after * 1e3);
+    std::fflush(stdout);
+  }
+  for (std::size_t i = 0; i < es.size(); ++i) {
+    const entry& e = es[i];
+    const demo::result& run = runs[i];
     row r;
     r.name = e.name;
     r.shape = e.shape;
-    // The machine is shared and its load drifts: the compute is timed again right before
-    // and right after each run (never from the run), and their mean is the row's C.
-    const double before = time_local_steps(s, data, compute_steps);
-    const std::optional<demo::result> run = demo::train_named(e.name, s, data);
-    const double after = time_local_steps(s, data, compute_steps);
-    cal.step_1x1x1 = (before + after) / 2;
-    const double compute = cal.compute(shard_elements.at(e.name), full);
+    const auto& [sum, n] = alone.at(std::string(e.desc.shard_policy()));
+    cal.step_1x1x1 = sum / n;
     sim::price_options po;
     po.precision = e.precision;
     po.overlap = sim::step_overlap::timeline;
-    r.price = sim::price_plans(e.desc, units, e.shape, c, compute, s.batch, po);
+    r.price = sim::price_plans(e.desc, units, e.shape, c,
+                               cal.compute(shard_elements.at(e.name), full), s.batch, po);
     r.predicted = world_size * s.batch / r.price.step;
-    r.measured = run->tokens / run->seconds;
+    r.measured = run.tokens / run.seconds;
     // The calls and bytes rank 0 made on each axis in its training steps against what the
     // plans say it makes in s.steps steps.
     const fedshard::traffic_counters planned =
         sim::run_traffic(e.desc, units, e.shape, 0, s.steps, s.steps, e.precision);
     r.bytes_match = true;
     for (fedshard::axis a : fedshard::all_axes)
-      r.bytes_match = r.bytes_match && planned[a].calls == run->step_traffic.at(a).calls &&
-                      planned[a].payload_bytes == run->step_traffic.at(a).payload_bytes;
-    std::printf(
-        "  %-13s predicted %7.0f tokens/s, measured %7.0f (%.2fx); compute alone "
-        "%.2f ms before the run, %.2f ms after%s\n",
-        r.name.c_str(), r.predicted, r.measured, r.predicted / r.measured, before * 1e3,
-        after * 1e3, r.bytes_match ? "" : "  BYTES DIFFER FROM THE PLANS");
-    std::fflush(stdout);
+      r.bytes_match = r.bytes_match && planned[a].calls == run.step_traffic.at(a).calls &&
+                      planned[a].payload_bytes == run.step_traffic.at(a).payload_bytes;
     rows.push_back(std::move(r));
   }
   return rows;

@@ -78,7 +78,7 @@ TEST_CASE("a collective spanning sites waits latency + bus bytes / bandwidth; re
     site_stats[static_cast<std::size_t>(r)] = site.stats();
   });
   // 2 (n-1)/n x 4000 B = 6000 B at 1 MB/s = 6 ms, plus 10 ms latency, counted from the
-  // first rank's arrival (a rank that arrives later waits correspondingly less).
+  // last rank's arrival.
   CHECK(*std::max_element(elapsed.begin(), elapsed.end()) >= 0.016);
   for (int r = 0; r < 4; ++r) {
     CHECK(world_stats[r].crossing_bytes == doctest::Approx(6000.0 + 0.0));

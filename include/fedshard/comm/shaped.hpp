@@ -3,7 +3,8 @@
 ///
 /// World ranks are placed on sites. A collective whose members span more than one site also
 /// crosses the inter-site link: it completes no earlier than latency + cross-site bytes /
-/// bandwidth after the link is free. Cross-site bytes follow the ring algorithms: a ring over
+/// bandwidth after its last member arrived (its result needs every member's data) and the
+/// link is free. Cross-site bytes follow the ring algorithms: a ring over
 /// the members crosses the link once in each direction, and each ring edge carries the
 /// op's bus bytes (nccl-tests: all_reduce 2(n-1)/n x S, all_gather and reduce_scatter
 /// (n-1)/n x S, broadcast S, with S the whole array). The link is one shared resource of the
@@ -15,10 +16,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -82,19 +85,29 @@ class network {
     return std::make_shared<network>(std::move(t));
   }
 
-  /// The completion time of collective `key` carrying `bytes`; the first member to ask
-  /// reserves the link, the others (n - 1 of them) get the same answer.
-  clock::time_point reserve(const std::string& key, double bytes, int members) {
+  /// Member arrival at collective `key` carrying `bytes` over `members` ranks. The link
+  /// carries it once every member has arrived (a collective's result needs every member's
+  /// data): the last to arrive reserves the link from then, or from when it is free.
+  void arrive(const std::string& key, double bytes, int members) {
     std::lock_guard lock(mu_);
+    entry& e = pending_[key];
+    if (++e.arrived < members) return;
+    const auto start = std::max(clock::now(), free_at_);
+    free_at_ = start + seconds(bytes / topo.wan.bandwidth_bytes_per_s);
+    e.done = free_at_ + seconds(topo.wan.latency_s);
+    e.reserved = true;
+    reserved_.notify_all();
+  }
+  /// When collective `key` completes on the link, once its last member arrived (nullopt
+  /// before, unless `block`: then it waits for that). Each of the `members` asks until it has
+  /// an answer; the last answer forgets the key.
+  std::optional<clock::time_point> completion(const std::string& key, int members, bool block) {
+    std::unique_lock lock(mu_);
+    if (block) reserved_.wait(lock, [&] { return pending_[key].reserved; });
     auto it = pending_.find(key);
-    if (it == pending_.end()) {
-      const auto now = clock::now();
-      const auto start = std::max(now, free_at_);
-      free_at_ = start + seconds(bytes / topo.wan.bandwidth_bytes_per_s);
-      it = pending_.emplace(key, entry{free_at_ + seconds(topo.wan.latency_s), 0}).first;
-    }
+    if (it == pending_.end() || !it->second.reserved) return std::nullopt;
     const auto done = it->second.done;
-    if (++it->second.seen == members) pending_.erase(it);
+    if (++it->second.answered == members) pending_.erase(it);
     return done;
   }
   static clock::duration seconds(double s) {
@@ -105,10 +118,13 @@ class network {
 
  private:
   struct entry {
-    clock::time_point done;
-    int seen;
+    int arrived = 0;
+    bool reserved = false;
+    clock::time_point done{};
+    int answered = 0;
   };
   std::mutex mu_;
+  std::condition_variable reserved_;
   clock::time_point free_at_{};
   std::map<std::string, entry> pending_;
 };
@@ -128,24 +144,40 @@ inline double bus_bytes(kind k, std::int64_t count, dtype t, int n) {
   return 0;
 }
 
-/// A request that also waits for the emulated link.
+/// A request that also waits for the emulated link: the wrapped call, then the link's
+/// completion of collective `key` (reserved when its last member arrived).
 class shaped_request final : public fedshard::detail::request_state {
  public:
+  shaped_request(request inner, network& net, std::string key, int members, link_stats* stats)
+      : inner_(std::move(inner)),
+        net_(&net),
+        key_(std::move(key)),
+        members_(members),
+        stats_(stats) {}
+  /// A request that completes at `done` on the link (a point-to-point message).
   shaped_request(request inner, clock::time_point done, link_stats* stats)
-      : inner_(std::move(inner)), done_(done), stats_(stats) {}
+      : inner_(std::move(inner)), net_(nullptr), members_(0), done_(done), stats_(stats) {}
   void wait() override {
     inner_.wait();
+    if (!done_) done_ = net_->completion(key_, members_, true);
     const auto now = clock::now();
-    if (now < done_) {
-      stats_->delay_s += std::chrono::duration<double>(done_ - now).count();
-      std::this_thread::sleep_until(done_);
+    if (now < *done_) {
+      stats_->delay_s += std::chrono::duration<double>(*done_ - now).count();
+      std::this_thread::sleep_until(*done_);
     }
   }
-  bool test() override { return inner_.test() && clock::now() >= done_; }
+  bool test() override {
+    if (!inner_.test()) return false;
+    if (!done_) done_ = net_->completion(key_, members_, false);
+    return done_ && clock::now() >= *done_;
+  }
 
  private:
   request inner_;
-  clock::time_point done_;
+  network* net_;
+  std::string key_;
+  int members_;
+  std::optional<clock::time_point> done_;
   link_stats* stats_;
 };
 }  // namespace detail
@@ -238,15 +270,19 @@ class communicator : public blocking_calls<communicator<C>> {
     const std::uint64_t seq = seq_++;
     if (!crosses_) return inner;
     const double bytes = detail::bus_bytes(k, n, t, size());
-    const auto done = link_->reserve(uid_ + "#" + std::to_string(seq), bytes, size());
+    std::string key = uid_ + "#" + std::to_string(seq);
+    link_->arrive(key, bytes, size());
     stats_->crossing_ops += 1;
     stats_->crossing_bytes += bytes;
-    return request(std::make_unique<detail::shaped_request>(std::move(inner), done, stats_.get()));
+    return request(std::make_unique<detail::shaped_request>(std::move(inner), *link_,
+                                                            std::move(key), size(), stats_.get()));
   }
   request delay(double bytes) {
     if (!crosses_) return request();
-    const auto done = link_->reserve(uid_ + "#" + std::to_string(seq_ - 1), bytes, size());
-    return request(std::make_unique<detail::shaped_request>(request(), done, stats_.get()));
+    std::string key = uid_ + "#" + std::to_string(seq_ - 1);
+    link_->arrive(key, bytes, size());
+    return request(std::make_unique<detail::shaped_request>(request(), *link_, std::move(key),
+                                                            size(), stats_.get()));
   }
   request p2p(request inner, int peer, std::int64_t n, dtype t) {
     const auto& site = link_->topo.site_of_rank;

@@ -539,6 +539,14 @@ inline void print_calibration(std::ostream& os, const calibration& cal, bool eve
                 "ranks", "points", "sizes", "latency us", "busbw GB/s", "rms %", "max %");
   os << buf;
   for (const auto& f : cal.collectives) {
+    if (f.points.empty()) {  // constants given, not fitted (a link's specification)
+      std::snprintf(buf, sizeof buf, "  %-15s %-8s %5d %6s %-19s %11.2f %11.2f %7s %7s\n",
+                    std::string(to_string(f.kind)).c_str(), std::string(to_string(f.level)).c_str(),
+                    f.ranks, "-", "given, not fitted", f.latency * 1e6, f.bus_bandwidth / 1e9, "-",
+                    "-");
+      os << buf;
+      continue;
+    }
     double lo = std::numeric_limits<double>::infinity(), hi = 0;
     for (const auto& p : f.points) lo = std::min(lo, p.bytes), hi = std::max(hi, p.bytes);
     const std::string sizes = detail::size_string(lo) + " - " + detail::size_string(hi);
@@ -550,7 +558,7 @@ inline void print_calibration(std::ostream& os, const calibration& cal, bool eve
     os << buf;
   }
   for (const auto& f : cal.collectives) {
-    if (!every_point && f.points.size() > 16) continue;
+    if (f.points.empty() || (!every_point && f.points.size() > 16)) continue;
     std::snprintf(buf, sizeof buf, "\n  %s, %d ranks, %s: every point\n  %12s %14s %14s %9s  %s\n",
                   std::string(to_string(f.kind)).c_str(), f.ranks,
                   std::string(to_string(f.level)).c_str(), "size", "measured us", "model us",

@@ -688,15 +688,16 @@ inline std::vector<link_sharing> sharing_of(const placement& p, span_cache& span
   return out;
 }
 
-/// True when the latency of level l of cluster c is propagation (ops in flight overlap it).
-inline bool pipelined(level_kind l, const cluster& c) noexcept {
+/// The links of level l of cluster c (a one-rank "local" op: default links).
+inline const link_level& level_of(level_kind l, const cluster& c) noexcept {
+  static const link_level none{};
   switch (l) {
-    case level_kind::intra: return c.intra.pipelined_latency;
-    case level_kind::inter: return c.inter.pipelined_latency;
-    case level_kind::wan: return c.wan.pipelined_latency;
+    case level_kind::intra: return c.intra;
+    case level_kind::inter: return c.inter;
+    case level_kind::wan: return c.wan;
     case level_kind::local: break;
   }
-  return false;
+  return none;
 }
 
 /// Remembers the price of an op for each (span, sharing) it was asked with.
@@ -855,10 +856,14 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
           step_sharing[static_cast<std::size_t>(op.axis)][static_cast<std::size_t>(r)];
       const double sec = cost(op, share, ax.step_node_bytes);
       if (o.overlap == step_overlap::timeline) {
-        const double tail = detail::pipelined(spans.get(op.axis, r).level(), c)
-                                ? collective(op, share).latency
-                                : 0.0;
-        step_times.push_back({sec - tail, tail});
+        const level_kind level = spans.get(op.axis, r).level();
+        if (detail::level_of(level, c).on_compute) {
+          step_times.push_back({0, 0, sec});
+        } else {
+          const double tail =
+              detail::level_of(level, c).pipelined_latency ? collective(op, share).latency : 0.0;
+          step_times.push_back({sec - tail, tail, 0});
+        }
       }
       ax.step_bytes += wire_bytes(op);
       ++ax.step_calls;

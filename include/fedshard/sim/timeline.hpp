@@ -17,6 +17,10 @@
 /// whose latency is propagation (a WAN, the demo's emulated link) ops in flight overlap
 /// their latencies, so the latency is the tail (link_level::pipelined_latency).
 ///
+/// An op whose level runs on the ranks' own processors (link_level::on_compute: thread ranks
+/// copying and reducing in shared memory) is work of the compute stream: it runs there when
+/// its trigger fires and delays the compute by its `cpu` seconds.
+///
 /// The compute seconds C of a step are split over units in proportion to their elements,
 /// one third forward and two thirds backward (backward computes two products per forward
 /// one). The step ends when the compute is done and every op has completed.
@@ -32,23 +36,26 @@
 
 namespace fedshard::sim {
 
-/// How long an op holds the channel, and how much later it completes.
+/// How long an op holds the channel, how much later it completes, and how long it runs on
+/// the compute stream (an on-compute level's op).
 struct op_time {
   double occupancy = 0;
   double tail = 0;
+  double cpu = 0;
 };
 
 /// The timeline's result for one rank.
 struct step_timeline {
-  double step = 0;     ///< seconds from the first acquire to the last op's completion
+  double step = 0;     ///< the last compute's or op's completion
   double compute = 0;  ///< C
-  double waiting = 0;  ///< seconds the compute waited for ops (step - C)
+  double waiting = 0;  ///< step - C: on-compute ops and waits for ops
   double busy = 0;     ///< seconds the channel was held
+  double cpu = 0;      ///< seconds of on-compute ops
 };
 
 /// The timeline of plan `step` (ops in plan order, times[i] for ops[i]) with compute seconds
-/// C split over units by `unit_elements`. invalid_argument when the sizes disagree or an op
-/// names a unit outside [0, units).
+/// C split over units by `unit_elements`. invalid_argument when the sizes disagree, or an op
+/// names a unit outside [0, units) or has a trigger no inner step fires.
 inline step_timeline time_step(const std::vector<comm_op>& ops, const std::vector<op_time>& times,
                                const std::vector<double>& unit_elements, double compute) {
   FEDSHARD_EXPECTS(ops.size() == times.size(), "sim::time_step: ", ops.size(), " ops but ",
@@ -75,19 +82,30 @@ inline step_timeline time_step(const std::vector<comm_op>& ops, const std::vecto
 
   step_timeline out;
   out.compute = compute;
+  const double c = compute;
+  double t = 0;  // the compute stream
   double channel_free = 0;
   double last_done = 0;
   std::map<key, double> issued;  // event -> completion of its last op
-  // Issues the ops of event k at time `at` (once); returns when the last one completes.
+  // Issues the ops of event k at time `at` (once); returns when the last one completes. An
+  // on-compute op first runs on the compute stream.
   auto issue = [&](const key& k, double at) {
     if (auto it = issued.find(k); it != issued.end()) return it->second;
     double done = at;
     if (auto it = by_event.find(k); it != by_event.end())
       for (std::size_t i : it->second) {
-        const double start = std::max({at, done, channel_free});
-        channel_free = start + times[i].occupancy;
-        out.busy += times[i].occupancy;
-        done = channel_free + times[i].tail;
+        const op_time& ot = times[i];
+        if (ot.cpu > 0) {
+          t = std::max(t, done) + ot.cpu;
+          out.cpu += ot.cpu;
+          done = t;
+        }
+        if (ot.occupancy > 0 || ot.tail > 0) {
+          const double start = std::max({at, done, channel_free});
+          channel_free = start + ot.occupancy;
+          out.busy += ot.occupancy;
+          done = channel_free + ot.tail;
+        }
       }
     last_done = std::max(last_done, done);
     issued.emplace(k, done);
@@ -101,23 +119,20 @@ inline step_timeline time_step(const std::vector<comm_op>& ops, const std::vecto
     return false;
   };
 
-  double t = 0;
   for (int u = 0; u < units; ++u) {
-    const key k{trigger::acquire, phase::forward, u};
-    const double ready = issue(k, t);
+    const double ready = issue({trigger::acquire, phase::forward, u}, t);
     if (u + 1 < units) issue({trigger::acquire, phase::forward, u + 1}, t);
-    t = std::max(t, ready) + compute * share(u) / 3;
+    t = std::max(t, ready) + c * share(u) / 3;
   }
   for (int u = units - 1; u >= 0; --u) {
-    const key k{trigger::acquire, phase::backward, u};
-    const double ready = issue(k, t);
+    const double ready = issue({trigger::acquire, phase::backward, u}, t);
     if (u > 0) issue({trigger::acquire, phase::backward, u - 1}, t);
-    t = std::max(t, ready) + compute * share(u) * 2 / 3;
+    t = std::max(t, ready) + c * share(u) * 2 / 3;
     const key g{trigger::grads_ready, phase::setup, u};
     const double reduced = issue(g, t);
     if (blocking(g)) t = std::max(t, reduced);
   }
-  if (units == 0) t = compute;
+  if (units == 0) t = c;
   issue({trigger::end_of_backward, phase::setup, -1}, t);
   for (const auto& [k, idx] : by_event)
     FEDSHARD_EXPECTS(issued.count(k) == 1, "sim::time_step: ", describe(ops[idx.front()]),

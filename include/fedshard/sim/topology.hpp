@@ -44,6 +44,10 @@ struct link_level {
   /// long-haul link; the demo's emulated one), so with step_overlap::timeline an op holds
   /// the channel only for its transfer. False: the whole op holds it (NCCL's one stream).
   bool pipelined_latency = false;
+  /// The level's collectives run on the ranks' own processors (thread ranks copying and
+  /// reducing in shared memory): with step_overlap::timeline they delay the compute instead
+  /// of overlapping it.
+  bool on_compute = false;
 };
 
 /// A cluster of identical nodes.
