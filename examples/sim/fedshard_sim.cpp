@@ -116,6 +116,10 @@ How
   --param-dtype T       bf16 (default), f16 or f32 on the wire for parameters
   --reduce-dtype T      bf16 (default) or f32 for gradient reductions
   --collectives A       best (default), ring, tree or hierarchical
+  --overlap M           how a step's ops overlap its compute: timeline (default: the engine's
+                        order unit by unit, each op when its trigger fires, on one channel per
+                        rank) or channel (every overlappable op behind the whole compute:
+                        max(compute, comm))
   --sync-dtype T        f32 (default: master weights) or bf16: the federation's average sent
                         through the bf16 cast codec (each group's wire all-gathered, decoded
                         in f32); ignored by algorithms that do not federate
@@ -307,6 +311,15 @@ options parse(int argc, char** argv) {
       o.pricing.precision.reduce = to_dtype(a, value());
     else if (a == "--collectives")
       o.pricing.collectives = parse_collective_algorithm(value());
+    else if (a == "--overlap") {
+      const std::string v = value();
+      if (v == "channel")
+        o.pricing.overlap = step_overlap::channel;
+      else if (v == "timeline")
+        o.pricing.overlap = step_overlap::timeline;
+      else
+        fail("--overlap expects channel or timeline, found '" + v + "'");
+    }
     else if (a == "--straggler-cv")
       o.pricing.stragglers.cv = to_double(a, value());
     else if (a == "--seconds-per-token")
@@ -446,12 +459,13 @@ void print_setting(const options& o, const cluster& c) {
                 c.measured->summary().c_str());
   std::printf(
       "\nworkload micro-batch %d x seq %d = %.0f tokens per GPU per step; wire dtypes %s "
-      "params, %s reductions, %s syncs; collectives: %s\n",
+      "params, %s reductions, %s syncs; collectives: %s; step overlap: %s\n",
       o.work.micro_batch, o.work.seq, o.work.tokens_per_gpu(),
       std::string(to_string(o.pricing.precision.param)).c_str(),
       std::string(to_string(o.pricing.precision.reduce)).c_str(),
       o.sync_dtype == dtype::f32 ? "f32" : "bf16 (cast codec)",
-      std::string(to_string(o.pricing.collectives)).c_str());
+      std::string(to_string(o.pricing.collectives)).c_str(),
+      std::string(to_string(o.pricing.overlap)).c_str());
   // Settings that are off print nothing.
   std::vector<std::string> effects;
   if (o.work.seconds_per_token > 0)

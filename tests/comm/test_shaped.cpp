@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <vector>
 
 #include "comm/backend_tests.hpp"
@@ -103,6 +104,29 @@ TEST_CASE("concurrent cross-site collectives queue on the one link") {
   });
   // two 20 kB (bus) all_reduces share 1 MB/s: the later one ends 40 ms after the first began
   CHECK(*std::max_element(elapsed.begin(), elapsed.end()) >= 0.040);
+}
+
+TEST_CASE("a collective's link time starts when its last member arrives") {
+  // Rank 1 arrives 30 ms after rank 0: both finish no earlier than 30 ms + the 20 ms latency
+  // (counted from the first arrival it would be 30 ms for both).
+  const shaped::link wan{.bandwidth_bytes_per_s = 1e12, .latency_s = 0.02};
+  std::vector<double> elapsed(2);
+  auto net = shaped::network::create(shaped::topology::blocks(2, 2, wan));
+  test::spawn_ranks(2, [&](inproc::communicator& w) {
+    const int r = w.rank();
+    shaped_comm world(std::move(w), net);
+    float x = 1.0f, y = 0.0f;
+    world.inner().barrier();  // the wrapped barrier: no link latency
+    const auto t0 = std::chrono::steady_clock::now();
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    auto req = world.all_reduce_async(&x, &y, 1, dtype::f32, reduce_op::sum);
+    while (!req.test()) std::this_thread::yield();  // test() alone completes it too
+    req.wait();
+    elapsed[static_cast<std::size_t>(r)] = seconds_since(t0);
+    CHECK(y == 2.0f);
+  });
+  CHECK(elapsed[0] >= 0.050);
+  CHECK(elapsed[1] >= 0.050);
 }
 
 TEST_CASE("bad topologies are refused") {

@@ -374,20 +374,33 @@ TEST_CASE("overlap: overlappable step ops hide behind compute, blocking syncs ar
   workload w = small_gpt();
   const mesh_shape shape{16, 1, 4};
   const auto a = algorithm_by_name("fl_fsdp", {.period = 4});
-  // Lots of compute: the FSDP gathers and reduce-scatters hide entirely.
+  price_options channel;
+  channel.overlap = step_overlap::channel;
+  // Lots of compute: under the channel model the FSDP gathers and reduce-scatters hide
+  // entirely.
   w.micro_batch = 512;
-  const step_price slow = price(a, w, shape, c);
+  const step_price slow = price(a, w, shape, c, channel);
   CHECK(slow.overlappable > 0);
   CHECK(slow.hidden == doctest::Approx(slow.overlappable));
   CHECK(slow.exposed_step == 0);
   CHECK(slow.sync_hidden == 0);  // K syncs are blocking: nothing in flight
   CHECK(slow.step == doctest::Approx(slow.compute + slow.sync / 4));
-  // Infinitely fast compute: nothing hides.
+  // The timeline (the default) exposes what the compute waits for even then: the first
+  // forward gather, the first backward gather (nothing prefetches across phases) and the
+  // last reduce_scatter, and nothing else.
+  const step_price timed = price(a, w, shape, c);
+  CHECK(timed.exposed_step > 0);
+  CHECK(timed.exposed_step < timed.overlappable / 4);
+  CHECK(timed.step == doctest::Approx(timed.compute + timed.exposed_step + timed.sync / 4));
+  // Infinitely fast compute: nothing hides, under either model.
+  for (const price_options& o : {channel, price_options{}}) {
+    const step_price fast = price_plans(a, transformer_units(w.model), shape, c, 0.0, 1.0, o);
+    CHECK(fast.hidden == 0);
+    CHECK(fast.step == doctest::Approx(fast.overlappable + fast.sync / 4));
+  }
   const step_price fast = price_plans(a, transformer_units(w.model), shape, c, 0.0, 1.0);
-  CHECK(fast.hidden == 0);
-  CHECK(fast.step == doctest::Approx(fast.overlappable + fast.sync / 4));
   // The exposed time per axis adds up to step - compute.
-  for (const step_price* p : {&slow, &fast}) {
+  for (const step_price* p : {&slow, &timed, &fast}) {
     double sum = 0;
     for (axis ax : all_axes) sum += (*p)[ax].exposed;
     CHECK(sum == doctest::Approx(p->step - p->compute));

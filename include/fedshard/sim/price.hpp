@@ -549,7 +549,7 @@ struct price_options {
   /// sends them through a codec (algorithm_settings::sync_dtype).
   shard::precision precision{dtype::bf16, dtype::bf16};
   /// How a step's ops overlap its compute (see the file comment).
-  step_overlap overlap = step_overlap::channel;
+  step_overlap overlap = step_overlap::timeline;
   /// Per-rank compute variability (straggler.hpp); cv = 0 (the default) prices exactly as
   /// without it.
   straggler_model stragglers{};

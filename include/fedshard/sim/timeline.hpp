@@ -82,8 +82,12 @@ inline step_timeline time_step(const std::vector<comm_op>& ops, const std::vecto
 
   step_timeline out;
   out.compute = compute;
-  const double c = compute;
-  double t = 0;  // the compute stream
+  // The compute stream: t = compute done so far + `stalled` (waits and on-compute ops), so
+  // that a step that never waits ends at exactly C.
+  double t = 0, stalled = 0;
+  auto wait_until = [&](double ready) {
+    if (ready > t) stalled += ready - t, t = ready;
+  };
   double channel_free = 0;
   double last_done = 0;
   std::map<key, double> issued;  // event -> completion of its last op
@@ -96,7 +100,8 @@ inline step_timeline time_step(const std::vector<comm_op>& ops, const std::vecto
       for (std::size_t i : it->second) {
         const op_time& ot = times[i];
         if (ot.cpu > 0) {
-          t = std::max(t, done) + ot.cpu;
+          wait_until(done);
+          stalled += ot.cpu, t += ot.cpu;
           out.cpu += ot.cpu;
           done = t;
         }
@@ -118,21 +123,30 @@ inline step_timeline time_step(const std::vector<comm_op>& ops, const std::vecto
         if (!ops[i].overlappable) return true;
     return false;
   };
+  // Compute segments end at these fractions of C (forward a third, backward two), the last
+  // at exactly 1.
+  double done_fraction = 0;
+  auto compute_segment = [&](double fraction, bool last) {
+    done_fraction = last ? 1.0 : done_fraction + fraction;
+    t = compute * done_fraction + stalled;
+  };
 
   for (int u = 0; u < units; ++u) {
     const double ready = issue({trigger::acquire, phase::forward, u}, t);
     if (u + 1 < units) issue({trigger::acquire, phase::forward, u + 1}, t);
-    t = std::max(t, ready) + c * share(u) / 3;
+    wait_until(ready);
+    compute_segment(share(u) / 3, false);
   }
   for (int u = units - 1; u >= 0; --u) {
     const double ready = issue({trigger::acquire, phase::backward, u}, t);
     if (u > 0) issue({trigger::acquire, phase::backward, u - 1}, t);
-    t = std::max(t, ready) + c * share(u) * 2 / 3;
+    wait_until(ready);
+    compute_segment(share(u) * 2 / 3, u == 0);
     const key g{trigger::grads_ready, phase::setup, u};
     const double reduced = issue(g, t);
-    if (blocking(g)) t = std::max(t, reduced);
+    if (blocking(g)) wait_until(reduced);
   }
-  if (units == 0) t = c;
+  if (units == 0) compute_segment(1, true);
   issue({trigger::end_of_backward, phase::setup, -1}, t);
   for (const auto& [k, idx] : by_event)
     FEDSHARD_EXPECTS(issued.count(k) == 1, "sim::time_step: ", describe(ops[idx.front()]),
