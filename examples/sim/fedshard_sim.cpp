@@ -125,10 +125,11 @@ How
                         in f32); ignored by algorithms that do not federate
 
 Modes
-  --predict-demo [demo options] [--fail-above X]
+  --predict-demo [demo options] [--rounds R] [--fail-above X]
                         calibrate a `local` cluster on this machine, then predict and measure
                         fedshard-demo's algorithms side by side (the options after it are
-                        fedshard-demo's: --steps, --algorithms, --bandwidth-gbit, ...); exit
+                        fedshard-demo's: --steps, --algorithms, --bandwidth-gbit, ...), each
+                        trained in R runs of steps / R (default 4) in alternating order; exit
                         1 when the worst predicted/measured ratio exceeds X or the bytes a run
                         moved differ from its plans
   --paper               the paper's 512-GPU reproduction table (Llama-3.1-8B, 128 x 4 A100)
@@ -319,8 +320,7 @@ options parse(int argc, char** argv) {
         o.pricing.overlap = step_overlap::timeline;
       else
         fail("--overlap expects channel or timeline, found '" + v + "'");
-    }
-    else if (a == "--straggler-cv")
+    } else if (a == "--straggler-cv")
       o.pricing.stragglers.cv = to_double(a, value());
     else if (a == "--seconds-per-token")
       o.work.seconds_per_token = to_double(a, value());
@@ -823,15 +823,20 @@ void install_calibration(options& o) {
   o.where.measured = std::move(cal);
 }
 
-/// fedshard-sim --predict-demo [demo options] [--fail-above X]: see predict_demo.hpp.
+/// fedshard-sim --predict-demo [demo options] [--rounds R] [--fail-above X]: see predict_demo.hpp.
 int predict_demo_main(int argc, char** argv, int first) {
   std::vector<char*> args{argv[0]};
   std::optional<double> fail_above;
+  int rounds = 4;
   for (int i = first; i < argc; ++i) {
     if (std::string_view(argv[i]) == "--fail-above") {
       if (i + 1 >= argc) fail("--fail-above needs a value");
       fail_above = to_double("--fail-above", argv[++i]);
       if (!(*fail_above >= 1)) fail("--fail-above expects a ratio >= 1");
+    } else if (std::string_view(argv[i]) == "--rounds") {
+      if (i + 1 >= argc) fail("--rounds needs a value");
+      rounds = to_int("--rounds", argv[++i]);
+      if (rounds < 1) fail("--rounds expects a whole number >= 1");
     } else {
       args.push_back(argv[i]);
     }
@@ -845,7 +850,10 @@ int predict_demo_main(int argc, char** argv, int first) {
       "link %.3g Gbit/s, %.3g ms; %d steps x %d examples per rank) predicted on a `local` "
       "cluster calibrated on this machine, then measured\n",
       s.bandwidth_gbit, s.latency_ms, s.steps, s.batch);
-  const auto rows = predict_demo::predict_and_measure(s, data);
+  if (s.steps < rounds)
+    fail("--predict-demo: --steps " + std::to_string(s.steps) + " cannot be split into " +
+         std::to_string(rounds) + " rounds");
+  const auto rows = predict_demo::predict_and_measure(s, data, rounds);
   const predict_demo::summary sum = predict_demo::report(rows);
   if (!sum.bytes_match) {
     std::fprintf(stderr, "fedshard-sim: a run moved other bytes than its plans say\n");

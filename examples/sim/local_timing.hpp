@@ -4,10 +4,12 @@
 // collectives as the demo's plans run them, and the memory bandwidth of a rank.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <utility>
+#include <vector>
 
 #include "demo/demo_run.hpp"
 #include "fedshard/core/buffer.hpp"
@@ -31,15 +33,23 @@ inline double since(clock::time_point t0) {
   return std::chrono::duration<double>(clock::now() - t0).count();
 }
 
-/// Seconds per step of 8 ranks each training charlm alone on a 1x1x1 mesh with shard policy
-/// Shard (its engine's own work per step, no communication), with the demo's step loop: a
-/// barrier before and after each step, the slowest rank's time.
+/// What time_local_steps measured.
+struct alone_timing {
+  double step = 0;  ///< mean seconds of a step of the world: the slowest rank's, barrier to barrier
+  double rank = 0;  ///< mean seconds of one rank's step (its own start to its own end)
+  double cv = 0;    ///< coefficient of variation of one rank's step (over ranks and steps)
+};
+
+/// 8 ranks each training charlm alone on a 1x1x1 mesh with shard policy Shard (its engine's
+/// own work per step, no communication), with the demo's step loop: a barrier before and
+/// after each step.
 template <fedshard::shard::ShardPolicy Shard>
-double time_local_steps(const demo::settings& s, const charlm::corpus& data, int steps) {
+alone_timing time_local_steps(const demo::settings& s, const charlm::corpus& data, int steps) {
   using alone =
       fedshard::algorithm<Shard, fedshard::federation::none, fedshard::schedule::every_step>;
   const charlm::dims dims{data.vocab(), 8, 16, s.hidden};
-  double seconds = 0;
+  double world_seconds = 0;
+  std::vector<double> own(static_cast<std::size_t>(world_size * steps));
   fedshard::inproc::run(
       world_size,
       [&](fedshard::inproc::communicator& world) {
@@ -57,13 +67,23 @@ double time_local_steps(const demo::settings& s, const charlm::corpus& data, int
           world.barrier();
           const auto t0 = clock::now();
           t.step(b);
+          const double mine = since(t0);
           world.barrier();
-          if (step >= warmup) total += since(t0);
+          if (step < warmup) continue;
+          total += since(t0);
+          own[static_cast<std::size_t>(rank * steps + step - warmup)] = mine;
         }
-        if (rank == 0) seconds = total / steps;
+        if (rank == 0) world_seconds = total / steps;
       },
       run_options());
-  return seconds;
+  alone_timing out;
+  out.step = world_seconds;
+  for (double x : own) out.rank += x;
+  out.rank /= static_cast<double>(own.size());
+  double var = 0;
+  for (double x : own) var += (x - out.rank) * (x - out.rank);
+  out.cv = std::sqrt(var / static_cast<double>(own.size())) / out.rank;
+  return out;
 }
 
 /// Seconds of one AdamW step over `elements` per rank, 8 ranks at once.

@@ -61,7 +61,7 @@ struct entry {
   fedshard::shard::precision precision;
   /// Seconds of a step of 8 ranks training alone on 1x1x1 meshes with the algorithm's shard
   /// policy, over n steps (time_local_steps).
-  std::function<double(int n)> time_alone;
+  std::function<alone_timing(int n)> time_alone;
 };
 
 inline std::vector<entry> entries(const demo::settings& s, const charlm::corpus& data) {
@@ -97,16 +97,14 @@ inline std::vector<fedshard::comm_op> plan_ops(const entry& e,
   return ops;
 }
 
-/// The (kind, ranks) of every op the entries' plans run inside one site.
-inline std::set<std::pair<comm_kind, int>> intra_site_ops(
-    const std::vector<entry>& es, const std::vector<fedshard::unit_spec>& units,
-    const sim::cluster& c) {
+/// The (kind, ranks) of every op the entries' plans run: the rank threads copy and reduce
+/// each of them (those across the sites, too, while the link carries their bytes).
+inline std::set<std::pair<comm_kind, int>> collective_ops(
+    const std::vector<entry>& es, const std::vector<fedshard::unit_spec>& units) {
   std::set<std::pair<comm_kind, int>> out;
   for (const auto& e : es) {
-    const sim::placement place(e.shape, c);
     for (const auto& op : plan_ops(e, units)) {
       if (op.ranks <= 1 || op.kind == comm_kind::send_recv) continue;
-      if (place.span(op.axis, 0).level() != sim::level_kind::intra) continue;
       out.insert({fedshard::carried(op).kind, op.ranks});
     }
   }
@@ -163,7 +161,8 @@ inline std::string mesh_string(const fedshard::mesh_shape& s) {
 
 /// Calibrates, predicts and measures the demo with settings s; prints the table and the
 /// summary line; returns the rows.
-inline std::vector<row> predict_and_measure(const demo::settings& s, const charlm::corpus& data) {
+inline std::vector<row> predict_and_measure(const demo::settings& s, const charlm::corpus& data,
+                                            int rounds) {
   const std::vector<entry> es = entries(s, data);
   const charlm::dims dims{data.vocab(), 8, 16, s.hidden};
   const std::vector<fedshard::unit_spec> units = charlm::model(dims, s.seed).units();
@@ -179,7 +178,7 @@ inline std::vector<row> predict_and_measure(const demo::settings& s, const charl
   std::fflush(stdout);
   local_calibration cal;
   constexpr int compute_steps = 16;
-  cal.step_1x1x1 = es.front().time_alone(compute_steps);
+  cal.step_1x1x1 = es.front().time_alone(compute_steps).rank;
   std::map<std::string, std::size_t> shard_elements;
   cal.adamw[full] = time_adamw(full, 40);
   for (const auto& e : es) {
@@ -197,7 +196,7 @@ inline std::vector<row> predict_and_measure(const demo::settings& s, const charl
               cal.memory_bandwidth / 1e9);
 
   const sim::cluster probe = local_cluster(s, cal, nullptr);
-  for (const auto& [kind, n] : intra_site_ops(es, units, probe))
+  for (const auto& [kind, n] : collective_ops(es, units))
     for (std::int64_t bytes = std::int64_t{2} << 10; bytes <= std::int64_t{2} << 20; bytes *= 4) {
       const int iters =
           static_cast<int>(std::clamp<std::int64_t>((std::int64_t{8} << 20) / bytes, 5, 300));
@@ -229,53 +228,74 @@ inline std::vector<row> predict_and_measure(const demo::settings& s, const charl
   std::cout.flush();
   const sim::cluster c = local_cluster(s, cal, std::make_shared<const sim::calibration>(fitted));
 
-  std::printf("\ntraining %zu algorithms, %d steps each, the compute alone timed around each run\n",
-              es.size(), s.steps);
+  // The machine is shared and its speed drifts over seconds to minutes: every algorithm is
+  // trained in `rounds` runs of steps / rounds steps, the rounds going through the list
+  // forwards and backwards in turn, so that each samples the drift alike. The compute alone
+  // is timed right before and right after each run (never from the run); an algorithm's C
+  // is the mean of every timing of its shard policy, so algorithms on one policy are priced
+  // on the same compute and differ only by what the simulator says of their communication.
+  demo::settings per_round = s;
+  per_round.steps = s.steps / rounds;
+  per_round.eval_every = per_round.steps;
+  std::printf(
+      "\ntraining %zu algorithms in %d rounds of %d steps, the compute alone timed "
+      "around each run\n",
+      es.size(), rounds, per_round.steps);
   std::fflush(stdout);
-  // The machine is shared and its load drifts: the compute alone is timed right before and
-  // right after each run (never from the run). An algorithm's C is the mean of every such
-  // timing of its shard policy, so algorithms on one policy are priced on the same compute
-  // and differ only by what the simulator says about their communication.
   std::vector<row> rows;
-  std::vector<demo::result> runs;
-  std::map<std::string, std::pair<double, int>> alone;  // by shard policy: sum, count
-  for (const auto& e : es) {
-    const double before = e.time_alone(compute_steps);
-    runs.push_back(*demo::train_named(e.name, s, data));
-    const double after = e.time_alone(compute_steps);
-    auto& [sum, n] = alone[std::string(e.desc.shard_policy())];
-    sum += before + after;
-    n += 2;
-    std::printf(
-        "  %-13s measured %7.0f tokens/s; %s alone %.2f ms per step before, %.2f ms "
-        "after\n",
-        e.name.c_str(), runs.back().tokens / runs.back().seconds,
-        std::string(e.desc.shard_policy()).c_str(), before * 1e3, after * 1e3);
-    std::fflush(stdout);
-  }
+  std::vector<double> tokens(es.size()), seconds(es.size());
+  std::vector<bool> bytes_match(es.size(), true);
+  struct policy_timing {
+    double rank = 0, cv = 0;  // sums
+    int n = 0;
+  };
+  std::map<std::string, policy_timing> alone;  // by shard policy
+  for (int round = 0; round < rounds; ++round)
+    for (std::size_t k = 0; k < es.size(); ++k) {
+      const std::size_t i = round % 2 == 0 ? k : es.size() - 1 - k;
+      const entry& e = es[i];
+      const alone_timing before = e.time_alone(compute_steps);
+      const demo::result run = *demo::train_named(e.name, per_round, data);
+      const alone_timing after = e.time_alone(compute_steps);
+      policy_timing& pt = alone[std::string(e.desc.shard_policy())];
+      pt.rank += before.rank + after.rank;
+      pt.cv += before.cv + after.cv;
+      pt.n += 2;
+      tokens[i] += run.tokens;
+      seconds[i] += run.seconds;
+      // The calls and bytes rank 0 made on each axis in its training steps against what
+      // the plans say it makes in a run of this many steps.
+      const fedshard::traffic_counters planned = sim::run_traffic(
+          e.desc, units, e.shape, 0, per_round.steps, per_round.steps, e.precision);
+      for (fedshard::axis a : fedshard::all_axes)
+        bytes_match[i] = bytes_match[i] && planned[a].calls == run.step_traffic.at(a).calls &&
+                         planned[a].payload_bytes == run.step_traffic.at(a).payload_bytes;
+      std::printf(
+          "  round %d %-13s %7.0f tokens/s; %s alone %.2f ms per rank step (cv %.0f%%) "
+          "before, %.2f ms (cv %.0f%%) after\n",
+          round + 1, e.name.c_str(), run.tokens / run.seconds,
+          std::string(e.desc.shard_policy()).c_str(), before.rank * 1e3, 100 * before.cv,
+          after.rank * 1e3, 100 * after.cv);
+      std::fflush(stdout);
+    }
   for (std::size_t i = 0; i < es.size(); ++i) {
     const entry& e = es[i];
-    const demo::result& run = runs[i];
     row r;
     r.name = e.name;
     r.shape = e.shape;
-    const auto& [sum, n] = alone.at(std::string(e.desc.shard_policy()));
-    cal.step_1x1x1 = sum / n;
+    const policy_timing& pt = alone.at(std::string(e.desc.shard_policy()));
+    cal.step_1x1x1 = pt.rank / pt.n;
     sim::price_options po;
     po.precision = e.precision;
     po.overlap = sim::step_overlap::timeline;
+    // Thread ranks sharing cores do not finish a step together: every collective waits for
+    // its slowest member (the straggler model, with the cv measured alone).
+    po.stragglers.cv = pt.cv / pt.n;
     r.price = sim::price_plans(e.desc, units, e.shape, c,
                                cal.compute(shard_elements.at(e.name), full), s.batch, po);
     r.predicted = world_size * s.batch / r.price.step;
-    r.measured = run.tokens / run.seconds;
-    // The calls and bytes rank 0 made on each axis in its training steps against what the
-    // plans say it makes in s.steps steps.
-    const fedshard::traffic_counters planned =
-        sim::run_traffic(e.desc, units, e.shape, 0, s.steps, s.steps, e.precision);
-    r.bytes_match = true;
-    for (fedshard::axis a : fedshard::all_axes)
-      r.bytes_match = r.bytes_match && planned[a].calls == run.step_traffic.at(a).calls &&
-                      planned[a].payload_bytes == run.step_traffic.at(a).payload_bytes;
+    r.measured = tokens[i] / seconds[i];
+    r.bytes_match = bytes_match[i];
     rows.push_back(std::move(r));
   }
   return rows;
@@ -293,12 +313,13 @@ inline summary report(const std::vector<row>& rows) {
   summary out;
   std::printf(
       "\n| algorithm | mesh G x R x S | predicted tokens/s | measured tokens/s | predicted / "
-      "measured | predicted step ms = compute + exposed comm | bytes = plans |\n");
+      "measured | predicted step ms = compute + stragglers + exposed comm | bytes = plans |\n");
   std::printf("|---|---|---:|---:|---:|---|---|\n");
   for (const auto& r : rows) {
-    std::printf("| %s | %s | %.0f | %.0f | %.2f | %.2f = %.2f + %.2f | %s |\n", r.name.c_str(),
-                mesh_string(r.shape).c_str(), r.predicted, r.measured, r.predicted / r.measured,
-                r.price.step * 1e3, r.price.compute * 1e3, r.price.exposed_comm() * 1e3,
+    std::printf("| %s | %s | %.0f | %.0f | %.2f | %.2f = %.2f + %.2f + %.2f | %s |\n",
+                r.name.c_str(), mesh_string(r.shape).c_str(), r.predicted, r.measured,
+                r.predicted / r.measured, r.price.step * 1e3, r.price.compute * 1e3,
+                r.price.straggler_wait * 1e3, r.price.exposed_comm() * 1e3,
                 r.bytes_match ? "yes" : "NO");
     out.worst = std::max(out.worst, off_by(r));
     out.bytes_match = out.bytes_match && r.bytes_match;
@@ -313,6 +334,26 @@ inline summary report(const std::vector<row>& rows) {
   };
   std::printf("\npredicted order: %s\nmeasured order:  %s\n", joined(predicted).c_str(),
               joined(measured).c_str());
+  // Which pairs the two orders disagree on, and by how much the measurements differ there.
+  int pairs = 0, agree = 0;
+  std::string flipped;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    for (std::size_t j = i + 1; j < rows.size(); ++j) {
+      ++pairs;
+      const row& a = rows[i];
+      const row& b = rows[j];
+      if ((a.predicted > b.predicted) == (a.measured > b.measured)) {
+        ++agree;
+        continue;
+      }
+      char buf[128];
+      std::snprintf(buf, sizeof buf, "%s%s/%s (measured %.1f%% apart)", flipped.empty() ? "" : ", ",
+                    a.name.c_str(), b.name.c_str(),
+                    100 * std::abs(a.measured - b.measured) / std::min(a.measured, b.measured));
+      flipped += buf;
+    }
+  std::printf("pairs in the same order: %d of %d%s%s\n", agree, pairs,
+              flipped.empty() ? "" : "; the others: ", flipped.c_str());
   std::printf("predict-demo: worst predicted/measured ratio %.2f, order matches: %s\n", out.worst,
               out.order_matches ? "yes" : "no");
   return out;

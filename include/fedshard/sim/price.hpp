@@ -862,7 +862,16 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
         } else {
           const double tail =
               detail::level_of(level, c).pipelined_latency ? collective(op, share).latency : 0.0;
-          step_times.push_back({sec - tail, tail, 0});
+          // Thread ranks copy and reduce every collective themselves, whichever links carry
+          // its bytes: an op across nodes or sites costs the compute what it costs inside one.
+          double cpu = 0;
+          if (c.intra.on_compute && op.ranks > 1) {
+            const comm_op w = carried(op);
+            cpu = price_collective(w.kind, static_cast<double>(w.bytes),
+                                   comm_span{op.ranks, 1, op.ranks, 1}, {}, c, o.collectives)
+                      .seconds;
+          }
+          step_times.push_back({sec - tail, tail, cpu});
         }
       }
       ax.step_bytes += wire_bytes(op);

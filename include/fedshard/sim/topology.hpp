@@ -46,7 +46,9 @@ struct link_level {
   bool pipelined_latency = false;
   /// The level's collectives run on the ranks' own processors (thread ranks copying and
   /// reducing in shared memory): with step_overlap::timeline they delay the compute instead
-  /// of overlapping it.
+  /// of overlapping it. Set on `intra`, it also charges the compute of an op that crosses
+  /// nodes or sites what the op would cost inside one node (the threads still copy and
+  /// reduce; the outer links carry the bytes meanwhile).
   bool on_compute = false;
 };
 
