@@ -15,8 +15,13 @@
 #include "fedshard/sim/calibrate.hpp"
 #include "fedshard/sim/collective_cost.hpp"
 
+#include "support/sim.hpp"
+
 using namespace fedshard;
 using namespace fedshard::sim;
+using fedshard::test::error_of;
+using fedshard::test::free_links;
+using fedshard::test::small_gpt;
 
 namespace {
 
@@ -53,17 +58,6 @@ std::string synthetic_nccl_tests(const std::string& perf, comm_kind k, int ranks
   }
   os << "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 91.5\n#\n\n";
   return os.str();
-}
-
-/// The message of the invalid_argument f throws ("" when it does not).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const invalid_argument& e) {
-    return e.what();
-  }
-  return "";
 }
 
 bool contains(const std::string& s, const std::string& part) {

@@ -21,37 +21,17 @@
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
 
+#include "support/sim.hpp"
+
 using namespace fedshard;
 using namespace fedshard::sim;
+using fedshard::test::error_of;
+using fedshard::test::free_links;
+using fedshard::test::small_gpt;
 
 namespace {
 
 constexpr double inf = std::numeric_limits<double>::infinity();
-
-/// A cluster whose links cost nothing.
-cluster free_links(cluster c) {
-  c.intra = {0, inf};
-  c.inter = {0, inf};
-  c.wan = {0, inf};
-  c.nic_bandwidth = inf;
-  c.op_latency = 0;
-  return c;
-}
-
-workload small_gpt() {
-  return {gpt2_small(), 2, 1024, 0, false};
-}
-
-/// The message of the invalid_argument f throws ("" when it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
 
 /// What a trainer run on inproc ranks recorded, per world rank.
 struct recorded {

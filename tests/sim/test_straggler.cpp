@@ -17,26 +17,15 @@
 #include "fedshard/sim/price.hpp"
 #include "fedshard/sim/straggler.hpp"
 
+#include "support/sim.hpp"
+
 using namespace fedshard;
 using namespace fedshard::sim;
+using fedshard::test::error_of;
+using fedshard::test::free_links;
+using fedshard::test::small_gpt;
 
 namespace {
-
-constexpr double inf = std::numeric_limits<double>::infinity();
-
-/// A cluster whose links cost nothing.
-cluster free_links(cluster c) {
-  c.intra = {0, inf};
-  c.inter = {0, inf};
-  c.wan = {0, inf};
-  c.nic_bandwidth = inf;
-  c.op_latency = 0;
-  return c;
-}
-
-workload small_gpt() {
-  return {gpt2_small(), 2, 1024, 0, false};
-}
 
 price_options with_cv(double cv) {
   price_options o;
