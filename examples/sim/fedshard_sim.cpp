@@ -671,7 +671,7 @@ struct bandwidth_needed {
 
 bandwidth_needed bandwidth_for(const options& o, const cluster& c, std::size_t row) {
   constexpr double min_gbps = 1e-3, max_gbps = 1e5;
-  const auto& r = paper_rows()[row];
+  const paper_row r = paper_rows()[row];
   const algorithm_desc fsdp = algorithm_by_name("fsdp", plain_settings(o, 8));
   const algorithm_desc fl = described(o, r.algo, plain_settings(o, 8));
   auto speedup = [&](double gbps) {

@@ -406,7 +406,7 @@ TEST_CASE("fits need two distinct sizes, keep latency >= 0 and report residuals"
   const double lat = 7e-6, bw = 50e9, bf = bus_factor(comm_kind::all_reduce, 2);
   std::vector<measured_point> exact;
   for (double s = 64; s <= 1 << 30; s *= 8) exact.push_back(point(s, lat + bf * s / bw));
-  const auto& g = fit_collectives(exact).collectives.at(0);
+  const fitted_collective g = fit_collectives(exact).collectives.at(0);
   CHECK(g.latency == doctest::Approx(lat).epsilon(1e-9));
   CHECK(g.bus_bandwidth == doctest::Approx(bw).epsilon(1e-9));
   CHECK(g.max_residual < 1e-9);
