@@ -137,6 +137,16 @@ void check_axis(interpreter<communicator>& in, axis a, bool fired, plan& ran) {
     for (std::int64_t i = 0; i < 7; ++i)
       CHECK(as_double(y[static_cast<std::size_t>(i)]) == value(n - 1, i));
   }
+  if (n >= 2 && n - 1 - me != me) {  // send_recv with the mirror rank (the middle one waits)
+    std::vector<T> x(6), y(6);
+    for (std::int64_t i = 0; i < 6; ++i) x[static_cast<std::size_t>(i)] = T(value(me, i));
+    comm_op op = make(comm_kind::send_recv, a, 6 * esz, n, t);
+    op.root = n - 1 - me;
+    execute(in, op, values(x, y), fired);
+    ran.ops.push_back(op);
+    for (std::int64_t i = 0; i < 6; ++i)
+      CHECK(as_double(y[static_cast<std::size_t>(i)]) == value(n - 1 - me, i));
+  }
   CHECK(in.traffic().same_traffic(traffic_counters::of(ran)));
 }
 
@@ -167,7 +177,7 @@ TEST_CASE("every kind on every axis of a 2x2x2 mesh, run and fired") {
     plan ran;
     for (bool fired : {false, true})
       for (axis a : all_axes) check_axis<float>(in, a, fired, ran);
-    for (axis a : all_axes) CHECK(in.traffic()[a].calls == 8);  // 2 modes x 4 ops
+    for (axis a : all_axes) CHECK(in.traffic()[a].calls == 10);  // 2 modes x 5 ops
   });
 }
 
@@ -343,6 +353,61 @@ TEST_CASE("buffers that do not fit the op are refused, naming the role and both 
     for (const auto& e : errors)
       CHECK(e.find("bytes must be a whole number of 4-byte elements") != std::string::npos);
   }
+}
+
+TEST_CASE("a send_recv op with itself as peer, or overlapping buffers, is refused before it moves") {
+  SUBCASE("itself as peer") {
+    const auto errors = errors_on_each_rank({1, 1, 2}, [&](interpreter<communicator>& in) {
+      std::vector<float> x(2), y(2);
+      comm_op op = make(comm_kind::send_recv, axis::shard, 8, 2);
+      op.root = in.topology().axis_rank(axis::shard);
+      in.run(op, values(x, y));
+    });
+    for (const auto& e : errors)
+      CHECK(e.find("a rank cannot exchange with itself") != std::string::npos);
+  }
+  SUBCASE("in place") {
+    const auto errors = errors_on_each_rank({1, 1, 2}, [&](interpreter<communicator>& in) {
+      std::vector<float> x(2);
+      comm_op op = make(comm_kind::send_recv, axis::shard, 8, 2);
+      op.root = 1 - in.topology().axis_rank(axis::shard);
+      in.run(op, values(x, x));
+    });
+    for (const auto& e : errors)
+      CHECK(e.find("its input (value) and output (value) overlap") != std::string::npos);
+  }
+}
+
+TEST_CASE("exchanges in a chain with different peers each round run in order on every rank") {
+  // Round k pairs axis rank r with r ^ (k + 1) on 4 ranks: three perfect matchings, so each
+  // rank's chain meets every other rank once, all in the same order.
+  test::spawn_ranks(4, [](communicator& world) {
+    mesh m(world, {4, 1, 1});
+    interpreter<communicator> in(m);
+    const int me = m.axis_rank(axis::federation);
+    std::vector<float> x(4, static_cast<float>(me));
+    std::vector<std::vector<float>> got(3, std::vector<float>(4, -1.0f));
+    plan p;
+    for (int k = 0; k < 3; ++k) {
+      comm_op op = make(comm_kind::send_recv, axis::federation, 16, 4);
+      op.trigger = trigger::sync_start;
+      op.phase = phase::sync;
+      op.fragment = 0;
+      op.root = me ^ (k + 1);
+      op.out.index = k + 1;
+      p.ops.push_back(op);
+    }
+    auto bind = [&](const comm_op&, const operand& o) {
+      auto& v = o.index == 0 ? x : got[static_cast<std::size_t>(o.index - 1)];
+      return buffer_view{v.data(), v.size(), dtype::f32};
+    };
+    in.wait(in.fire(p, {.trigger = trigger::sync_start, .phase = phase::sync, .fragment = 0},
+                    bind));
+    for (int k = 0; k < 3; ++k)
+      for (float v : got[static_cast<std::size_t>(k)]) CHECK(v == static_cast<float>(me ^ (k + 1)));
+    CHECK(in.traffic().same_traffic(traffic_counters::of(p)));
+    CHECK(in.traffic()[axis::federation].wire_bytes == 3 * 16);
+  });
 }
 
 TEST_CASE("a refused op leaves the interpreter usable") {

@@ -81,11 +81,36 @@ TEST_CASE("start_op runs each executable kind with the op's counts, and the wire
   });
 }
 
-TEST_CASE("start_op refuses a send_recv op, naming the op") {
+TEST_CASE("start_op exchanges a send_recv op's buffers with its peer, in both directions") {
+  constexpr int kRanks = 4;
+  test::spawn_ranks(kRanks, [](communicator& world) {
+    wire_log log;
+    log.keep_calls(true);
+    wire_tap<communicator> tap(world, axis::shard, log);
+    const int me = world.rank();
+    // Two rounds of pairs, each rank with a lower and a higher peer once: (0 1)(2 3), (0 3)(1 2).
+    for (int peer : {me ^ 1, kRanks - 1 - me}) {
+      auto op = make_op(comm_kind::send_recv, dtype::f64, 5, kRanks);
+      op.root = peer;
+      std::vector<double> mine(5), theirs(5, -1.0);
+      for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = 10.0 * me + static_cast<double>(i);
+      start_op(tap, op, mine.data(), theirs.data()).wait();
+      for (std::size_t i = 0; i < theirs.size(); ++i)
+        CHECK(theirs[i] == 10.0 * peer + static_cast<double>(i));
+    }
+    const auto calls = log.calls();  // the sends, one per op
+    REQUIRE(calls.size() == 2);
+    for (const auto& c : calls)
+      CHECK(c == wire_call{comm_kind::send_recv, axis::shard, dtype::f64, 40, 2});
+  });
+}
+
+TEST_CASE("start_op refuses a send_recv op whose peer is the rank itself, naming the op") {
   test::spawn_ranks(2, [](communicator& world) {
     auto op = make_op(comm_kind::send_recv, dtype::f32, 4, 2);
-    std::vector<float> x(4);
-    CHECK_THROWS_WITH_AS(start_op(world, op, x.data(), x.data()),
-                         doctest::Contains("send_recv ops are not executable"), invalid_argument);
+    op.root = world.rank();
+    std::vector<float> x(4), y(4);
+    CHECK_THROWS_WITH_AS(start_op(world, op, x.data(), y.data()),
+                         doctest::Contains("cannot exchange with itself"), invalid_argument);
   });
 }

@@ -83,3 +83,18 @@ TEST_CASE("wire_call::of describes the call a plan's op makes") {
   CHECK(wire_call::of(op) ==
         wire_call{comm_kind::reduce_scatter, axis::shard, dtype::bf16, 128, 4});
 }
+
+TEST_CASE("wire_call::of a send_recv op is its send: the op's bytes between 2 ranks") {
+  const comm_op op{.kind = comm_kind::send_recv,
+                   .axis = axis::federation,
+                   .dtype = dtype::f32,
+                   .bytes = 64,
+                   .ranks = 8,
+                   .root = 3};
+  CHECK(wire_call::of(op) == wire_call{comm_kind::send_recv, axis::federation, dtype::f32, 64, 2});
+  // The plan's counters and the tap's agree: one call, 64 payload bytes, 64 sent.
+  traffic_counters tap;
+  const wire_call w = wire_call::of(op);
+  tap.record(w.axis, w.kind, w.bytes, w.ranks);
+  CHECK(tap.same_traffic(traffic_counters::of(plan{{op}})));
+}

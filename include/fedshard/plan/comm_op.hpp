@@ -14,6 +14,13 @@
 /// bytes each rank sends follow from the bus factor of the kind and the ranks on the axis.
 /// Ops of one trigger run in plan order, each after the previous one completed (a chain).
 ///
+/// A send_recv op is an exchange with one peer: the rank sends its `in` (bytes) to axis rank
+/// `root` (the peer) and receives the peer's into `out` (bytes too; `in` and `out` must not
+/// overlap). Its peer sends back with an op of its own naming this rank, at the same place in
+/// its plan. `ranks` stays the ranks on the axis (the interpreter checks it against the
+/// mesh); on the wire it is one message of `bytes` each way (bus factor 1), recorded by the
+/// sender as a call of 2 ranks (wire_call::of).
+///
 /// An op may carry a codec (codec/spec.hpp; the identity by default): an f32 all_reduce
 /// (sum or avg) or all_gather whose values travel encoded. Each rank encodes what it
 /// contributes (its whole buffer for all_reduce, its block for all_gather) into a wire of
@@ -95,7 +102,7 @@ struct comm_op {
   std::int64_t bytes = 0;             ///< size of the whole array (nccl-tests S) in `dtype`
   int ranks = 1;                      ///< ranks on the axis
   std::optional<reduce_op> reduce{};  ///< the reduction (reducing kinds only)
-  int root = 0;                       ///< broadcast root, as a rank of the axis
+  int root = 0;                       ///< broadcast root, or send_recv peer, as a rank of the axis
   fedshard::trigger trigger = fedshard::trigger::on_demand;
   fedshard::phase phase = fedshard::phase::setup;
   int unit = -1;                  ///< the unit of a unit trigger or unit role, else -1
@@ -231,6 +238,7 @@ inline std::string describe(const comm_op& op) {
   std::string s = detail::concat(to_string(op.kind), " on ", to_string(op.axis), " (", op.ranks,
                                  " ranks), ", op.bytes, " B of ", to_string(op.dtype));
   if (op.reduce) s += detail::concat(", ", to_string(*op.reduce));
+  if (op.kind == comm_kind::send_recv) s += detail::concat(", with axis rank ", op.root);
   if (encoded(op))
     s += detail::concat(", codec ", op.codec.name, " (", codec_slot_bytes(op), " B per rank)");
   if (op.unit >= 0) s += detail::concat(", unit ", op.unit);
@@ -246,9 +254,9 @@ inline std::string describe(const comm_op& op) {
 /// triggers and a fragment for sync triggers.
 inline void check(const comm_op& op) {
   using detail::concat;
-  FEDSHARD_EXPECTS(op.kind != comm_kind::send_recv, "plan: ", describe(op),
-                   ": send_recv ops are not executable yet");
   FEDSHARD_EXPECTS(op.ranks >= 1, "plan: ", describe(op), ": ranks must be >= 1");
+  FEDSHARD_EXPECTS(op.kind != comm_kind::send_recv || op.ranks >= 2, "plan: ", describe(op),
+                   ": a send_recv op needs a peer: ranks must be >= 2, found ", op.ranks);
   FEDSHARD_EXPECTS(is_valid(op.dtype), "plan: ", describe(op), ": invalid dtype");
   const auto esz = static_cast<std::int64_t>(size_of(op.dtype));
   FEDSHARD_EXPECTS(op.bytes >= 0 && op.bytes % esz == 0, "plan: ", describe(op),
@@ -260,7 +268,8 @@ inline void check(const comm_op& op) {
                    reduces(op.kind) ? ": a reducing op needs a reduce op"
                                     : ": only all_reduce and reduce_scatter carry a reduce op");
   FEDSHARD_EXPECTS(op.root >= 0 && op.root < op.ranks, "plan: ", describe(op),
-                   ": root must be a rank of the axis, in [0, ", op.ranks, ")");
+                   op.kind == comm_kind::send_recv ? ": the peer (root)" : ": root",
+                   " must be a rank of the axis, in [0, ", op.ranks, ")");
   FEDSHARD_EXPECTS(op.out.role != role::none, "plan: ", describe(op), ": the output has no role");
   FEDSHARD_EXPECTS(op.kind == comm_kind::broadcast || op.in.role != role::none,
                    "plan: ", describe(op), ": the input has no role");

@@ -328,6 +328,7 @@ class interpreter {
     if (op.kind == comm_kind::reduce_scatter) want_out = per;
     expect_size(op, "output", op.out, b.out.count, want_out);
     if (op.kind != comm_kind::broadcast) expect_size(op, "input", op.in, b.in.count, want_in);
+    if (op.kind == comm_kind::send_recv) check_exchange(b);
     b.staged = b.out.type != op.dtype || (op.kind != comm_kind::broadcast && b.in.type != op.dtype);
     if (encoded(op)) {
       FEDSHARD_EXPECTS(S::host_accessible, "interpreter: ", describe(op),
@@ -342,6 +343,18 @@ class interpreter {
       if (b.staged) b.stage_out = staging(b.out.data, b.out.count * sizeof(float));
     }
     return b;
+  }
+
+  /// A send_recv op names another rank of its axis as its peer, and its input and output
+  /// do not overlap (the receive may land before the send has read its input).
+  void check_exchange(const bound_op& b) const {
+    const int me = mesh_->axis_rank(b.op.axis);
+    FEDSHARD_EXPECTS(b.op.root != me, "interpreter: ", describe(b.op),
+                     ": a rank cannot exchange with itself (it is axis rank ", me, ")");
+    FEDSHARD_EXPECTS(!detail::overlaps(b.in.data, b.in.size_bytes(), b.out.data,
+                                       b.out.size_bytes()),
+                     "interpreter: ", describe(b.op), ": its input (", describe(b.op.in),
+                     ") and output (", describe(b.op.out), ") overlap; an exchange needs both");
   }
 
   template <class Bind>

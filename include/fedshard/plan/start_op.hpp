@@ -2,6 +2,9 @@
 /// start_op: issues one comm_op on the communicator of its axis.
 
 #include <cstdint>
+#include <exception>
+#include <memory>
+#include <utility>
 
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/comm/request.hpp"
@@ -10,9 +13,59 @@
 
 namespace fedshard {
 
+/// The tag of the messages of send_recv ops (a communicator matches messages per sender,
+/// receiver and tag, so the plan's exchanges never take another protocol's messages).
+inline constexpr int exchange_tag = 0x5e0d;
+
+namespace detail {
+/// The two halves of an exchange: complete when both are; wait() waits for both, then
+/// rethrows the first error.
+class exchange_request final : public request_state {
+ public:
+  exchange_request(request first, request second)
+      : first_(std::move(first)), second_(std::move(second)) {}
+  void wait() override {
+    std::exception_ptr e;
+    for (request* r : {&first_, &second_}) {
+      try {
+        r->wait();
+      } catch (...) {
+        if (!e) e = std::current_exception();
+      }
+    }
+    if (e) std::rethrow_exception(e);
+  }
+  bool test() override { return first_.test() && second_.test(); }
+
+ private:
+  request first_, second_;
+};
+}  // namespace detail
+
+/// Starts the send_recv op `op` on c: sends n elements of `in` to axis rank op.root and
+/// receives n into `out`. Deadlock-free on every communicator, blocking ones too: the lower
+/// rank of the pair posts its send first, the higher its receive first, so each posted call
+/// finds its match posted or about to be.
+template <Communicator C>
+request start_exchange(C& c, const comm_op& op, const void* in, void* out, std::int64_t n) {
+  const int me = c.rank(), peer = op.root;
+  FEDSHARD_EXPECTS(peer != me, "fedshard: start_op: ", describe(op),
+                   ": a rank cannot exchange with itself (axis rank ", me, ")");
+  request first, second;
+  if (me < peer) {
+    first = c.send_async(in, n, op.dtype, peer, exchange_tag);
+    second = c.recv_async(out, n, op.dtype, peer, exchange_tag);
+  } else {
+    first = c.recv_async(out, n, op.dtype, peer, exchange_tag);
+    second = c.send_async(in, n, op.dtype, peer, exchange_tag);
+  }
+  return request(std::make_unique<detail::exchange_request>(std::move(first), std::move(second)));
+}
+
 /// Starts op on c, the communicator of op's axis, with buffers already in op.dtype: `in`
 /// holds what the op reads (its input block for all_gather), `out` what it writes (a
-/// broadcast uses `out` only, from axis rank op.root). The request completes it.
+/// broadcast uses `out` only, from axis rank op.root; a send_recv sends `in` to axis rank
+/// op.root and receives into `out`: start_exchange). The request completes it.
 template <Communicator C>
 request start_op(C& c, const comm_op& op, const void* in, void* out) {
   const auto n = op.bytes / static_cast<std::int64_t>(size_of(op.dtype));
@@ -22,10 +75,9 @@ request start_op(C& c, const comm_op& op, const void* in, void* out) {
       return c.reduce_scatter_async(in, out, n / op.ranks, op.dtype, op.reduce.value());
     case comm_kind::all_reduce: return c.all_reduce_async(in, out, n, op.dtype, op.reduce.value());
     case comm_kind::broadcast: return c.broadcast_async(out, n, op.dtype, op.root);
-    case comm_kind::send_recv: break;
+    case comm_kind::send_recv: return start_exchange(c, op, in, out, n);
   }
-  throw invalid_argument(detail::concat("fedshard: start_op: ", describe(op),
-                                        ": send_recv ops are not executable yet"));
+  throw invalid_argument(detail::concat("fedshard: start_op: ", describe(op), ": unknown kind"));
 }
 
 }  // namespace fedshard

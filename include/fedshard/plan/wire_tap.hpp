@@ -33,10 +33,11 @@ struct wire_call {
   std::int64_t bytes = 0;  ///< array bytes (nccl-tests S)
   int ranks = 1;
 
-  /// The call a plan's op makes (for an encoded op, the all_gather of its wires: carried).
+  /// The call a plan's op makes (for an encoded op, the all_gather of its wires: carried; for
+  /// a send_recv, the send of its pair, of 2 ranks).
   static wire_call of(const comm_op& op) {
     const comm_op c = carried(op);
-    return {c.kind, c.axis, c.dtype, c.bytes, c.ranks};
+    return {c.kind, c.axis, c.dtype, c.bytes, c.kind == comm_kind::send_recv ? 2 : c.ranks};
   }
   friend bool operator==(const wire_call&, const wire_call&) = default;
   friend auto operator<=>(const wire_call&, const wire_call&) = default;
