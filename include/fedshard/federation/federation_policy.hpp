@@ -17,7 +17,10 @@
 ///  5. `sync_plan(ctx)` (const): the executable ops of one sync of fragment ctx.fragment for
 ///     this rank (triggers sync_begin, sync_start, sync_finish, sync_after; roles fragment,
 ///     moment, tokens, group_tokens); it depends on the config and ctx alone (a policy built
-///     for no fragments gives the same plan); sync_plan.hpp has the builders;
+///     for no fragments gives the same plan); sync_plan.hpp has the builders. A policy whose
+///     plan changes from one sync to the next (gossip's matchings) reads ctx.round and says
+///     so with `static constexpr bool plan_per_round = true` (plan_per_round_v): the sync
+///     state machine then asks for the plan at every sync, otherwise once;
 ///  6. `begin(f, buf, info, stream)`: buf holds the fragment's parameters; turn it into what
 ///     is averaged (work queued on the stream);
 ///  7. `end(f, buf, info, stream)`: buf holds the average; turn it into the synchronised
@@ -64,7 +67,14 @@ struct sync_context {
   int fragment = 0;
   std::size_t numel = 0;        ///< f32 elements of the packed (padded) fragment buffer
   int inner_state_buffers = 0;  ///< the inner optimizer's state buffers (role moment 0..n-1)
+  /// The syncs of this fragment started before this one (0 for the first), the same on
+  /// every rank; only a policy with plan_per_round reads it.
+  std::int64_t round = 0;
 };
+
+/// True when F's sync plan depends on sync_context::round (F::plan_per_round is true).
+template <class F>
+inline constexpr bool plan_per_round_v = requires { requires F::plan_per_round; };
 
 /// What a policy is told at a sync point.
 struct sync_info {
@@ -80,6 +90,8 @@ struct sync_info {
   /// group_tokens and of gathered buffers hold zeros, and averages divide by the included
   /// count.
   std::span<const std::uint8_t> included{};
+  /// The syncs of this fragment started before this one (sync_context::round of its plan).
+  std::int64_t round = 0;
 
   /// The number of groups combined: the ones in `included`, or all G.
   int included_count() const {

@@ -68,14 +68,15 @@ std::vector<fragment_slices> fragments_of(const S& schedule, const flat_layout& 
 
 /// The sync plan of each fragment for the rank at `coords`: what a synchronizer with this
 /// policy and schedule runs (a policy's sync_plan depends on its config alone, so `policy`
-/// may be one built for no fragments; nothing of the model's size is allocated).
+/// may be one built for no fragments; nothing of the model's size is allocated), at the
+/// fragments' sync number `round` (sync_context::round; plan_per_round policies only).
 template <class F, schedule::SyncSchedule S>
 requires requires(const F& f, const sync_context& ctx) {
   { f.sync_plan(ctx) } -> std::same_as<plan>;
 }
 std::vector<plan> sync_plans_of(const F& policy, const S& schedule, const flat_layout& layout,
                                 const mesh_shape& shape, const mesh_coords& coords,
-                                int inner_state_buffers) {
+                                int inner_state_buffers, std::int64_t round = 0) {
   std::vector<plan> out;
   const auto fragments = fragments_of(schedule, layout, shape.replicas);
   for (std::size_t f = 0; f < fragments.size(); ++f) {
@@ -83,7 +84,8 @@ std::vector<plan> sync_plans_of(const F& policy, const S& schedule, const flat_l
                                     .coords = coords,
                                     .fragment = static_cast<int>(f),
                                     .numel = fragments[f].padded,
-                                    .inner_state_buffers = inner_state_buffers}));
+                                    .inner_state_buffers = inner_state_buffers,
+                                    .round = round}));
     out.back().check();
   }
   return out;
@@ -130,7 +132,8 @@ class synchronizer {
   const policy_type& policy() const noexcept { return policy_; }
   /// P, the schedule's fragments.
   int fragments() const noexcept { return static_cast<int>(fragments_.size()); }
-  /// The ops one sync of fragment f moves for this rank.
+  /// The ops one sync of fragment f moves for this rank (for a plan_per_round policy: the
+  /// plan of its latest sync started, or of its first before it started one).
   const plan& sync_plan(int f) const { return at(f).plan; }
   /// Syncs applied so far (all fragments).
   std::int64_t syncs_applied() const noexcept { return syncs_applied_; }
@@ -315,7 +318,8 @@ class synchronizer {
         shape_(shape),
         coords_(coords),
         fragments_(cut(*space_, schedule_, layout, shape)),
-        policy_(make_policy(fed, sizes(fragments_), *space_)) {
+        policy_(make_policy(fed, sizes(fragments_), *space_)),
+        inner_state_buffers_(inner_state_buffers) {
     const auto plans =
         sync_plans_of(policy_, schedule_, layout, shape, coords, inner_state_buffers);
     for (int f = 0; f < fragments(); ++f) {
@@ -420,8 +424,12 @@ class synchronizer {
             .group = coords_.group,
             .group_tokens = fr.exchanges_tokens ? std::span<const double>(fr.group_tokens)
                                                 : std::span<const double>(),
-            .included = std::span<const std::uint8_t>(included_)};
+            .included = std::span<const std::uint8_t>(included_),
+            .round = round(f)};
   }
+
+  /// Fragment f's syncs started before its current one (sync_context::round).
+  std::int64_t round(int f) const { return static_cast<std::int64_t>(at(f).applied_at.size()); }
 
   auto binder(int f) {
     return [this, f](const comm_op& op, const operand& o) -> buffer_view {
@@ -432,7 +440,11 @@ class synchronizer {
         case role::tokens: return fr.tokens_buf.view();
         case role::group_tokens: return fr.group_tokens_buf.view();
         case role::gathered:  // a policy's std::span<float> of G copies of the fragment, if any
-          if constexpr (requires {
+          if constexpr (requires {  // or its buffer `index` (gossip: one per peer)
+                          { policy_.gathered(f, o.index) } -> std::convertible_to<std::span<float>>;
+                        })
+            return view(std::span<float>(policy_.gathered(f, o.index)));
+          else if constexpr (requires {
                           { policy_.gathered(f) } -> std::convertible_to<std::span<float>>;
                         })
             return view(std::span<float>(policy_.gathered(f)));
@@ -451,6 +463,15 @@ class synchronizer {
     auto& fr = at(f);
     FEDSHARD_EXPECTS(fr.stage == sync_stage::idle, "synchronizer: fragment ", f,
                      " starts a sync while its previous one is still in flight (step ", step, ")");
+    if constexpr (plan_per_round_v<F>) {  // this sync's plan (e.g. this round's gossip peers)
+      fr.plan = policy_.sync_plan({.shape = shape_,
+                                   .coords = coords_,
+                                   .fragment = f,
+                                   .numel = fr.buf.size(),
+                                   .inner_state_buffers = inner_state_buffers_,
+                                   .round = round(f)});
+      fr.plan.check();
+    }
     space_->wait(sync_, space_->record(compute));  // the master after the optimizer step
     if (fr.exchanges_tokens) {  // the weights, on the host for the policy's begin()
       const double mine = static_cast<double>(fr.tokens);
@@ -515,6 +536,7 @@ class synchronizer {
   mesh_coords coords_;
   std::vector<fragment> fragments_;
   policy_type policy_;
+  int inner_state_buffers_ = 0;
   std::int64_t syncs_applied_ = 0;
   std::function<std::vector<std::uint8_t>()> included_source_;
   std::vector<std::uint8_t> included_;
