@@ -38,6 +38,7 @@
 
 #include "fedshard/federation/average.hpp"
 #include "fedshard/federation/federation_policy.hpp"
+#include "fedshard/federation/gossip.hpp"
 #include "fedshard/federation/none.hpp"
 #include "fedshard/federation/outer_optimizer.hpp"
 #include "fedshard/federation/outer_rules.hpp"

@@ -17,6 +17,7 @@
 #include "fedshard/codec/topk.hpp"
 #include "fedshard/federation/average.hpp"
 #include "fedshard/federation/federation_policy.hpp"
+#include "fedshard/federation/gossip.hpp"
 #include "fedshard/federation/none.hpp"
 #include "fedshard/federation/outer_optimizer.hpp"
 #include "fedshard/federation/outer_rules.hpp"
@@ -132,6 +133,14 @@ using sparseloco = algorithm<
     shard::hybrid_shard,
     federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, codec::topk<>>,
     schedule::periodic, defaults<schedule::periodic::config{.period = H}>>;
+/// GASLoC (arXiv 2606.11081): H inner steps (H = 500 unless told otherwise, as diloco),
+/// then each group exchanges its pseudo-gradient with one random peer (federation::gossip:
+/// degree, α, seed and the outer Nesterov step's lr and γ in its config), mixes and takes
+/// the outer step on its own anchor. Inside a worker it runs HSDP. Host memory only (the
+/// mixing runs on the host), so it is not in for_each_algorithm's list.
+template <int H = 500>
+using gasloc = algorithm<shard::hybrid_shard, federation::gossip, schedule::periodic,
+                         defaults<schedule::periodic::config{.period = H}>>;
 /// FL+HSDP whose parameter gathers travel as int8 with one scale per 256 values (ZeRO++'s
 /// qwZ): about 4x fewer gather bytes inside a group; K = 8 unless told otherwise.
 template <int K = 8>
