@@ -320,6 +320,38 @@ TEST_CASE("hierarchical federation sync prices R times fewer inter-group bytes p
   CHECK(coords_of(shape, ref.critical_rank).replica == 0);
 }
 
+TEST_CASE("gossip's federation time per sync does not grow with G; average's does") {
+  // One group per site: every exchange and every all_reduce crosses the WAN. gasloc sends
+  // its fragment to one peer per sync whatever G; diloco's ring all_reduce takes 2 (G - 1)
+  // steps of the WAN's latency.
+  const workload w = small_gpt();
+  double gossip_sync = -1, average_sync = 0;
+  for (int G : {2, 4, 8, 16}) {
+    CAPTURE(G);
+    cluster c = a100_4gpu_node();
+    c.sites = G;
+    const mesh_shape shape{G, 1, 4};
+    const step_price g = price(describe<gasloc<8>>("gasloc"), w, shape, c);
+    const step_price a = price(describe<diloco>("diloco", {.schedule = {.period = 8}}), w, shape, c);
+    const axis_price& gf = g.axes[static_cast<std::size_t>(axis::federation)];
+    const axis_price& af = a.axes[static_cast<std::size_t>(axis::federation)];
+    CHECK(gf.level == level_kind::wan);
+    CHECK(gf.sync_calls == 1);  // degree 1, G even: one exchange per rank
+    CHECK(gf.sync_seconds > 0);
+    if (gossip_sync < 0) gossip_sync = gf.sync_seconds;
+    CHECK(gf.sync_seconds == doctest::Approx(gossip_sync).epsilon(1e-12));
+    CHECK(af.sync_seconds > average_sync);
+    average_sync = af.sync_seconds;
+    // The priced bytes are the plan's: the rank's fragment shard, once each way.
+    const flat_layout l = describe<gasloc<8>>("gasloc").layout(
+        transformer_units(w.model, dtype::bf16), shape);
+    const auto plans = describe<gasloc<8>>("gasloc").sync_plans(l, shape, 0);
+    CHECK(gf.sync_bytes == plans.at(0).wire_bytes_on(axis::federation));
+  }
+  CHECK(average_sync > 2 * gossip_sync);  // at G = 16
+}
+
+
 TEST_CASE("codecs: encoded bytes are priced as their wires, plus the codec kernels' passes") {
   cluster c = a100_4gpu_node();
   const workload w = small_gpt();

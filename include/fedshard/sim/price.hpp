@@ -13,7 +13,8 @@
 ///    and how many steps each started sync stays in flight before it is applied (τ).
 ///
 /// The time model, for each rank, with C the compute seconds of one step:
-///  - every comm_op is priced by price_collective on the communicator of its axis, the
+///  - every comm_op is priced by price_collective on the communicator of its axis (a
+///    send_recv on the links between the pair it exchanges between: detail::op_span), the
 ///    communicators of every rank that runs the same op at the same time sharing NICs;
 ///  - step ops: those the plan marks overlappable (FSDP's gathers and reduce_scatters, HSDP's
 ///    replica all_reduce), O seconds in all, run behind compute and only what exceeds C is
@@ -664,6 +665,27 @@ class span_cache {
   std::vector<std::vector<comm_span>> spans_;
 };
 
+/// The links op of `rank` crosses: its axis communicator's span `axis_span`, or for a
+/// send_recv (an exchange with axis rank op.root) the pair's: 2 ranks, on one node or two, in
+/// one site or two. So a gossip exchange is priced on the links between the two groups, as
+/// one message each way (bus factor 1, one latency of the outermost level crossed); the NIC
+/// and uplink sharing stays sharing_of's, by axis communicator (each rank's exchange is one
+/// flow out of its node).
+inline comm_span op_span(const placement& p, const comm_span& axis_span, const comm_op& op,
+                         int rank) {
+  if (op.kind != comm_kind::send_recv) return axis_span;
+  const std::vector<int> m = p.members(op.axis, rank);
+  FEDSHARD_EXPECTS(op.root >= 0 && static_cast<std::size_t>(op.root) < m.size(),
+                   "sim::price_plans: the plan's ", describe(op), " names axis rank ", op.root,
+                   " as its peer, but the communicator has ", m.size(), " ranks");
+  const int peer = m[static_cast<std::size_t>(op.root)];
+  const bool one_node = p.node_of(rank) == p.node_of(peer);
+  return {.ranks = 2,
+          .nodes = one_node ? 1 : 2,
+          .per_node = one_node ? 2 : 1,
+          .sites = p.site_of(rank) == p.site_of(peer) ? 1 : 2};
+}
+
 /// For each rank, how many communicators of an op share its node's NICs and its site's
 /// uplink, given which ranks run the op.
 inline std::vector<link_sharing> sharing_of(const placement& p, span_cache& spans, axis a,
@@ -832,10 +854,11 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
     auto& rp = out.ranks[static_cast<std::size_t>(r)];
     // The collective price of op for rank r (without its codec passes).
     auto collective = [&](const comm_op& op, const link_sharing& share) -> const collective_cost& {
-      const comm_span& s = spans.get(op.axis, r);
-      FEDSHARD_EXPECTS(s.ranks == op.ranks, "sim::price_plans: the plan's ", describe(op), " has ",
-                       op.ranks, " ranks but the mesh's ", to_string(op.axis), " communicator has ",
-                       s.ranks);
+      const comm_span& axis_span = spans.get(op.axis, r);
+      FEDSHARD_EXPECTS(axis_span.ranks == op.ranks, "sim::price_plans: the plan's ", describe(op),
+                       " has ", op.ranks, " ranks but the mesh's ", to_string(op.axis),
+                       " communicator has ", axis_span.ranks);
+      const comm_span s = detail::op_span(place, axis_span, op, r);
       const comm_op w = carried(op);  // an encoded op moves its wires
       return memo.get(w, s, share, [&] {
         return price_collective(w.kind, static_cast<double>(w.bytes), s, share, c, o.collectives);
@@ -843,7 +866,7 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
     };
     // Prices op for rank r; adds the bytes it sends out of r's node to node_bytes.
     auto cost = [&](const comm_op& op, const link_sharing& share, double& node_bytes) {
-      const comm_span& s = spans.get(op.axis, r);
+      const comm_span s = detail::op_span(place, spans.get(op.axis, r), op, r);
       if (s.nodes > 1) node_bytes += wire_bytes(op) * share.per_node;
       return detail::codec_seconds(op, c) + collective(op, share).seconds;
     };
