@@ -24,6 +24,8 @@
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/plan/interpreter.hpp"
 #include "fedshard/schedule/periodic.hpp"
+#include "fedshard/trainer/algorithm.hpp"
+#include "support/federated_run.hpp"
 #include "support/spawn_ranks.hpp"
 
 using namespace fedshard;
@@ -278,4 +280,32 @@ TEST_CASE("bad settings are refused, saying what was expected and what was found
       policy.sync_plan({.shape = {3, 1, 1}, .coords = {0, 0, 0}, .fragment = 0, .numel = 16}));
   CHECK_THROWS_WITH_AS(gossip_peers({}, 4, 0, 4), doctest::Contains("group must be in [0, 4), found 4"),
                        invalid_argument);
+}
+
+TEST_CASE("gasloc trains in the trainer: one exchange per sync on the wire; complete ≈ diloco") {
+  // 4 groups x 2 replicas, 6 steps, a sync every 2: three gossip rounds of degree 1.
+  const mesh_shape shape{4, 2, 1};
+  std::vector<test::run_outcome> gl(8), complete(8), dl(8);
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    gl[static_cast<std::size_t>(world.rank())] = test::train_mlp<gasloc<2>>(world, shape, 6, 2);
+  });
+  for (const auto& r : gl) {
+    CHECK(r.syncs == 3);
+    CHECK(r.traffic[axis::federation].calls == 3);  // degree 1, G even: one peer per round
+    for (float loss : r.losses) CHECK(std::isfinite(loss));
+  }
+  CHECK(gl[0].traffic[axis::federation].wire_bytes > 0);
+  // The complete graph with α = 1/4 is DiLoCo's step up to the summation order.
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    const auto r = static_cast<std::size_t>(world.rank());
+    complete[r] = test::train_mlp_with<gasloc<2>>(
+        world, shape, 6, 2, {.degree = gossip_config::complete, .alpha = 0.25f});
+    dl[r] = test::train_mlp<diloco>(world, shape, 6, 2);
+  });
+  for (std::size_t r = 0; r < 8; ++r) {
+    REQUIRE(complete[r].params.size() == dl[r].params.size());
+    for (std::size_t i = 0; i < dl[r].params.size(); ++i)
+      CHECK(complete[r].params[i] == doctest::Approx(dl[r].params[i]).epsilon(1e-5));
+    CHECK(complete[r].traffic[axis::federation].calls == 3 * 3);  // 3 peers, 3 rounds
+  }
 }

@@ -22,15 +22,16 @@ struct run_outcome {
   std::int64_t syncs = 0;
 };
 
-/// Trains on this rank of `world` (a mesh of `shape`) for `steps` steps of A, syncing every
-/// `period` steps, with AdamW; every rank's batch depends only on (step, group, local rank).
+/// train_mlp (below) with the federation policy's settings `fed`.
 template <class A, class C>
-run_outcome train_mlp(C& world, mesh_shape shape, int steps, int period,
-                      std::uint64_t data_seed = 11) {
+run_outcome train_mlp_with(C& world, mesh_shape shape, int steps, int period,
+                           typename A::federation_policy::config fed,
+                           std::uint64_t data_seed = 11) {
   mesh m(world, shape);
   trainer_options<A> o;
   o.total_steps = steps;
   o.schedule.period = period;
+  o.federation = fed;
   trainer<mlp_model, A, optim::adamw, C> t(m, mlp_model{}, {.lr = 0.02f}, o);
   const int g = m.coords().group;
   const int gs = shape.replicas * shape.shards;
@@ -42,6 +43,14 @@ run_outcome train_mlp(C& world, mesh_shape shape, int steps, int period,
   r.params = t.parameters();
   r.syncs = t.syncs_applied();
   return r;
+}
+
+/// Trains on this rank of `world` (a mesh of `shape`) for `steps` steps of A, syncing every
+/// `period` steps, with AdamW; every rank's batch depends only on (step, group, local rank).
+template <class A, class C>
+run_outcome train_mlp(C& world, mesh_shape shape, int steps, int period,
+                      std::uint64_t data_seed = 11) {
+  return train_mlp_with<A>(world, shape, steps, period, {}, data_seed);
 }
 
 }  // namespace fedshard::test
