@@ -21,7 +21,11 @@
 using namespace fedshard;
 namespace ft = fedshard::test;
 
-TEST_CASE("hybrid of mpi groups and gloo links: a trainer ends where the MPI world ends") {
+namespace {
+
+/// Trains A (sync every 3 steps) on the MPI world and on the hybrid world; both end alike.
+template <class A>
+void check_hybrid_equals_mpi() {
   mpi::communicator world(MPI_COMM_WORLD, ft::mpi_options());
   REQUIRE(world.size() == 4);
   const mesh_shape shape{2, 1, 2};
@@ -36,14 +40,14 @@ TEST_CASE("hybrid of mpi groups and gloo links: a trainer ends where the MPI wor
   }
   MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
   ft::run_outcome plain, split;
-  ft::on_this_rank([&] { plain = ft::train_mlp<fl_hsdp>(world, shape, 9, 3); });
+  ft::on_this_rank([&] { plain = ft::train_mlp<A>(world, shape, 9, 3); });
   ft::on_this_rank([&] {
     auto st = std::make_shared<fedshard::gloo::file_store>(dir);
     fedshard::gloo::options o;
     o.timeout = std::chrono::duration<double>(60);
     fedshard::gloo::communicator link(st, "link" + std::to_string(l), g, 2, o);
     hybrid<mpi::communicator, fedshard::gloo::communicator> w(world.split(g, l), std::move(link));
-    split = ft::train_mlp<fl_hsdp>(w, shape, 9, 3);
+    split = ft::train_mlp<A>(w, shape, 9, 3);
   });
   REQUIRE(plain.params.size() == split.params.size());
   CHECK(std::memcmp(plain.params.data(), split.params.data(), plain.params.size() * 4) == 0);
@@ -52,4 +56,14 @@ TEST_CASE("hybrid of mpi groups and gloo links: a trainer ends where the MPI wor
   CHECK(split.syncs == 3);
   world.barrier();
   if (world.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+TEST_CASE("hybrid of mpi groups and gloo links: a trainer ends where the MPI world ends") {
+  check_hybrid_equals_mpi<fl_hsdp>();
+}
+
+TEST_CASE("gasloc's exchanges run over gloo links as over MPI") {
+  check_hybrid_equals_mpi<gasloc<3>>();
 }
