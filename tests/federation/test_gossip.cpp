@@ -25,6 +25,7 @@
 #include "fedshard/plan/interpreter.hpp"
 #include "fedshard/schedule/periodic.hpp"
 #include "fedshard/trainer/algorithm.hpp"
+#include "fedshard/trainer/checkpoint.hpp"
 #include "support/federated_run.hpp"
 #include "support/spawn_ranks.hpp"
 
@@ -308,4 +309,40 @@ TEST_CASE("gasloc trains in the trainer: one exchange per sync on the wire; comp
       CHECK(complete[r].params[i] == doctest::Approx(dl[r].params[i]).epsilon(1e-5));
     CHECK(complete[r].traffic[axis::federation].calls == 3 * 3);  // 3 peers, 3 rounds
   }
+}
+
+TEST_CASE("a checkpoint between rounds keeps the anchors, the momentum and the round") {
+  // Two synchronizers run rounds 0 and 1; the second is saved and restored into a third,
+  // which then runs rounds 2 and 3 with the matchings and the state the first one has.
+  const mesh_shape shape{4, 1, 1};
+  const gossip_config cfg{.degree = 1, .alpha = 0.5f, .seed = 21};
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    interpreter<inproc::communicator> in(m);
+    const flat_layout l(two_units(), 1);
+    using S = synchronizer<gossip, schedule::periodic>;
+    const int g = m.coords().group;
+    S a(cfg, {.period = 1}, l, shape, m.coords(), 0);
+    std::vector<float> ma(l.total_shard_numel()), mb(ma.size());
+    for (std::size_t i = 0; i < ma.size(); ++i) ma[i] = theta(0, 0, i);
+    a.reset(ma);
+    for (int k = 0; k < 2; ++k) {
+      for (std::size_t i = 0; i < ma.size(); ++i) ma[i] = theta(g, k, i);
+      a.after_step(in, k, 0, ma, {});
+    }
+    checkpoint::file_writer w;
+    a.save(w);
+    const checkpoint::file_reader r(w.bytes(), "memory");
+    S b(cfg, {.period = 1}, l, shape, m.coords(), 0);
+    b.restore(r, true);
+    for (int k = 2; k < 4; ++k) {
+      for (std::size_t i = 0; i < ma.size(); ++i) ma[i] = mb[i] = theta(g, k, i);
+      a.after_step(in, k, 0, ma, {});
+      b.after_step(in, k, 0, mb, {});
+      CHECK(ma == mb);
+      CHECK(a.sync_plan(0).ops == b.sync_plan(0).ops);
+    }
+    CHECK(b.policy().outer_steps(0) == 4);
+    in.wait_all();
+  });
 }
