@@ -27,6 +27,8 @@
 #include "fedshard/trainer/algorithm.hpp"
 #include "fedshard/trainer/checkpoint.hpp"
 #include "support/federated_run.hpp"
+#include "support/plan_checks.hpp"
+#include "support/spaces.hpp"
 #include "support/spawn_ranks.hpp"
 
 using namespace fedshard;
@@ -345,4 +347,54 @@ TEST_CASE("a checkpoint between rounds keeps the anchors, the momentum and the r
     CHECK(b.policy().outer_steps(0) == 4);
     in.wait_all();
   });
+}
+
+namespace {
+
+/// gasloc<2> (degree 2, 6 steps) trained in space Sp: every rank's parameters; the wire
+/// checked against the plans step by step.
+template <class Sp>
+std::vector<std::vector<float>> gasloc_run(const mesh_shape& shape) {
+  std::mutex mu;
+  std::vector<std::string> mismatches;
+  trainer_options<gasloc<2>> o;
+  o.total_steps = 6;
+  o.federation = {.degree = 2, .alpha = 0.25f, .seed = 17};
+  auto out = test::collect_ranks(shape.size(), [&](inproc::communicator& world) {
+    auto comm = Sp::wrap(world);
+    mesh m(comm, shape);
+    trainer<test::mlp_model, gasloc<2>, optim::adamw, typename Sp::comm, typename Sp::space> t(
+        m, test::mlp_model{}, {.lr = 0.02f}, o);
+    const int g = m.coords().group;
+    const int gs = shape.replicas * shape.shards;
+    const int local = m.coords().replica * shape.shards + m.coords().shard;
+    t.wire().keep_calls(true);
+    for (int s = 0; s < 6; ++s) {
+      t.step(t.model().batch(3, s, g, shape.groups, local, gs, 2));
+      const std::string diff =
+          test::compare_calls(t.wire().take_calls(), test::expected_step_calls(t, s, 6));
+      if (!diff.empty()) {
+        std::lock_guard lock(mu);
+        mismatches.push_back(diff);
+      }
+    }
+    return t.parameters();
+  });
+  for (const auto& d : mismatches) FAIL_CHECK(d);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("gasloc gives the same bits in every test space, the wire equal to the plans",
+                   Sp, FEDSHARD_TEST_SPACES) {
+  const mesh_shape shape{4, 2, 1};
+  const auto got = gasloc_run<Sp>(shape);
+  const auto want = gasloc_run<test::on_host>(shape);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t r = 0; r < got.size(); ++r) {
+    CAPTURE(r);
+    REQUIRE(got[r].size() == want[r].size());
+    CHECK(std::memcmp(got[r].data(), want[r].data(), got[r].size() * sizeof(float)) == 0);
+  }
 }

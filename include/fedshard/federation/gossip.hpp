@@ -41,13 +41,15 @@
 ///  whatever G; `average` moves 2 (G − 1) / G x B per group in a ring all-reduce of G.
 ///
 /// State: anchors and momentum per fragment (state(), as outer_optimizer's); the gathered
-/// peers' copies, (peers) x numel per fragment, are sized by begin() from sync_info::groups
-/// and are not checkpointed, so a sync restored in flight or communicated cannot be
+/// peers' copies, (peers) x numel per fragment, and the Laplacian sum (numel), are sized by
+/// begin() from sync_info::groups and are not checkpointed, so a sync restored in flight or communicated cannot be
 /// completed (end() without begin() is an invalid_argument, as for median). The round is
 /// the synchronizer's (sync_info::round: the fragment's syncs applied so far, checkpointed).
 ///
-/// Memory spaces: the mixing runs on the host after end() synchronizes with the sync stream,
-/// so the space must be host-accessible (host_space, checked_space).
+/// Memory spaces: the buffers (anchors, momentum, peers' copies, the Laplacian sum) live in
+/// memory space S and the mixing runs as element functors (kernels/gossip.hpp) on the sync
+/// stream, so nothing waits on the host; tested on host_space and checked_space (held, with
+/// host and stream-ordered communicators), not yet on a GPU.
 
 #include <algorithm>
 #include <cmath>
@@ -65,7 +67,8 @@
 #include "fedshard/federation/outer_optimizer.hpp"
 #include "fedshard/federation/outer_rules.hpp"
 #include "fedshard/federation/sync_plan.hpp"
-#include "fedshard/kernels/sgd.hpp"
+#include "fedshard/core/buffer.hpp"
+#include "fedshard/kernels/gossip.hpp"
 #include "fedshard/optim/optimizer.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/space/host_space.hpp"
@@ -262,14 +265,10 @@ inline plan gossip_ops(const gossip_config& cfg, const sync_context& ctx) {
   return p;
 }
 
-/// GASLoC's gossip with the outer rule of outer_optimizer, in host-accessible memory space S
-/// (see the file comment).
+/// GASLoC's gossip with the outer rule of outer_optimizer, in memory space S (see the file
+/// comment).
 template <space::MemorySpace S = space::host_space>
 class basic_gossip {
-  static_assert(S::host_accessible,
-                "federation::gossip mixes the peers' pseudo-gradients on the host: its memory "
-                "space must be host-accessible (host_space); a device kernel is not written yet");
-
  public:
   using config = gossip_config;
   template <space::MemorySpace T>
@@ -306,11 +305,12 @@ class basic_gossip {
     const auto want =
         static_cast<std::size_t>(detail::max_peers(config_, info.groups)) * sizes_[i];
     if (gathered_[i].size() != want) gathered_[i] = space_->template allocate<float>(want);
+    if (sum_[i].size() != sizes_[i]) sum_[i] = space_->template allocate<float>(sizes_[i]);
     std::visit([&](auto& o) { o.begin(f, buf, info, st); }, outer_);
     pending_[i] = true;
   }
-  /// buf: Δ_g -> d_g = Δ_g − α Σ_k (Δ_g − peer_k) on the host, then the outer step
-  /// (outer_optimizer's end): buf is the new anchor.
+  /// buf: Δ_g -> d_g = Δ_g − α Σ_k (Δ_g − peer_k) (summed over the peers in exchange
+  /// order), then the outer step (outer_optimizer's end): buf is the new anchor; queued on st.
   void end(int f, std::span<float> buf, const sync_info& info, typename S::stream& st) {
     const std::size_t i = checked(f, "end");
     FEDSHARD_EXPECTS(pending_[i], "gossip: end() of fragment ", f,
@@ -319,15 +319,16 @@ class basic_gossip {
                      "cannot be completed)");
     FEDSHARD_EXPECTS(buf.size() == sizes_[i], "gossip: fragment ", f, " has ", sizes_[i],
                      " elements, found a buffer of ", buf.size());
-    const std::size_t peers = gossip_peers(config_, info.groups, info.round, info.group).size();
-    space_->synchronize(st);  // Δ and the peers' copies as the sync stream leaves them
-    const std::size_t n = sizes_[i];
-    const float* got = gathered_[i].data();
-    for (std::size_t e = 0; e < n; ++e) {
-      float acc = 0.0f;
-      for (std::size_t k = 0; k < peers; ++k)
-        acc = kernels::detail::add_rn(acc, kernels::detail::add_rn(buf[e], -got[k * n + e]));
-      buf[e] = kernels::detail::add_rn(buf[e], -kernels::detail::mul_rn(config_.alpha, acc));
+    const auto peers =
+        static_cast<int>(gossip_peers(config_, info.groups, info.round, info.group).size());
+    if (peers > 0) {
+      const std::span<float> sum = sum_[i].span();
+      space_->fill(st, view(sum), 0.0);
+      for (int k = 0; k < peers; ++k)
+        space_->for_each(st, kernels::laplacian_term_update{}, sum,
+                         std::span<const float>(buf), std::span<const float>(gathered(f, k)));
+      space_->for_each(st, kernels::laplacian_mix_update{config_.alpha}, buf,
+                       std::span<const float>(sum));
     }
     std::visit([&](auto& o) { o.end(f, buf, info, st); }, outer_);
     pending_[i] = false;
@@ -380,6 +381,7 @@ class basic_gossip {
         space_(std::move(sr)),
         sizes_(std::move(sizes)),
         gathered_(sizes_.size()),
+        sum_(sizes_.size()),
         pending_(sizes_.size(), false),
         outer_(make_outer(c, sizes_, *space_)) {}
 
@@ -411,11 +413,12 @@ class basic_gossip {
   space::space_ref<S> space_;  // before the buffers: they go back to it
   std::vector<std::size_t> sizes_;
   std::vector<typename S::template buffer<float>> gathered_;  // role gathered, per fragment
+  std::vector<typename S::template buffer<float>> sum_;       // Σ_k (Δ − peer_k), per fragment
   std::vector<bool> pending_;  // begin() called, end() not yet, per fragment
   std::variant<nesterov_outer, heavy_ball_outer> outer_;
 };
 
-/// GASLoC's gossip in host memory.
+/// GASLoC's gossip (in host memory; gossip::in_space<S> in space S).
 using gossip = basic_gossip<>;
 
 }  // namespace fedshard::federation

@@ -136,8 +136,9 @@ using sparseloco = algorithm<
 /// GASLoC (arXiv 2606.11081): H inner steps (H = 500 unless told otherwise, as diloco),
 /// then each group exchanges its pseudo-gradient with one random peer (federation::gossip:
 /// degree, α, seed and the outer Nesterov step's lr and γ in its config), mixes and takes
-/// the outer step on its own anchor. Inside a worker it runs HSDP. Host memory only (the
-/// mixing runs on the host), so it is not in for_each_algorithm's list.
+/// the outer step on its own anchor. Inside a worker it runs HSDP. Not in
+/// for_each_algorithm's list yet (the demo and fedshard-sim's names): describe<gasloc<H>>
+/// prices it.
 template <int H = 500>
 using gasloc = algorithm<shard::hybrid_shard, federation::gossip, schedule::periodic,
                          defaults<schedule::periodic::config{.period = H}>>;
