@@ -10,11 +10,11 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <tuple>
 #include <limits>
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fedshard/comm/inproc.hpp"
@@ -36,7 +36,9 @@ using namespace fedshard::federation;
 
 namespace {
 
-std::vector<unit_spec> two_units() { return {{"a", {{"w", {24}}}}, {"b", {{"w", {9}}}}}; }
+std::vector<unit_spec> two_units() {
+  return {{"a", {{"w", {24}}}}, {"b", {{"w", {9}}}}};
+}
 
 /// Group g's parameters before round k's sync: small integers and halves (exact sums).
 float theta(int g, int k, std::size_t i) {
@@ -160,12 +162,13 @@ TEST_CASE("every rank runs the same matching: each receives its peers' pseudo-gr
   CHECK(peers_seen[0] != peers_seen[1]);
 }
 
-TEST_CASE("degree 1, α = 1/2, outer SGD with lr 1: each pair averages, the idle group keeps its own") {
+TEST_CASE(
+    "degree 1, α = 1/2, outer SGD with lr 1: each pair averages, the idle group keeps its own") {
   // d_g = Δ_g − α (Δ_g − Δ_p); anchors 0 and heavy-ball with γ = 0 give anchor' = −d_g =
   // θ_g − (θ_g − θ_p) / 2: the pair's mean. With 5 groups one group is idle: d = Δ.
   const mesh_shape shape{5, 1, 2};
-  const gossip_config cfg{.degree = 1, .alpha = 0.5f, .lr = 1.0f, .momentum = 0.0f,
-                          .nesterov = false, .seed = 5};
+  const gossip_config cfg{
+      .degree = 1, .alpha = 0.5f, .lr = 1.0f, .momentum = 0.0f, .nesterov = false, .seed = 5};
   test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
     mesh m(world, shape);
     interpreter<inproc::communicator> in(m);
@@ -198,13 +201,15 @@ TEST_CASE("the complete graph with α = 1/G is DiLoCo's outer step, bit for bit"
       const flat_layout l(two_units(), 1);
       const int g = m.coords().group;
       for (const auto& [lr, mu, rounds] : {std::tuple{0.5f, 0.5f, 3}, std::tuple{0.7f, 0.9f, 1}}) {
-        synchronizer<gossip, schedule::periodic> gs(
-            {.sync = mode, .degree = gossip_config::complete, .alpha = 0.25f, .lr = lr,
-             .momentum = mu},
-            {.period = 1}, l, shape, m.coords(), 0);
+        synchronizer<gossip, schedule::periodic> gs({.sync = mode,
+                                                     .degree = gossip_config::complete,
+                                                     .alpha = 0.25f,
+                                                     .lr = lr,
+                                                     .momentum = mu},
+                                                    {.period = 1}, l, shape, m.coords(), 0);
         synchronizer<outer_optimizer<nesterov>, schedule::periodic> ds(
-            {.sync = mode, .rule = {.lr = lr, .momentum = mu}}, {.period = 1}, l, shape,
-            m.coords(), 0);
+            {.sync = mode, .rule = {.lr = lr, .momentum = mu}}, {.period = 1}, l, shape, m.coords(),
+            0);
         std::vector<float> a(l.total_shard_numel()), b(a.size());
         for (std::size_t i = 0; i < a.size(); ++i) a[i] = theta(0, 0, i);  // same start
         gs.reset(a);
@@ -267,8 +272,9 @@ TEST_CASE("bad settings are refused, saying what was expected and what was found
   fails({.degree = 0}, "found 0");
   fails({.alpha = 0.0f}, "config.alpha must be a finite number > 0, found 0");
   fails({.alpha = std::numeric_limits<float>::quiet_NaN()}, "config.alpha must be a finite");
-  fails({.degree = 2, .alpha = 0.75f}, "config.alpha must be in (0, 1/degree] = (0, 0.5] for "
-                                       "degree 2 (each group keeps a weight >= 0), found 0.75");
+  fails({.degree = 2, .alpha = 0.75f},
+        "config.alpha must be in (0, 1/degree] = (0, 0.5] for "
+        "degree 2 (each group keeps a weight >= 0), found 0.75");
   fails({.lr = -1.0f}, "gossip: config.lr must be a finite number >= 0, found -1");
   fails({.momentum = 1.0f}, "gossip: config.momentum must be in [0, 1), found 1");
   // The complete graph's α is checked against G where the plan is made.
@@ -281,8 +287,8 @@ TEST_CASE("bad settings are refused, saying what was expected and what was found
       invalid_argument);
   CHECK_NOTHROW(
       policy.sync_plan({.shape = {3, 1, 1}, .coords = {0, 0, 0}, .fragment = 0, .numel = 16}));
-  CHECK_THROWS_WITH_AS(gossip_peers({}, 4, 0, 4), doctest::Contains("group must be in [0, 4), found 4"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS(gossip_peers({}, 4, 0, 4),
+                       doctest::Contains("group must be in [0, 4), found 4"), invalid_argument);
 }
 
 TEST_CASE("gasloc trains in the trainer: one exchange per sync on the wire; complete ≈ diloco") {

@@ -17,7 +17,9 @@ float rounded(float x) {
   return v;
 }
 
-bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
+bool same_bits(float a, float b) {
+  return std::memcmp(&a, &b, sizeof(float)) == 0;
+}
 
 }  // namespace
 

@@ -355,7 +355,8 @@ TEST_CASE("buffers that do not fit the op are refused, naming the role and both 
   }
 }
 
-TEST_CASE("a send_recv op with itself as peer, or overlapping buffers, is refused before it moves") {
+TEST_CASE(
+    "a send_recv op with itself as peer, or overlapping buffers, is refused before it moves") {
   SUBCASE("itself as peer") {
     const auto errors = errors_on_each_rank({1, 1, 2}, [&](interpreter<communicator>& in) {
       std::vector<float> x(2), y(2);
@@ -401,8 +402,8 @@ TEST_CASE("exchanges in a chain with different peers each round run in order on 
       auto& v = o.index == 0 ? x : got[static_cast<std::size_t>(o.index - 1)];
       return buffer_view{v.data(), v.size(), dtype::f32};
     };
-    in.wait(in.fire(p, {.trigger = trigger::sync_start, .phase = phase::sync, .fragment = 0},
-                    bind));
+    in.wait(
+        in.fire(p, {.trigger = trigger::sync_start, .phase = phase::sync, .fragment = 0}, bind));
     for (int k = 0; k < 3; ++k)
       for (float v : got[static_cast<std::size_t>(k)]) CHECK(v == static_cast<float>(me ^ (k + 1)));
     CHECK(in.traffic().same_traffic(traffic_counters::of(p)));

@@ -332,7 +332,8 @@ TEST_CASE("gossip's federation time per sync does not grow with G; average's doe
     c.sites = G;
     const mesh_shape shape{G, 1, 4};
     const step_price g = price(describe<gasloc<8>>("gasloc"), w, shape, c);
-    const step_price a = price(describe<diloco>("diloco", {.schedule = {.period = 8}}), w, shape, c);
+    const step_price a =
+        price(describe<diloco>("diloco", {.schedule = {.period = 8}}), w, shape, c);
     const axis_price& gf = g.axes[static_cast<std::size_t>(axis::federation)];
     const axis_price& af = a.axes[static_cast<std::size_t>(axis::federation)];
     CHECK(gf.level == level_kind::wan);
@@ -343,14 +344,13 @@ TEST_CASE("gossip's federation time per sync does not grow with G; average's doe
     CHECK(af.sync_seconds > average_sync);
     average_sync = af.sync_seconds;
     // The priced bytes are the plan's: the rank's fragment shard, once each way.
-    const flat_layout l = describe<gasloc<8>>("gasloc").layout(
-        transformer_units(w.model, dtype::bf16), shape);
+    const flat_layout l =
+        describe<gasloc<8>>("gasloc").layout(transformer_units(w.model, dtype::bf16), shape);
     const auto plans = describe<gasloc<8>>("gasloc").sync_plans(l, shape, 0);
     CHECK(gf.sync_bytes == plans.at(0).wire_bytes_on(axis::federation));
   }
   CHECK(average_sync > 2 * gossip_sync);  // at G = 16
 }
-
 
 TEST_CASE("codecs: encoded bytes are priced as their wires, plus the codec kernels' passes") {
   cluster c = a100_4gpu_node();

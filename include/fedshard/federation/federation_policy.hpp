@@ -74,7 +74,9 @@ struct sync_context {
 
 /// True when F's sync plan depends on sync_context::round (F::plan_per_round is true).
 template <class F>
-inline constexpr bool plan_per_round_v = requires { requires F::plan_per_round; };
+inline constexpr bool plan_per_round_v = requires {
+  requires F::plan_per_round;
+};
 
 /// What a policy is told at a sync point.
 struct sync_info {

@@ -37,14 +37,16 @@
 ///    hierarchical: every replica exchanges its 1/R piece, and the replicas all-gather each
 ///    gathered k at sync_finish; reference: replica 0 exchanges the whole fragment and
 ///    broadcasts each gathered k to the other replicas at sync_finish.
-///  So a round moves degree x B bytes per group on the federation axis (B: the fragment),
-///  whatever G; `average` moves 2 (G − 1) / G x B per group in a ring all-reduce of G.
+///  So a round moves degree x B bytes per group on the federation axis (B: the fragment) in
+///  degree messages, whatever G; `average`'s ring all-reduce moves 2 (G − 1) / G x B per
+///  group, in 2 (G − 1) steps that each wait for the slowest link of the ring.
 ///
 /// State: anchors and momentum per fragment (state(), as outer_optimizer's); the gathered
 /// peers' copies, (peers) x numel per fragment, and the Laplacian sum (numel), are sized by
-/// begin() from sync_info::groups and are not checkpointed, so a sync restored in flight or communicated cannot be
-/// completed (end() without begin() is an invalid_argument, as for median). The round is
-/// the synchronizer's (sync_info::round: the fragment's syncs applied so far, checkpointed).
+/// begin() from sync_info::groups and are not checkpointed, so a sync restored in flight or
+/// communicated cannot be completed (end() without begin() is an invalid_argument, as for
+/// median). The round is the synchronizer's (sync_info::round: the fragment's syncs applied
+/// so far, which checkpoints keep).
 ///
 /// Memory spaces: the buffers (anchors, momentum, peers' copies, the Laplacian sum) live in
 /// memory space S and the mixing runs as element functors (kernels/gossip.hpp) on the sync
@@ -62,12 +64,12 @@
 #include <variant>
 #include <vector>
 
+#include "fedshard/core/buffer.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/outer_optimizer.hpp"
 #include "fedshard/federation/outer_rules.hpp"
 #include "fedshard/federation/sync_plan.hpp"
-#include "fedshard/core/buffer.hpp"
 #include "fedshard/kernels/gossip.hpp"
 #include "fedshard/optim/optimizer.hpp"
 #include "fedshard/plan/comm_op.hpp"
@@ -302,8 +304,7 @@ class basic_gossip {
   void begin(int f, std::span<float> buf, const sync_info& info, typename S::stream& st) {
     const std::size_t i = checked(f, "begin");
     detail::check_gossip_alpha(config_, info.groups);
-    const auto want =
-        static_cast<std::size_t>(detail::max_peers(config_, info.groups)) * sizes_[i];
+    const auto want = static_cast<std::size_t>(detail::max_peers(config_, info.groups)) * sizes_[i];
     if (gathered_[i].size() != want) gathered_[i] = space_->template allocate<float>(want);
     if (sum_[i].size() != sizes_[i]) sum_[i] = space_->template allocate<float>(sizes_[i]);
     std::visit([&](auto& o) { o.begin(f, buf, info, st); }, outer_);
@@ -325,8 +326,8 @@ class basic_gossip {
       const std::span<float> sum = sum_[i].span();
       space_->fill(st, view(sum), 0.0);
       for (int k = 0; k < peers; ++k)
-        space_->for_each(st, kernels::laplacian_term_update{}, sum,
-                         std::span<const float>(buf), std::span<const float>(gathered(f, k)));
+        space_->for_each(st, kernels::laplacian_term_update{}, sum, std::span<const float>(buf),
+                         std::span<const float>(gathered(f, k)));
       space_->for_each(st, kernels::laplacian_mix_update{config_.alpha}, buf,
                        std::span<const float>(sum));
     }

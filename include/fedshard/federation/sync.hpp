@@ -445,8 +445,8 @@ class synchronizer {
                         })
             return view(std::span<float>(policy_.gathered(f, o.index)));
           else if constexpr (requires {
-                          { policy_.gathered(f) } -> std::convertible_to<std::span<float>>;
-                        })
+                               { policy_.gathered(f) } -> std::convertible_to<std::span<float>>;
+                             })
             return view(std::span<float>(policy_.gathered(f)));
           break;
         default: break;

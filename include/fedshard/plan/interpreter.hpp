@@ -351,10 +351,10 @@ class interpreter {
     const int me = mesh_->axis_rank(b.op.axis);
     FEDSHARD_EXPECTS(b.op.root != me, "interpreter: ", describe(b.op),
                      ": a rank cannot exchange with itself (it is axis rank ", me, ")");
-    FEDSHARD_EXPECTS(!detail::overlaps(b.in.data, b.in.size_bytes(), b.out.data,
-                                       b.out.size_bytes()),
-                     "interpreter: ", describe(b.op), ": its input (", describe(b.op.in),
-                     ") and output (", describe(b.op.out), ") overlap; an exchange needs both");
+    FEDSHARD_EXPECTS(
+        !detail::overlaps(b.in.data, b.in.size_bytes(), b.out.data, b.out.size_bytes()),
+        "interpreter: ", describe(b.op), ": its input (", describe(b.op.in), ") and output (",
+        describe(b.op.out), ") overlap; an exchange needs both");
   }
 
   template <class Bind>
