@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -318,6 +319,28 @@ TEST_CASE("hierarchical federation sync prices R times fewer inter-group bytes p
   CHECK(hier[axis::federation].sync_seconds < ref[axis::federation].sync_seconds);
   // The slowest rank in the reference mode is a replica 0 (it does the inter-group work).
   CHECK(coords_of(shape, ref.critical_rank).replica == 0);
+}
+
+TEST_CASE("run_traffic fires gossip's plan of each round: an odd G's idle group moves") {
+  // 3 groups at degree 1: one group idles each round, a different one as the matchings
+  // change; 8 steps syncing every 2, so 4 rounds, on a 3 x 1 x 2 mesh.
+  const shard::precision prec{dtype::bf16, dtype::f32};
+  algorithm_options<gasloc<2>> o;
+  o.federation = {.degree = 1, .alpha = 0.5f, .seed = 1};
+  const algorithm_desc a = describe<gasloc<2>>("gasloc", o);
+  CHECK(a.plan_per_round());
+  const mesh_shape shape{3, 1, 2};
+  const auto units = test::mlp_model{}.units();
+  const recorded run = train<gasloc<2>>(shape, 8, 8, o, prec);
+  std::set<std::int64_t> calls_seen;
+  for (int r = 0; r < shape.size(); ++r) {
+    CAPTURE(r);
+    const auto ur = static_cast<std::size_t>(r);
+    const traffic_counters sim = run_traffic(a, units, shape, r, 8, 8, prec);
+    CHECK(sim.same_traffic(run.traffic[ur]));
+    calls_seen.insert(sim[axis::federation].calls);
+  }
+  CHECK(calls_seen.size() > 1);  // the groups idled in different numbers of rounds
 }
 
 TEST_CASE("gossip's federation time per sync does not grow with G; average's does") {

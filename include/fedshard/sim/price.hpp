@@ -14,7 +14,8 @@
 ///
 /// The time model, for each rank, with C the compute seconds of one step:
 ///  - every comm_op is priced by price_collective on the communicator of its axis (a
-///    send_recv on the links between the pair it exchanges between: detail::op_span), the
+///    send_recv on the links between the pair it exchanges between: detail::op_span; a plan
+///    that changes every sync, gossip's, is priced at its first round), the
 ///    communicators of every rank that runs the same op at the same time sharing NICs;
 ///  - step ops: those the plan marks overlappable (FSDP's gathers and reduce_scatters, HSDP's
 ///    replica all_reduce), O seconds in all, run behind compute and only what exceeds C is
@@ -214,7 +215,8 @@ class algorithm_model {
   virtual plan step_plan(const flat_layout& layout, const mesh_shape& shape,
                          const shard::precision& prec) const = 0;
   virtual std::vector<plan> sync_plans(const flat_layout& layout, const mesh_shape& shape,
-                                       const mesh_coords& coords) const = 0;
+                                       const mesh_coords& coords, std::int64_t round) const = 0;
+  virtual bool plan_per_round() const noexcept = 0;
   virtual schedule::sync_action action(int fragment, std::int64_t step,
                                        std::int64_t total_steps) const = 0;
 };
@@ -256,9 +258,12 @@ class algorithm_model_of final : public algorithm_model {
     return shard_type::step_plan(layout, shape, prec);
   }
   std::vector<plan> sync_plans(const flat_layout& layout, const mesh_shape& shape,
-                               const mesh_coords& coords) const override {
+                               const mesh_coords& coords, std::int64_t round) const override {
     return federation::sync_plans_of(policy_, schedule_, layout, shape, coords,
-                                     inner_state_buffers_);
+                                     inner_state_buffers_, round);
+  }
+  bool plan_per_round() const noexcept override {
+    return federation::plan_per_round_v<federation_type>;
   }
   schedule::sync_action action(int fragment, std::int64_t step,
                                std::int64_t total_steps) const override {
@@ -321,10 +326,14 @@ class algorithm_desc {
     return model().step_plan(layout, shape, prec);
   }
   /// The sync plan of each fragment for world rank `rank` (federation::sync_plans_of: what
-  /// the trainer's synchronizer runs); empty plans when the federation never communicates.
-  std::vector<plan> sync_plans(const flat_layout& layout, const mesh_shape& shape, int rank) const {
-    return model().sync_plans(layout, shape, coords_of(shape, rank));
+  /// the trainer's synchronizer runs) at the fragments' sync number `round` (gossip's peers
+  /// change with it: plan_per_round); empty plans when the federation never communicates.
+  std::vector<plan> sync_plans(const flat_layout& layout, const mesh_shape& shape, int rank,
+                               std::int64_t round = 0) const {
+    return model().sync_plans(layout, shape, coords_of(shape, rank), round);
   }
+  /// True when the sync plans change from one sync to the next (federation::plan_per_round_v).
+  bool plan_per_round() const { return model().plan_per_round(); }
   /// The schedule's action for a fragment after `step` of a run of `total_steps` steps.
   schedule::sync_action action(int fragment, std::int64_t step, std::int64_t total_steps) const {
     return model().action(fragment, step, total_steps);
@@ -513,13 +522,16 @@ inline traffic_counters run_traffic(const algorithm_desc& a, std::vector<unit_sp
                    total_steps);
   const flat_layout layout = a.layout(std::move(units), shape);
   const plan step = a.step_plan(layout, shape, prec);
-  const std::vector<plan> syncs =
-      a.syncs() ? a.sync_plans(layout, shape, rank) : std::vector<plan>{};
+  std::vector<plan> syncs = a.syncs() ? a.sync_plans(layout, shape, rank) : std::vector<plan>{};
+  std::vector<std::int64_t> started(syncs.size(), 0);  // each fragment's syncs started so far
   traffic_counters out;
   for (std::int64_t s = 0; s < steps; ++s) {
     for (const auto& op : step.ops) out.record(op);
     for (std::size_t f = 0; f < syncs.size(); ++f) {
       const auto act = a.action(static_cast<int>(f), s, total_steps);
+      if (schedule::starts(act) && a.plan_per_round())  // this sync's plan (its round's peers)
+        syncs[f] = a.sync_plans(layout, shape, rank, started[f]).at(f);
+      if (schedule::starts(act)) ++started[f];
       for (const auto& op : syncs[f].ops)
         if (detail::at_sync_start(op) ? schedule::starts(act) : schedule::applies(act))
           out.record(op);
