@@ -106,7 +106,8 @@ class trainer final : private detail::unit_hooks<S> {
       : space_(make_space(m.world())),
         model_(std::move(model)),
         opts_(std::move(o)),
-        engine_(m, *space_, model_.units(), opts_.precision),
+        engine_(m, *space_, model_.units(), opts_.precision,
+                shard::ownership_of(opts_.federation)),
         optimizer_(opt, engine_.master().size(), *space_),
         base_lr_(opt.lr),
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
@@ -116,7 +117,7 @@ class trainer final : private detail::unit_hooks<S> {
     engine_.set_max_live_units(opts_.max_live_units);
     if constexpr (requires { model_.initial_values(engine_.layout(), std::size_t{0}); }) {
       for (std::size_t u = 0; u < engine_.layout().num_units(); ++u)
-        engine_.set_unit(u, model_.initial_values(engine_.layout(), u));
+        if (engine_.holds(u)) engine_.set_unit(u, model_.initial_values(engine_.layout(), u));
     }
   }
 
@@ -337,6 +338,7 @@ class trainer final : private detail::unit_hooks<S> {
     return engine_.acquire(u, ph);
   }
   std::span<const float> params(std::size_t u) override { return engine_.params(u); }
+  bool holds(std::size_t u) const override { return engine_.holds(u); }
   void release(std::size_t u) override { engine_.release(u); }
   std::span<float> grad_buffer(std::size_t u) override { return engine_.grad_buffer(u); }
   void grads_ready(std::size_t u) override { engine_.grads_ready(u); }
