@@ -36,6 +36,9 @@ constexpr int unit_len[units_n] = {40, 24, 24, 24, 8};
 struct experts_model {
   int group = 0;
   int touch = -1;
+  std::int64_t weight = 1;  ///< tokens per batch
+
+  std::int64_t tokens(int) const { return weight; }
 
   std::vector<unit_spec> units() const {
     std::vector<unit_spec> u;
@@ -102,6 +105,8 @@ float holders_mean(shard::group_set h, std::size_t u, std::size_t i) {
 
 using fomoe_sgd = algorithm<shard::hybrid_shard, federation::holder_average, schedule::periodic>;
 using average_sgd = algorithm<shard::hybrid_shard, federation::average, schedule::periodic>;
+using weighted_sgd =
+    algorithm<shard::hybrid_shard, federation::weighted_average, schedule::periodic>;
 
 }  // namespace
 
@@ -296,4 +301,76 @@ TEST_CASE("bad masks are invalid_argument on every rank") {
     });
     for (const auto& e : errors) CHECK(e.find(b.says) != std::string::npos);
   }
+}
+
+TEST_CASE("token-weighted: every group holding everything is weighted_average, bit for bit") {
+  test::spawn_ranks(8, [](inproc::communicator& world) {
+    mesh m(world, {4, 2, 1});
+    const int g = m.coords().group;
+    experts_trainer<fomoe_sgd> h(m, {g, -1, g + 1}, {.lr = 0.0f},
+                                 one_sync<fomoe_sgd>({.weighted = true}));
+    experts_trainer<weighted_sgd> w(m, {g, -1, g + 1}, {.lr = 0.0f}, one_sync<weighted_sgd>());
+    h.step(0);
+    w.step(0);
+    CHECK(h.sync_plan().ops == w.sync_plan().ops);
+    const auto ph = h.parameters(), pw = w.parameters();
+    CHECK(std::memcmp(ph.data(), pw.data(), ph.size() * sizeof(float)) == 0);
+  });
+}
+
+TEST_CASE("token-weighted with a mask: each element is the weighted mean over its holders") {
+  for (const mesh_shape shape : {mesh_shape{4, 1, 1}, mesh_shape{4, 2, 1}, mesh_shape{4, 1, 2}}) {
+    CAPTURE(shape.replicas);
+    CAPTURE(shape.shards);
+    test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+      mesh m(world, shape);
+      const int g = m.coords().group;
+      const auto owners = experts_on_4();
+      experts_trainer<fomoe_sgd> t(m, {g, -1, g + 1}, {.lr = 0.0f},
+                                   one_sync<fomoe_sgd>({.owners = owners, .weighted = true}));
+      t.step(0);
+      // w_g: (g + 1) tokens on each of the group's R x S ranks
+      auto w = [&](int k) { return static_cast<double>((k + 1) * shape.replicas * shape.shards); };
+      for (std::size_t u = 0; u < units_n; ++u) {
+        if (!owners.holds(g, u)) continue;
+        const shard::group_set h = owners.holders[u];
+        double total = 0;
+        for (int k = 0; k < 4; ++k)
+          if ((h >> k) & 1u) total += w(k);
+        const auto v = t.unit_parameters(u);
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          float want = experts_model::initial(g, u, i);
+          if (std::popcount(h) >= 2) {  // as the plan computes it: scaled, then averaged
+            float sum = 0;
+            for (int k = 0; k < 4; ++k)
+              if ((h >> k) & 1u) {
+                const double scale = std::popcount(h) * w(k) / total;
+                const float x = experts_model::initial(k, u, i);
+                sum += scale == 1.0 ? x : x * static_cast<float>(scale);
+              }
+            want = sum / static_cast<float>(std::popcount(h));
+          }
+          CHECK(v[i] == want);
+        }
+      }
+    });
+  }
+}
+
+TEST_CASE("token-weighted: holders without tokens are refused on every rank") {
+  std::vector<std::string> errors(4);
+  test::spawn_ranks(4, [&](inproc::communicator& world) {
+    mesh m(world, {4, 1, 1});
+    const int g = m.coords().group;
+    // e0's holders {0, 1} process no tokens
+    experts_trainer<fomoe_sgd> t(m, {g, -1, g <= 1 ? 0 : 1}, {.lr = 0.0f},
+                                 one_sync<fomoe_sgd>({.owners = experts_on_4(), .weighted = true}));
+    try {
+      t.step(0);
+    } catch (const invalid_argument& e) {
+      errors[static_cast<std::size_t>(g)] = e.what();
+    }
+  });
+  for (const auto& e : errors)
+    CHECK(e.find("the holders {0, 1} of a unit have no tokens") != std::string::npos);
 }

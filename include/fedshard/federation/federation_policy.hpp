@@ -90,6 +90,8 @@ struct sync_info {
   /// group_tokens and of gathered buffers hold zeros, and averages divide by the included
   /// count.
   std::span<const std::uint8_t> included{};
+  /// The units packed in the fragment buffer, in order (as sync_context::units).
+  std::span<const packed_unit> units{};
 
   /// The number of groups combined: the ones in `included`, or all G.
   int included_count() const {

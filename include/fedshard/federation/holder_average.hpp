@@ -27,12 +27,19 @@
 /// With R > 1 replicas, a run whose length divides by R is averaged hierarchically (each
 /// replica its 1/R piece, then the replicas all-gather), otherwise as in the reference mode
 /// (replica 0 averages it, then broadcasts). Every group holding every unit gives exactly
-/// average's plan, so the result is bit-identical to `average`. Not yet: token weights, a
-/// per-round rule for the masks, groups that come and go (sync_info::included).
+/// average's plan, so the result is bit-identical to `average`.
+///
+/// Token weights (config::weighted): as weighted_average, the groups' token counts are
+/// exchanged first (weights_ops: every group's, a few bytes), then begin() scales each run
+/// of holder set H by |H| w_g / Σ_{h in H} w_h, so the run's average is Σ w_h θ_h / Σ w_h
+/// over its holders; equal weights give a scale of exactly 1 (bit-identical to unweighted).
+/// Not yet: a per-round rule for the masks, groups that come and go (sync_info::included).
 
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -40,7 +47,10 @@
 #include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/sync_plan.hpp"
+#include "fedshard/kernels/sync.hpp"
 #include "fedshard/shard/ownership.hpp"
+#include "fedshard/space/host_space.hpp"
+#include "fedshard/space/memory_space.hpp"
 
 namespace fedshard::federation {
 
@@ -49,17 +59,29 @@ struct holder_average_config {
   sync_mode sync = sync_mode::hierarchical;
   /// Which groups hold which units (empty: every group holds every unit).
   shard::ownership owners{};
+  /// Weigh each group by its tokens since the fragment's last sync (see the file comment).
+  bool weighted = false;
 };
 
-/// Averaging of each unit over the groups that hold it; see the file comment.
-class holder_average : public detail::stateless {
+/// Averaging of each unit over the groups that hold it, in memory space S (holder_average
+/// is the host one); see the file comment.
+template <space::MemorySpace S = space::host_space>
+class basic_holder_average : public detail::stateless {
  public:
   using config = holder_average_config;
+  template <space::MemorySpace T>
+  using in_space = basic_holder_average<T>;
   static constexpr std::string_view name = "holder_average";
   static constexpr bool syncs = true;
 
-  holder_average() = default;
-  holder_average(config c, std::vector<std::size_t>) : config_(std::move(c)) {}
+  basic_holder_average() : space_(space::space_ref<S>::make()) {}
+  basic_holder_average(config c, std::vector<std::size_t>)
+      : config_(std::move(c)), space_(space::space_ref<S>::make()) {}
+  basic_holder_average(config c, std::vector<std::size_t>, S& s)
+      : config_(std::move(c)), space_(space::space_ref<S>(s)) {}
+
+  /// The settings it was built with.
+  const config& settings() const noexcept { return config_; }
 
   /// The holder sets whose member ops need a sub-communicator of their own (2 or more
   /// holders, not all G), each once, in unit order: the same list on every rank.
@@ -74,9 +96,97 @@ class holder_average : public detail::stateless {
     return sets;
   }
 
-  /// The ops of one sync of fragment ctx.fragment: average's plan when every unit of it is
-  /// held by every group, else one average per run of units with 2 or more holders.
+  /// The ops of one sync of fragment ctx.fragment: the weights' exchange if weighted, then
+  /// average's plan when every unit of it is held by every group, else one average per run
+  /// of units with 2 or more holders.
   plan sync_plan(const sync_context& ctx) const {
+    plan p = config_.weighted ? weights_ops(ctx) : plan{};
+    return p.append(average_plan(ctx));
+  }
+
+  /// Weighted: scales each run of buf (the fragment's held units, info.units) by |H| w_g /
+  /// Σ_{h in H} w_h, queued on st; invalid_argument (on every rank) naming every group's
+  /// weight unless they are >= 0 and every holder set's are not all zero.
+  void begin(int, std::span<float> buf, const sync_info& info, typename S::stream& st) {
+    if (!config_.weighted) return;
+    const int G = info.groups;
+    FEDSHARD_EXPECTS(info.group_tokens.size() == static_cast<std::size_t>(G),
+                     "holder_average: expected the token counts of ", G, " groups, found ",
+                     info.group_tokens.size());
+    std::string listing;
+    bool negative = false;
+    for (int g = 0; g < G; ++g) {
+      const double w = info.group_tokens[static_cast<std::size_t>(g)];
+      negative = negative || w < 0;
+      listing += fedshard::detail::concat(g ? ", " : "", "group ", g, ": ", w);
+    }
+    FEDSHARD_EXPECTS(!negative, "holder_average: weights (tokens since the last sync) must be "
+                     ">= 0, found ", listing);
+    // Every holder set is checked, not only this group's, so that every rank refuses the same
+    // weights (each one has every group's).
+    std::vector<shard::group_set> sets{shard::all_groups(G)};
+    for (const shard::group_set h : config_.owners.holders)
+      if (std::popcount(h) >= 2) sets.push_back(h);
+    for (const shard::group_set h : sets) {
+      double total = 0;
+      for (int g = 0; g < G; ++g)
+        if ((h >> g) & 1u) total += info.group_tokens[static_cast<std::size_t>(g)];
+      FEDSHARD_EXPECTS(total > 0, "holder_average: the holders ", group_list(h),
+                       " of a unit have no tokens since the last sync; found ", listing);
+    }
+    const auto everyone_holds = [&](std::size_t) { return shard::all_groups(G); };
+    std::size_t at = 0;
+    for (const auto& r : runs(info.units, G, everyone_holds)) {
+      if (std::popcount(r.holders) >= 2) {
+        double total = 0;
+        for (int g = 0; g < G; ++g)
+          if ((r.holders >> g) & 1u) total += info.group_tokens[static_cast<std::size_t>(g)];
+        const double scale = std::popcount(r.holders) *
+                             info.group_tokens[static_cast<std::size_t>(info.group)] / total;
+        if (scale != 1.0)
+          space_->for_each(st, kernels::scale_by_update{static_cast<float>(scale)},
+                           buf.subspan(at, r.numel));
+      }
+      at += r.numel;
+    }
+  }
+  /// begin() on a stream of its own, done when it returns in host_space.
+  void begin(int f, std::span<float> buf, const sync_info& info) {
+    auto st = space_->make_stream();
+    begin(f, buf, info, st);
+    space_->synchronize(st);
+  }
+  using detail::stateless::end;
+  using detail::stateless::reset;
+
+ private:
+  /// A run: consecutive units (by index) with the same holders, back to back in the buffer.
+  struct run {
+    shard::group_set holders = 0;
+    std::size_t numel = 0;
+  };
+  /// The runs of the packed units; holders of a unit from the ownership (or `fallback(u)`
+  /// when it lists none).
+  template <class Fallback>
+  std::vector<run> runs(std::span<const packed_unit> units, int G, Fallback fallback) const {
+    const auto& owners = config_.owners;
+    auto holders = [&](int u) {
+      const auto uu = static_cast<std::size_t>(u);
+      return owners.everyone() ? fallback(uu) : owners.holders_of(uu, G);
+    };
+    std::vector<run> out;
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      const shard::group_set h = holders(units[i].unit);
+      if (i > 0 && units[i].unit == units[i - 1].unit + 1 && out.back().holders == h)
+        out.back().numel += units[i].numel;
+      else
+        out.push_back({h, units[i].numel});
+    }
+    return out;
+  }
+
+  /// The averaging ops (sync_plan without the weights' exchange).
+  plan average_plan(const sync_context& ctx) const {
     const int G = ctx.shape.groups;
     const auto& owners = config_.owners;
     if (owners.everyone()) return parameter_average_ops(ctx, config_.sync);
@@ -102,25 +212,13 @@ class holder_average : public detail::stateless {
     if (all_everywhere && !ctx.units.empty()) return parameter_average_ops(ctx, config_.sync);
     plan p;
     std::size_t at = 0;
-    for (std::size_t i = 0; i < ctx.units.size();) {
-      const shard::group_set h =
-          owners.holders_of(static_cast<std::size_t>(ctx.units[i].unit), G);
-      std::size_t n = ctx.units[i].numel;
-      std::size_t j = i + 1;
-      for (; j < ctx.units.size() && ctx.units[j].unit == ctx.units[j - 1].unit + 1 &&
-             owners.holders_of(static_cast<std::size_t>(ctx.units[j].unit), G) == h;
-           ++j)
-        n += ctx.units[j].numel;
-      if (std::popcount(h) >= 2) run_ops(p, ctx, h, at, n);
-      at += n;
-      i = j;
+    for (const run& r : runs(ctx.units, G, [&](std::size_t) { return shard::all_groups(G); })) {
+      if (std::popcount(r.holders) >= 2) run_ops(p, ctx, r.holders, at, r.numel);
+      at += r.numel;
     }
     return p;
   }
 
-  const config& settings() const noexcept { return config_; }
-
- private:
   /// The ops averaging elements [at, at + n) of the fragment among the groups of h.
   void run_ops(plan& p, const sync_context& ctx, shard::group_set h, std::size_t at,
                std::size_t n) const {
@@ -171,6 +269,10 @@ class holder_average : public detail::stateless {
   }
 
   config config_{};
+  space::space_ref<S> space_;
 };
+
+/// Holder averaging of host buffers.
+using holder_average = basic_holder_average<>;
 
 }  // namespace fedshard::federation

@@ -300,6 +300,7 @@ class synchronizer {
  private:
   struct fragment {
     std::vector<std::pair<std::size_t, std::size_t>> slices;  // (offset, length) in the master
+    std::vector<packed_unit> units;                            // the unit of each slice
     typename S::template buffer<float> buf;                   // packed fragment (role fragment)
     std::vector<typename S::template buffer<float>>
         moments;                                           // packed inner state k (role moment k)
@@ -371,6 +372,7 @@ class synchronizer {
     for (auto& f : fragments_of(schedule, layout, shape.replicas, held)) {
       fragment fr;
       fr.slices = std::move(f.slices);
+      fr.units = std::move(f.units);
       fr.buf = s.template allocate<float>(f.padded);
       fr.group_tokens.assign(static_cast<std::size_t>(shape.groups), 0.0);
       fr.tokens_buf = s.template allocate<double>(1);
@@ -438,7 +440,8 @@ class synchronizer {
             .group = coords_.group,
             .group_tokens = fr.exchanges_tokens ? std::span<const double>(fr.group_tokens)
                                                 : std::span<const double>(),
-            .included = std::span<const std::uint8_t>(included_)};
+            .included = std::span<const std::uint8_t>(included_),
+            .units = std::span<const packed_unit>(fr.units)};
   }
 
   auto binder(int f) {
