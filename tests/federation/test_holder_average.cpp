@@ -17,6 +17,7 @@
 #include "fedshard/optim/adamw.hpp"
 #include "fedshard/optim/sgd.hpp"
 #include "fedshard/trainer/trainer.hpp"
+#include "support/files.hpp"
 #include "support/plan_checks.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
@@ -373,4 +374,26 @@ TEST_CASE("token-weighted: holders without tokens are refused on every rank") {
   });
   for (const auto& e : errors)
     CHECK(e.find("the holders {0, 1} of a unit have no tokens") != std::string::npos);
+}
+
+TEST_CASE("a checkpoint with ownership masks restores into the same masks only") {
+  test::temp_dir dir("fedshard-holders");
+  test::spawn_ranks(8, [&](inproc::communicator& world) {
+    mesh m(world, {4, 1, 2});
+    const int g = m.coords().group;
+    const auto owners = experts_on_4();
+    auto opts = one_sync<fomoe_sgd>({.owners = owners});
+    opts.total_steps = 2;
+    experts_trainer<fomoe_sgd> a(m, {g}, {.lr = 0.0f}, opts);
+    a.step(0);
+    a.save(dir.path);
+    experts_trainer<fomoe_sgd> b(m, {g + 1}, {.lr = 0.0f}, opts);  // other initial values
+    b.load(dir.path);
+    for (std::size_t u = 0; u < units_n; ++u)
+      if (owners.holds(g, u)) CHECK(b.unit_parameters(u) == a.unit_parameters(u));
+    experts_trainer<fomoe_sgd> c(m, {g}, {.lr = 0.0f}, one_sync<fomoe_sgd>());
+    CHECK_THROWS_WITH_AS(c.load(dir.path),
+                         doctest::Contains("loading across ownership masks is not supported"),
+                         invalid_argument);
+  });
 }

@@ -425,7 +425,18 @@ class trainer final : private detail::unit_hooks<S> {
     std::string names;
     for (const auto& t : optimizer_.state()) names += t.name + " ";
     m.fields["optimizer_state"] = names;
+    if (const std::string o = ownership_field(); !o.empty()) m.fields["ownership"] = o;
     return m;
+  }
+
+  /// The manifest's "ownership" field: each unit's holders, or "" when every group holds
+  /// every unit (then the field is left out).
+  std::string ownership_field() const {
+    const shard::ownership& o = engine_.owners();
+    if (o.everyone()) return {};
+    std::string s = fedshard::detail::concat(o.groups, " groups:");
+    for (const shard::group_set h : o.holders) s += " " + group_list(h);
+    return s;
   }
 
   /// The manifest's description of this rank's layout (checkpoint::saved_layout), which a
@@ -445,6 +456,16 @@ class trainer final : private detail::unit_hooks<S> {
   /// What load() runs before any rank changes anything: reads and checks this rank's state;
   /// returns what applies it.
   std::function<void()> prepare_load(const checkpoint::saved_checkpoint& saved) {
+    // Ownership masks change which units a rank stores: only the same masks load (rank by
+    // rank); resharding across masks is not supported yet.
+    const auto it = saved.fields().fields.find("ownership");
+    const std::string theirs = it == saved.fields().fields.end() ? "" : it->second;
+    const std::string ours = ownership_field();
+    FEDSHARD_EXPECTS(theirs == ours, "checkpoint '", saved.dir().string(),
+                     "' was saved with other ownership masks (",
+                     theirs.empty() ? "every group holds every unit" : theirs, ") than this run's (",
+                     ours.empty() ? "every group holds every unit" : ours,
+                     "); loading across ownership masks is not supported yet");
     if (!manifest().differences(saved.fields()).empty()) return prepare_reshard(saved);
     const int rank = engine_.topology().rank();
     FEDSHARD_EXPECTS(saved.world_size() == engine_.topology().size(), "checkpoint '",
