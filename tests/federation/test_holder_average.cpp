@@ -159,6 +159,22 @@ TEST_CASE("the plan has one average per run of units with 2+ holders, among thos
                                .units = {{0, 48}, {2, 32}, {3, 32}, {4, 16}}});
   REQUIRE(p2.ops.size() == 3);
   CHECK(p2.ops[2].out.offset == 112);
+  // R = 3, hierarchical: the dense run of 48 splits over the replicas (a piece each, then
+  // all_gather); e0's 32 do not (replica 0 averages them, then broadcasts)
+  for (int r : {0, 1}) {
+    const plan p4 = h.sync_plan(
+        {.shape = {4, 3, 1}, .coords = {1, r, 0}, .numel = 96, .units = {{0, 48}, {1, 32}}});
+    std::vector<comm_kind> kinds;
+    for (const comm_op& op : p4.ops) kinds.push_back(op.kind);
+    if (r == 0)
+      CHECK(kinds == std::vector<comm_kind>{comm_kind::all_reduce, comm_kind::all_gather,
+                                            comm_kind::all_reduce, comm_kind::broadcast});
+    else
+      CHECK(kinds == std::vector<comm_kind>{comm_kind::all_reduce, comm_kind::all_gather,
+                                            comm_kind::broadcast});
+    CHECK(p4.ops[0].bytes == 48 * 4 / 3);
+    CHECK(p4.ops[0].out.piece == axis::replica);
+  }
   // adjacent units with the same holders are one run
   const holder_average same({.owners = {.groups = 2, .holders = {0b11, 0b11, 0b01}}}, {});
   const plan p3 = same.sync_plan(
@@ -197,7 +213,10 @@ TEST_CASE("every group holding everything equals average bit for bit, on several
 }
 
 TEST_CASE("with a mask each element is the mean over its holders; one holder: untouched") {
-  for (const mesh_shape shape : {mesh_shape{4, 1, 1}, mesh_shape{4, 2, 1}, mesh_shape{4, 1, 2}}) {
+  // R = 3: runs of 32 and 16 elements do not split over 3 replicas (reference fallback), the
+  // dense run of 48 does (hierarchical)
+  for (const mesh_shape shape : {mesh_shape{4, 1, 1}, mesh_shape{4, 2, 1}, mesh_shape{4, 1, 2},
+                                 mesh_shape{4, 3, 1}}) {
     for (auto mode : {federation::sync_mode::hierarchical, federation::sync_mode::reference}) {
       CAPTURE(shape.replicas);
       CAPTURE(shape.shards);
