@@ -224,7 +224,16 @@ class interpreter {
     for (const std::uint64_t set : sets) {
       if (set == 0 || !split_sets_.insert(set).second) continue;
       const bool in = ((set >> me) & 1u) != 0;
-      C sub = mesh_->comm(a).split(in ? 0 : 1, me);
+      std::optional<C> made;
+      try {
+        made.emplace(mesh_->comm(a).split(in ? 0 : 1, me));
+      } catch (const invalid_argument& e) {
+        throw invalid_argument(fedshard::detail::concat(
+            "fedshard: interpreter::split_members: ops among member groups ",
+            group_list(set), " need a sub-communicator of the ", to_string(a),
+            " axis, which its communicator cannot make: ", e.what()));
+      }
+      C sub = std::move(*made);
       if (!in) continue;
       auto& m = members_.emplace(set, member_comm{std::move(sub), std::nullopt}).first->second;
       m.tap.emplace(m.comm, a, log_);
