@@ -92,8 +92,8 @@ trainer_options<A> one_sync(typename A::federation_policy::config fed = {}) {
 /// Dense and head everywhere; e0 on groups {0, 1}, e1 on {1, 2, 3}, e2 on group 2 alone.
 shard::ownership experts_on_4() {
   return {.groups = 4,
-          .holders = {shard::all_groups(4), groups_of({0, 1}), groups_of({1, 2, 3}),
-                      groups_of({2}), shard::all_groups(4)}};
+          .holders = {shard::all_groups(4), groups_of({0, 1}), groups_of({1, 2, 3}), groups_of({2}),
+                      shard::all_groups(4)}};
 }
 
 /// The mean over the holders of h, in group order, as the rank-order reduction computes it.
@@ -120,10 +120,8 @@ TEST_CASE("holder_average models FederationPolicy; fomoe is HSDP + holder_averag
 
 TEST_CASE("with every group holding everything the plan is average's") {
   for (auto mode : {federation::sync_mode::hierarchical, federation::sync_mode::reference}) {
-    const federation::sync_context ctx{.shape = {3, 2, 2},
-                                       .coords = {1, 1, 0},
-                                       .numel = 64,
-                                       .units = {{0, 32}, {1, 16}}};
+    const federation::sync_context ctx{
+        .shape = {3, 2, 2}, .coords = {1, 1, 0}, .numel = 64, .units = {{0, 32}, {1, 16}}};
     const federation::average a({mode}, {});
     CHECK(holder_average({mode, {}}, {}).sync_plan(ctx).ops == a.sync_plan(ctx).ops);
     const shard::ownership all{.groups = 3, .holders = {shard::all_groups(3), 0b111}};
@@ -135,11 +133,10 @@ TEST_CASE("the plan has one average per run of units with 2+ holders, among thos
   const holder_average h({.owners = experts_on_4()}, {});
   CHECK(h.member_sets({4, 1, 1}) == std::vector<std::uint64_t>{0b0011, 0b1110});
   // group 1 holds dense, e0, e1, head: runs dense | e0 | e1 | head
-  const federation::sync_context ctx{
-      .shape = {4, 1, 1},
-      .coords = {1, 0, 0},
-      .numel = 128,
-      .units = {{0, 48}, {1, 32}, {2, 32}, {4, 16}}};
+  const federation::sync_context ctx{.shape = {4, 1, 1},
+                                     .coords = {1, 0, 0},
+                                     .numel = 128,
+                                     .units = {{0, 48}, {1, 32}, {2, 32}, {4, 16}}};
   const plan p = h.sync_plan(ctx);
   REQUIRE(p.ops.size() == 4);
   const std::int64_t offsets[] = {0, 48, 80, 112}, counts[] = {48, 32, 32, 16};
@@ -186,8 +183,8 @@ TEST_CASE("the plan has one average per run of units with 2+ holders, among thos
 }
 
 TEST_CASE("every group holding everything equals average bit for bit, on several meshes") {
-  for (const mesh_shape shape : {mesh_shape{2, 1, 1}, mesh_shape{3, 2, 1}, mesh_shape{2, 2, 2},
-                                 mesh_shape{4, 1, 2}}) {
+  for (const mesh_shape shape :
+       {mesh_shape{2, 1, 1}, mesh_shape{3, 2, 1}, mesh_shape{2, 2, 2}, mesh_shape{4, 1, 2}}) {
     CAPTURE(shape.groups);
     CAPTURE(shape.replicas);
     CAPTURE(shape.shards);
@@ -215,8 +212,8 @@ TEST_CASE("every group holding everything equals average bit for bit, on several
 TEST_CASE("with a mask each element is the mean over its holders; one holder: untouched") {
   // R = 3: runs of 32 and 16 elements do not split over 3 replicas (reference fallback), the
   // dense run of 48 does (hierarchical)
-  for (const mesh_shape shape : {mesh_shape{4, 1, 1}, mesh_shape{4, 2, 1}, mesh_shape{4, 1, 2},
-                                 mesh_shape{4, 3, 1}}) {
+  for (const mesh_shape shape :
+       {mesh_shape{4, 1, 1}, mesh_shape{4, 2, 1}, mesh_shape{4, 1, 2}, mesh_shape{4, 3, 1}}) {
     for (auto mode : {federation::sync_mode::hierarchical, federation::sync_mode::reference}) {
       CAPTURE(shape.replicas);
       CAPTURE(shape.shards);

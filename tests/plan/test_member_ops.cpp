@@ -71,9 +71,9 @@ TEST_CASE("member ops average a range among their groups only, tapped on the fed
       float want = before[i];
       if (i < 4 && g <= 1) want = (static_cast<float>(i) + static_cast<float>(10 + i)) / 2;
       if (i >= 4 && i < 8 && g >= 1)
-        want = (static_cast<float>(10 + i) + static_cast<float>(20 + i) +
-                static_cast<float>(30 + i)) /
-               3;
+        want =
+            (static_cast<float>(10 + i) + static_cast<float>(20 + i) + static_cast<float>(30 + i)) /
+            3;
       CHECK(buf[i] == want);
     }
     const auto calls = in.wire().take_calls();

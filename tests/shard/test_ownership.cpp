@@ -55,10 +55,11 @@ TEST_CASE("bad masks say what is wrong") {
   CHECK(error({.groups = 2, .holders = {0b11, 0b01, 0b10}}, 2).empty());
   CHECK(error({.groups = 2, .holders = {0b11, 0, 0b10}}, 2).find("unit 1 ('e0') is held by no") !=
         std::string::npos);
-  CHECK(error({.groups = 2, .holders = {0b11, 0b01, 0b10}}, 3).find(
-            "written for 2 groups, but the mesh has 3") != std::string::npos);
-  CHECK(error({.groups = 2, .holders = {0b11}}, 2).find("holders of 1 units, but the model "
-                                                        "declares 3") != std::string::npos);
+  CHECK(error({.groups = 2, .holders = {0b11, 0b01, 0b10}}, 3)
+            .find("written for 2 groups, but the mesh has 3") != std::string::npos);
+  CHECK(error({.groups = 2, .holders = {0b11}}, 2)
+            .find("holders of 1 units, but the model "
+                  "declares 3") != std::string::npos);
   CHECK(error({.groups = 2, .holders = {0b11, 0b100, 0b10}}, 2).find("groups 0 to 1 only") !=
         std::string::npos);
 }

@@ -59,8 +59,7 @@ TEST_CASE("fomoe's priced federation bytes are the holder sets' and fewer than a
   }
   SUBCASE("each expert on two groups: its bytes go over a communicator of 2") {
     algorithm_options<fomoe> o;
-    o.federation.owners =
-        experts_placed([](int e) { return shard::groups_of({e, (e + 1) % 4}); });
+    o.federation.owners = experts_placed([](int e) { return shard::groups_of({e, (e + 1) % 4}); });
     const step_price p = priced(describe<fomoe>("fomoe", o), shape);
     for (const rank_price& r : p.ranks) {
       // dense, head over 4 (1.5 x bytes); two experts over 2 (1 x bytes each)

@@ -120,8 +120,10 @@ class basic_holder_average : public detail::stateless {
       negative = negative || w < 0;
       listing += fedshard::detail::concat(g ? ", " : "", "group ", g, ": ", w);
     }
-    FEDSHARD_EXPECTS(!negative, "holder_average: weights (tokens since the last sync) must be "
-                     ">= 0, found ", listing);
+    FEDSHARD_EXPECTS(!negative,
+                     "holder_average: weights (tokens since the last sync) must be "
+                     ">= 0, found ",
+                     listing);
     // Every holder set is checked, not only this group's, so that every rank refuses the same
     // weights (each one has every group's).
     std::vector<shard::group_set> sets{shard::all_groups(G)};

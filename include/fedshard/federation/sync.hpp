@@ -300,7 +300,7 @@ class synchronizer {
  private:
   struct fragment {
     std::vector<std::pair<std::size_t, std::size_t>> slices;  // (offset, length) in the master
-    std::vector<packed_unit> units;                            // the unit of each slice
+    std::vector<packed_unit> units;                           // the unit of each slice
     typename S::template buffer<float> buf;                   // packed fragment (role fragment)
     std::vector<typename S::template buffer<float>>
         moments;                                           // packed inner state k (role moment k)
@@ -326,8 +326,8 @@ class synchronizer {
         coords_(coords),
         fragments_(cut(*space_, schedule_, layout, shape, held_of(fed, layout, shape, coords))),
         policy_(make_policy(fed, sizes(fragments_), *space_)) {
-    const auto plans = sync_plans_of(policy_, schedule_, layout, shape, coords,
-                                     inner_state_buffers, held_of(fed, layout, shape, coords));
+    const auto plans = sync_plans_of(policy_, schedule_, layout, shape, coords, inner_state_buffers,
+                                     held_of(fed, layout, shape, coords));
     for (int f = 0; f < fragments(); ++f) {
       auto& fr = at(f);
       fr.plan = plans[static_cast<std::size_t>(f)];

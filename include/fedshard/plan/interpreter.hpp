@@ -229,8 +229,8 @@ class interpreter {
         made.emplace(mesh_->comm(a).split(in ? 0 : 1, me));
       } catch (const invalid_argument& e) {
         throw invalid_argument(fedshard::detail::concat(
-            "fedshard: interpreter::split_members: ops among member groups ",
-            group_list(set), " need a sub-communicator of the ", to_string(a),
+            "fedshard: interpreter::split_members: ops among member groups ", group_list(set),
+            " need a sub-communicator of the ", to_string(a),
             " axis, which its communicator cannot make: ", e.what()));
       }
       C sub = std::move(*made);
@@ -348,16 +348,15 @@ class interpreter {
   bound_op prepare(const comm_op& op, Bind& bind) {
     check(op);
     if (op.members != 0) {
-      FEDSHARD_EXPECTS(((op.members >> mesh_->axis_rank(op.axis)) & 1u) != 0, "interpreter: ",
-                       describe(op), ": this rank's group (", mesh_->axis_rank(op.axis),
-                       ") is not one of its members");
+      FEDSHARD_EXPECTS(((op.members >> mesh_->axis_rank(op.axis)) & 1u) != 0,
+                       "interpreter: ", describe(op), ": this rank's group (",
+                       mesh_->axis_rank(op.axis), ") is not one of its members");
       FEDSHARD_EXPECTS(members_.count(op.members) != 0, "interpreter: ", describe(op),
                        ": no sub-communicator of its member groups; split_members() makes it");
     } else {
       const int ranks = mesh_->axis_size(op.axis);
       FEDSHARD_EXPECTS(op.ranks == ranks, "interpreter: ", describe(op), " was planned for ",
-                       op.ranks, " ranks but the mesh's ", to_string(op.axis), " axis has ",
-                       ranks);
+                       op.ranks, " ranks but the mesh's ", to_string(op.axis), " axis has ", ranks);
     }
     bound_op b;
     b.op = op;
@@ -391,10 +390,11 @@ class interpreter {
   buffer_view resolve(const comm_op& op, const operand& o, Bind& bind) {
     buffer_view v = bind(op, o);
     if (o.count >= 0) {
-      FEDSHARD_EXPECTS(static_cast<std::size_t>(o.offset + o.count) <= v.count, "interpreter: ",
-                       describe(op), ": the range of ", describe(o), " ends past its ", v.count,
-                       " elements");
-      v.data = static_cast<std::byte*>(v.data) + static_cast<std::size_t>(o.offset) * size_of(v.type);
+      FEDSHARD_EXPECTS(static_cast<std::size_t>(o.offset + o.count) <= v.count,
+                       "interpreter: ", describe(op), ": the range of ", describe(o),
+                       " ends past its ", v.count, " elements");
+      v.data =
+          static_cast<std::byte*>(v.data) + static_cast<std::size_t>(o.offset) * size_of(v.type);
       v.count = static_cast<std::size_t>(o.count);
     }
     if (!o.piece) return v;

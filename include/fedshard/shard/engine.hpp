@@ -489,8 +489,9 @@ class engine {
     }
     for (std::size_t u = 0; u < units_.size(); ++u)
       FEDSHARD_EXPECTS(
-          !held_[u] || plans_[u].own_grad || layout_.unit(u).shard_numel == layout_.unit(u).padded_numel, "the ",
-          P::name, " plan reduces no gradient of unit ", u, " ('", layout_.unit(u).name,
+          !held_[u] || plans_[u].own_grad ||
+              layout_.unit(u).shard_numel == layout_.unit(u).padded_numel,
+          "the ", P::name, " plan reduces no gradient of unit ", u, " ('", layout_.unit(u).name,
           "') into its shard, so the model would write its gradients into the "
           "shard, which holds ",
           layout_.unit(u).shard_numel, " of its ", layout_.unit(u).padded_numel, " elements");
@@ -658,7 +659,7 @@ class engine {
   precision prec_;
   flat_layout layout_;
   ownership owners_;
-  std::vector<bool> held_;           // by unit: this group holds it
+  std::vector<bool> held_;            // by unit: this group holds it
   std::vector<std::size_t> offsets_;  // by unit: its shard's offset in master_ (then the size)
   plan plan_;
   plan read_plan_;

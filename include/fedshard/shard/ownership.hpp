@@ -47,7 +47,7 @@ constexpr group_set all_groups(int groups) noexcept {
 
 /// Which groups hold each unit; see the file comment.
 struct ownership {
-  int groups = 0;                   ///< G the sets were written for (0 when holders is empty)
+  int groups = 0;                    ///< G the sets were written for (0 when holders is empty)
   std::vector<group_set> holders{};  ///< per unit, the groups that hold it; empty: all hold all
 
   /// True when every group holds every unit (no units listed).
@@ -57,9 +57,7 @@ struct ownership {
     return everyone() ? all_groups(G) : holders.at(u);
   }
   /// True when group g holds unit u.
-  bool holds(int g, std::size_t u) const {
-    return everyone() || ((holders.at(u) >> g) & 1u) != 0;
-  }
+  bool holds(int g, std::size_t u) const { return everyone() || ((holders.at(u) >> g) & 1u) != 0; }
 
   /// invalid_argument (the same on every rank) unless the ownership fits `units` units of
   /// `layout` on a mesh of G groups: see the file comment.

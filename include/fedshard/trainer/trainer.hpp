@@ -106,8 +106,7 @@ class trainer final : private detail::unit_hooks<S> {
       : space_(make_space(m.world())),
         model_(std::move(model)),
         opts_(std::move(o)),
-        engine_(m, *space_, model_.units(), opts_.precision,
-                shard::ownership_of(opts_.federation)),
+        engine_(m, *space_, model_.units(), opts_.precision, shard::ownership_of(opts_.federation)),
         optimizer_(opt, engine_.master().size(), *space_),
         base_lr_(opt.lr),
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
@@ -463,8 +462,8 @@ class trainer final : private detail::unit_hooks<S> {
     const std::string ours = ownership_field();
     FEDSHARD_EXPECTS(theirs == ours, "checkpoint '", saved.dir().string(),
                      "' was saved with other ownership masks (",
-                     theirs.empty() ? "every group holds every unit" : theirs, ") than this run's (",
-                     ours.empty() ? "every group holds every unit" : ours,
+                     theirs.empty() ? "every group holds every unit" : theirs,
+                     ") than this run's (", ours.empty() ? "every group holds every unit" : ours,
                      "); loading across ownership masks is not supported yet");
     if (!manifest().differences(saved.fields()).empty()) return prepare_reshard(saved);
     const int rank = engine_.topology().rank();
