@@ -27,6 +27,7 @@
 #include "fedshard/shard/flat_layout.hpp"
 #include "fedshard/shard/full_shard.hpp"
 #include "fedshard/shard/hybrid_shard.hpp"
+#include "fedshard/shard/ownership.hpp"
 #include "fedshard/shard/replicate.hpp"
 #include "fedshard/shard/shard_grad_op.hpp"
 #include "fedshard/shard/shard_policy.hpp"
@@ -38,6 +39,7 @@
 
 #include "fedshard/federation/average.hpp"
 #include "fedshard/federation/federation_policy.hpp"
+#include "fedshard/federation/holder_average.hpp"
 #include "fedshard/federation/none.hpp"
 #include "fedshard/federation/outer_optimizer.hpp"
 #include "fedshard/federation/outer_rules.hpp"
