@@ -16,6 +16,12 @@
 #
 # Usage: bench/gpu_check.sh [OUTDIR]
 # Environment: FEDSHARD_GPU_BUILD_DIR (default build/gpu-check), JOBS (default nproc),
+# FEDSHARD_GPU_BUILD_ONLY=1 (configure and build, then stop: no GPU needed, e.g. to build on
+# a machine without one and run elsewhere), FEDSHARD_GPU_PREBUILT=1 (skip configure and
+# build: run the executables already in FEDSHARD_GPU_BUILD_DIR, test_cuda_* at its top and
+# bench/bench_*_cuda, each test directly, not through ctest, so the folder may have been built
+# on another machine at another path), FEDSHARD_GPU_TEST_TIMEOUT (seconds per test, 600),
+# FEDSHARD_GPU_BENCH_TIMEOUT (seconds per benchmark executable, 1800),
 # CUDA_ARCHS (default native), CMAKE_ARGS (extra configure arguments, split on spaces),
 # BENCH_ARGS (extra bench_kernels_cuda arguments, e.g. --benchmark_filter=weighted),
 # TRAIN_BENCH_ARGS (extra bench_train_cuda arguments, e.g. --benchmark_filter=fsdp; the
@@ -57,6 +63,17 @@ else
   [[ -n "${CUDA_ARCHS:-}" ]] || archs="80;90"
 fi
 
+prebuilt=${FEDSHARD_GPU_PREBUILT:-0}
+build_only=${FEDSHARD_GPU_BUILD_ONLY:-0}
+test_timeout=${FEDSHARD_GPU_TEST_TIMEOUT:-600}
+bench_timeout=${FEDSHARD_GPU_BENCH_TIMEOUT:-1800}
+if ((prebuilt)); then
+  say "using the executables already built in $build (FEDSHARD_GPU_PREBUILT=1)"
+  for exe in "$build/bench/bench_kernels_cuda" "$build/bench/bench_train_cuda"; do
+    [[ -x "$exe" ]] || fail "FEDSHARD_GPU_PREBUILT=1 but $exe is missing"
+  done
+  compgen -G "$build/test_cuda_*" >/dev/null || fail "FEDSHARD_GPU_PREBUILT=1 but $build has no test_cuda_*"
+else
 say "configuring $build (Release, CUDA architectures: $archs)"
 # shellcheck disable=SC2086  # CMAKE_ARGS is a list of arguments
 cmake -S "$root" -B "$build" \
@@ -78,11 +95,57 @@ cmake --build "$build" -j "$jobs" --target fedshard_gpu_tests bench_kernels_cuda
   grep -E 'error|Error' "$out/build.log" | head -n 30 >&2 || true
   fail "build (log: $out/build.log)"
 }
+fi
+if ((build_only)); then
+  say "built in $build ($(($(date +%s) - start)) s); FEDSHARD_GPU_BUILD_ONLY=1: not running"
+  exit 0
+fi
 
-say "running ctest -L gpu"
+# Runs every test_cuda_* executable of the build folder directly, with a timeout each, and
+# reports like ctest (exit status 77: skipped, as SKIP_RETURN_CODE). Prints each test's own
+# output after its line when it did not pass.
+run_tests_directly() {
+  local n=0 passed=0 failed=0 t name rc began log
+  local tests=("$build"/test_cuda_*)
+  for t in "${tests[@]}"; do
+    [[ -x "$t" && ! -d "$t" ]] || continue
+    n=$((n + 1))
+    name=$(basename "$t")
+    log=$(mktemp)
+    began=$(date +%s.%N)
+    rc=0
+    timeout "$test_timeout" "$t" >"$log" 2>&1 || rc=$?
+    local secs
+    secs=$(awk -v a="$began" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+    if ((rc == 0)); then
+      passed=$((passed + 1))
+      printf 'Test #%d: %s ... Passed %s sec\n' "$n" "$name" "$secs"
+      grep -E '^\[doctest\] (test cases|assertions):' "$log" | sed 's/^/    /' || true
+    elif ((rc == 77)); then
+      printf 'Test #%d: %s ... Skipped %s sec\n' "$n" "$name" "$secs"
+      cat "$log"
+    else
+      failed=$((failed + 1))
+      printf 'Test #%d: %s ... Failed (exit %d%s) %s sec\n' "$n" "$name" "$rc" \
+        "$( ((rc == 124)) && echo ", timed out after $test_timeout s")" "$secs"
+      cat "$log"
+    fi
+    rm -f "$log"
+  done
+  printf '%d%% tests passed, %d tests failed out of %d\n' \
+    "$((n ? 100 * passed / n : 0))" "$failed" "$n"
+  ((n > 0 && failed == 0))
+}
+
 tests_ok=1
-ctest --test-dir "$build" -L gpu --output-on-failure --timeout 600 >"$out/gpu_tests.log" 2>&1 ||
-  tests_ok=0
+if ((prebuilt)); then
+  say "running the test_cuda_* executables"
+  run_tests_directly >"$out/gpu_tests.log" 2>&1 || tests_ok=0
+else
+  say "running ctest -L gpu"
+  ctest --test-dir "$build" -L gpu --output-on-failure --timeout "$test_timeout" \
+    >"$out/gpu_tests.log" 2>&1 || tests_ok=0
+fi
 grep -E 'tests passed|Test +#|Skipped|Failed' "$out/gpu_tests.log" | sed 's/^/gpu_check:   /' || true
 if grep -q 'Skipped' "$out/gpu_tests.log"; then
   tests_ok=0
@@ -92,21 +155,26 @@ fi
 say "running bench_kernels_cuda"
 bench_ok=1
 # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments
-"$build/bench/bench_kernels_cuda" \
+timeout "$bench_timeout" "$build/bench/bench_kernels_cuda" \
   --benchmark_out="$out/bench_kernels_cuda.json" --benchmark_out_format=json \
   ${BENCH_ARGS:-} >"$out/bench_kernels_cuda.log" 2>&1 || bench_ok=0
 
 say "running bench_train_cuda"
 train_ok=1
 # shellcheck disable=SC2086  # TRAIN_BENCH_ARGS is a list of arguments
-"$build/bench/bench_train_cuda" \
+timeout "$bench_timeout" "$build/bench/bench_train_cuda" \
   --benchmark_out="$out/bench_train_cuda.json" --benchmark_out_format=json \
   ${TRAIN_BENCH_ARGS:-} >"$out/bench_train_cuda.log" 2>&1 || train_ok=0
 
 summarize() {
   python3 - "$out/bench_kernels_cuda.json" <<'EOF'
 import json, sys
-runs = json.load(open(sys.argv[1]))["benchmarks"]
+try:
+    runs = json.load(open(sys.argv[1]))["benchmarks"]
+except json.JSONDecodeError as e:
+    print(f"{sys.argv[1]} is not complete JSON ({e}): was bench_kernels_cuda stopped? "
+          "Its console log beside it has the rows it finished")
+    sys.exit(1)
 print(f"{'benchmark':52} {'GB/s':>9} {'memcpy GB/s':>12} {'vs_memcpy':>9} {'overhead':>9}")
 for r in runs:
     if r.get("run_type") == "aggregate":
@@ -140,7 +208,12 @@ EOF
 summarize_train() {
   python3 - "$out/bench_train_cuda.json" <<'EOF'
 import json, sys
-runs = [r for r in json.load(open(sys.argv[1]))["benchmarks"] if r.get("run_type") != "aggregate"]
+try:
+    runs = [r for r in json.load(open(sys.argv[1]))["benchmarks"]
+            if r.get("run_type") != "aggregate"]
+except json.JSONDecodeError as e:
+    print(f"FAIL: {sys.argv[1]} is not complete JSON ({e}): was bench_train_cuda stopped?")
+    sys.exit(1)
 print(f"{'benchmark':28} {'tokens/s':>12} {'step ms':>9} {'ref ms':>8} {'overlap':>8} "
       f"{'comm MB':>8}")
 failed = []

@@ -109,7 +109,10 @@ void require_same_bytes(const std::vector<std::byte>& got, const std::vector<std
 /// A device wire of `bytes` bytes filled with 0xab (every byte must be written by encode).
 gpu::device_buffer<std::byte> poisoned_wire(std::size_t bytes) {
   auto w = gpu::device_buffer<std::byte>::uninitialized(bytes);
-  if (bytes != 0) FEDSHARD_CUDA_TRY(cudaMemset(w.data(), 0xab, bytes));
+  if (bytes != 0) {
+    FEDSHARD_CUDA_TRY(cudaMemset(w.data(), 0xab, bytes));
+    FEDSHARD_CUDA_TRY(cudaDeviceSynchronize());  // before kernels on non-blocking streams
+  }
   return w;
 }
 

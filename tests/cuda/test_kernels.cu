@@ -11,6 +11,8 @@
 #include <limits>
 #include <random>
 #include <span>
+#include <sstream>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -46,6 +48,14 @@ std::uint64_t bits_of(T x) {
   return u;
 }
 
+/// x's bits as 0x... (doctest's message stream prints no std::hex).
+template <class T>
+std::string hex(T x) {
+  std::ostringstream os;
+  os << "0x" << std::hex << bits_of(x);
+  return os.str();
+}
+
 template <class T>
 bool is_nan(T x) {
   return std::isnan(static_cast<double>(fedshard::to_accum(x)));
@@ -63,8 +73,8 @@ void require_same(const std::vector<T>& got, const std::vector<T>& want, const c
   REQUIRE(got.size() == want.size());
   for (std::size_t i = 0; i < got.size(); ++i)
     if (!same(got[i], want[i]))
-      FAIL(what << ": element " << i << " of " << got.size() << " has bits 0x" << std::hex
-                << bits_of(got[i]) << ", the host functor gives 0x" << bits_of(want[i]));
+      FAIL(what << ": element " << i << " of " << got.size() << " has bits " << hex(got[i])
+                << ", the host functor gives " << hex(want[i]));
 }
 
 /// A value with uniformly random bits: every class of value (NaN, infinities, zeros,
@@ -92,6 +102,9 @@ class guarded {
   guarded(std::size_t n, std::size_t offset)
       : n_(n), offset_(offset), storage_(gpu::device_buffer<T>::uninitialized(offset + n + guard)) {
     FEDSHARD_CUDA_TRY(cudaMemset(storage_.data(), pattern, storage_.size_bytes()));
+    // cudaMemset and the pageable cudaMemcpy below are ordered with the default stream only;
+    // the kernels under test run on a non-blocking stream (seen failing on an H200 without).
+    FEDSHARD_CUDA_TRY(cudaDeviceSynchronize());
   }
 
   T* data() { return storage_.data() + offset_; }
@@ -100,8 +113,10 @@ class guarded {
 
   void upload(const std::vector<T>& host) {
     REQUIRE(host.size() == n_);
-    if (n_ != 0)
+    if (n_ != 0) {
       FEDSHARD_CUDA_TRY(cudaMemcpy(data(), host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+      FEDSHARD_CUDA_TRY(cudaDeviceSynchronize());
+    }
   }
   std::vector<T> download() const {
     std::vector<T> host(n_);

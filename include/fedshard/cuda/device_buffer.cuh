@@ -34,9 +34,15 @@ class device_buffer {
  public:
   device_buffer() = default;
 
-  /// n zero elements on the current device (cudaMalloc and cudaMemset; synchronous).
+  /// n zero elements on the current device (cudaMalloc and cudaMemset; synchronous: the
+  /// zeros are written when it returns, so work on any stream, non-blocking ones included,
+  /// sees them; cudaMemset alone is asynchronous to the host and ordered only with the
+  /// default stream).
   explicit device_buffer(std::size_t n) : device_buffer(allocate(n, nullptr, false)) {
-    if (size_ != 0) FEDSHARD_CUDA_TRY(cudaMemset(data_, 0, size_bytes()));
+    if (size_ != 0) {
+      FEDSHARD_CUDA_TRY(cudaMemset(data_, 0, size_bytes()));
+      FEDSHARD_CUDA_TRY(cudaStreamSynchronize(nullptr));
+    }
   }
 
   /// n zero elements allocated and zeroed in the order of stream s (cudaMallocAsync,
@@ -97,15 +103,23 @@ class device_buffer {
     return {data_, size_, dtype_of<T>};
   }
 
-  /// Copies host (exactly size() elements) into the buffer; synchronous.
+  /// Copies host (exactly size() elements) into the buffer; synchronous: the elements are in
+  /// device memory when it returns, for work on any stream. (cudaMemcpy from pageable host
+  /// memory may return once the source is staged, before the DMA lands: a kernel on a
+  /// non-blocking stream could then read old contents. Seen on an H200: the default stream
+  /// is synchronized after the copy.)
   void copy_from_host(std::span<const T> host) {
     FEDSHARD_EXPECTS(host.size() == size_, "device_buffer::copy_from_host: the buffer holds ",
                      size_, " elements, the host span ", host.size());
-    if (size_ != 0)
+    if (size_ != 0) {
       FEDSHARD_CUDA_TRY(cudaMemcpy(data_, host.data(), size_bytes(), cudaMemcpyHostToDevice));
+      FEDSHARD_CUDA_TRY(cudaStreamSynchronize(nullptr));
+    }
   }
 
-  /// Copies the buffer into host (exactly size() elements); synchronous.
+  /// Copies the buffer into host (exactly size() elements); synchronous with the default
+  /// stream only: work that wrote the buffer on another stream (a non-blocking one) must be
+  /// synchronized first.
   void copy_to_host(std::span<T> host) const {
     FEDSHARD_EXPECTS(host.size() == size_, "device_buffer::copy_to_host: the buffer holds ", size_,
                      " elements, the host span ", host.size());

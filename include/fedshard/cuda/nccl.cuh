@@ -349,6 +349,7 @@ class comm_state {
       void* p = nullptr;
       FEDSHARD_CUDA_TRY(cudaMalloc(&p, sizeof(float)));
       FEDSHARD_CUDA_TRY(cudaMemset(p, 0, sizeof(float)));
+      FEDSHARD_CUDA_TRY(cudaStreamSynchronize(nullptr));  // before the non-blocking stream uses it
       barrier_scratch_ = static_cast<float*>(p);
     }
     return barrier_scratch_;

@@ -60,6 +60,13 @@ constexpr std::string_view to_string(sync_mode m) noexcept {
   return m == sync_mode::hierarchical ? "hierarchical" : "reference";
 }
 
+/// A unit packed into a fragment buffer: which one, and how many of its elements (this rank's
+/// shard of it); the units lie back to back from element 0, in the order listed.
+struct packed_unit {
+  int unit = 0;
+  std::size_t numel = 0;
+};
+
 /// What a policy's sync_plan is planned for: one rank's sync of one fragment.
 struct sync_context {
   mesh_shape shape{};
@@ -67,6 +74,9 @@ struct sync_context {
   int fragment = 0;
   std::size_t numel = 0;        ///< f32 elements of the packed (padded) fragment buffer
   int inner_state_buffers = 0;  ///< the inner optimizer's state buffers (role moment 0..n-1)
+  /// The units packed in the buffer, in order (the ones this rank's group holds); empty when
+  /// the caller does not say.
+  std::vector<packed_unit> units{};
   /// The syncs of this fragment started before this one (0 for the first), the same on
   /// every rank; only a policy with plan_per_round reads it.
   std::int64_t round = 0;
@@ -92,6 +102,8 @@ struct sync_info {
   /// group_tokens and of gathered buffers hold zeros, and averages divide by the included
   /// count.
   std::span<const std::uint8_t> included{};
+  /// The units packed in the fragment buffer, in order (as sync_context::units).
+  std::span<const packed_unit> units{};
   /// The syncs of this fragment started before this one (sync_context::round of its plan).
   std::int64_t round = 0;
 

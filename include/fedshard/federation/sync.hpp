@@ -33,6 +33,7 @@
 #include "fedshard/plan/interpreter.hpp"
 #include "fedshard/schedule/sync_schedule.hpp"
 #include "fedshard/shard/flat_layout.hpp"
+#include "fedshard/shard/ownership.hpp"
 #include "fedshard/space/host_space.hpp"
 #include "fedshard/space/memory_space.hpp"
 
@@ -42,15 +43,19 @@ namespace fedshard::federation {
 /// unit's shard in a rank's master (shard::engine's layout: unit shards back to back).
 struct fragment_slices {
   std::vector<std::pair<std::size_t, std::size_t>> slices;
+  std::vector<packed_unit> units;  ///< the unit of each slice and its length
   std::size_t numel = 0;   ///< elements of the fragment in a rank's master
   std::size_t padded = 0;  ///< its packed buffer's size (padded_fragment_numel)
 };
 
 /// The fragments a SyncSchedule cuts a layout into, for a mesh of `replicas` replicas;
-/// invalid_argument when the schedule cannot cut this layout.
+/// invalid_argument when the schedule cannot cut this layout. `held` (by unit; empty: all)
+/// leaves out the units the rank's group does not hold (shard/ownership.hpp): the master
+/// holds the others' shards back to back.
 template <schedule::SyncSchedule S>
 std::vector<fragment_slices> fragments_of(const S& schedule, const flat_layout& layout,
-                                          int replicas) {
+                                          int replicas, const std::vector<bool>& held = {}) {
+  const auto offsets = shard::held_offsets(layout, held);
   const auto units = static_cast<int>(layout.num_units());
   schedule.check(units);
   std::vector<fragment_slices> out(static_cast<std::size_t>(schedule.fragments()));
@@ -58,7 +63,9 @@ std::vector<fragment_slices> fragments_of(const S& schedule, const flat_layout& 
     auto& fr = out[static_cast<std::size_t>(f)];
     for (int u : schedule.fragment_units(f, units)) {
       const auto uu = static_cast<std::size_t>(u);
-      fr.slices.emplace_back(layout.shard_offset(uu), layout.unit(uu).shard_numel);
+      if (offsets[uu] == shard::not_held) continue;
+      fr.slices.emplace_back(offsets[uu], layout.unit(uu).shard_numel);
+      fr.units.push_back({.unit = u, .numel = layout.unit(uu).shard_numel});
       fr.numel += layout.unit(uu).shard_numel;
     }
     fr.padded = padded_fragment_numel(fr.numel, replicas);
@@ -68,23 +75,26 @@ std::vector<fragment_slices> fragments_of(const S& schedule, const flat_layout& 
 
 /// The sync plan of each fragment for the rank at `coords`: what a synchronizer with this
 /// policy and schedule runs (a policy's sync_plan depends on its config alone, so `policy`
-/// may be one built for no fragments; nothing of the model's size is allocated), at the
-/// fragments' sync number `round` (sync_context::round; plan_per_round policies only).
+/// may be one built for no fragments; nothing of the model's size is allocated); `held` as
+/// for fragments_of; at the fragments' sync number `round` (sync_context::round;
+/// plan_per_round policies only).
 template <class F, schedule::SyncSchedule S>
 requires requires(const F& f, const sync_context& ctx) {
   { f.sync_plan(ctx) } -> std::same_as<plan>;
 }
 std::vector<plan> sync_plans_of(const F& policy, const S& schedule, const flat_layout& layout,
                                 const mesh_shape& shape, const mesh_coords& coords,
-                                int inner_state_buffers, std::int64_t round = 0) {
+                                int inner_state_buffers, const std::vector<bool>& held = {},
+                                std::int64_t round = 0) {
   std::vector<plan> out;
-  const auto fragments = fragments_of(schedule, layout, shape.replicas);
+  const auto fragments = fragments_of(schedule, layout, shape.replicas, held);
   for (std::size_t f = 0; f < fragments.size(); ++f) {
     out.push_back(policy.sync_plan({.shape = shape,
                                     .coords = coords,
                                     .fragment = static_cast<int>(f),
                                     .numel = fragments[f].padded,
                                     .inner_state_buffers = inner_state_buffers,
+                                    .units = fragments[f].units,
                                     .round = round}));
     out.back().check();
   }
@@ -294,6 +304,7 @@ class synchronizer {
  private:
   struct fragment {
     std::vector<std::pair<std::size_t, std::size_t>> slices;  // (offset, length) in the master
+    std::vector<packed_unit> units;                           // the unit of each slice
     typename S::template buffer<float> buf;                   // packed fragment (role fragment)
     std::vector<typename S::template buffer<float>>
         moments;                                           // packed inner state k (role moment k)
@@ -317,11 +328,11 @@ class synchronizer {
         schedule_(sched),
         shape_(shape),
         coords_(coords),
-        fragments_(cut(*space_, schedule_, layout, shape)),
+        fragments_(cut(*space_, schedule_, layout, shape, held_of(fed, layout, shape, coords))),
         policy_(make_policy(fed, sizes(fragments_), *space_)),
         inner_state_buffers_(inner_state_buffers) {
-    const auto plans =
-        sync_plans_of(policy_, schedule_, layout, shape, coords, inner_state_buffers);
+    const auto plans = sync_plans_of(policy_, schedule_, layout, shape, coords, inner_state_buffers,
+                                     held_of(fed, layout, shape, coords));
     for (int f = 0; f < fragments(); ++f) {
       auto& fr = at(f);
       fr.plan = plans[static_cast<std::size_t>(f)];
@@ -350,13 +361,23 @@ class synchronizer {
       return policy_type(fed, std::move(sizes));
   }
 
+  /// The units this rank's group holds (all unless the policy's config has owners).
+  static std::vector<bool> held_of(const typename F::config& fed, const flat_layout& layout,
+                                   const mesh_shape& shape, const mesh_coords& coords) {
+    const shard::ownership owners = shard::ownership_of(fed);
+    owners.check(layout, shape.groups);
+    return owners.everyone() ? std::vector<bool>{}
+                             : owners.held_by(coords.group, layout.num_units());
+  }
+
   /// The schedule's fragments of the layout, with their buffers.
   static std::vector<fragment> cut(S& s, const Sch& schedule, const flat_layout& layout,
-                                   const mesh_shape& shape) {
+                                   const mesh_shape& shape, const std::vector<bool>& held) {
     std::vector<fragment> out;
-    for (auto& f : fragments_of(schedule, layout, shape.replicas)) {
+    for (auto& f : fragments_of(schedule, layout, shape.replicas, held)) {
       fragment fr;
       fr.slices = std::move(f.slices);
+      fr.units = std::move(f.units);
       fr.buf = s.template allocate<float>(f.padded);
       fr.group_tokens.assign(static_cast<std::size_t>(shape.groups), 0.0);
       fr.tokens_buf = s.template allocate<double>(1);
@@ -425,6 +446,7 @@ class synchronizer {
             .group_tokens = fr.exchanges_tokens ? std::span<const double>(fr.group_tokens)
                                                 : std::span<const double>(),
             .included = std::span<const std::uint8_t>(included_),
+            .units = std::span<const packed_unit>(fr.units),
             .round = round(f)};
   }
 
@@ -469,10 +491,17 @@ class synchronizer {
                                    .fragment = f,
                                    .numel = fr.buf.size(),
                                    .inner_state_buffers = inner_state_buffers_,
+                                   .units = fr.units,
                                    .round = round(f)});
       fr.plan.check();
     }
     space_->wait(sync_, space_->record(compute));  // the master after the optimizer step
+    if constexpr (requires { policy_.member_sets(shape_); }) {
+      // The sub-communicators of the policy's member ops, made once (collective over the
+      // federation axis: every rank's first sync start lists the same sets).
+      if (!members_split_) interp.split_members(axis::federation, policy_.member_sets(shape_));
+      members_split_ = true;
+    }
     if (fr.exchanges_tokens) {  // the weights, on the host for the policy's begin()
       const double mine = static_cast<double>(fr.tokens);
       space_->from_host(sync_, const_buffer_view{&mine, 1, dtype::f64}, fr.tokens_buf.view());
@@ -540,6 +569,7 @@ class synchronizer {
   std::int64_t syncs_applied_ = 0;
   std::function<std::vector<std::uint8_t>()> included_source_;
   std::vector<std::uint8_t> included_;
+  bool members_split_ = false;  // split_members ran for the policy's member_sets
 };
 
 }  // namespace fedshard::federation

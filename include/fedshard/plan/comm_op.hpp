@@ -28,7 +28,13 @@
 /// rank order, accumulating in f32 (never summing in the narrow type), into the output.
 /// What the wire carries is carried(op): that all_gather, of 4-byte words. `bytes` stays the
 /// f32 array the op stands for; the traffic, the tap and the simulator count carried(op).
+///
+/// An operand may name an element range of its role's buffer (operand::offset, count: a
+/// holder set's units inside a packed fragment), and a federation op may run among a subset
+/// of the groups only (comm_op::members, a bit per group; the interpreter runs it on a
+/// sub-communicator made once by split_members and cached).
 
+#include <bit>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -85,11 +91,15 @@ enum class role : std::uint8_t {
 };
 
 /// A buffer reference: a role, which instance of it (index: the inner-optimizer state of a
-/// `moment`), and optionally only this rank's 1/n piece along an axis of n ranks.
+/// `moment`), optionally only the element range [offset, offset + count) of it (count -1:
+/// the whole buffer), and optionally only this rank's 1/n piece (of the range) along an axis
+/// of n ranks.
 struct operand {
   fedshard::role role = fedshard::role::none;
   int index = 0;
   std::optional<fedshard::axis> piece{};
+  std::int64_t offset = 0;  ///< first element of the range
+  std::int64_t count = -1;  ///< elements of the range; -1: the whole buffer
 
   friend bool operator==(const operand&, const operand&) = default;
 };
@@ -111,6 +121,9 @@ struct comm_op {
   operand out{};                  ///< what it writes
   bool overlappable = true;       ///< may run behind compute (the simulator's overlap model)
   fedshard::codec::spec codec{};  ///< how the values travel (default: as they are)
+  /// Federation ops only: the groups taking part (bit g: group g; `ranks` of them), run on a
+  /// sub-communicator of the federation axis; 0: every rank of the axis.
+  std::uint64_t members = 0;
 
   friend bool operator==(const comm_op&, const comm_op&) = default;
 };
@@ -225,10 +238,19 @@ inline double wire_bytes(const comm_op& op) {
   return bus_factor(c.kind, c.ranks) * static_cast<double>(c.bytes);
 }
 
+/// "{0, 2, 3}": the groups whose bits are set in mask.
+inline std::string group_list(std::uint64_t mask) {
+  std::string s = "{";
+  for (int g = 0; g < 64; ++g)
+    if ((mask >> g) & 1u) s += detail::concat(s.size() > 1 ? ", " : "", g);
+  return s + "}";
+}
+
 /// "fragment 2", "param_shard", "moment 1 (piece on replica)".
 inline std::string describe(const operand& o) {
   std::string s(to_string(o.role));
   if (o.role == role::moment) s += detail::concat(' ', o.index);
+  if (o.count >= 0) s += detail::concat(" [", o.offset, ", ", o.offset + o.count, ')');
   if (o.piece) s += detail::concat(" (piece on ", to_string(*o.piece), ')');
   return s;
 }
@@ -241,6 +263,7 @@ inline std::string describe(const comm_op& op) {
   if (op.kind == comm_kind::send_recv) s += detail::concat(", with axis rank ", op.root);
   if (encoded(op))
     s += detail::concat(", codec ", op.codec.name, " (", codec_slot_bytes(op), " B per rank)");
+  if (op.members != 0) s += detail::concat(", among groups ", group_list(op.members));
   if (op.unit >= 0) s += detail::concat(", unit ", op.unit);
   if (op.fragment >= 0) s += detail::concat(", fragment ", op.fragment);
   s += detail::concat(", ", to_string(op.trigger), " in ", to_string(op.phase));
@@ -287,6 +310,19 @@ inline void check(const comm_op& op) {
                      ": a codec encodes all_gather and all_reduce (sum or avg) ops only");
     FEDSHARD_EXPECTS(op.dtype == dtype::f32, "plan: ", describe(op),
                      ": a codec encodes f32 values, found ", to_string(op.dtype));
+  }
+  for (const operand* o : {&op.in, &op.out})
+    FEDSHARD_EXPECTS(o->offset >= 0 && o->count >= -1 && (o->count >= 0 || o->offset == 0),
+                     "plan: ", describe(op), ": the element range of ", describe(*o),
+                     " must have offset >= 0 and count >= 0 (or count -1 and offset 0, the whole "
+                     "buffer)");
+  if (op.members != 0) {
+    FEDSHARD_EXPECTS(op.axis == axis::federation, "plan: ", describe(op),
+                     ": only federation ops run among a subset of the groups (members)");
+    FEDSHARD_EXPECTS(std::popcount(op.members) == op.ranks, "plan: ", describe(op), ": ",
+                     std::popcount(op.members), " member groups but ranks = ", op.ranks);
+    FEDSHARD_EXPECTS(!encoded(op), "plan: ", describe(op),
+                     ": a codec runs on the whole axis, not among member groups");
   }
   const bool sync_trigger = op.trigger == trigger::sync_begin ||
                             op.trigger == trigger::sync_start ||

@@ -24,6 +24,12 @@
 ///
 /// Every call goes through a wire_tap per axis, so traffic() counts what moved.
 ///
+/// Ranges and member groups: an operand with an element range (operand::offset, count) binds
+/// that range of its role's buffer (then its piece, if any). A federation op among member
+/// groups (comm_op::members) runs on the sub-communicator of those groups, which
+/// split_members() made beforehand (collective over the axis, once; kept for later firings);
+/// its calls are tapped on the federation axis.
+///
 /// Encoded ops (an op with a codec, plan/comm_op.hpp) run on host memory (with a
 /// stream-ordered communicator the host waits for the call and decodes): the rank's codec
 /// object for the op's buffer (made from the op's codec::spec when the op first runs, kept
@@ -40,6 +46,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <tuple>
 #include <utility>
@@ -206,6 +213,33 @@ class interpreter {
     return coder(op).state();
   }
 
+  /// Collective over axis a (every rank of it passes the same sets in the same order): makes
+  /// the sub-communicator of each set of axis ranks (bit k: rank k of the axis) that this
+  /// rank belongs to, for the ops whose `members` name it; a set made before is skipped on
+  /// every rank. Only the federation axis has member ops.
+  void split_members(axis a, const std::vector<std::uint64_t>& sets) {
+    FEDSHARD_EXPECTS(a == axis::federation, "interpreter::split_members: only the federation ",
+                     "axis has member ops, asked for ", to_string(a));
+    const int me = mesh_->axis_rank(a);
+    for (const std::uint64_t set : sets) {
+      if (set == 0 || !split_sets_.insert(set).second) continue;
+      const bool in = ((set >> me) & 1u) != 0;
+      std::optional<C> made;
+      try {
+        made.emplace(mesh_->comm(a).split(in ? 0 : 1, me));
+      } catch (const invalid_argument& e) {
+        throw invalid_argument(fedshard::detail::concat(
+            "fedshard: interpreter::split_members: ops among member groups ", group_list(set),
+            " need a sub-communicator of the ", to_string(a),
+            " axis, which its communicator cannot make: ", e.what()));
+      }
+      C sub = std::move(*made);
+      if (!in) continue;
+      auto& m = members_.emplace(set, member_comm{std::move(sub), std::nullopt}).first->second;
+      m.tap.emplace(m.comm, a, log_);
+    }
+  }
+
   /// What this rank's calls moved, per axis, as the wire taps recorded it.
   wire_log& wire() noexcept { return log_; }
   const wire_log& wire() const noexcept { return log_; }
@@ -313,9 +347,17 @@ class interpreter {
   template <class Bind>
   bound_op prepare(const comm_op& op, Bind& bind) {
     check(op);
-    const int ranks = mesh_->axis_size(op.axis);
-    FEDSHARD_EXPECTS(op.ranks == ranks, "interpreter: ", describe(op), " was planned for ",
-                     op.ranks, " ranks but the mesh's ", to_string(op.axis), " axis has ", ranks);
+    if (op.members != 0) {
+      FEDSHARD_EXPECTS(((op.members >> mesh_->axis_rank(op.axis)) & 1u) != 0,
+                       "interpreter: ", describe(op), ": this rank's group (",
+                       mesh_->axis_rank(op.axis), ") is not one of its members");
+      FEDSHARD_EXPECTS(members_.count(op.members) != 0, "interpreter: ", describe(op),
+                       ": no sub-communicator of its member groups; split_members() makes it");
+    } else {
+      const int ranks = mesh_->axis_size(op.axis);
+      FEDSHARD_EXPECTS(op.ranks == ranks, "interpreter: ", describe(op), " was planned for ",
+                       op.ranks, " ranks but the mesh's ", to_string(op.axis), " axis has ", ranks);
+    }
     bound_op b;
     b.op = op;
     b.out = resolve(op, op.out, bind);
@@ -360,6 +402,14 @@ class interpreter {
   template <class Bind>
   buffer_view resolve(const comm_op& op, const operand& o, Bind& bind) {
     buffer_view v = bind(op, o);
+    if (o.count >= 0) {
+      FEDSHARD_EXPECTS(static_cast<std::size_t>(o.offset + o.count) <= v.count,
+                       "interpreter: ", describe(op), ": the range of ", describe(o),
+                       " ends past its ", v.count, " elements");
+      v.data =
+          static_cast<std::byte*>(v.data) + static_cast<std::size_t>(o.offset) * size_of(v.type);
+      v.count = static_cast<std::size_t>(o.count);
+    }
     if (!o.piece) return v;
     const int n = mesh_->axis_size(*o.piece);
     const int k = mesh_->axis_rank(*o.piece);
@@ -427,7 +477,7 @@ class interpreter {
   /// st first.
   void start(bound_op& b, stream_type& st) {
     const comm_op& op = b.op;
-    wire_tap<C>& c = *taps_[index(op.axis)];
+    wire_tap<C>& c = op.members != 0 ? *members_.at(op.members).tap : *taps_[index(op.axis)];
     if (b.coder != nullptr) {  // host memory: encode on the host once st reached the op
       space_->synchronize(st);
       if constexpr (ordered) {  // the call queued after that, the host waits for it, decodes
@@ -538,6 +588,12 @@ class interpreter {
   stream_type own_stream_;
   wire_log log_;
   std::optional<wire_tap<C>> taps_[5];
+  struct member_comm {
+    C comm;
+    std::optional<wire_tap<C>> tap;  // on comm, recording on the federation axis
+  };
+  std::map<std::uint64_t, member_comm> members_;  // split_members' sub-communicators, by set
+  std::set<std::uint64_t> split_sets_;            // every set split so far (members or not)
   std::deque<chain> chains_;
   std::uint64_t first_id_ = 1;  // the id of chains_.front(); ticket 0 is always complete
   std::map<const void*, typename S::template buffer<std::byte>> staging_;

@@ -28,6 +28,11 @@
 /// for backward is freed (not live) when released, a unit gathered once is freed when its
 /// gradients are ready. Acquiring a unit prefetches the next unit of the same phase, in the
 /// order the plan gathers them, while at most max_live_units() gathered units are live.
+///
+/// Ownership (shard/ownership.hpp): a unit this rank's group does not hold has no storage
+/// here (master(), grad() and the optimizer state leave it out; unit shards of the held units
+/// back to back), no op in the step plan, and every hook that names it throws
+/// invalid_argument saying so; holds(u) tells.
 
 #include <algorithm>
 #include <array>
@@ -47,6 +52,7 @@
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/plan/interpreter.hpp"
 #include "fedshard/shard/flat_layout.hpp"
+#include "fedshard/shard/ownership.hpp"
 #include "fedshard/shard/shard_policy.hpp"
 #include "fedshard/space/memory_space.hpp"
 #include "fedshard/space/space_of.hpp"
@@ -61,32 +67,39 @@ class engine {
   using space_type = S;
   using stream_type = typename S::stream;
 
-  /// Collective over the mesh's world: checks the policy against the mesh and the plan, and
-  /// that every rank declared the same units. The space s outlives the engine.
-  engine(mesh<C>& m, S& s, std::vector<unit_spec> units, precision prec = {})
-      : engine(m, space::space_ref<S>(s), std::move(units), prec) {}
+  /// Collective over the mesh's world: checks the policy against the mesh and the plan, the
+  /// ownership against the layout and the mesh, and that every rank declared the same units.
+  /// The space s outlives the engine.
+  engine(mesh<C>& m, S& s, std::vector<unit_spec> units, precision prec = {},
+         const ownership& owners = {})
+      : engine(m, space::space_ref<S>(s), std::move(units), prec, owners) {}
   /// With a space of its own (default-constructed S).
-  engine(mesh<C>& m, std::vector<unit_spec> units, precision prec = {})
-      : engine(m, space::space_ref<S>::make(), std::move(units), prec) {}
+  engine(mesh<C>& m, std::vector<unit_spec> units, precision prec = {},
+         const ownership& owners = {})
+      : engine(m, space::space_ref<S>::make(), std::move(units), prec, owners) {}
 
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
  private:
-  engine(mesh<C>& m, space::space_ref<S> sr, std::vector<unit_spec> units, precision prec)
+  engine(mesh<C>& m, space::space_ref<S> sr, std::vector<unit_spec> units, precision prec,
+         const ownership& owners)
       : mesh_(&m),
         space_(std::move(sr)),
         prec_((prec.check(), prec)),
         layout_((P::check(m.shape()), std::move(units)), P::layout_shards(m.shape())),
-        plan_(P::step_plan(layout_, m.shape(), prec_)),
-        read_plan_(ops::read_units(layout_, m.shape())),
+        owners_((owners.check(layout_, m.shape().groups), owners)),
+        held_(owners_.held_by(m.coords().group, layout_.num_units())),
+        offsets_(held_offsets(layout_, held_)),
+        plan_(only_held(P::step_plan(layout_, m.shape(), prec_))),
+        read_plan_(only_held(ops::read_units(layout_, m.shape()))),
         setup_plan_(layout_check_plan(axis::world, m.size())),
         interp_(m, *space_),
         compute_(space_->make_stream()),
         gather_(space_->make_stream()),
         reduce_(space_->make_stream()),
-        master_(space_->template allocate<float>(layout_.total_shard_numel())),
-        grad_(space_->template allocate<float>(layout_.total_shard_numel())),
+        master_(space_->template allocate<float>(offsets_.back())),
+        grad_(space_->template allocate<float>(offsets_.back())),
         units_(layout_.num_units()) {
     plan_.check();
     learn_from_plan();
@@ -97,6 +110,10 @@ class engine {
  public:
   const flat_layout& layout() const noexcept { return layout_; }
   const precision& mixed_precision() const noexcept { return prec_; }
+  /// Which groups hold which units (empty: every group holds every unit).
+  const ownership& owners() const noexcept { return owners_; }
+  /// True when this rank's group holds unit u (has storage for it).
+  bool holds(std::size_t u) const { return u < held_.size() && held_[u]; }
   /// The comm_ops of one step.
   const plan& step_plan() const noexcept { return plan_; }
   /// The on-demand ops that read each unit's full parameters (gather_unit).
@@ -331,6 +348,7 @@ class engine {
   /// grad_buffer(u) in one step, not both.
   buffer_view grad_buffer_as(std::size_t u, dtype t) {
     if (t == dtype::f32) return view(grad_buffer(u));
+    check_unit(u);
     check_compute_dtype(t);
     auto& s = units_[u];
     FEDSHARD_EXPECTS(!s.reduced, "grad_buffer_as: unit ", u, " ('", layout_.unit(u).name,
@@ -382,7 +400,7 @@ class engine {
   /// holds the step's averaged gradients for the work queued on it.
   void finish_backward() {
     for (std::size_t u = units_.size(); u-- > 0;)
-      if (!units_[u].reduced) grads_ready(u);
+      if (held_[u] && !units_[u].reduced) grads_ready(u);
     space_->wait(reduce_, space_->record(compute_));
     interp_.join(
         interp_.fire(plan_, {.trigger = trigger::end_of_backward, .phase = phase::backward},
@@ -471,8 +489,9 @@ class engine {
     }
     for (std::size_t u = 0; u < units_.size(); ++u)
       FEDSHARD_EXPECTS(
-          plans_[u].own_grad || layout_.unit(u).shard_numel == layout_.unit(u).padded_numel, "the ",
-          P::name, " plan reduces no gradient of unit ", u, " ('", layout_.unit(u).name,
+          !held_[u] || plans_[u].own_grad ||
+              layout_.unit(u).shard_numel == layout_.unit(u).padded_numel,
+          "the ", P::name, " plan reduces no gradient of unit ", u, " ('", layout_.unit(u).name,
           "') into its shard, so the model would write its gradients into the "
           "shard, which holds ",
           layout_.unit(u).shard_numel, " of its ", layout_.unit(u).padded_numel, " elements");
@@ -484,11 +503,23 @@ class engine {
 
   void check_unit(std::size_t u) const {
     FEDSHARD_EXPECTS(u < units_.size(), "unit index must be < ", units_.size(), ", found ", u);
+    FEDSHARD_EXPECTS(held_[u], "unit ", u, " ('", layout_.unit(u).name, "') is not held by group ",
+                     mesh_->coords().group, " (its holders are groups ",
+                     group_list(owners_.holders_of(u, mesh_->shape().groups)),
+                     "): this group has no storage for it, so a model must not touch it here "
+                     "(step_context::holds(u) says which units are held)");
   }
   template <class T>
   std::span<T> slice_of(std::span<T> all, std::size_t u) const {
     check_unit(u);
-    return all.subspan(layout_.shard_offset(u), layout_.unit(u).shard_numel);
+    return all.subspan(offsets_[u], layout_.unit(u).shard_numel);
+  }
+  /// The ops of p on units this group holds.
+  plan only_held(plan p) const {
+    if (owners_.everyone()) return p;
+    return p.select([&](const comm_op& op) {
+      return op.unit < 0 || held_.at(static_cast<std::size_t>(op.unit));
+    });
   }
   /// Index inside the unit of the first element this rank's master holds.
   std::size_t first_element(std::size_t u) const {
@@ -627,6 +658,9 @@ class engine {
   space::space_ref<S> space_;  // first: the buffers below go back to it
   precision prec_;
   flat_layout layout_;
+  ownership owners_;
+  std::vector<bool> held_;            // by unit: this group holds it
+  std::vector<std::size_t> offsets_;  // by unit: its shard's offset in master_ (then the size)
   plan plan_;
   plan read_plan_;
   plan setup_plan_;

@@ -72,6 +72,7 @@
 #include "fedshard/plan/traffic.hpp"
 #include "fedshard/schedule/sync_schedule.hpp"
 #include "fedshard/shard/flat_layout.hpp"
+#include "fedshard/shard/ownership.hpp"
 #include "fedshard/shard/shard_policy.hpp"
 #include "fedshard/sim/collective_cost.hpp"
 #include "fedshard/sim/compute.hpp"
@@ -232,6 +233,7 @@ class algorithm_model_of final : public algorithm_model {
   explicit algorithm_model_of(const algorithm_options<A>& o)
       : schedule_(o.schedule),
         policy_(o.federation, {}),
+        owners_(shard::ownership_of(o.federation)),
         inner_state_buffers_(o.inner_state_buffers),
         cadence_(cadence_of(schedule_, window(o))) {}
 
@@ -259,8 +261,15 @@ class algorithm_model_of final : public algorithm_model {
   }
   std::vector<plan> sync_plans(const flat_layout& layout, const mesh_shape& shape,
                                const mesh_coords& coords, std::int64_t round) const override {
-    return federation::sync_plans_of(policy_, schedule_, layout, shape, coords,
-                                     inner_state_buffers_, round);
+    // Ownership (holder_average): each group's sync plans pack the units it holds only, and
+    // a member op is priced on the span of its holders (detail::member_span). The step plan
+    // is still priced for every unit: an upper bound for a group that holds fewer.
+    owners_.check(layout, shape.groups);
+    return federation::sync_plans_of(
+        policy_, schedule_, layout, shape, coords, inner_state_buffers_,
+        owners_.everyone() ? std::vector<bool>{}
+                           : owners_.held_by(coords.group, layout.num_units()),
+        round);
   }
   bool plan_per_round() const noexcept override {
     return federation::plan_per_round_v<federation_type>;
@@ -283,6 +292,7 @@ class algorithm_model_of final : public algorithm_model {
 
   schedule_type schedule_;
   federation_type policy_;
+  shard::ownership owners_;
   int inner_state_buffers_;
   sync_cadence cadence_;
 };
@@ -698,6 +708,24 @@ inline comm_span op_span(const placement& p, const comm_span& axis_span, const c
           .sites = p.site_of(rank) == p.site_of(peer) ? 1 : 2};
 }
 
+/// The span of a federation op among member groups (comm_op::members) for `rank`: the
+/// members of rank's federation communicator whose group is in the op's set.
+inline comm_span member_span(const placement& p, const comm_op& op, int rank) {
+  comm_span s{.ranks = 0, .nodes = 0, .per_node = 0, .sites = 0};
+  std::map<int, int> nodes;
+  std::set<int> sites;
+  for (int r : p.members(axis::federation, rank)) {
+    if (((op.members >> coords_of(p.shape(), r).group) & 1u) == 0) continue;
+    ++s.ranks;
+    ++nodes[p.node_of(r)];
+    sites.insert(p.site_of(r));
+  }
+  s.nodes = static_cast<int>(nodes.size());
+  for (const auto& [node, n] : nodes) s.per_node = std::max(s.per_node, n);
+  s.sites = static_cast<int>(sites.size());
+  return s;
+}
+
 /// For each rank, how many communicators of an op share its node's NICs and its site's
 /// uplink, given which ranks run the op.
 inline std::vector<link_sharing> sharing_of(const placement& p, span_cache& spans, axis a,
@@ -865,12 +893,19 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
     auto& t = per_rank[static_cast<std::size_t>(r)];
     auto& rp = out.ranks[static_cast<std::size_t>(r)];
     // The collective price of op for rank r (without its codec passes).
+    // The span of op's communicator: its axis's, its member groups' (holder_average), or a
+    // send_recv's pair's (gossip).
+    auto span_of = [&](const comm_op& op) -> comm_span {
+      return op.members != 0 ? detail::member_span(place, op, r)
+                             : detail::op_span(place, spans.get(op.axis, r), op, r);
+    };
     auto collective = [&](const comm_op& op, const link_sharing& share) -> const collective_cost& {
-      const comm_span& axis_span = spans.get(op.axis, r);
-      FEDSHARD_EXPECTS(axis_span.ranks == op.ranks, "sim::price_plans: the plan's ", describe(op),
-                       " has ", op.ranks, " ranks but the mesh's ", to_string(op.axis),
-                       " communicator has ", axis_span.ranks);
-      const comm_span s = detail::op_span(place, axis_span, op, r);
+      const comm_span s = span_of(op);
+      // A send_recv's span is its pair's; the plan counts the ranks of its axis.
+      const int ranks = op.kind == comm_kind::send_recv ? spans.get(op.axis, r).ranks : s.ranks;
+      FEDSHARD_EXPECTS(ranks == op.ranks, "sim::price_plans: the plan's ", describe(op), " has ",
+                       op.ranks, " ranks but the mesh's ", to_string(op.axis), " communicator has ",
+                       ranks);
       const comm_op w = carried(op);  // an encoded op moves its wires
       return memo.get(w, s, share, [&] {
         return price_collective(w.kind, static_cast<double>(w.bytes), s, share, c, o.collectives);
@@ -878,7 +913,7 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
     };
     // Prices op for rank r; adds the bytes it sends out of r's node to node_bytes.
     auto cost = [&](const comm_op& op, const link_sharing& share, double& node_bytes) {
-      const comm_span s = detail::op_span(place, spans.get(op.axis, r), op, r);
+      const comm_span s = span_of(op);
       if (s.nodes > 1) node_bytes += wire_bytes(op) * share.per_node;
       return detail::codec_seconds(op, c) + collective(op, share).seconds;
     };

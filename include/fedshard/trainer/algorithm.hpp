@@ -18,6 +18,7 @@
 #include "fedshard/federation/average.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/gossip.hpp"
+#include "fedshard/federation/holder_average.hpp"
 #include "fedshard/federation/none.hpp"
 #include "fedshard/federation/outer_optimizer.hpp"
 #include "fedshard/federation/outer_rules.hpp"
@@ -119,6 +120,12 @@ using fl_hsdp = algorithm<shard::hybrid_shard, federation::average, schedule::pe
 /// mean pseudo-gradient. Inside a worker it runs HSDP (FSDP when R = 1).
 using diloco = algorithm<shard::hybrid_shard, federation::outer_optimizer<federation::nesterov>,
                          schedule::periodic, defaults<schedule::periodic::config{.period = 500}>>;
+/// FoMoE (arXiv 2606.19025): HSDP inside each group; every K steps (8 unless told otherwise)
+/// each unit is averaged over the groups that hold it: dense units everywhere, each expert
+/// only over the groups it is placed on (trainer_options::federation.owners; unheld units
+/// are not allocated).
+using fomoe = algorithm<shard::hybrid_shard, federation::holder_average, schedule::periodic,
+                        defaults<schedule::periodic::config{.period = 8}>>;
 /// Streaming DiLoCo: fragments synced at their own offsets, with delay and mixing (the
 /// streaming schedule's defaults: H = 100, 2 fragments, no delay, α = 1).
 using streaming_diloco =

@@ -114,6 +114,8 @@ class unit_hooks {
   virtual void grads_ready(std::size_t u) = 0;
   virtual const_buffer_view acquire_as(std::size_t u, phase ph, dtype t) = 0;
   virtual buffer_view grad_buffer_as(std::size_t u, dtype t) = 0;
+  /// True when this rank's group holds unit u (shard/ownership.hpp).
+  virtual bool holds(std::size_t) const { return true; }
 };
 }  // namespace detail
 
@@ -174,6 +176,9 @@ class basic_step_context {
     return {static_cast<T*>(v.data), v.count};
   }
 
+  /// True when this rank's group holds unit u: a unit it does not hold (an expert placed on
+  /// other groups, shard/ownership.hpp) has no storage here, and every hook refuses it.
+  bool holds(std::size_t u) const { return hooks_->holds(u); }
   /// Unit u's padded parameters, gathered on first use if the unit was not acquired.
   std::span<const float> params(std::size_t u) { return hooks_->params(u); }
   /// Unit u's padded gradient buffer (zero at the start of the step).

@@ -106,7 +106,7 @@ class trainer final : private detail::unit_hooks<S> {
       : space_(make_space(m.world())),
         model_(std::move(model)),
         opts_(std::move(o)),
-        engine_(m, *space_, model_.units(), opts_.precision),
+        engine_(m, *space_, model_.units(), opts_.precision, shard::ownership_of(opts_.federation)),
         optimizer_(opt, engine_.master().size(), *space_),
         base_lr_(opt.lr),
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
@@ -116,7 +116,7 @@ class trainer final : private detail::unit_hooks<S> {
     engine_.set_max_live_units(opts_.max_live_units);
     if constexpr (requires { model_.initial_values(engine_.layout(), std::size_t{0}); }) {
       for (std::size_t u = 0; u < engine_.layout().num_units(); ++u)
-        engine_.set_unit(u, model_.initial_values(engine_.layout(), u));
+        if (engine_.holds(u)) engine_.set_unit(u, model_.initial_values(engine_.layout(), u));
     }
   }
 
@@ -337,6 +337,7 @@ class trainer final : private detail::unit_hooks<S> {
     return engine_.acquire(u, ph);
   }
   std::span<const float> params(std::size_t u) override { return engine_.params(u); }
+  bool holds(std::size_t u) const override { return engine_.holds(u); }
   void release(std::size_t u) override { engine_.release(u); }
   std::span<float> grad_buffer(std::size_t u) override { return engine_.grad_buffer(u); }
   void grads_ready(std::size_t u) override { engine_.grads_ready(u); }
@@ -423,7 +424,18 @@ class trainer final : private detail::unit_hooks<S> {
     std::string names;
     for (const auto& t : optimizer_.state()) names += t.name + " ";
     m.fields["optimizer_state"] = names;
+    if (const std::string o = ownership_field(); !o.empty()) m.fields["ownership"] = o;
     return m;
+  }
+
+  /// The manifest's "ownership" field: each unit's holders, or "" when every group holds
+  /// every unit (then the field is left out).
+  std::string ownership_field() const {
+    const shard::ownership& o = engine_.owners();
+    if (o.everyone()) return {};
+    std::string s = fedshard::detail::concat(o.groups, " groups:");
+    for (const shard::group_set h : o.holders) s += " " + group_list(h);
+    return s;
   }
 
   /// The manifest's description of this rank's layout (checkpoint::saved_layout), which a
@@ -443,6 +455,16 @@ class trainer final : private detail::unit_hooks<S> {
   /// What load() runs before any rank changes anything: reads and checks this rank's state;
   /// returns what applies it.
   std::function<void()> prepare_load(const checkpoint::saved_checkpoint& saved) {
+    // Ownership masks change which units a rank stores: only the same masks load (rank by
+    // rank); resharding across masks is not supported yet.
+    const auto it = saved.fields().fields.find("ownership");
+    const std::string theirs = it == saved.fields().fields.end() ? "" : it->second;
+    const std::string ours = ownership_field();
+    FEDSHARD_EXPECTS(theirs == ours, "checkpoint '", saved.dir().string(),
+                     "' was saved with other ownership masks (",
+                     theirs.empty() ? "every group holds every unit" : theirs,
+                     ") than this run's (", ours.empty() ? "every group holds every unit" : ours,
+                     "); loading across ownership masks is not supported yet");
     if (!manifest().differences(saved.fields()).empty()) return prepare_reshard(saved);
     const int rank = engine_.topology().rank();
     FEDSHARD_EXPECTS(saved.world_size() == engine_.topology().size(), "checkpoint '",
