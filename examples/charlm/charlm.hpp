@@ -106,11 +106,11 @@ inline std::uint64_t mix(std::uint64_t z) {
 /// The model's sizes.
 struct dims {
   int vocab = 0;
-  int context = 8;   ///< k
-  int embed = 16;    ///< E
-  int hidden = 256;  ///< H
-  int experts = 0;         ///< X: 0 = no mixture-of-experts layer
-  int expert_hidden = 0;   ///< F: width of each expert's hidden layer (0 = H)
+  int context = 8;        ///< k
+  int embed = 16;         ///< E
+  int hidden = 256;       ///< H
+  int experts = 0;        ///< X: 0 = no mixture-of-experts layer
+  int expert_hidden = 0;  ///< F: width of each expert's hidden layer (0 = H)
 };
 
 /// The model: a fedshard::Model over charlm::batch.
@@ -374,12 +374,12 @@ class model {
 
   /// What the mixture's backward needs from its forward.
   struct moe_cache {
-    std::vector<float> probs;           // [n, X] router softmax
-    std::vector<int> route;             // [n] chosen expert
-    std::vector<std::vector<float>> a;  // per expert: [m_e, F] tanh hidden of its examples
-    std::vector<std::vector<float>> y;  // per expert: [m_e, H] expert output
+    std::vector<float> probs;                    // [n, X] router softmax
+    std::vector<int> route;                      // [n] chosen expert
+    std::vector<std::vector<float>> a;           // per expert: [m_e, F] tanh hidden of its examples
+    std::vector<std::vector<float>> y;           // per expert: [m_e, H] expert output
     std::vector<std::vector<std::size_t>> rows;  // per expert: the examples routed to it
-    std::vector<float> out;             // [n, H] h2 + p_e * y
+    std::vector<float> out;                      // [n, H] h2 + p_e * y
   };
 
   template <class Ctx>
@@ -415,8 +415,7 @@ class model {
       auto p = ctx.acquire(u);  // every expert, routed to or not: its gather is collective
       const auto& rows = mc.rows[e];
       std::vector<float> xe(rows.size() * H);
-      for (std::size_t i = 0; i < rows.size(); ++i)
-        std::copy_n(&h2[rows[i] * H], H, &xe[i * H]);
+      for (std::size_t i = 0; i < rows.size(); ++i) std::copy_n(&h2[rows[i] * H], H, &xe[i * H]);
       dense(l.tensor_view(p, u, 0), l.tensor_view(p, u, 1), xe, H, F, rows.size(), true, mc.a[e]);
       dense(l.tensor_view(p, u, 2), l.tensor_view(p, u, 3), mc.a[e], F, H, rows.size(), false,
             mc.y[e]);
@@ -435,7 +434,7 @@ class model {
     const fedshard::flat_layout& l = ctx.layout();
     const auto H = static_cast<std::size_t>(d_.hidden), X = static_cast<std::size_t>(d_.experts),
                F = static_cast<std::size_t>(d_.expert_hidden);
-    std::vector<float> dh = d;   // the residual path
+    std::vector<float> dh = d;           // the residual path
     std::vector<float> dr(n * X, 0.0f);  // d loss / d router logits
     for (std::size_t e = X; e-- > 0;) {
       const std::size_t u = unit_of_expert(static_cast<int>(e));

@@ -34,13 +34,13 @@ using comm = fedshard::shaped::communicator<fedshard::inproc::communicator>;
 struct settings {
   std::string corpus = "/usr/share/common-licenses";
   int steps = 480;
-  int batch = 16;    // examples per rank per step
-  int hidden = 256;  // width of the two hidden layers
-  int experts = 0;         // mixture-of-experts layer: number of experts (0: none)
-  int expert_hidden = 0;   // width of each expert's hidden layer (0: hidden)
-  int ranks = 8;           // in-process ranks
-  int groups = 2;          // groups of the federated rows = sites (one site per group)
-  int slow_site = -1;      // the site behind a slower link (-1: every site's link is the same)
+  int batch = 16;           // examples per rank per step
+  int hidden = 256;         // width of the two hidden layers
+  int experts = 0;          // mixture-of-experts layer: number of experts (0: none)
+  int expert_hidden = 0;    // width of each expert's hidden layer (0: hidden)
+  int ranks = 8;            // in-process ranks
+  int groups = 2;           // groups of the federated rows = sites (one site per group)
+  int slow_site = -1;       // the site behind a slower link (-1: every site's link is the same)
   double slow_factor = 10;  // how much slower: bandwidth / factor, latency x factor
   int eval_every = 40;
   int eval_examples = 1024;
@@ -295,7 +295,8 @@ enum class mesh_kind {
   shards,            ///< 1 x 1 x N
   hybrid,            ///< 1 x 2 x N/2
   federated_shards,  ///< G x 1 x N/G
-  federated_hybrid,  ///< G x 2 x N/(2G) (N/G even; 4 groups of 8 ranks: 4 x 2 x 1), else G x N/G x 1
+  federated_hybrid,  ///< G x 2 x N/(2G) (N/G even; 4 groups of 8 ranks: 4 x 2 x 1), else G x N/G x
+                     ///< 1
 };
 /// How often a federated row syncs: the rule of options_of (K for averaging, H for outer
 /// optimizers), or K or H whatever its policies.
@@ -343,8 +344,8 @@ inline fedshard::mesh_shape mesh_of(const std::string& algorithm, const settings
   switch (row_of(algorithm).mesh) {
     case mesh_kind::replicas: return {1, n, 1};
     case mesh_kind::shards: return {1, 1, n};
-    case mesh_kind::hybrid: return n % 2 == 0 ? fedshard::mesh_shape{1, 2, n / 2}
-                                              : fedshard::mesh_shape{1, n, 1};
+    case mesh_kind::hybrid:
+      return n % 2 == 0 ? fedshard::mesh_shape{1, 2, n / 2} : fedshard::mesh_shape{1, n, 1};
     case mesh_kind::federated_shards: return {g, 1, per};
     case mesh_kind::federated_hybrid:
       return per % 2 == 0 ? fedshard::mesh_shape{g, 2, per / 2} : fedshard::mesh_shape{g, per, 1};

@@ -156,7 +156,8 @@ TEST_CASE("a link per site: a pair talks at the slower of its two links") {
         doctest::Approx(10.0 * topo.transfer_seconds(4000, {0, 1})));
   // without site links every pair uses wan
   const auto even = shaped::topology::blocks(4, 4, wan);
-  CHECK(even.transfer_seconds(4000, {0, 3}) == doctest::Approx(even.transfer_seconds(4000, {0, 1})));
+  CHECK(even.transfer_seconds(4000, {0, 3}) ==
+        doctest::Approx(even.transfer_seconds(4000, {0, 1})));
 
   std::vector<shaped::link_stats> pair_stats(4), p2p_stats(4);
   std::vector<double> elapsed(4);
@@ -236,8 +237,8 @@ TEST_CASE("without site links, the collectives of a world of 4 sites share its o
 TEST_CASE("bad site links are refused") {
   shaped::topology t = shaped::topology::blocks(4, 4);
   t.site_links.assign(2, shaped::link{});
-  CHECK_THROWS_WITH_AS(shaped::network{t}, doctest::Contains("names 2 links but the ranks sit on 4"),
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS(shaped::network{t},
+                       doctest::Contains("names 2 links but the ranks sit on 4"), invalid_argument);
   CHECK_THROWS_WITH_AS(shaped::topology::blocks_with_slow_site(4, 4, {}, 4, 10.0),
                        doctest::Contains("slow site 4"), invalid_argument);
 }

@@ -126,10 +126,15 @@ TEST_CASE("charlm trains under fl_hsdp on 8 inproc ranks and its eval loss goes 
   for (int r = 0; r < 8; ++r) CHECK(after[r] < 0.7f * before[r]);
 }
 
-TEST_CASE("charlm with a mixture of experts: units, placement, gradients match finite differences") {
+TEST_CASE(
+    "charlm with a mixture of experts: units, placement, gradients match finite differences") {
   const auto data = charlm::corpus::from_text(sample_text());
-  const charlm::dims d{.vocab = data.vocab(), .context = 4, .embed = 6, .hidden = 12,
-                       .experts = 4, .expert_hidden = 10};
+  const charlm::dims d{.vocab = data.vocab(),
+                       .context = 4,
+                       .embed = 6,
+                       .hidden = 12,
+                       .experts = 4,
+                       .expert_hidden = 10};
   charlm::model m(d, 3);
   // units: embed, hidden1, hidden2, router, expert0..3, head; the experts are marked
   const auto units = m.units();
@@ -205,8 +210,12 @@ TEST_CASE("charlm with experts trains under fsdp on 8 inproc ranks (sharded expe
     fedshard::trainer<charlm::model, fedshard::fsdp, fedshard::optim::adamw,
                       fedshard::inproc::communicator>
         t(m,
-          charlm::model({.vocab = data.vocab(), .context = 4, .embed = 8, .hidden = 32,
-                         .experts = 4, .expert_hidden = 16},
+          charlm::model({.vocab = data.vocab(),
+                         .context = 4,
+                         .embed = 8,
+                         .hidden = 32,
+                         .experts = 4,
+                         .expert_hidden = 16},
                         1),
           {.lr = 1e-2f});
     const auto eval = charlm::model::eval_batch(data, 4, 64);

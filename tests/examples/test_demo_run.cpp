@@ -30,8 +30,8 @@ TEST_CASE("demo defaults: 8 ranks on 2 sites, the meshes of before, no slow site
   CHECK(same(demo::mesh_of("zero2", s), {1, 1, 8}));
   CHECK(same(demo::mesh_of("hsdp", s), {1, 2, 4}));
   CHECK(same(demo::mesh_of("fl_fsdp", s), {2, 1, 4}));
-  for (const char* a : {"fl_hsdp", "fl_hsdp_int8", "diloco", "streaming_diloco", "sparseloco",
-                        "some_new_alias"})
+  for (const char* a :
+       {"fl_hsdp", "fl_hsdp_int8", "diloco", "streaming_diloco", "sparseloco", "some_new_alias"})
     CHECK(same(demo::mesh_of(a, s), {2, 2, 2}));
   const auto t = demo::topology_of(s);
   CHECK(t.site_links.empty());

@@ -73,9 +73,9 @@ struct topology {
                      factor);
     topology t = blocks(n, sites, l);
     t.site_links.assign(static_cast<std::size_t>(sites), l);
-    t.site_links[static_cast<std::size_t>(slow)] = {.bandwidth_bytes_per_s =
-                                                        l.bandwidth_bytes_per_s / factor,
-                                                    .latency_s = l.latency_s * factor};
+    t.site_links[static_cast<std::size_t>(slow)] = {
+        .bandwidth_bytes_per_s = l.bandwidth_bytes_per_s / factor,
+        .latency_s = l.latency_s * factor};
     return t;
   }
 
@@ -130,10 +130,10 @@ class network {
     FEDSHARD_EXPECTS(topo.wan.bandwidth_bytes_per_s > 0 && topo.wan.latency_s >= 0,
                      "shaped::network: link bandwidth must be > 0 and latency >= 0, found ",
                      topo.wan.bandwidth_bytes_per_s, " B/s and ", topo.wan.latency_s, " s");
-    FEDSHARD_EXPECTS(topo.site_links.empty() ||
-                         static_cast<int>(topo.site_links.size()) >= topo.num_sites(),
-                     "shaped::network: site_links names ", topo.site_links.size(),
-                     " links but the ranks sit on ", topo.num_sites(), " sites");
+    FEDSHARD_EXPECTS(
+        topo.site_links.empty() || static_cast<int>(topo.site_links.size()) >= topo.num_sites(),
+        "shaped::network: site_links names ", topo.site_links.size(),
+        " links but the ranks sit on ", topo.num_sites(), " sites");
     for (const link& l : topo.site_links)
       FEDSHARD_EXPECTS(l.bandwidth_bytes_per_s > 0 && l.latency_s >= 0,
                        "shaped::network: link bandwidth must be > 0 and latency >= 0, found ",
