@@ -6,6 +6,17 @@
 /// through two tanh layers of width H and a softmax over the V characters of the corpus.
 /// Units (one all-gather each): "embed" {table [V, E]}, "hidden1" {w1 [H, kE], b1 [H]},
 /// "hidden2" {w2 [H, H], b2 [H]}, "head" {w3 [V, H], b3 [V]}.
+///
+/// Optional mixture of experts (dims::experts = X > 0; off by default, and then the model is
+/// the one above, unit for unit): between hidden2 and the head, a router picks one of X
+/// experts per example (top-1 of softmax(Wr h2 + br)) and h2 becomes h2 + p_e * expert_e(h2),
+/// with expert_e(x) = We2 tanh(We1 x + be1) + be2 of width F (dims::expert_hidden) and p_e
+/// the router's probability of e (so the router learns, as in the Switch Transformer).
+/// Units then: embed, hidden1, hidden2, "router" {wr [X, H], br [X]}, "expert0" ..
+/// "expert<X-1>" {we1 [F, H], be1 [F], we2 [H, F], be2 [H]}, head. Each expert is its own
+/// unit, so that a placement can hold it on some groups only (expert_of, group_of_unit);
+/// every rank acquires every expert in every step (a gathered unit is a collective), and an
+/// expert no example was routed to gets zero gradients.
 /// Loss: mean cross-entropy of the next character, in nats; perplexity = exp(loss).
 ///
 /// Data: any text; the first 90% (by position) trains, the last 10% evaluates. Rank r's
@@ -95,9 +106,11 @@ inline std::uint64_t mix(std::uint64_t z) {
 /// The model's sizes.
 struct dims {
   int vocab = 0;
-  int context = 8;   ///< k
-  int embed = 16;    ///< E
-  int hidden = 256;  ///< H
+  int context = 8;        ///< k
+  int embed = 16;         ///< E
+  int hidden = 256;       ///< H
+  int experts = 0;        ///< X: 0 = no mixture-of-experts layer
+  int expert_hidden = 0;  ///< F: width of each expert's hidden layer (0 = H)
 };
 
 /// The model: a fedshard::Model over charlm::batch.
@@ -108,16 +121,53 @@ class model {
     FEDSHARD_EXPECTS(d.vocab >= 2 && d.context >= 1 && d.embed >= 1 && d.hidden >= 1,
                      "charlm: dims must be positive (vocab >= 2), found vocab ", d.vocab,
                      ", context ", d.context, ", embed ", d.embed, ", hidden ", d.hidden);
+    FEDSHARD_EXPECTS(d.experts >= 0 && d.expert_hidden >= 0,
+                     "charlm: experts and expert_hidden must be >= 0, found ", d.experts, " and ",
+                     d.expert_hidden);
+    if (d_.expert_hidden == 0) d_.expert_hidden = d_.hidden;
   }
   const dims& sizes() const { return d_; }
 
   std::vector<fedshard::unit_spec> units() const {
     const std::int64_t V = d_.vocab, E = d_.embed, H = d_.hidden, KE = d_.context * d_.embed;
-    return {{"embed", {{"table", {V, E}}}},
-            {"hidden1", {{"w1", {H, KE}}, {"b1", {H}}}},
-            {"hidden2", {{"w2", {H, H}}, {"b2", {H}}}},
-            {"head", {{"w3", {V, H}}, {"b3", {V}}}}};
+    std::vector<fedshard::unit_spec> u{{"embed", {{"table", {V, E}}}},
+                                       {"hidden1", {{"w1", {H, KE}}, {"b1", {H}}}},
+                                       {"hidden2", {{"w2", {H, H}}, {"b2", {H}}}}};
+    if (d_.experts > 0) {
+      const std::int64_t X = d_.experts, F = d_.expert_hidden;
+      u.push_back({"router", {{"wr", {X, H}}, {"br", {X}}}});
+      for (int e = 0; e < d_.experts; ++e)
+        u.push_back({"expert" + std::to_string(e),
+                     {{"we1", {F, H}}, {"be1", {F}}, {"we2", {H, F}}, {"be2", {H}}}});
+    }
+    u.push_back({"head", {{"w3", {V, H}}, {"b3", {V}}}});
+    return u;
   }
+
+  /// The number of experts (0: no mixture-of-experts layer).
+  int num_experts() const { return d_.experts; }
+  /// Index of the head unit (the last).
+  std::size_t head_unit() const { return d_.experts > 0 ? 4 + std::size_t(d_.experts) : 3; }
+  /// The expert unit u holds, or -1 for a dense unit (embed, hidden*, router, head).
+  int expert_of(std::size_t u) const {
+    if (d_.experts == 0 || u < 4 || u >= head_unit()) return -1;
+    return static_cast<int>(u - 4);
+  }
+  /// The unit of expert e.
+  std::size_t unit_of_expert(int e) const { return 4 + static_cast<std::size_t>(e); }
+  /// A placement over `groups` groups: expert e is held by group e mod groups; -1 (every
+  /// group) for a dense unit. One entry per unit.
+  std::vector<int> placement(int groups) const {
+    FEDSHARD_EXPECTS(groups >= 1, "charlm: placement over ", groups, " groups");
+    std::vector<int> p;
+    for (std::size_t u = 0; u <= head_unit(); ++u) {
+      const int e = expert_of(u);
+      p.push_back(e < 0 ? -1 : e % groups);
+    }
+    return p;
+  }
+  /// The expert each example of the last forward pass was routed to (empty without experts).
+  const std::vector<int>& last_routes() const { return routes_; }
 
   /// Uniform(-1/sqrt(fan_in), 1/sqrt(fan_in)) weights, zero biases, N(0,1)-ish embeddings.
   std::vector<float> initial_values(const fedshard::flat_layout& l, std::size_t u) const {
@@ -256,11 +306,16 @@ class model {
       dense(l.tensor_view(p, 2, 0), l.tensor_view(p, 2, 1), h1, H, H, n, true, h2);
       ctx.release(2);
     }
+    // the mixture of experts (if any): hm = h2 + p_e * expert_e(h2)
+    moe_cache mc;
+    if (d_.experts > 0) moe_forward(ctx, h2, n, mc);
+    const std::vector<float>& top = d_.experts > 0 ? mc.out : h2;
+    const std::size_t hu = head_unit();
     double loss = 0;
     std::vector<float> dlogits(n * V);
     {
-      auto p = ctx.acquire(3);
-      dense(l.tensor_view(p, 3, 0), l.tensor_view(p, 3, 1), h2, H, V, n, false, logits);
+      auto p = ctx.acquire(hu);
+      dense(l.tensor_view(p, hu, 0), l.tensor_view(p, hu, 1), top, H, V, n, false, logits);
       for (std::size_t s = 0; s < n; ++s) {
         const float* z = &logits[s * V];
         const float m = *std::max_element(z, z + V);
@@ -272,19 +327,20 @@ class model {
           dlogits[s * V + v] = static_cast<float>(std::exp(double(z[v] - m)) / sum / double(n));
         dlogits[s * V + y] -= 1.0f / static_cast<float>(n);
       }
-      ctx.release(3);
+      ctx.release(hu);
     }
     if (!train) return static_cast<float>(loss / double(n));
     // backward
     std::vector<float> dh2, dh1, dx;
     {
-      auto p = ctx.acquire(3, fedshard::phase::backward);
-      auto g = ctx.grad_buffer(3);
-      dense_back(l.tensor_view(p, 3, 0), l.tensor_view(g, 3, 0), l.tensor_view(g, 3, 1), h2,
+      auto p = ctx.acquire(hu, fedshard::phase::backward);
+      auto g = ctx.grad_buffer(hu);
+      dense_back(l.tensor_view(p, hu, 0), l.tensor_view(g, hu, 0), l.tensor_view(g, hu, 1), top,
                  dlogits, H, V, n, &dh2);
-      ctx.release(3);
-      ctx.grads_ready(3);
+      ctx.release(hu);
+      ctx.grads_ready(hu);
     }
+    if (d_.experts > 0) moe_backward(ctx, h2, n, mc, dh2);  // dh2: d/d(hm) in, d/d(h2) out
     for (std::size_t i = 0; i < dh2.size(); ++i) dh2[i] *= 1.0f - h2[i] * h2[i];
     {
       auto p = ctx.acquire(2, fedshard::phase::backward);
@@ -316,8 +372,113 @@ class model {
     return static_cast<float>(loss / double(n));
   }
 
+  /// What the mixture's backward needs from its forward.
+  struct moe_cache {
+    std::vector<float> probs;                    // [n, X] router softmax
+    std::vector<int> route;                      // [n] chosen expert
+    std::vector<std::vector<float>> a;           // per expert: [m_e, F] tanh hidden of its examples
+    std::vector<std::vector<float>> y;           // per expert: [m_e, H] expert output
+    std::vector<std::vector<std::size_t>> rows;  // per expert: the examples routed to it
+    std::vector<float> out;                      // [n, H] h2 + p_e * y
+  };
+
+  template <class Ctx>
+  void moe_forward(Ctx& ctx, const std::vector<float>& h2, std::size_t n, moe_cache& mc) {
+    const fedshard::flat_layout& l = ctx.layout();
+    const auto H = static_cast<std::size_t>(d_.hidden), X = static_cast<std::size_t>(d_.experts),
+               F = static_cast<std::size_t>(d_.expert_hidden);
+    std::vector<float> r;
+    {
+      auto p = ctx.acquire(3);
+      dense(l.tensor_view(p, 3, 0), l.tensor_view(p, 3, 1), h2, H, X, n, false, r);
+      ctx.release(3);
+    }
+    mc.probs.assign(n * X, 0.0f);
+    mc.route.assign(n, 0);
+    mc.rows.assign(X, {});
+    for (std::size_t s = 0; s < n; ++s) {
+      const float* z = &r[s * X];
+      const std::size_t e = static_cast<std::size_t>(std::max_element(z, z + X) - z);
+      double sum = 0;
+      for (std::size_t j = 0; j < X; ++j) sum += std::exp(double(z[j] - z[e]));
+      for (std::size_t j = 0; j < X; ++j)
+        mc.probs[s * X + j] = static_cast<float>(std::exp(double(z[j] - z[e])) / sum);
+      mc.route[s] = static_cast<int>(e);
+      mc.rows[e].push_back(s);
+    }
+    routes_ = mc.route;
+    mc.out = h2;
+    mc.a.assign(X, {});
+    mc.y.assign(X, {});
+    for (std::size_t e = 0; e < X; ++e) {
+      const std::size_t u = unit_of_expert(static_cast<int>(e));
+      auto p = ctx.acquire(u);  // every expert, routed to or not: its gather is collective
+      const auto& rows = mc.rows[e];
+      std::vector<float> xe(rows.size() * H);
+      for (std::size_t i = 0; i < rows.size(); ++i) std::copy_n(&h2[rows[i] * H], H, &xe[i * H]);
+      dense(l.tensor_view(p, u, 0), l.tensor_view(p, u, 1), xe, H, F, rows.size(), true, mc.a[e]);
+      dense(l.tensor_view(p, u, 2), l.tensor_view(p, u, 3), mc.a[e], F, H, rows.size(), false,
+            mc.y[e]);
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        const float pe = mc.probs[rows[i] * X + e];
+        axpy(pe, &mc.y[e][i * H], &mc.out[rows[i] * H], H);
+      }
+      ctx.release(u);
+    }
+  }
+
+  /// Backward of the mixture: `d` holds d loss / d out on entry, d loss / d h2 on exit.
+  template <class Ctx>
+  void moe_backward(Ctx& ctx, const std::vector<float>& h2, std::size_t n, const moe_cache& mc,
+                    std::vector<float>& d) {
+    const fedshard::flat_layout& l = ctx.layout();
+    const auto H = static_cast<std::size_t>(d_.hidden), X = static_cast<std::size_t>(d_.experts),
+               F = static_cast<std::size_t>(d_.expert_hidden);
+    std::vector<float> dh = d;           // the residual path
+    std::vector<float> dr(n * X, 0.0f);  // d loss / d router logits
+    for (std::size_t e = X; e-- > 0;) {
+      const std::size_t u = unit_of_expert(static_cast<int>(e));
+      auto p = ctx.acquire(u, fedshard::phase::backward);
+      auto g = ctx.grad_buffer(u);
+      const auto& rows = mc.rows[e];
+      const std::size_t m = rows.size();
+      std::vector<float> xe(m * H), dy(m * H);
+      for (std::size_t i = 0; i < m; ++i) {
+        const std::size_t s = rows[i];
+        std::copy_n(&h2[s * H], H, &xe[i * H]);
+        const float pe = mc.probs[s * X + e];
+        // d out / d p_e = y; the router's softmax: d p_e / d z_j = p_e (delta_ej - p_j)
+        const float dpe = dot(&d[s * H], &mc.y[e][i * H], H);
+        for (std::size_t j = 0; j < X; ++j)
+          dr[s * X + j] += dpe * pe * ((j == e ? 1.0f : 0.0f) - mc.probs[s * X + j]);
+        for (std::size_t k = 0; k < H; ++k) dy[i * H + k] = pe * d[s * H + k];
+      }
+      std::vector<float> da, dxe;
+      dense_back(l.tensor_view(p, u, 2), l.tensor_view(g, u, 2), l.tensor_view(g, u, 3), mc.a[e],
+                 dy, F, H, m, &da);
+      for (std::size_t i = 0; i < da.size(); ++i) da[i] *= 1.0f - mc.a[e][i] * mc.a[e][i];
+      dense_back(l.tensor_view(p, u, 0), l.tensor_view(g, u, 0), l.tensor_view(g, u, 1), xe, da, H,
+                 F, m, &dxe);
+      for (std::size_t i = 0; i < m; ++i) axpy(1.0f, &dxe[i * H], &dh[rows[i] * H], H);
+      ctx.release(u);
+      ctx.grads_ready(u);
+    }
+    {
+      auto p = ctx.acquire(3, fedshard::phase::backward);
+      auto g = ctx.grad_buffer(3);
+      std::vector<float> dxr;
+      dense_back(l.tensor_view(p, 3, 0), l.tensor_view(g, 3, 0), l.tensor_view(g, 3, 1), h2, dr, H,
+                 X, n, &dxr);
+      for (std::size_t i = 0; i < dh.size(); ++i) dh[i] += dxr[i];
+      ctx.release(3);
+      ctx.grads_ready(3);
+    }
+    d = std::move(dh);
+  }
+
   dims d_{};
   std::uint64_t seed_ = 1;
+  std::vector<int> routes_;
 };
 
 }  // namespace charlm

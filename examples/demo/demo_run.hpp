@@ -1,8 +1,10 @@
 #pragma once
 // The demo's training runs, shared by fedshard-demo (which prints them) and fedshard-sim
 // --predict-demo (which predicts them and measures them side by side): the settings and
-// their flags, the mesh and schedule of each algorithm, and train<A>, which trains charlm on
-// 8 in-process ranks over 2 emulated sites and reports tokens/s, perplexity and bytes.
+// their flags, the mesh and schedule of each algorithm (the rows table), and train<A>, which
+// trains charlm on 8 in-process ranks over 2 emulated sites (by default; --ranks, --groups,
+// --slow-site, --slow-factor change the world, its sites and their links; --experts adds a
+// mixture-of-experts layer to the model) and reports tokens/s, perplexity and bytes.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -32,8 +34,14 @@ using comm = fedshard::shaped::communicator<fedshard::inproc::communicator>;
 struct settings {
   std::string corpus = "/usr/share/common-licenses";
   int steps = 480;
-  int batch = 16;    // examples per rank per step
-  int hidden = 256;  // width of the two hidden layers
+  int batch = 16;           // examples per rank per step
+  int hidden = 256;         // width of the two hidden layers
+  int experts = 0;          // mixture-of-experts layer: number of experts (0: none)
+  int expert_hidden = 0;    // width of each expert's hidden layer (0: hidden)
+  int ranks = 8;            // in-process ranks
+  int groups = 2;           // groups of the federated rows = sites (one site per group)
+  int slow_site = -1;       // the site behind a slower link (-1: every site's link is the same)
+  double slow_factor = 10;  // how much slower: bandwidth / factor, latency x factor
   int eval_every = 40;
   int eval_examples = 1024;
   double bandwidth_gbit = 1.0;
@@ -72,6 +80,8 @@ struct result {
       << program << ": " << msg << "\n"
       << "usage: " << program
       << " [--corpus PATH] [--steps N] [--batch N] [--hidden N]\n"
+         "       [--experts X] [--expert-hidden F]\n"
+         "       [--ranks N] [--groups G] [--slow-site S] [--slow-factor F]\n"
          "       [--eval-every N] [--eval-examples N]\n"
          "       [--bandwidth-gbit G] [--latency-ms MS] [--lr LR] [--seed S] [--out DIR]\n"
          "       [--k K] [--h H] [--fragments P] [--delay T]\n"
@@ -81,7 +91,13 @@ struct result {
          "  --k: steps between syncs of fl_fsdp, fl_hsdp, fl_hsdp_int8 and sparseloco\n"
          "  (default 8); --h: inner steps of diloco and streaming_diloco (default 16);\n"
          "  --fragments, --delay: streaming's fragments (default 2) and overlap in steps\n"
-         "  (default 1)\n";
+         "  (default 1)\n"
+         "  --experts X: a mixture-of-experts layer of X experts, top-1 routing (default 0:\n"
+         "  none); --expert-hidden F: each expert's width (default: --hidden)\n"
+         "  --ranks N: in-process ranks (default 8); --groups G: groups of the federated\n"
+         "  algorithms, one emulated site each (default 2); every row runs on these G sites\n"
+         "  --slow-site S: site S's link is --slow-factor times slower (default 10; bandwidth\n"
+         "  / F, latency x F); a pair of sites talks at the slower of its two links\n";
   std::exit(2);
 }
 
@@ -112,6 +128,18 @@ inline settings parse(int argc, char** argv, int first = 1,
       s.batch = static_cast<int>(number(1));
     else if (a == "--hidden")
       s.hidden = static_cast<int>(number(1));
+    else if (a == "--experts")
+      s.experts = static_cast<int>(number(0));
+    else if (a == "--expert-hidden")
+      s.expert_hidden = static_cast<int>(number(1));
+    else if (a == "--ranks")
+      s.ranks = static_cast<int>(number(1));
+    else if (a == "--groups")
+      s.groups = static_cast<int>(number(1));
+    else if (a == "--slow-site")
+      s.slow_site = static_cast<int>(number(0));
+    else if (a == "--slow-factor")
+      s.slow_factor = number(1);
     else if (a == "--eval-every")
       s.eval_every = static_cast<int>(number(1));
     else if (a == "--eval-examples")
@@ -143,21 +171,48 @@ inline settings parse(int argc, char** argv, int first = 1,
     else
       usage(("unknown option " + a).c_str(), program);
   }
+  if (s.ranks % s.groups != 0)
+    usage(("--ranks " + std::to_string(s.ranks) + " do not split into --groups " +
+           std::to_string(s.groups))
+              .c_str(),
+          program);
+  if (s.slow_site >= s.groups)
+    usage(("--slow-site " + std::to_string(s.slow_site) + " is not one of the " +
+           std::to_string(s.groups) + " sites (0 .. groups - 1)")
+              .c_str(),
+          program);
   return s;
+}
+
+/// The emulated network of settings s: s.ranks ranks on s.groups sites (contiguous blocks,
+/// so that group g of a federated mesh sits on site g), optionally one site slower.
+inline fedshard::shaped::topology topology_of(const settings& s) {
+  const fedshard::shaped::link wan{s.bandwidth_gbit * 1e9 / 8, s.latency_ms * 1e-3};
+  if (s.slow_site < 0) return fedshard::shaped::topology::blocks(s.ranks, s.groups, wan);
+  return fedshard::shaped::topology::blocks_with_slow_site(s.ranks, s.groups, wan, s.slow_site,
+                                                           s.slow_factor);
+}
+
+/// The model's sizes under settings s.
+inline charlm::dims dims_of(const settings& s, const charlm::corpus& data) {
+  return {.vocab = data.vocab(),
+          .context = 8,
+          .embed = 16,
+          .hidden = s.hidden,
+          .experts = s.experts,
+          .expert_hidden = s.expert_hidden};
 }
 
 template <class Algorithm>
 inline result train(const std::string& name, fedshard::mesh_shape shape, const settings& s,
                     const charlm::corpus& data, fedshard::trainer_options<Algorithm> opts = {}) {
-  constexpr int world_size = 8;
+  const int world_size = s.ranks;
   result r;
   r.name = name;
   r.shape = shape;
-  const fedshard::shaped::link wan{s.bandwidth_gbit * 1e9 / 8, s.latency_ms * 1e-3};
-  auto net =
-      fedshard::shaped::network::create(fedshard::shaped::topology::blocks(world_size, 2, wan));
+  auto net = fedshard::shaped::network::create(topology_of(s));
   opts.total_steps = s.steps;
-  const charlm::dims dims{data.vocab(), 8, 16, s.hidden};
+  const charlm::dims dims = dims_of(s, data);
   std::mutex mu;
   // 8 ranks computing on few cores: waiting ranks sleep at once instead of polling, so the
   // ranks they wait for get the cores (fedshard::inproc::options::spin_polls).
@@ -172,7 +227,7 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
         fedshard::trainer<charlm::model, Algorithm, fedshard::optim::adamw, comm> t(
             m, charlm::model(dims, s.seed), {.lr = s.lr, .weight_decay = 0.0f}, opts);
         const auto eval_all = charlm::model::eval_batch(data, dims.context, s.eval_examples);
-        const std::size_t per = eval_all.size() / world_size;
+        const std::size_t per = eval_all.size() / static_cast<std::size_t>(world_size);
         const charlm::batch eval(eval_all.begin() + static_cast<std::ptrdiff_t>(per * rank),
                                  eval_all.begin() + static_cast<std::ptrdiff_t>(per * (rank + 1)));
         double train_seconds = 0;
@@ -234,19 +289,79 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
   return r;
 }
 
-/// The mesh each algorithm runs on: 8 ranks, the federated ones as 2 groups (one per site).
+/// The shape of a row's mesh over N ranks and G groups.
+enum class mesh_kind {
+  replicas,          ///< 1 x N x 1
+  shards,            ///< 1 x 1 x N
+  hybrid,            ///< 1 x 2 x N/2
+  federated_shards,  ///< G x 1 x N/G
+  federated_hybrid,  ///< G x 2 x N/(2G) (N/G even; 4 groups of 8 ranks: 4 x 2 x 1), else G x N/G x
+                     ///< 1
+};
+/// How often a federated row syncs: the rule of options_of (K for averaging, H for outer
+/// optimizers), or K or H whatever its policies.
+enum class cadence { by_policy, k, h };
+
+/// One row the demo can run: an alias of fedshard::for_each_algorithm, the mesh it runs on,
+/// when it syncs, and whether it needs the model's experts (--experts).
+struct row_spec {
+  std::string_view name;
+  mesh_kind mesh = mesh_kind::federated_hybrid;
+  cadence every = cadence::by_policy;
+  bool needs_experts = false;
+};
+
+/// The demo's rows: adding a row is one line here (and its alias in for_each_algorithm). An
+/// alias not listed runs as {name, federated_hybrid, by_policy}.
+inline const std::vector<row_spec>& rows() {
+  static const std::vector<row_spec> r{
+      {.name = "ddp", .mesh = mesh_kind::replicas},
+      {.name = "zero2", .mesh = mesh_kind::shards},
+      {.name = "fsdp", .mesh = mesh_kind::shards},
+      {.name = "hsdp", .mesh = mesh_kind::hybrid},
+      {.name = "fl_fsdp", .mesh = mesh_kind::federated_shards},
+      {.name = "fl_hsdp"},
+      {.name = "fl_hsdp_int8"},
+      {.name = "diloco"},
+      {.name = "streaming_diloco"},
+      {.name = "sparseloco"},
+      // when their policies land (issue 16):
+      // {.name = "fomoe", .every = cadence::k, .needs_experts = true},
+      // {.name = "gasloc", .every = cadence::h},
+  };
+  return r;
+}
+/// The row of `name` (a default row for an alias not listed).
+inline row_spec row_of(std::string_view name) {
+  for (const auto& r : rows())
+    if (r.name == name) return r;
+  return {.name = name};
+}
+
+/// The mesh an algorithm runs on under settings s (N = s.ranks, G = s.groups): see mesh_kind.
+inline fedshard::mesh_shape mesh_of(const std::string& algorithm, const settings& s) {
+  const int n = s.ranks, g = s.groups, per = n / g;
+  switch (row_of(algorithm).mesh) {
+    case mesh_kind::replicas: return {1, n, 1};
+    case mesh_kind::shards: return {1, 1, n};
+    case mesh_kind::hybrid:
+      return n % 2 == 0 ? fedshard::mesh_shape{1, 2, n / 2} : fedshard::mesh_shape{1, n, 1};
+    case mesh_kind::federated_shards: return {g, 1, per};
+    case mesh_kind::federated_hybrid:
+      return per % 2 == 0 ? fedshard::mesh_shape{g, 2, per / 2} : fedshard::mesh_shape{g, per, 1};
+  }
+  return {g, 1, per};
+}
+/// The mesh each algorithm runs on with the default settings: 8 ranks, the federated ones as
+/// 2 groups (one per site).
 inline fedshard::mesh_shape mesh_of(const std::string& algorithm) {
-  if (algorithm == "ddp") return {1, 8, 1};
-  if (algorithm == "fsdp" || algorithm == "zero2") return {1, 1, 8};
-  if (algorithm == "hsdp") return {1, 2, 4};
-  if (algorithm == "fl_fsdp") return {2, 1, 4};
-  return {2, 2, 2};
+  return mesh_of(algorithm, settings{});
 }
 
 /// The demo's settings for algorithm A: K for periodic averaging, H (and the streaming
-/// settings) for the outer optimizers.
+/// settings) for the outer optimizers; a row's cadence (rows()) overrides the rule.
 template <class A>
-fedshard::trainer_options<A> options_of(const settings& s) {
+fedshard::trainer_options<A> options_of(const settings& s, std::string_view name = {}) {
   using schedule = typename A::sync_schedule;
   // Outer optimizers sync every H steps, except sparseloco: it syncs every K, like the
   // averaging it compresses, so its bytes compare with fl_hsdp's at the same cadence.
@@ -255,8 +370,10 @@ fedshard::trainer_options<A> options_of(const settings& s) {
       !std::is_same_v<federation, fedshard::federation::average> &&
       std::is_same_v<fedshard::federation::sync_codec_t<federation>, fedshard::codec::identity>;
   fedshard::trainer_options<A> o;
+  const cadence every = row_of(name).every;
+  const bool use_h = every == cadence::by_policy ? outer : every == cadence::h;
   if constexpr (std::is_same_v<schedule, fedshard::schedule::periodic>)
-    o.schedule = {.period = outer ? s.h : s.k};
+    o.schedule = {.period = use_h ? s.h : s.k};
   if constexpr (std::is_same_v<schedule, fedshard::schedule::streaming>)
     o.schedule = {.period = s.h, .fragments = s.fragments, .delay = s.delay, .alpha = 1.0f};
   return o;
@@ -266,9 +383,11 @@ fedshard::trainer_options<A> options_of(const settings& s) {
 /// settings; nullopt for a name that is not an alias.
 inline std::optional<result> train_named(const std::string& name, const settings& s,
                                          const charlm::corpus& data) {
+  if (row_of(name).needs_experts && s.experts == 0)
+    usage(("the row " + name + " needs the model's experts (--experts X)").c_str());
   std::optional<result> r;
   fedshard::for_each_algorithm([&]<class A>(std::string_view alias) {
-    if (alias == name) r = train<A>(name, mesh_of(name), s, data, options_of<A>(s));
+    if (alias == name) r = train<A>(name, mesh_of(name, s), s, data, options_of<A>(s, name));
   });
   return r;
 }

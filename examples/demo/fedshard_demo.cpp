@@ -53,12 +53,25 @@ int main(int argc, char** argv) {
     std::cerr << "fedshard-demo: " << e.what() << "\n";
     return 1;
   }
-  std::printf("fedshard-demo: %zu characters of %s (alphabet %d), 8 inproc ranks on 2 sites\n",
-              data.ids.size(), s.corpus.c_str(), data.vocab());
+  std::printf("fedshard-demo: %zu characters of %s (alphabet %d), %d inproc ranks on %d sites\n",
+              data.ids.size(), s.corpus.c_str(), data.vocab(), s.ranks, s.groups);
   std::printf(
       "The link between the sites is EMULATED: %.3g Gbit/s, %.3g ms latency per "
       "cross-site collective.\n",
       s.bandwidth_gbit, s.latency_ms);
+  if (s.slow_site >= 0)
+    std::printf(
+        "Site %d sits behind a link %.3g x slower (%.3g Gbit/s, %.3g ms); a pair of sites talks "
+        "at the slower of its two links.\n",
+        s.slow_site, s.slow_factor, s.bandwidth_gbit / s.slow_factor, s.latency_ms * s.slow_factor);
+  if (s.experts > 0) {
+    const charlm::model m(demo::dims_of(s, data));
+    std::printf("Model with a mixture of %d experts (top-1, width %d); placement over %d groups:",
+                s.experts, m.sizes().expert_hidden, s.groups);
+    for (int e = 0; e < s.experts; ++e)
+      std::printf(" expert%d -> group %d", e, m.placement(s.groups)[m.unit_of_expert(e)]);
+    std::printf(" (used by the rows that place experts)\n");
+  }
   std::printf(
       "%d steps x %d examples per rank per step; AdamW lr %g; fl_* and sparseloco sync every "
       "%d steps, diloco every %d.\n\n",

@@ -844,6 +844,10 @@ int predict_demo_main(int argc, char** argv, int first) {
   demo::settings s =
       demo::parse(static_cast<int>(args.size()), args.data(), 1, "fedshard-sim --predict-demo");
   s.quiet = true;
+  if (s.ranks != 8 || s.groups != 2 || s.slow_site >= 0 || s.experts > 0)
+    fail(
+        "--predict-demo models the default demo only (8 ranks on 2 sites, no slow site, no "
+        "experts)");
   const charlm::corpus data = charlm::corpus::load(s.corpus);
   std::printf(
       "fedshard-sim --predict-demo: fedshard-demo's runs (8 inproc ranks on 2 sites, emulated "

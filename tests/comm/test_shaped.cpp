@@ -140,3 +140,105 @@ TEST_CASE("bad topologies are refused") {
                          doctest::Contains("places 4 ranks but the world has 2"), invalid_argument);
   });
 }
+
+TEST_CASE("a link per site: a pair talks at the slower of its two links") {
+  // 4 ranks on 4 sites; site 3's link is 10x slower (bandwidth / 10, latency x 10).
+  const shaped::link wan{.bandwidth_bytes_per_s = 1e6, .latency_s = 0.001};
+  const auto topo = shaped::topology::blocks_with_slow_site(4, 4, wan, 3, 10.0);
+  REQUIRE(topo.num_sites() == 4);
+  CHECK(topo.between({0, 1}).bandwidth_bytes_per_s == 1e6);
+  CHECK(topo.between({0, 1}).latency_s == 0.001);
+  CHECK(topo.between({0, 3}).bandwidth_bytes_per_s == doctest::Approx(1e5));
+  CHECK(topo.between({0, 3}).latency_s == doctest::Approx(0.01));
+  CHECK(topo.between({0, 1, 2, 3}).bandwidth_bytes_per_s == doctest::Approx(1e5));
+  // the model: a transfer touching the slow site takes 10x as long
+  CHECK(topo.transfer_seconds(4000, {2, 3}) ==
+        doctest::Approx(10.0 * topo.transfer_seconds(4000, {0, 1})));
+  // without site links every pair uses wan
+  const auto even = shaped::topology::blocks(4, 4, wan);
+  CHECK(even.transfer_seconds(4000, {0, 3}) ==
+        doctest::Approx(even.transfer_seconds(4000, {0, 1})));
+
+  std::vector<shaped::link_stats> pair_stats(4), p2p_stats(4);
+  std::vector<double> elapsed(4);
+  std::vector<float> sums(4);
+  auto net = shaped::network::create(topo);
+  test::spawn_ranks(4, [&](inproc::communicator& w) {
+    const int r = w.rank();
+    shaped_comm world(std::move(w), net);
+    auto pair = world.split(r / 2, r);  // {0,1}: fast sites; {2,3}: touches the slow site
+    CHECK(pair.crosses_sites());
+    std::vector<float> x(1000, float(r + 1)), y(1000);
+    world.inner().barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    pair.all_reduce(x.data(), y.data(), 1000, dtype::f32, reduce_op::sum);
+    elapsed[static_cast<std::size_t>(r)] = seconds_since(t0);
+    sums[static_cast<std::size_t>(r)] = y[0];
+    pair_stats[static_cast<std::size_t>(r)] = pair.stats();
+    // point to point: 0 -> 1 (fast pair), 2 -> 3 (slow pair)
+    float v = float(r);
+    if (r % 2 == 0)
+      world.send(&v, 1, dtype::f32, r + 1);
+    else
+      world.recv(&v, 1, dtype::f32, r - 1);
+    CHECK(v == float(r - r % 2));
+    p2p_stats[static_cast<std::size_t>(r)] = world.stats();
+  });
+  CHECK(sums[0] == 3.0f);
+  CHECK(sums[3] == 7.0f);
+  // all_reduce of 4000 B over 2 ranks: 4000 B on the wire; fast 4 ms + 1 ms, slow 40 + 10 ms
+  for (int r = 0; r < 4; ++r) {
+    CHECK(pair_stats[r].crossing_bytes == doctest::Approx(4000.0));
+    CHECK(pair_stats[r].link_s == doctest::Approx(r < 2 ? 0.005 : 0.050));
+    CHECK(p2p_stats[r].link_s == doctest::Approx(r < 2 ? 0.001004 : 0.01004));
+  }
+  CHECK(pair_stats[2].link_s == doctest::Approx(10.0 * pair_stats[0].link_s));
+  // the slow pair really waited (a lower bound only: wall clocks on a loaded machine run late)
+  CHECK(elapsed[2] >= 0.050);
+  CHECK(elapsed[3] >= 0.050);
+}
+
+TEST_CASE("site links: collectives over disjoint sites do not queue; sharing a site does") {
+  // On the network's model (its completion times, not wall clocks): 20 kB at 1 MB/s = 20 ms.
+  const shaped::link wan{.bandwidth_bytes_per_s = 1e6, .latency_s = 0.0};
+  shaped::network net(shaped::topology::blocks_with_slow_site(4, 4, wan, 3, 1.0));
+  auto done = [&](const std::string& key, std::vector<int> sites) {
+    net.arrive(key, 20000, 1, sites);
+    return *net.completion(key, 1, true);
+  };
+  const auto a = done("a", {0, 1});
+  const auto b = done("b", {2, 3});  // disjoint: in parallel with a
+  CHECK(std::chrono::duration<double>(b - a).count() < 0.020);
+  const auto c = done("c", {1, 2});  // shares site 1 with a and site 2 with b: after both
+  CHECK(std::chrono::duration<double>(c - std::max(a, b)).count() == doctest::Approx(0.020));
+}
+
+TEST_CASE("without site links, the collectives of a world of 4 sites share its one link") {
+  // Two pairs of sites, each all_reduce 20 kB on the wire at 1 MB/s: 20 ms each; on the one
+  // shared link (as before site links existed) the later ends >= 40 ms after the start.
+  const shaped::link wan{.bandwidth_bytes_per_s = 1e6, .latency_s = 0.0};
+  auto shared = shaped::topology::blocks(4, 4, wan);
+  std::vector<double> elapsed(4);
+  auto net = shaped::network::create(shared);
+  test::spawn_ranks(4, [&](inproc::communicator& w) {
+    const int r = w.rank();
+    shaped_comm world(std::move(w), net);
+    auto pair = world.split(r / 2, r);
+    std::vector<float> x(10000, 1.0f);
+    world.inner().barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    pair.all_reduce(x.data(), x.data(), 10000, dtype::f32, reduce_op::sum);
+    world.inner().barrier();
+    elapsed[static_cast<std::size_t>(r)] = seconds_since(t0);
+  });
+  CHECK(*std::max_element(elapsed.begin(), elapsed.end()) >= 0.040);
+}
+
+TEST_CASE("bad site links are refused") {
+  shaped::topology t = shaped::topology::blocks(4, 4);
+  t.site_links.assign(2, shaped::link{});
+  CHECK_THROWS_WITH_AS(shaped::network{t},
+                       doctest::Contains("names 2 links but the ranks sit on 4"), invalid_argument);
+  CHECK_THROWS_WITH_AS(shaped::topology::blocks_with_slow_site(4, 4, {}, 4, 10.0),
+                       doctest::Contains("slow site 4"), invalid_argument);
+}

@@ -2,6 +2,7 @@
 // differences, its data pipeline, and its use through the trainer.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -116,6 +117,107 @@ TEST_CASE("charlm trains under fl_hsdp on 8 inproc ranks and its eval loss goes 
                       fedshard::inproc::communicator>
         t(m, charlm::model({data.vocab(), 4, 8, 32}, 1), {.lr = 1e-2f},
           {.schedule = {.period = 4}});
+    const auto eval = charlm::model::eval_batch(data, 4, 64);
+    const auto r = static_cast<std::size_t>(w.rank());
+    before[r] = t.evaluate(eval);
+    for (int s = 0; s < 30; ++s) t.step(charlm::model::training_batch(data, 4, 1, s, w.rank(), 8));
+    after[r] = t.evaluate(eval);
+  });
+  for (int r = 0; r < 8; ++r) CHECK(after[r] < 0.7f * before[r]);
+}
+
+TEST_CASE(
+    "charlm with a mixture of experts: units, placement, gradients match finite differences") {
+  const auto data = charlm::corpus::from_text(sample_text());
+  const charlm::dims d{.vocab = data.vocab(),
+                       .context = 4,
+                       .embed = 6,
+                       .hidden = 12,
+                       .experts = 4,
+                       .expert_hidden = 10};
+  charlm::model m(d, 3);
+  // units: embed, hidden1, hidden2, router, expert0..3, head; the experts are marked
+  const auto units = m.units();
+  REQUIRE(units.size() == 9);
+  CHECK(units[3].name == "router");
+  CHECK(units[4].name == "expert0");
+  CHECK(units[7].name == "expert3");
+  CHECK(units[8].name == "head");
+  CHECK(m.head_unit() == 8);
+  for (std::size_t u = 0; u < units.size(); ++u)
+    CHECK(m.expert_of(u) == (u >= 4 && u < 8 ? int(u) - 4 : -1));
+  CHECK(m.placement(4) == std::vector<int>{-1, -1, -1, -1, 0, 1, 2, 3, -1});
+  CHECK(m.placement(3) == std::vector<int>{-1, -1, -1, -1, 0, 1, 2, 0, -1});
+  // without experts the model is the one of before, unit for unit
+  charlm::model dense({data.vocab(), 4, 6, 12}, 3);
+  CHECK(dense.units().size() == 4);
+  CHECK(dense.head_unit() == 3);
+  CHECK(dense.expert_of(3) == -1);
+  CHECK(dense.placement(4) == std::vector<int>{-1, -1, -1, -1});
+
+  plain_hooks h(m);
+  const auto b = charlm::model::training_batch(data, 4, 5, 0, 0, 24);
+  h.zero_grads();
+  const float loss = m.forward_backward(h, b);
+  CHECK(loss > 0);
+  const auto routes = m.last_routes();
+  REQUIRE(routes.size() == b.size());
+  std::vector<int> per_expert(4, 0);
+  for (int e : routes) ++per_expert[static_cast<std::size_t>(e)];
+  CHECK(std::count_if(per_expert.begin(), per_expert.end(), [](int c) { return c > 0; }) >= 2);
+  const auto analytic = h.g;
+  int checked = 0, skipped = 0;
+  for (std::size_t u = 1; u < h.l.num_units(); ++u) {  // the embedding is checked above
+    const auto& ul = h.l.unit(u);
+    for (std::size_t k = 0; k < 16; ++k) {
+      const std::size_t i = (k * 7919 + u * 104729) % ul.numel;
+      const float saved = h.p[u][i];
+      const float eps = 1e-2f;
+      h.p[u][i] = saved + eps;
+      const double up = m.evaluate(h, b);
+      const bool same_up = m.last_routes() == routes;
+      h.p[u][i] = saved - eps;
+      const double down = m.evaluate(h, b);
+      const bool same_down = m.last_routes() == routes;
+      h.p[u][i] = saved;
+      if (!same_up || !same_down) {  // top-1 routing is not differentiable where it flips
+        ++skipped;
+        continue;
+      }
+      const double numeric = (up - down) / (2.0 * eps);
+      const double a = analytic[u][i];
+      CHECK_MESSAGE(std::abs(numeric - a) <= 2e-2 * std::abs(numeric) + 2e-4, "unit ", ul.name,
+                    " element ", i, ": analytic ", a, " numeric ", numeric);
+      ++checked;
+    }
+  }
+  CHECK(checked >= 110);  // of 128; a flip of routing under +-eps skips an element
+  MESSAGE("moe gradient check: ", checked, " elements checked, ", skipped, " skipped");
+  // an expert no example was routed to has zero gradients
+  for (int e = 0; e < 4; ++e)
+    if (per_expert[static_cast<std::size_t>(e)] == 0)
+      for (float g : analytic[m.unit_of_expert(e)]) CHECK(g == 0.0f);
+  for (std::size_t u = 0; u < h.l.num_units(); ++u)
+    for (std::size_t i = h.l.unit(u).numel; i < h.l.unit(u).padded_numel; ++i)
+      CHECK(analytic[u][i] == 0.0f);
+}
+
+TEST_CASE("charlm with experts trains under fsdp on 8 inproc ranks (sharded experts)") {
+  const auto data = charlm::corpus::from_text(sample_text());
+  std::vector<float> before(8), after(8);
+  fedshard::test::spawn_ranks(8, [&](fedshard::inproc::communicator& w) {
+    fedshard::mesh m(w, {1, 1, 8});
+    fedshard::trainer<charlm::model, fedshard::fsdp, fedshard::optim::adamw,
+                      fedshard::inproc::communicator>
+        t(m,
+          charlm::model({.vocab = data.vocab(),
+                         .context = 4,
+                         .embed = 8,
+                         .hidden = 32,
+                         .experts = 4,
+                         .expert_hidden = 16},
+                        1),
+          {.lr = 1e-2f});
     const auto eval = charlm::model::eval_batch(data, 4, 64);
     const auto r = static_cast<std::size_t>(w.rank());
     before[r] = t.evaluate(eval);

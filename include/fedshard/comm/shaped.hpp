@@ -13,6 +13,13 @@
 /// caller does until wait(). Point-to-point messages between sites take latency + bytes /
 /// bandwidth, without queueing. The emulation only adds waiting: results are those of the
 /// wrapped communicator, bit for bit.
+///
+/// Uneven links: a topology may give each site its own link (`site_links`, e.g. one site 10x
+/// slower than the rest). A pair of sites then talks at the slower of its two links (the
+/// lower bandwidth, the higher latency), a collective spanning a set of sites at the slowest
+/// of theirs, and each site's link is its own resource: a collective occupies the links of
+/// every site its members sit on, so collectives over disjoint sets of sites do not queue on
+/// each other. Without `site_links` every site uses `wan` and the world has the one link above.
 
 #include <algorithm>
 #include <chrono>
@@ -45,6 +52,9 @@ struct link {
 struct topology {
   std::vector<int> site_of_rank;
   link wan{};
+  /// Each site's own link, indexed by site (optional): empty means every site uses `wan` and
+  /// the world shares one link; otherwise it names a link for every site of site_of_rank.
+  std::vector<link> site_links{};
 
   /// n ranks in `sites` contiguous blocks of equal size.
   static topology blocks(int n, int sites, link l = {}) {
@@ -55,6 +65,43 @@ struct topology {
     for (int r = 0; r < n; ++r) t.site_of_rank.push_back(r / (n / sites));
     return t;
   }
+  /// blocks(n, sites, l), each site with its own link l, except site `slow`, whose link is
+  /// `factor` times slower (bandwidth / factor, latency x factor).
+  static topology blocks_with_slow_site(int n, int sites, link l, int slow, double factor) {
+    FEDSHARD_EXPECTS(slow >= 0 && slow < sites && factor >= 1.0, "shaped::topology: the slow site ",
+                     slow, " must be one of the ", sites, " sites and its factor >= 1, found ",
+                     factor);
+    topology t = blocks(n, sites, l);
+    t.site_links.assign(static_cast<std::size_t>(sites), l);
+    t.site_links[static_cast<std::size_t>(slow)] = {
+        .bandwidth_bytes_per_s = l.bandwidth_bytes_per_s / factor,
+        .latency_s = l.latency_s * factor};
+    return t;
+  }
+
+  /// The number of sites (1 + the highest site of a rank).
+  int num_sites() const {
+    int n = 0;
+    for (int s : site_of_rank) n = std::max(n, s + 1);
+    return n;
+  }
+  /// The link a transfer among `sites` uses: the slowest of their links (the lowest
+  /// bandwidth, the highest latency); `wan` without site_links.
+  link between(const std::vector<int>& sites) const {
+    if (site_links.empty() || sites.empty()) return wan;
+    link l = site_links.at(static_cast<std::size_t>(sites.front()));
+    for (int s : sites) {
+      const link& x = site_links.at(static_cast<std::size_t>(s));
+      l.bandwidth_bytes_per_s = std::min(l.bandwidth_bytes_per_s, x.bandwidth_bytes_per_s);
+      l.latency_s = std::max(l.latency_s, x.latency_s);
+    }
+    return l;
+  }
+  /// Emulated seconds of `bytes` among `sites` on an idle link: latency + bytes / bandwidth.
+  double transfer_seconds(double bytes, const std::vector<int>& sites) const {
+    const link l = between(sites);
+    return l.latency_s + bytes / l.bandwidth_bytes_per_s;
+  }
 };
 
 /// What one rank spent on the emulated link.
@@ -62,6 +109,8 @@ struct link_stats {
   std::int64_t crossing_ops = 0;
   double crossing_bytes = 0;  ///< one direction, bus bytes of the ops that crossed
   double delay_s = 0;         ///< time waited beyond the wrapped operation
+  double link_s = 0;  ///< emulated link time of the crossing ops (latency + bytes / bandwidth
+                      ///< each, without queueing): the model's figure, free of wall-clock noise
 };
 
 namespace detail {
@@ -75,26 +124,46 @@ class network {
   using clock = std::chrono::steady_clock;
 
  public:
-  explicit network(topology t) : topo(std::move(t)) {
+  explicit network(topology t)
+      : topo(std::move(t)),
+        free_at_(topo.site_links.empty() ? 1 : topo.site_links.size(), clock::time_point{}) {
     FEDSHARD_EXPECTS(topo.wan.bandwidth_bytes_per_s > 0 && topo.wan.latency_s >= 0,
                      "shaped::network: link bandwidth must be > 0 and latency >= 0, found ",
                      topo.wan.bandwidth_bytes_per_s, " B/s and ", topo.wan.latency_s, " s");
+    FEDSHARD_EXPECTS(
+        topo.site_links.empty() || static_cast<int>(topo.site_links.size()) >= topo.num_sites(),
+        "shaped::network: site_links names ", topo.site_links.size(),
+        " links but the ranks sit on ", topo.num_sites(), " sites");
+    for (const link& l : topo.site_links)
+      FEDSHARD_EXPECTS(l.bandwidth_bytes_per_s > 0 && l.latency_s >= 0,
+                       "shaped::network: link bandwidth must be > 0 and latency >= 0, found ",
+                       l.bandwidth_bytes_per_s, " B/s and ", l.latency_s, " s");
   }
   /// A shared network for the given topology.
   static std::shared_ptr<network> create(topology t) {
     return std::make_shared<network>(std::move(t));
   }
 
-  /// Member arrival at collective `key` carrying `bytes` over `members` ranks. The link
-  /// carries it once every member has arrived (a collective's result needs every member's
-  /// data): the last to arrive reserves the link from then, or from when it is free.
-  void arrive(const std::string& key, double bytes, int members) {
+  /// Member arrival at collective `key` carrying `bytes` over `members` ranks on `sites`
+  /// (sorted, distinct). The link carries it once every member has arrived (a collective's
+  /// result needs every member's data): the last to arrive reserves the link (with site
+  /// links: the link of each of `sites`) from then, or from when it is free.
+  void arrive(const std::string& key, double bytes, int members,
+              const std::vector<int>& sites = {}) {
     std::lock_guard lock(mu_);
     entry& e = pending_[key];
     if (++e.arrived < members) return;
-    const auto start = std::max(clock::now(), free_at_);
-    free_at_ = start + seconds(bytes / topo.wan.bandwidth_bytes_per_s);
-    e.done = free_at_ + seconds(topo.wan.latency_s);
+    const link l = topo.between(sites);
+    std::vector<std::size_t> used;
+    if (topo.site_links.empty() || sites.empty())
+      used.push_back(0);
+    else
+      for (int s : sites) used.push_back(static_cast<std::size_t>(s));
+    auto start = clock::now();
+    for (std::size_t u : used) start = std::max(start, free_at_[u]);
+    const auto end = start + seconds(bytes / l.bandwidth_bytes_per_s);
+    for (std::size_t u : used) free_at_[u] = end;
+    e.done = end + seconds(l.latency_s);
     e.reserved = true;
     reserved_.notify_all();
   }
@@ -125,7 +194,7 @@ class network {
   };
   std::mutex mu_;
   std::condition_variable reserved_;
-  clock::time_point free_at_{};
+  std::vector<clock::time_point> free_at_;  // per link: one, or one per site
   std::map<std::string, entry> pending_;
 };
 
@@ -260,10 +329,11 @@ class communicator : public blocking_calls<communicator<C>> {
         uid_(std::move(uid)) {}
 
   void set_crossing() {
-    crosses_ = false;
-    for (int w : members_)
-      crosses_ = crosses_ || link_->topo.site_of_rank[static_cast<std::size_t>(w)] !=
-                                 link_->topo.site_of_rank[static_cast<std::size_t>(members_[0])];
+    sites_.clear();
+    for (int w : members_) sites_.push_back(link_->topo.site_of_rank[static_cast<std::size_t>(w)]);
+    std::sort(sites_.begin(), sites_.end());
+    sites_.erase(std::unique(sites_.begin(), sites_.end()), sites_.end());
+    crosses_ = sites_.size() > 1;
   }
 
   request shape(request inner, detail::kind k, std::int64_t n, dtype t) {
@@ -271,16 +341,17 @@ class communicator : public blocking_calls<communicator<C>> {
     if (!crosses_) return inner;
     const double bytes = detail::bus_bytes(k, n, t, size());
     std::string key = uid_ + "#" + std::to_string(seq);
-    link_->arrive(key, bytes, size());
+    link_->arrive(key, bytes, size(), sites_);
     stats_->crossing_ops += 1;
     stats_->crossing_bytes += bytes;
+    stats_->link_s += link_->topo.transfer_seconds(bytes, sites_);
     return request(std::make_unique<detail::shaped_request>(std::move(inner), *link_,
                                                             std::move(key), size(), stats_.get()));
   }
   request delay(double bytes) {
     if (!crosses_) return request();
     std::string key = uid_ + "#" + std::to_string(seq_ - 1);
-    link_->arrive(key, bytes, size());
+    link_->arrive(key, bytes, size(), sites_);
     return request(std::make_unique<detail::shaped_request>(request(), *link_, std::move(key),
                                                             size(), stats_.get()));
   }
@@ -290,11 +361,13 @@ class communicator : public blocking_calls<communicator<C>> {
     const int other = members_.at(static_cast<std::size_t>(peer));
     if (site[static_cast<std::size_t>(me)] == site[static_cast<std::size_t>(other)]) return inner;
     const double bytes = static_cast<double>(n) * static_cast<double>(size_of(t));
-    const auto done =
-        detail::clock::now() +
-        network::seconds(link_->topo.wan.latency_s + bytes / link_->topo.wan.bandwidth_bytes_per_s);
+    const std::vector<int> pair{site[static_cast<std::size_t>(me)],
+                                site[static_cast<std::size_t>(other)]};
+    const double s = link_->topo.transfer_seconds(bytes, pair);
+    const auto done = detail::clock::now() + network::seconds(s);
     stats_->crossing_ops += 1;
     stats_->crossing_bytes += bytes;
+    stats_->link_s += s;
     return request(std::make_unique<detail::shaped_request>(std::move(inner), done, stats_.get()));
   }
 
@@ -303,6 +376,7 @@ class communicator : public blocking_calls<communicator<C>> {
   std::unique_ptr<link_stats> stats_;
   std::string uid_;
   std::vector<int> members_;  // world ranks, in this communicator's rank order
+  std::vector<int> sites_;    // the sites of the members, sorted, distinct
   bool crosses_ = false;
   std::uint64_t seq_ = 0;
   int splits_ = 0;

@@ -1,0 +1,65 @@
+// The demo's settings (examples/demo/demo_run.hpp): the flags of uneven links and experts,
+// the rows table, the meshes on G groups and the emulated topology they run on.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "demo/demo_run.hpp"
+
+namespace {
+demo::settings parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "fedshard-demo");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return demo::parse(static_cast<int>(argv.size()), argv.data());
+}
+}  // namespace
+
+TEST_CASE("demo defaults: 8 ranks on 2 sites, the meshes of before, no slow site, no experts") {
+  const demo::settings s = parse({});
+  CHECK(s.ranks == 8);
+  CHECK(s.groups == 2);
+  CHECK(s.slow_site == -1);
+  CHECK(s.experts == 0);
+  const auto same = [](fedshard::mesh_shape a, fedshard::mesh_shape b) {
+    return a.groups == b.groups && a.replicas == b.replicas && a.shards == b.shards;
+  };
+  CHECK(same(demo::mesh_of("ddp", s), {1, 8, 1}));
+  CHECK(same(demo::mesh_of("fsdp", s), {1, 1, 8}));
+  CHECK(same(demo::mesh_of("zero2", s), {1, 1, 8}));
+  CHECK(same(demo::mesh_of("hsdp", s), {1, 2, 4}));
+  CHECK(same(demo::mesh_of("fl_fsdp", s), {2, 1, 4}));
+  for (const char* a :
+       {"fl_hsdp", "fl_hsdp_int8", "diloco", "streaming_diloco", "sparseloco", "some_new_alias"})
+    CHECK(same(demo::mesh_of(a, s), {2, 2, 2}));
+  const auto t = demo::topology_of(s);
+  CHECK(t.site_links.empty());
+  CHECK(t.site_of_rank == std::vector<int>{0, 0, 0, 0, 1, 1, 1, 1});
+  // the cadences of before: averaging every K, outer optimizers every H
+  CHECK(demo::options_of<fedshard::fl_hsdp>(s, "fl_hsdp").schedule.period == s.k);
+  CHECK(demo::options_of<fedshard::diloco>(s, "diloco").schedule.period == s.h);
+}
+
+TEST_CASE("demo on 4 groups with a slow site and experts") {
+  const demo::settings s =
+      parse({"--groups", "4", "--slow-site", "3", "--slow-factor", "10", "--experts", "4"});
+  CHECK(s.groups == 4);
+  CHECK(s.slow_site == 3);
+  CHECK(s.slow_factor == 10.0);
+  CHECK(s.experts == 4);
+  const auto fl = demo::mesh_of("fl_hsdp", s);
+  CHECK((fl.groups == 4 && fl.replicas == 2 && fl.shards == 1));
+  const auto ff = demo::mesh_of("fl_fsdp", s);
+  CHECK((ff.groups == 4 && ff.replicas == 1 && ff.shards == 2));
+  const auto t = demo::topology_of(s);
+  CHECK(t.site_of_rank == std::vector<int>{0, 0, 1, 1, 2, 2, 3, 3});
+  CHECK(t.transfer_seconds(1e6, {0, 3}) == doctest::Approx(10.0 * t.transfer_seconds(1e6, {0, 1})));
+  // 16 ranks: the federated hybrid rows are hybrid inside each group
+  const auto h16 = demo::mesh_of("diloco", parse({"--ranks", "16", "--groups", "4"}));
+  CHECK((h16.groups == 4 && h16.replicas == 2 && h16.shards == 2));
+  // a row is one line of the table; an unlisted alias gets the default row
+  CHECK(demo::row_of("fl_fsdp").mesh == demo::mesh_kind::federated_shards);
+  CHECK(demo::row_of("not_listed").mesh == demo::mesh_kind::federated_hybrid);
+  CHECK(demo::row_of("not_listed").every == demo::cadence::by_policy);
+}
