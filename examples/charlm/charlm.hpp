@@ -14,9 +14,11 @@
 /// the router's probability of e (so the router learns, as in the Switch Transformer).
 /// Units then: embed, hidden1, hidden2, "router" {wr [X, H], br [X]}, "expert0" ..
 /// "expert<X-1>" {we1 [F, H], be1 [F], we2 [H, F], be2 [H]}, head. Each expert is its own
-/// unit, so that a placement can hold it on some groups only (expert_of, group_of_unit);
-/// every rank acquires every expert in every step (a gathered unit is a collective), and an
-/// expert no example was routed to gets zero gradients.
+/// unit, so that a placement can hold it on some groups only (expert_of, placement,
+/// ownership: FoMoE); every rank acquires every expert its group holds in every step (a
+/// gathered unit is a collective), an expert no example was routed to gets zero gradients,
+/// and under an ownership mask the router chooses among the group's own experts only (its
+/// softmax runs over them).
 /// Loss: mean cross-entropy of the next character, in nats; perplexity = exp(loss).
 ///
 /// Data: any text; the first 90% (by position) trains, the last 10% evaluates. Rank r's
@@ -37,6 +39,7 @@
 #include "fedshard/error.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/shard/flat_layout.hpp"
+#include "fedshard/shard/ownership.hpp"
 
 namespace charlm {
 
@@ -165,6 +168,15 @@ class model {
       p.push_back(e < 0 ? -1 : e % groups);
     }
     return p;
+  }
+  /// placement(groups) as an ownership mask (dense units on every group, expert e on group
+  /// e mod groups), for federation::holder_average's `owners` (the fomoe row).
+  fedshard::shard::ownership ownership(int groups) const {
+    fedshard::shard::ownership o{.groups = groups, .holders = {}};
+    for (const int g : placement(groups))
+      o.holders.push_back(g < 0 ? fedshard::shard::all_groups(groups)
+                                : fedshard::shard::group_set{1} << g);
+    return o;
   }
   /// The expert each example of the last forward pass was routed to (empty without experts).
   const std::vector<int>& last_routes() const { return routes_; }
@@ -375,6 +387,7 @@ class model {
   /// What the mixture's backward needs from its forward.
   struct moe_cache {
     std::vector<float> probs;                    // [n, X] router softmax
+    std::vector<int> held;                       // [X] 1: this group holds expert e
     std::vector<int> route;                      // [n] chosen expert
     std::vector<std::vector<float>> a;           // per expert: [m_e, F] tanh hidden of its examples
     std::vector<std::vector<float>> y;           // per expert: [m_e, H] expert output
@@ -393,16 +406,29 @@ class model {
       dense(l.tensor_view(p, 3, 0), l.tensor_view(p, 3, 1), h2, H, X, n, false, r);
       ctx.release(3);
     }
+    // Under an ownership mask (FoMoE: experts placed on groups) the router chooses among the
+    // experts this group holds: the softmax runs over them, the others get probability 0.
+    mc.held.assign(X, 1);
+    for (std::size_t e = 0; e < X; ++e)
+      if constexpr (requires { ctx.holds(std::size_t{}); })
+        mc.held[e] = ctx.holds(unit_of_expert(static_cast<int>(e))) ? 1 : 0;
+    FEDSHARD_EXPECTS(std::find(mc.held.begin(), mc.held.end(), 1) != mc.held.end(),
+                     "charlm: this group holds none of the ", X,
+                     " experts; place at least one expert on every group");
     mc.probs.assign(n * X, 0.0f);
     mc.route.assign(n, 0);
     mc.rows.assign(X, {});
     for (std::size_t s = 0; s < n; ++s) {
       const float* z = &r[s * X];
-      const std::size_t e = static_cast<std::size_t>(std::max_element(z, z + X) - z);
-      double sum = 0;
-      for (std::size_t j = 0; j < X; ++j) sum += std::exp(double(z[j] - z[e]));
+      std::size_t e = X;
       for (std::size_t j = 0; j < X; ++j)
-        mc.probs[s * X + j] = static_cast<float>(std::exp(double(z[j] - z[e])) / sum);
+        if (mc.held[j] != 0 && (e == X || z[j] > z[e])) e = j;
+      double sum = 0;
+      for (std::size_t j = 0; j < X; ++j)
+        if (mc.held[j] != 0) sum += std::exp(double(z[j] - z[e]));
+      for (std::size_t j = 0; j < X; ++j)
+        if (mc.held[j] != 0)
+          mc.probs[s * X + j] = static_cast<float>(std::exp(double(z[j] - z[e])) / sum);
       mc.route[s] = static_cast<int>(e);
       mc.rows[e].push_back(s);
     }
@@ -411,8 +437,9 @@ class model {
     mc.a.assign(X, {});
     mc.y.assign(X, {});
     for (std::size_t e = 0; e < X; ++e) {
+      if (mc.held[e] == 0) continue;  // not on this group: no storage, no examples
       const std::size_t u = unit_of_expert(static_cast<int>(e));
-      auto p = ctx.acquire(u);  // every expert, routed to or not: its gather is collective
+      auto p = ctx.acquire(u);  // every held expert, routed to or not: its gather is collective
       const auto& rows = mc.rows[e];
       std::vector<float> xe(rows.size() * H);
       for (std::size_t i = 0; i < rows.size(); ++i) std::copy_n(&h2[rows[i] * H], H, &xe[i * H]);
@@ -437,6 +464,7 @@ class model {
     std::vector<float> dh = d;           // the residual path
     std::vector<float> dr(n * X, 0.0f);  // d loss / d router logits
     for (std::size_t e = X; e-- > 0;) {
+      if (mc.held[e] == 0) continue;
       const std::size_t u = unit_of_expert(static_cast<int>(e));
       auto p = ctx.acquire(u, fedshard::phase::backward);
       auto g = ctx.grad_buffer(u);

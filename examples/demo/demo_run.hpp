@@ -87,9 +87,10 @@ struct result {
          "       [--k K] [--h H] [--fragments P] [--delay T]\n"
          "       [--algorithms ddp,fsdp,hsdp,fl_fsdp,fl_hsdp,diloco,sparseloco,fl_hsdp_int8]\n"
          "  algorithms: ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco,\n"
-         "  streaming_diloco, sparseloco;\n"
-         "  --k: steps between syncs of fl_fsdp, fl_hsdp, fl_hsdp_int8 and sparseloco\n"
-         "  (default 8); --h: inner steps of diloco and streaming_diloco (default 16);\n"
+         "  streaming_diloco, sparseloco, gasloc, fomoe (needs --experts: expert e on\n"
+         "  group e mod G, averaged over its holders only);\n"
+         "  --k: steps between syncs of fl_fsdp, fl_hsdp, fl_hsdp_int8, sparseloco and fomoe\n"
+         "  (default 8); --h: inner steps of diloco, streaming_diloco and gasloc (default 16);\n"
          "  --fragments, --delay: streaming's fragments (default 2) and overlap in steps\n"
          "  (default 1)\n"
          "  --experts X: a mixture-of-experts layer of X experts, top-1 routing (default 0:\n"
@@ -325,9 +326,8 @@ inline const std::vector<row_spec>& rows() {
       {.name = "diloco"},
       {.name = "streaming_diloco"},
       {.name = "sparseloco"},
-      // when their policies land (issue 16):
-      // {.name = "fomoe", .every = cadence::k, .needs_experts = true},
-      // {.name = "gasloc", .every = cadence::h},
+      {.name = "fomoe", .every = cadence::k, .needs_experts = true},
+      {.name = "gasloc", .every = cadence::h},
   };
   return r;
 }
@@ -385,6 +385,18 @@ inline std::optional<result> train_named(const std::string& name, const settings
                                          const charlm::corpus& data) {
   if (row_of(name).needs_experts && s.experts == 0)
     usage(("the row " + name + " needs the model's experts (--experts X)").c_str());
+  // The rows whose aliases are not in for_each_algorithm's list: fomoe places expert e on
+  // group e mod G (charlm::model::ownership; dense units everywhere), gasloc gossips with one
+  // random peer per round (federation::gossip's defaults).
+  if (name == "fomoe") {
+    auto o = options_of<fedshard::fomoe>(s, name);
+    o.federation.owners =
+        charlm::model(dims_of(s, data), s.seed).ownership(mesh_of(name, s).groups);
+    return train<fedshard::fomoe>(name, mesh_of(name, s), s, data, o);
+  }
+  if (name == "gasloc")
+    return train<fedshard::gasloc<>>(name, mesh_of(name, s), s, data,
+                                     options_of<fedshard::gasloc<>>(s, name));
   std::optional<result> r;
   fedshard::for_each_algorithm([&]<class A>(std::string_view alias) {
     if (alias == name) r = train<A>(name, mesh_of(name, s), s, data, options_of<A>(s, name));

@@ -226,3 +226,43 @@ TEST_CASE("charlm with experts trains under fsdp on 8 inproc ranks (sharded expe
   });
   for (int r = 0; r < 8; ++r) CHECK(after[r] < 0.7f * before[r]);
 }
+
+TEST_CASE("charlm under fomoe on 4 groups: each group routes to the expert it holds and trains") {
+  const auto data = charlm::corpus::from_text(sample_text());
+  const charlm::dims dims{.vocab = data.vocab(),
+                          .context = 4,
+                          .embed = 8,
+                          .hidden = 32,
+                          .experts = 4,
+                          .expert_hidden = 16};
+  const auto owners = charlm::model(dims, 1).ownership(4);
+  REQUIRE(owners.holders.size() == 9);  // embed, hidden1, hidden2, router, 4 experts, head
+  CHECK(owners.holders[4] == 1u);       // expert0 on group 0
+  CHECK(owners.holders[7] == 8u);       // expert3 on group 3
+  CHECK(owners.holders[8] == 15u);      // the head everywhere
+  std::vector<float> before(4), after(4);
+  std::vector<int> other_routes(4, -1);
+  fedshard::test::spawn_ranks(4, [&](fedshard::inproc::communicator& w) {
+    fedshard::mesh m(w, {4, 1, 1});
+    fedshard::trainer_options<fedshard::fomoe> o;
+    o.federation.owners = owners;
+    o.schedule = {.period = 4};
+    fedshard::trainer<charlm::model, fedshard::fomoe, fedshard::optim::adamw,
+                      fedshard::inproc::communicator>
+        t(m, charlm::model(dims, 1), {.lr = 1e-2f}, o);
+    const auto eval = charlm::model::eval_batch(data, 4, 64);
+    const auto r = static_cast<std::size_t>(w.rank());
+    before[r] = t.evaluate(eval);
+    int others = 0;
+    for (int s = 0; s < 30; ++s) {
+      t.step(charlm::model::training_batch(data, 4, 1, s, w.rank(), 8));
+      for (int e : t.model().last_routes()) others += e != w.rank();  // group g holds expert g
+    }
+    after[r] = t.evaluate(eval);
+    other_routes[r] = others;
+  });
+  for (int r = 0; r < 4; ++r) {
+    CHECK(other_routes[r] == 0);
+    CHECK(after[r] < 0.7f * before[r]);
+  }
+}

@@ -62,4 +62,9 @@ TEST_CASE("demo on 4 groups with a slow site and experts") {
   CHECK(demo::row_of("fl_fsdp").mesh == demo::mesh_kind::federated_shards);
   CHECK(demo::row_of("not_listed").mesh == demo::mesh_kind::federated_hybrid);
   CHECK(demo::row_of("not_listed").every == demo::cadence::by_policy);
+  // issue 16's rows: fomoe syncs every K and needs the experts, gasloc every H
+  CHECK(demo::row_of("fomoe").needs_experts);
+  CHECK(demo::options_of<fedshard::fomoe>(s, "fomoe").schedule.period == s.k);
+  CHECK(demo::options_of<fedshard::gasloc<>>(s, "gasloc").schedule.period == s.h);
+  CHECK(!demo::row_of("gasloc").needs_experts);
 }
