@@ -169,13 +169,19 @@ class model {
     }
     return p;
   }
-  /// placement(groups) as an ownership mask (dense units on every group, expert e on group
-  /// e mod groups), for federation::holder_average's `owners` (the fomoe row).
-  fedshard::shard::ownership ownership(int groups) const {
+  /// placement(groups) as an ownership mask, for federation::holder_average's `owners` (the
+  /// fomoe row): dense units on every group; expert e on the `copies` groups e mod G,
+  /// (e + 1) mod G, ... (copies = 1: each expert on one group only, never averaged).
+  fedshard::shard::ownership ownership(int groups, int copies = 1) const {
+    FEDSHARD_EXPECTS(copies >= 1 && copies <= groups, "charlm: ", copies,
+                     " copies of each expert over ", groups, " groups; expected 1 to ", groups);
     fedshard::shard::ownership o{.groups = groups, .holders = {}};
-    for (const int g : placement(groups))
-      o.holders.push_back(g < 0 ? fedshard::shard::all_groups(groups)
-                                : fedshard::shard::group_set{1} << g);
+    for (const int g : placement(groups)) {
+      fedshard::shard::group_set h = g < 0 ? fedshard::shard::all_groups(groups) : 0;
+      for (int c = 0; g >= 0 && c < copies; ++c)
+        h |= fedshard::shard::group_set{1} << ((g + c) % groups);
+      o.holders.push_back(h);
+    }
     return o;
   }
   /// The expert each example of the last forward pass was routed to (empty without experts).

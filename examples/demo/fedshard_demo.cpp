@@ -66,11 +66,17 @@ int main(int argc, char** argv) {
         s.slow_site, s.slow_factor, s.bandwidth_gbit / s.slow_factor, s.latency_ms * s.slow_factor);
   if (s.experts > 0) {
     const charlm::model m(demo::dims_of(s, data));
-    std::printf("Model with a mixture of %d experts (top-1, width %d); placement over %d groups:",
-                s.experts, m.sizes().expert_hidden, s.groups);
-    for (int e = 0; e < s.experts; ++e)
-      std::printf(" expert%d -> group %d", e, m.placement(s.groups)[m.unit_of_expert(e)]);
-    std::printf(" (used by the rows that place experts)\n");
+    std::printf(
+        "Model with a mixture of %d experts (top-1, width %d); fomoe's placement over %d "
+        "groups:",
+        s.experts, m.sizes().expert_hidden, s.groups);
+    const auto owners = m.ownership(s.groups, demo::expert_copies(s));
+    for (int e = 0; e < s.experts; ++e) {
+      std::printf(" expert%d -> group", e);
+      for (int g = 0; g < s.groups; ++g)
+        if (owners.holds(g, m.unit_of_expert(e))) std::printf(" %d", g);
+    }
+    std::printf(" (--expert-copies)\n");
   }
   std::printf(
       "%d steps x %d examples per rank per step; AdamW lr %g; fl_* and sparseloco sync every "

@@ -159,7 +159,7 @@ TEST_CASE("a link per site: a pair talks at the slower of its two links") {
   CHECK(even.transfer_seconds(4000, {0, 3}) ==
         doctest::Approx(even.transfer_seconds(4000, {0, 1})));
 
-  std::vector<shaped::link_stats> pair_stats(4), p2p_stats(4);
+  std::vector<shaped::link_stats> pair_stats(4), p2p_stats(4), family(4);
   std::vector<double> elapsed(4);
   std::vector<float> sums(4);
   auto net = shaped::network::create(topo);
@@ -183,6 +183,7 @@ TEST_CASE("a link per site: a pair talks at the slower of its two links") {
       world.recv(&v, 1, dtype::f32, r - 1);
     CHECK(v == float(r - r % 2));
     p2p_stats[static_cast<std::size_t>(r)] = world.stats();
+    family[static_cast<std::size_t>(r)] = world.family_stats();
   });
   CHECK(sums[0] == 3.0f);
   CHECK(sums[3] == 7.0f);
@@ -190,7 +191,12 @@ TEST_CASE("a link per site: a pair talks at the slower of its two links") {
   for (int r = 0; r < 4; ++r) {
     CHECK(pair_stats[r].crossing_bytes == doctest::Approx(4000.0));
     CHECK(pair_stats[r].link_s == doctest::Approx(r < 2 ? 0.005 : 0.050));
-    CHECK(p2p_stats[r].link_s == doctest::Approx(r < 2 ? 0.001004 : 0.01004));
+    // the sender counts a message once (4 B); the receiver waits as long but counts nothing
+    CHECK(p2p_stats[r].link_s == doctest::Approx(r % 2 == 1 ? 0.0 : r < 2 ? 0.001004 : 0.01004));
+    CHECK(p2p_stats[r].crossing_bytes == doctest::Approx(r % 2 == 1 ? 0.0 : 4.0));
+    // the world's family: its own sends and the all_reduce of the pair split from it
+    CHECK(family[r].crossing_bytes == doctest::Approx(r % 2 == 1 ? 4000.0 : 4004.0));
+    CHECK(family[r].crossing_ops == (r % 2 == 1 ? 1 : 2));
   }
   CHECK(pair_stats[2].link_s == doctest::Approx(10.0 * pair_stats[0].link_s));
   // the slow pair really waited (a lower bound only: wall clocks on a loaded machine run late)

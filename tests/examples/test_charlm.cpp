@@ -240,6 +240,10 @@ TEST_CASE("charlm under fomoe on 4 groups: each group routes to the expert it ho
   CHECK(owners.holders[4] == 1u);       // expert0 on group 0
   CHECK(owners.holders[7] == 8u);       // expert3 on group 3
   CHECK(owners.holders[8] == 15u);      // the head everywhere
+  const auto three = charlm::model(dims, 1).ownership(4, 3);
+  CHECK(three.holders[4] == 7u);   // expert0 on groups 0, 1, 2
+  CHECK(three.holders[7] == 11u);  // expert3 on groups 3, 0, 1
+  CHECK_THROWS_AS(charlm::model(dims, 1).ownership(4, 5), fedshard::invalid_argument);
   std::vector<float> before(4), after(4);
   std::vector<int> other_routes(4, -1);
   fedshard::test::spawn_ranks(4, [&](fedshard::inproc::communicator& w) {

@@ -67,4 +67,7 @@ TEST_CASE("demo on 4 groups with a slow site and experts") {
   CHECK(demo::options_of<fedshard::fomoe>(s, "fomoe").schedule.period == s.k);
   CHECK(demo::options_of<fedshard::gasloc<>>(s, "gasloc").schedule.period == s.h);
   CHECK(!demo::row_of("gasloc").needs_experts);
+  CHECK(demo::expert_copies(s) == 3);  // G - 1 by default
+  CHECK(demo::expert_copies(parse({"--groups", "4", "--expert-copies", "1"})) == 1);
+  CHECK(demo::expert_copies(parse({})) == 1);  // 2 groups
 }

@@ -107,12 +107,14 @@ TEST_CASE("matchings differ between rounds and seeds; the complete graph is ever
   CHECK(edges(all, 8, 0) == edges(all, 8, 5));
 }
 
-TEST_CASE("every rank runs the same matching: each receives its peers' pseudo-gradients") {
-  // 6 groups x 2 replicas, degree 2, 4 rounds, outer lr 0 (the anchors stay 0, so Δ_g =
-  // −θ_g): each rank's plan names its peers, the peers name it back (the exchanges complete),
-  // and what arrives, whole on every replica, is that peer's Δ (the fragment's padding: 0).
+TEST_CASE("every rank runs the same matching: each receives its peers' stepped models") {
+  // 6 groups x 2 replicas, degree 2, 4 rounds, outer SGD with lr 1 (y_g = anchor − Δ_g =
+  // θ_g, exact: every value is a small multiple of 1/4): each rank's plan names its peers,
+  // the peers name it back (the exchanges complete), and what arrives, whole on every
+  // replica, is that peer's θ (the fragment's padding: 0).
   const mesh_shape shape{6, 2, 1};
-  const gossip_config cfg{.degree = 2, .alpha = 0.25f, .lr = 0.0f, .seed = 11};
+  const gossip_config cfg{
+      .degree = 2, .alpha = 0.25f, .lr = 1.0f, .momentum = 0.0f, .nesterov = false, .seed = 11};
   auto value = [](int g, int k) { return 1.0f + static_cast<float>(g) + 10.0f * k; };
   std::mutex mu;
   std::vector<std::vector<std::vector<int>>> peers_seen(4, std::vector<std::vector<int>>(12));
@@ -136,7 +138,7 @@ TEST_CASE("every rank runs the same matching: each receives its peers' pseudo-gr
         const auto got = s.policy().gathered(0, static_cast<int>(j));
         std::size_t theirs = 0, zeros = 0;
         for (float x : got) {
-          theirs += x == -value(expected[j], k);
+          theirs += x == value(expected[j], k);
           zeros += x == 0.0f;
         }
         CHECK(theirs == master.size());  // the units with their padding
@@ -164,8 +166,8 @@ TEST_CASE("every rank runs the same matching: each receives its peers' pseudo-gr
 
 TEST_CASE(
     "degree 1, α = 1/2, outer SGD with lr 1: each pair averages, the idle group keeps its own") {
-  // d_g = Δ_g − α (Δ_g − Δ_p); anchors 0 and heavy-ball with γ = 0 give anchor' = −d_g =
-  // θ_g − (θ_g − θ_p) / 2: the pair's mean. With 5 groups one group is idle: d = Δ.
+  // Anchors 0 and heavy-ball with γ = 0 and lr 1 give y_g = θ_g; the mixing gives
+  // θ_g − (θ_g − θ_p) / 2: the pair's mean. With 5 groups one group is idle: it keeps θ_g.
   const mesh_shape shape{5, 1, 2};
   const gossip_config cfg{
       .degree = 1, .alpha = 0.5f, .lr = 1.0f, .momentum = 0.0f, .nesterov = false, .seed = 5};
@@ -188,10 +190,11 @@ TEST_CASE(
   });
 }
 
-TEST_CASE("the complete graph with α = 1/G is DiLoCo's outer step, bit for bit") {
+TEST_CASE("the complete graph with α = 1/G is DiLoCo's outer step (bit for bit when exact)") {
   // 4 groups x 2 replicas x 1 shard, both sync modes, 3 rounds; lr 0.5 and momentum 0.5 keep
   // every value a short dyadic number, so the sums are exact and the comparison is bitwise.
-  // (With DiLoCo's 0.7 and 0.9 the first round is bitwise too: see below.)
+  // With DiLoCo's 0.7 and 0.9 the values round: equal up to the order of the sums (the mean
+  // of the stepped models against the step on the mean), checked to 1e-6 relative.
   for (sync_mode mode : {sync_mode::hierarchical, sync_mode::reference}) {
     CAPTURE(to_string(mode));
     const mesh_shape shape{4, 2, 1};
@@ -200,7 +203,7 @@ TEST_CASE("the complete graph with α = 1/G is DiLoCo's outer step, bit for bit"
       interpreter<inproc::communicator> in(m);
       const flat_layout l(two_units(), 1);
       const int g = m.coords().group;
-      for (const auto& [lr, mu, rounds] : {std::tuple{0.5f, 0.5f, 3}, std::tuple{0.7f, 0.9f, 1}}) {
+      for (const auto& [lr, mu, rounds] : {std::tuple{0.5f, 0.5f, 3}, std::tuple{0.7f, 0.9f, 3}}) {
         synchronizer<gossip, schedule::periodic> gs({.sync = mode,
                                                      .degree = gossip_config::complete,
                                                      .alpha = 0.25f,
@@ -218,8 +221,12 @@ TEST_CASE("the complete graph with α = 1/G is DiLoCo's outer step, bit for bit"
           for (std::size_t i = 0; i < a.size(); ++i) a[i] = b[i] = theta(g, k + 1, i);
           gs.after_step(in, k, 0, a, {});
           ds.after_step(in, k, 0, b, {});
-          for (std::size_t i = 0; i < a.size(); ++i)
-            CHECK(std::bit_cast<std::uint32_t>(a[i]) == std::bit_cast<std::uint32_t>(b[i]));
+          for (std::size_t i = 0; i < a.size(); ++i) {
+            if (lr == 0.5f)
+              CHECK(std::bit_cast<std::uint32_t>(a[i]) == std::bit_cast<std::uint32_t>(b[i]));
+            else
+              CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-6));
+          }
         }
         CHECK(gs.policy().outer_steps(0) == rounds);
       }

@@ -115,6 +115,14 @@ struct link_stats {
 
 namespace detail {
 using clock = std::chrono::steady_clock;
+
+/// The link_stats of one rank's world communicator and of every communicator split from it
+/// (the mesh's axes, the interpreter's sub-communicators of holder sets): a rank's threads
+/// may use several of them at once.
+struct family_stats {
+  std::mutex mu;
+  link_stats s;
+};
 }  // namespace detail
 
 /// The emulated network of one in-process world: create it once, before the ranks start,
@@ -261,6 +269,7 @@ class communicator : public blocking_calls<communicator<C>> {
       : inner_(std::move(world)),
         link_(std::move(net)),
         stats_(std::make_unique<link_stats>()),
+        family_(std::make_shared<detail::family_stats>()),
         uid_("w") {
     FEDSHARD_EXPECTS(static_cast<int>(link_->topo.site_of_rank.size()) == inner_.size(),
                      "shaped::communicator: the topology places ", link_->topo.site_of_rank.size(),
@@ -278,6 +287,13 @@ class communicator : public blocking_calls<communicator<C>> {
   bool crosses_sites() const noexcept { return crosses_; }
   /// What this rank spent on the link through this communicator.
   const link_stats& stats() const noexcept { return *stats_; }
+  /// What this rank spent on the link through this communicator, the world communicator it
+  /// was split from and every communicator split from that world (delay_s: not counted):
+  /// on the world communicator, everything the rank sent across.
+  link_stats family_stats() const {
+    std::lock_guard lock(family_->mu);
+    return family_->s;
+  }
   /// The wrapped communicator.
   C& inner() noexcept { return inner_; }
 
@@ -301,10 +317,11 @@ class communicator : public blocking_calls<communicator<C>> {
     return shape(inner_.broadcast_async(buf, n, t, root), detail::kind::broadcast, n, t);
   }
   request send_async(const void* buf, std::int64_t n, dtype t, int peer, int tag = 0) {
-    return p2p(inner_.send_async(buf, n, t, peer, tag), peer, n, t);
+    return p2p(inner_.send_async(buf, n, t, peer, tag), peer, n, t, true);
   }
+  /// Waits as long as the matching send; the bytes are counted once, by the sender.
   request recv_async(void* buf, std::int64_t n, dtype t, int peer, int tag = 0) {
-    return p2p(inner_.recv_async(buf, n, t, peer, tag), peer, n, t);
+    return p2p(inner_.recv_async(buf, n, t, peer, tag), peer, n, t, false);
   }
 
   /// Collective: as C::split; the result is shaped by the same link.
@@ -314,7 +331,7 @@ class communicator : public blocking_calls<communicator<C>> {
     double mine = members_[static_cast<std::size_t>(inner_.rank())];
     std::vector<double> all(static_cast<std::size_t>(child.size()));
     child.all_gather(&mine, all.data(), 1, dtype::f64);
-    communicator c(std::move(child), link_,
+    communicator c(std::move(child), link_, family_,
                    uid_ + "/" + std::to_string(splits_++) + "." + std::to_string(color));
     for (double w : all) c.members_.push_back(static_cast<int>(w));
     c.set_crossing();
@@ -322,11 +339,24 @@ class communicator : public blocking_calls<communicator<C>> {
   }
 
  private:
-  communicator(C inner, std::shared_ptr<network> l, std::string uid)
+  communicator(C inner, std::shared_ptr<network> l, std::shared_ptr<detail::family_stats> family,
+               std::string uid)
       : inner_(std::move(inner)),
         link_(std::move(l)),
         stats_(std::make_unique<link_stats>()),
+        family_(std::move(family)),
         uid_(std::move(uid)) {}
+
+  /// Counts one crossing op of `bytes` (one direction) and `seconds` of link time.
+  void count(double bytes, double seconds) {
+    stats_->crossing_ops += 1;
+    stats_->crossing_bytes += bytes;
+    stats_->link_s += seconds;
+    std::lock_guard lock(family_->mu);
+    family_->s.crossing_ops += 1;
+    family_->s.crossing_bytes += bytes;
+    family_->s.link_s += seconds;
+  }
 
   void set_crossing() {
     sites_.clear();
@@ -342,9 +372,7 @@ class communicator : public blocking_calls<communicator<C>> {
     const double bytes = detail::bus_bytes(k, n, t, size());
     std::string key = uid_ + "#" + std::to_string(seq);
     link_->arrive(key, bytes, size(), sites_);
-    stats_->crossing_ops += 1;
-    stats_->crossing_bytes += bytes;
-    stats_->link_s += link_->topo.transfer_seconds(bytes, sites_);
+    count(bytes, link_->topo.transfer_seconds(bytes, sites_));
     return request(std::make_unique<detail::shaped_request>(std::move(inner), *link_,
                                                             std::move(key), size(), stats_.get()));
   }
@@ -355,7 +383,7 @@ class communicator : public blocking_calls<communicator<C>> {
     return request(std::make_unique<detail::shaped_request>(request(), *link_, std::move(key),
                                                             size(), stats_.get()));
   }
-  request p2p(request inner, int peer, std::int64_t n, dtype t) {
+  request p2p(request inner, int peer, std::int64_t n, dtype t, bool sends) {
     const auto& site = link_->topo.site_of_rank;
     const int me = members_[static_cast<std::size_t>(rank())];
     const int other = members_.at(static_cast<std::size_t>(peer));
@@ -365,15 +393,14 @@ class communicator : public blocking_calls<communicator<C>> {
                                 site[static_cast<std::size_t>(other)]};
     const double s = link_->topo.transfer_seconds(bytes, pair);
     const auto done = detail::clock::now() + network::seconds(s);
-    stats_->crossing_ops += 1;
-    stats_->crossing_bytes += bytes;
-    stats_->link_s += s;
+    if (sends) count(bytes, s);
     return request(std::make_unique<detail::shaped_request>(std::move(inner), done, stats_.get()));
   }
 
   C inner_;
   std::shared_ptr<network> link_;
   std::unique_ptr<link_stats> stats_;
+  std::shared_ptr<detail::family_stats> family_;  // shared with the world and its splits
   std::string uid_;
   std::vector<int> members_;  // world ranks, in this communicator's rank order
   std::vector<int> sites_;    // the sites of the members, sorted, distinct

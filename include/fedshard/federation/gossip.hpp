@@ -1,27 +1,30 @@
 #pragma once
 /// gossip (GASLoC, arXiv 2606.11081): no global all-reduce. Every sync round each group is
 /// matched with one or two random peers (the same matching on every rank, another one each
-/// round), exchanges its pseudo-gradient with them point to point, mixes, and takes an outer
-/// momentum step on its own anchor.
+/// round), takes an outer momentum step on its own anchor, exchanges the stepped model with
+/// its peers point to point and mixes.
 ///
 /// With Δ_i = anchor_i − θ_i (group i's pseudo-gradient, as outer_optimizer's) and N(i) the
 /// groups i is matched with this round:
 ///
-///   d_i = Δ_i − α Σ_{j ∈ N(i)} (Δ_i − Δ_j)     (one graph-Laplacian mixing step)
-///   anchor_i ← the outer rule's step on anchor_i with d_i; the group restarts from it
+///   y_i = the outer rule's step on anchor_i with Δ_i       (each group on its own)
+///   anchor_i ← y_i − α Σ_{j ∈ N(i)} (y_i − y_j)          (one graph-Laplacian mixing step)
 ///
-/// The outer rule is outer_optimizer's own: `nesterov` (DiLoCo's, momentum γ) or, with
-/// nesterov = false, `fedmom` (heavy-ball momentum γ; γ = 0 is outer SGD). Each group keeps
-/// its own anchor and momentum (they differ between groups once the groups mix differently).
-/// With the complete graph (degree = gossip_config::complete) and α = 1/G, d_i is the mean
-/// pseudo-gradient and the step is DiLoCo's: with values whose sums are exact in float (small
-/// integers, halves, quarters) bit for bit; otherwise up to the summation order (DiLoCo sums
-/// the Δ_j in rank order and divides by G; here each group sums its differences Δ_i − Δ_j).
+/// and the group restarts from its new anchor. This is GASLoC's θ ← (θ + ηg) − α Λ(θ + ηg)
+/// with the momentum inside the outer rule: the models are mixed, not the pseudo-gradients,
+/// so the groups' disagreement contracts every round (mixing only the Δ would leave the
+/// anchors' differences in place for ever). The outer rule is outer_optimizer's own:
+/// `nesterov` (DiLoCo's, momentum γ) or, with nesterov = false, `fedmom` (heavy-ball momentum
+/// γ; γ = 0 is outer SGD). Each group keeps its own momentum. With the complete graph
+/// (degree = gossip_config::complete) and α = 1/G, the new anchor is the mean of the y_i,
+/// which is DiLoCo's step on the mean Δ (the rules are linear in Δ and the momentum, and the
+/// anchors are equal after every such round): with values whose sums are exact in float
+/// (small integers, halves, quarters) bit for bit; otherwise up to the summation order.
 ///
 /// Matchings (gossip_matchings), from a splitmix64 stream seeded by (seed, round) and a
 /// Fisher-Yates shuffle π of the G groups (specified here, so every platform draws the same):
 ///  - degree 1: pairs (π0 π1), (π2 π3), ...; with G odd, π_{G-1} is unmatched that round:
-///    it exchanges nothing and steps on its own Δ (d = Δ);
+///    it exchanges nothing and keeps its own y;
 ///  - degree 2: the ring π0 π1 ... π_{G-1} π0, as two matchings (even and odd edges) for G
 ///    even, three for G odd (the closing edge alone), so every group has exactly 2 peers;
 ///    for G = 2 the ring is one edge (1 peer), G = 3 is the complete graph;
@@ -33,7 +36,7 @@
 ///
 /// The sync plan (sync_plan, a new plan every round: plan_per_round), for group g:
 ///  - sync_start: one send_recv over the federation axis per peer of g this round (in
-///    matching order), role fragment (Δ_g) -> role gathered, index k (the k-th peer's Δ);
+///    matching order), role fragment (y_g) -> role gathered, index k (the k-th peer's y);
 ///    hierarchical: every replica exchanges its 1/R piece, and the replicas all-gather each
 ///    gathered k at sync_finish; reference: replica 0 exchanges the whole fragment and
 ///    broadcasts each gathered k to the other replicas at sync_finish.
@@ -288,7 +291,7 @@ class basic_gossip {
   /// This round's exchanges with the group's peers (gossip_ops).
   plan sync_plan(const sync_context& ctx) const { return gossip_ops(config_, ctx); }
 
-  /// Fragment f's copy of the pseudo-gradient of its k-th peer this round (role gathered,
+  /// Fragment f's copy of the stepped model of its k-th peer this round (role gathered,
   /// index k), in the space's memory; empty before begin() sized it.
   std::span<float> gathered(int f, int k) {
     const std::size_t i = checked(f, "gathered");
@@ -299,24 +302,30 @@ class basic_gossip {
     return gathered_[i].span().subspan(static_cast<std::size_t>(k) * n, n);
   }
 
-  /// buf: θ_g -> Δ_g = anchor − θ_g (outer_optimizer's begin), queued on st; sizes the
-  /// peers' buffers for info.groups.
+  /// buf: θ_g -> y_g, the group's own outer step: Δ_g = anchor − θ_g, then the outer rule's
+  /// step on the anchor with Δ_g (outer_optimizer's begin and end); y_g is what the group
+  /// sends its peers. Queued on st; sizes the peers' buffers for info.groups.
   void begin(int f, std::span<float> buf, const sync_info& info, typename S::stream& st) {
     const std::size_t i = checked(f, "begin");
     detail::check_gossip_alpha(config_, info.groups);
     const auto want = static_cast<std::size_t>(detail::max_peers(config_, info.groups)) * sizes_[i];
     if (gathered_[i].size() != want) gathered_[i] = space_->template allocate<float>(want);
     if (sum_[i].size() != sizes_[i]) sum_[i] = space_->template allocate<float>(sizes_[i]);
-    std::visit([&](auto& o) { o.begin(f, buf, info, st); }, outer_);
+    std::visit(
+        [&](auto& o) {
+          o.begin(f, buf, info, st);
+          o.end(f, buf, info, st);
+        },
+        outer_);
     pending_[i] = true;
   }
-  /// buf: Δ_g -> d_g = Δ_g − α Σ_k (Δ_g − peer_k) (summed over the peers in exchange
-  /// order), then the outer step (outer_optimizer's end): buf is the new anchor; queued on st.
+  /// buf: y_g -> y_g − α Σ_k (y_g − peer_k) (summed over the peers in exchange order): the
+  /// mixed model, which becomes the group's anchor and its parameters; queued on st.
   void end(int f, std::span<float> buf, const sync_info& info, typename S::stream& st) {
     const std::size_t i = checked(f, "end");
     FEDSHARD_EXPECTS(pending_[i], "gossip: end() of fragment ", f,
-                     " without a begin() since the last end(): the peers' pseudo-gradients were "
-                     "not exchanged by this object (a sync restored from a checkpoint in flight "
+                     " without a begin() since the last end(): the peers' models were not "
+                     "exchanged by this object (a sync restored from a checkpoint in flight "
                      "cannot be completed)");
     FEDSHARD_EXPECTS(buf.size() == sizes_[i], "gossip: fragment ", f, " has ", sizes_[i],
                      " elements, found a buffer of ", buf.size());
@@ -330,8 +339,8 @@ class basic_gossip {
                          std::span<const float>(gathered(f, k)));
       space_->for_each(st, kernels::laplacian_mix_update{config_.alpha}, buf,
                        std::span<const float>(sum));
+      space_->copy(st, cview(std::span<const float>(buf)), view(anchor(f)));
     }
-    std::visit([&](auto& o) { o.end(f, buf, info, st); }, outer_);
     pending_[i] = false;
   }
   /// Fragment f's anchor = params (outer_optimizer's reset), queued on st.
@@ -414,7 +423,7 @@ class basic_gossip {
   space::space_ref<S> space_;  // before the buffers: they go back to it
   std::vector<std::size_t> sizes_;
   std::vector<typename S::template buffer<float>> gathered_;  // role gathered, per fragment
-  std::vector<typename S::template buffer<float>> sum_;       // Σ_k (Δ − peer_k), per fragment
+  std::vector<typename S::template buffer<float>> sum_;       // Σ_k (y − peer_k), per fragment
   std::vector<bool> pending_;  // begin() called, end() not yet, per fragment
   std::variant<nesterov_outer, heavy_ball_outer> outer_;
 };
