@@ -44,8 +44,8 @@ namespace fedshard::federation {
 struct fragment_slices {
   std::vector<std::pair<std::size_t, std::size_t>> slices;
   std::vector<packed_unit> units;  ///< the unit of each slice and its length
-  std::size_t numel = 0;   ///< elements of the fragment in a rank's master
-  std::size_t padded = 0;  ///< its packed buffer's size (padded_fragment_numel)
+  std::size_t numel = 0;           ///< elements of the fragment in a rank's master
+  std::size_t padded = 0;          ///< its packed buffer's size (padded_fragment_numel)
 };
 
 /// The fragments a SyncSchedule cuts a layout into, for a mesh of `replicas` replicas;
