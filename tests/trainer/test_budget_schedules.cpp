@@ -227,6 +227,28 @@ TEST_CASE("token_budget: each group syncs after exactly the steps where its toke
   CHECK_FALSE(close_to(out[0].params, reference(8, grad, steps, weights, false), 1e-3));
 }
 
+TEST_CASE("token_budget with hybrid_shard: groups of 2 replicas x 2 shards agree on 4 ranks") {
+  using hybrid_alg =
+      algorithm<shard::hybrid_shard, federation::weighted_average, schedule::token_budget>;
+  const mesh_shape shape{2, 2, 2};
+  auto tokens = [](int g, int local, std::int64_t) -> std::int64_t {
+    return (g + 1) * (local + 1);  // group 0: 1 + 2 + 3 + 4 = 10 a step, group 1: 20
+  };
+  const std::vector<float> grad{1.0f, -1.5f};
+  const auto out = run<hybrid_alg>(
+      shape, {.tokens = 25, .syncs = 2}, tokens,
+      [&](paced_trainer<hybrid_alg>& t, int g) { t.model().grad = grad[std::size_t(g)]; });
+  const std::vector<std::vector<std::int64_t>> want{{2, 5}, {1, 3}};
+  for (const auto& r : out) {
+    INFO("group ", r.group);
+    CHECK(r.sync_steps == want[std::size_t(r.group)]);
+    CHECK(r.progress_plan.ops.front().ranks == 4);
+    CHECK(test::bit_equal(r.params, out[0].params));
+  }
+  const auto ref = reference(8, grad, {{3, 3}, {2, 2}}, {{30, 30}, {40, 40}}, true);
+  CHECK(close_to(out[0].params, ref, 1e-5));
+}
+
 TEST_CASE("token_budget: groups taking very different step counts never hang") {
   // 1, 7 and 100 tokens a step with N = 100: 100 steps, 15 steps and 1 step a sync. Nothing
   // but the group's agreement runs between syncs, and the k-th sync of each group is its

@@ -122,12 +122,21 @@ class trainer final : private detail::unit_hooks<S> {
               static_cast<int>(optimizer_.state().size()), *space_) {
     FEDSHARD_EXPECTS(opts_.total_steps >= 0, "trainer: total_steps must be >= 0, found ",
                      opts_.total_steps);
-    if constexpr (sync_type::by_progress)
+    if constexpr (sync_type::by_progress) {
       FEDSHARD_EXPECTS(
           opts_.total_steps == 0, "trainer: total_steps must be 0 with the ", sync_schedule::name,
-          " schedule (groups take different numbers of steps; "
-          "the run ends after its ",
+          " schedule (groups take different numbers of steps; the run ends after its ",
           sync_.schedule().run_syncs(), " syncs: trainer::done()), found ", opts_.total_steps);
+      // Groups step at their own pace: a per-step collective across groups would wait for
+      // a step the other groups take at another time (or never).
+      for (const comm_op& op : engine_.step_plan().ops)
+        FEDSHARD_EXPECTS(
+            m.shape().groups == 1 || (op.axis != axis::federation && op.axis != axis::world),
+            "trainer: the ", sync_schedule::name,
+            " schedule lets groups take different numbers of steps, so every step op must "
+            "stay inside a group; the ",
+            shard_policy::name, " step plan has ", fedshard::describe(op));
+    }
     engine_.set_max_live_units(opts_.max_live_units);
     if constexpr (requires { model_.initial_values(engine_.layout(), std::size_t{0}); }) {
       for (std::size_t u = 0; u < engine_.layout().num_units(); ++u)
