@@ -37,6 +37,7 @@ using steps = std::vector<std::int64_t>;
 TEST_CASE("wall_clock syncs sync k once the group's clock reaches (k + 1) T, without drift") {
   const fs::wall_clock s({.seconds = 1.0, .syncs = 4});
   CHECK(s.run_syncs() == 4);
+  static_assert(fs::wall_clock::uses_clock);  // the synchronizer reads the clock after the step
   CHECK(s.due(0) == 1.0);
   CHECK(s.due(2) == 3.0);
   // A fast group (0.3 s a step) and a slow one (0.9 s a step) make their k-th syncs at the

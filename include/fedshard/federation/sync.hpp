@@ -239,7 +239,7 @@ class synchronizer {
                   std::span<float> master, const std::vector<optim::state_tensor>& inner,
                   stream_type& compute) {
     if constexpr (by_progress) {
-      const auto a = schedule_.action(0, agree_progress(interp, step));
+      const auto a = schedule_.action(0, agree_progress(interp, step, compute));
       if (schedule::starts(a)) start(interp, 0, step, master, compute);
       if (schedule::applies(a)) {
         apply(interp, 0, step, master, inner, compute);
@@ -555,7 +555,8 @@ class synchronizer {
 
   /// The group's progress after `step`, agreed through progress_op (see the file comment).
   template <Communicator C>
-  const schedule::sync_progress& agree_progress(interpreter<C, S>& interp, std::int64_t step) {
+  const schedule::sync_progress& agree_progress(interpreter<C, S>& interp, std::int64_t step,
+                                                stream_type& compute) {
     if (!clock_started_) {  // a restored run: its clock goes on from the saved seconds
       start_time_ = std::chrono::steady_clock::now() -
                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -563,6 +564,11 @@ class synchronizer {
       clock_started_ = true;
     }
     const bool root = coords_.replica == 0 && coords_.shard == 0;  // rank 0 of the group axis
+    // A schedule that reads the clock gets the time the step's work is done, not the time
+    // the host queued it (the same on host spaces, where the work ran in order).
+    if constexpr (requires { requires Sch::uses_clock; }) {
+      if (root) space_->synchronize(compute);
+    }
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_time_;
     const double mine[2] = {static_cast<double>(step_tokens_), root ? elapsed.count() : 0.0};
     space_->from_host(sync_, const_buffer_view{mine, 2, dtype::f64}, progress_buf_.view());

@@ -41,6 +41,9 @@ class wall_clock : public whole_model<wall_clock> {
 
   /// The schedule's name.
   static constexpr std::string_view name = "wall_clock";
+  /// The decision reads the clock: the synchronizer reads it once the step's work is done
+  /// (on a device, not when the host has merely queued it).
+  static constexpr bool uses_clock = true;
 
   /// The settings.
   const config& settings() const noexcept { return config_; }
