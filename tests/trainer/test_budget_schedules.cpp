@@ -18,6 +18,7 @@
 #include "fedshard/optim/sgd.hpp"
 #include "fedshard/trainer/trainer.hpp"
 #include "support/files.hpp"
+#include "support/spaces.hpp"
 #include "support/spawn_ranks.hpp"
 
 using namespace fedshard;
@@ -39,7 +40,8 @@ struct paced_model {
 
   std::vector<unit_spec> units() const { return {unit_spec{"w", {tensor_spec{"w", {n}}}}}; }
   std::int64_t tokens(const paced_batch& b) const { return b.tokens; }
-  float forward_backward(step_context& ctx, const paced_batch&) const {
+  template <class Ctx>
+  float forward_backward(Ctx& ctx, const paced_batch&) const {
     if (pause.count() > 0) std::this_thread::sleep_for(pause);
     auto g = ctx.grad_buffer(0);
     for (int i = 0; i < n; ++i) g[static_cast<std::size_t>(i)] = grad * static_cast<float>(i + 1);
@@ -51,8 +53,8 @@ struct paced_model {
 using budget_alg =
     algorithm<shard::full_shard, federation::weighted_average, schedule::token_budget>;
 using clock_alg = algorithm<shard::full_shard, federation::weighted_average, schedule::wall_clock>;
-template <class A>
-using paced_trainer = trainer<paced_model, A, optim::sgd, inproc::communicator>;
+template <class A, class Sp = test::on_host>
+using paced_trainer = trainer<paced_model, A, optim::sgd, typename Sp::comm, typename Sp::space>;
 
 constexpr float kLr = 0.01f;
 
@@ -107,21 +109,22 @@ bool close_to(const std::vector<float>& got, const std::vector<double>& want, do
   return true;
 }
 
-/// Runs A on `shape` until done(): rank (g, local) gets batches of tokens(g, local, step)
-/// tokens; setup(trainer, group) runs first.
-template <class A>
+/// Runs A on `shape` until done(), on the communicator and space of Sp: rank (g, local) gets
+/// batches of tokens(g, local, step) tokens; setup(trainer, group) runs first.
+template <class A, class Sp = test::on_host>
 std::vector<rank_run> run(mesh_shape shape, typename A::sync_schedule::config sched,
                           std::function<std::int64_t(int, int, std::int64_t)> tokens,
-                          std::function<void(paced_trainer<A>&, int)> setup = {},
+                          std::function<void(paced_trainer<A, Sp>&, int)> setup = {},
                           double timeout_s = 60) {
   std::vector<rank_run> out(static_cast<std::size_t>(shape.size()));
   test::spawn_ranks(
       shape.size(),
       [&](inproc::communicator& world) {
-        mesh m(world, shape);
+        auto comm = Sp::wrap(world);
+        mesh m(comm, shape);
         trainer_options<A> o;
         o.schedule = sched;
-        paced_trainer<A> t(m, paced_model{}, {.lr = kLr}, o);
+        paced_trainer<A, Sp> t(m, paced_model{}, {.lr = kLr}, o);
         const int g = m.coords().group;
         const int local = m.coords().replica * shape.shards + m.coords().shard;
         if (setup) setup(t, g);
@@ -249,6 +252,48 @@ TEST_CASE("token_budget with hybrid_shard: groups of 2 replicas x 2 shards agree
   CHECK(close_to(out[0].params, ref, 1e-5));
 }
 
+TEST_CASE_TEMPLATE("progress schedules on every space: each group's syncs, one synced model", Sp,
+                   FEDSHARD_TEST_SPACES) {
+  INFO(Sp::name);
+  const mesh_shape shape{2, 1, 2};
+  const std::vector<float> grad{1.0f, -1.5f};
+  auto check_weighted = [&](const std::vector<rank_run>& out, auto weight_of) {
+    std::vector<std::vector<std::int64_t>> steps(2);
+    std::vector<std::vector<double>> weights(2);
+    for (const auto& r : out) {
+      CHECK(r.done);
+      CHECK(test::bit_equal(r.params, out[0].params));
+      steps[std::size_t(r.group)] = interval_steps(r.sync_steps);
+    }
+    for (int g = 0; g < 2; ++g)
+      for (std::int64_t k : steps[std::size_t(g)])
+        weights[std::size_t(g)].push_back(weight_of(g, k));
+    CHECK(close_to(out[0].params, reference(8, grad, steps, weights, true), 1e-5));
+  };
+  SUBCASE("token_budget") {
+    auto tokens = [](int g, int local, std::int64_t) -> std::int64_t {
+      return g == 0 ? 1 + local : 5;  // 3 and 10 a group step
+    };
+    const auto out = run<budget_alg, Sp>(
+        shape, {.tokens = 12, .syncs = 3}, tokens,
+        [&](paced_trainer<budget_alg, Sp>& t, int g) { t.model().grad = grad[std::size_t(g)]; });
+    for (const auto& r : out)
+      CHECK(r.sync_steps == (r.group == 0 ? std::vector<std::int64_t>{3, 7, 11}
+                                          : std::vector<std::int64_t>{1, 3, 5}));
+    check_weighted(out, [](int g, std::int64_t k) { return double(k) * (g == 0 ? 3 : 10); });
+  }
+  SUBCASE("wall_clock") {
+    auto tokens = [](int, int, std::int64_t) -> std::int64_t { return 2; };
+    const auto out = run<clock_alg, Sp>(
+        shape, {.seconds = 0.02, .syncs = 3}, tokens, [&](paced_trainer<clock_alg, Sp>& t, int g) {
+          t.model().grad = grad[std::size_t(g)];
+          t.model().pause = std::chrono::microseconds(g == 0 ? 500 : 1500);
+        });
+    for (const auto& r : out) CHECK(r.sync_steps.size() == 3);
+    check_weighted(out, [](int, std::int64_t k) { return double(k) * 4; });
+  }
+}
+
 TEST_CASE("token_budget: groups taking very different step counts never hang") {
   // 1, 7 and 100 tokens a step with N = 100: 100 steps, 15 steps and 1 step a sync. Nothing
   // but the group's agreement runs between syncs, and the k-th sync of each group is its
@@ -326,8 +371,12 @@ TEST_CASE("wall_clock: a 3x slower group does not slow the fast one, and the mea
   };
   double best = 1e9;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    const auto alone = run<clock_alg>({1, 1, 1}, sched, tokens, paced);
+    // Alone and next to the slow group side by side, at the same time: the machine's noise
+    // (other jobs on its two cores) hits both runs alike.
+    std::vector<rank_run> alone;
+    std::thread side([&] { alone = run<clock_alg>({1, 1, 1}, sched, tokens, paced); });
     const auto both = run<clock_alg>({2, 1, 1}, sched, tokens, paced);
+    side.join();
     const double alone_rate = double(alone[0].tokens) / alone[0].seconds;
     const double fast_rate = double(both[0].tokens) / both[0].seconds;
     const double slow_rate = double(both[1].tokens) / both[1].seconds;

@@ -565,10 +565,10 @@ class synchronizer {
     }
     const bool root = coords_.replica == 0 && coords_.shard == 0;  // rank 0 of the group axis
     // A schedule that reads the clock gets the time the step's work is done, not the time
-    // the host queued it (the same on host spaces, where the work ran in order).
-    if constexpr (requires { requires Sch::uses_clock; }) {
-      if (root) space_->synchronize(compute);
-    }
+    // the host queued it (the same on host spaces, where the work ran in order). Every rank
+    // of the group waits, not only the root: the root's step completes only once its peers'
+    // step collectives ran, and they wait for the root's clock at progress_op anyway.
+    if constexpr (requires { requires Sch::uses_clock; }) space_->synchronize(compute);
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_time_;
     const double mine[2] = {static_cast<double>(step_tokens_), root ? elapsed.count() : 0.0};
     space_->from_host(sync_, const_buffer_view{mine, 2, dtype::f64}, progress_buf_.view());
