@@ -34,6 +34,8 @@
 ///     `p` alone; groups take different numbers of steps between syncs, and the k-th sync of
 ///     every group meets the k-th of the others; a run ends after run_syncs() >= 1 syncs
 ///     (trainer::done()), not after total_steps, so every group does the same number.
+///     Optionally `static constexpr bool uses_clock = true` (wall_clock): the decision reads
+///     p.seconds, so every rank waits for its step's work before the group reads the clock.
 ///  4. `float mixing() const`: α in (0, 1]; θ ← (1 - α)·θ_local + α·θ_synced (1 = replace).
 ///  5. `std::vector<int> fragment_units(int fragment, int num_units) const`: the units of the
 ///     fragment, ascending, strided (unit u belongs to fragment u % P); the fragments
