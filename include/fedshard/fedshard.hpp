@@ -54,6 +54,8 @@
 #include "fedshard/schedule/post_local.hpp"
 #include "fedshard/schedule/streaming.hpp"
 #include "fedshard/schedule/sync_schedule.hpp"
+#include "fedshard/schedule/token_budget.hpp"
+#include "fedshard/schedule/wall_clock.hpp"
 
 #include "fedshard/trainer/algorithm.hpp"
 #include "fedshard/trainer/checkpoint.hpp"

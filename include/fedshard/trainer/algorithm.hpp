@@ -29,6 +29,8 @@
 #include "fedshard/schedule/post_local.hpp"
 #include "fedshard/schedule/streaming.hpp"
 #include "fedshard/schedule/sync_schedule.hpp"
+#include "fedshard/schedule/token_budget.hpp"
+#include "fedshard/schedule/wall_clock.hpp"
 #include "fedshard/shard/full_shard.hpp"
 #include "fedshard/shard/hybrid_shard.hpp"
 #include "fedshard/shard/replicate.hpp"
@@ -61,7 +63,8 @@ struct algorithm {
                 "(federation::none, average, weighted_average, outer_optimizer<Rule>)");
   static_assert(schedule::SyncSchedule<Schedule>,
                 "fedshard::algorithm: the third parameter must model SyncSchedule "
-                "(schedule::every_step, periodic, post_local, streaming)");
+                "(schedule::every_step, periodic, post_local, streaming, token_budget, "
+                "wall_clock)");
   static_assert(Federation::syncs || std::is_same_v<Schedule, schedule::every_step>,
                 "fedshard::algorithm: federation::none never syncs, so this schedule would "
                 "have nothing to schedule; use schedule::every_step with federation::none (as "
