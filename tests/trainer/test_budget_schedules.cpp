@@ -397,14 +397,16 @@ TEST_CASE("wall_clock: a 3x slower group does not slow the fast one, and the mea
     std::vector<std::vector<double>> weights(2);
     for (int g = 0; g < 2; ++g)
       for (std::int64_t k : steps[std::size_t(g)]) weights[std::size_t(g)].push_back(4.0 * k);
-    CHECK(steps[0][0] > 2 * steps[1][0]);  // the fast group did more steps, so weighs more
     CHECK(close_to(both[0].params, reference(8, grad, steps, weights, true), 1e-5));
     CHECK(test::bit_equal(both[0].params, both[1].params));
     CHECK_FALSE(close_to(both[0].params, reference(8, grad, steps, weights, false), 1e-3));
 
+    // Timing (the best of three attempts: other jobs share this machine's two cores): the
+    // fast group did more steps in the first interval, so it weighs more, and it kept its
+    // pace next to the slow group.
     const double gap = std::max(std::abs(1.0 - fast_rate / alone_rate), std::abs(1 - steps_ratio));
-    best = std::min(best, gap);
-    if (best <= 0.10) break;  // timing on a shared machine: the best of three attempts
+    if (steps[0][0] > 2 * steps[1][0]) best = std::min(best, gap);
+    if (best <= 0.10) break;
   }
   CHECK(best <= 0.10);
 }
