@@ -55,6 +55,26 @@ concept ShardPolicy = requires(const mesh_shape& shape, const flat_layout& layou
   { P::step_plan(layout, shape, prec) } -> std::same_as<plan>;
 };
 
+/// The run-time settings of a policy without any (the shard engine's default).
+struct no_settings {
+  friend bool operator==(const no_settings&, const no_settings&) = default;
+};
+
+/// P::settings when the policy has run-time settings (shard::sparse), else no_settings.
+template <class P>
+struct settings_of {
+  using type = no_settings;
+};
+template <class P>
+requires requires {
+  typename P::settings;
+}
+struct settings_of<P> {
+  using type = typename P::settings;
+};
+template <class P>
+using settings_of_t = typename settings_of<P>::type;
+
 /// Builders of the ops shard policies are made of.
 namespace ops {
 
