@@ -56,6 +56,7 @@ struct settings {
   double scape_density = 0.05;  // scape: fraction of each shard's elements in the mask
   int scape_refresh = 1;        // scape: steps between mask computations
   int scape_dense_steps = 1;    // scape: dense steps before the first mask
+  int scape_dense_every = 0;    // scape: every N-th step dense (0: none)
   std::string out = "demo-out";
   std::vector<std::string> algorithms{"ddp",     "fsdp",   "hsdp",       "fl_fsdp",
                                       "fl_hsdp", "diloco", "sparseloco", "fl_hsdp_int8"};
@@ -90,6 +91,7 @@ struct result {
          "       [--bandwidth-gbit G] [--latency-ms MS] [--lr LR] [--seed S] [--out DIR]\n"
          "       [--k K] [--h H] [--fragments P] [--delay T]\n"
          "       [--scape-density D] [--scape-refresh P] [--scape-dense-steps N]\n"
+         "       [--scape-dense-every N]\n"
          "       [--algorithms ddp,fsdp,hsdp,fl_fsdp,fl_hsdp,diloco,sparseloco,fl_hsdp_int8]\n"
          "  algorithms: ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco,\n"
          "  streaming_diloco, sparseloco, gasloc, scape, fomoe (needs --experts: expert e on\n"
@@ -101,7 +103,8 @@ struct result {
          "  (default 1)\n"
          "  scape: SCAPE inside each group of fl_fsdp (shard::sparse<full_shard>, same mesh\n"
          "  and K): --scape-density (default 0.05), --scape-refresh (steps between masks,\n"
-         "  default 1), --scape-dense-steps (dense steps before the first mask, default 1)\n"
+         "  default 1), --scape-dense-steps (dense steps before the first mask, default 1),\n"
+         "  --scape-dense-every (every N-th step dense, default 0: none)\n"
          "  --experts X: a mixture-of-experts layer of X experts, top-1 routing (default 0:\n"
          "  none); --expert-hidden F: each expert's width (default: --hidden)\n"
          "  --ranks N: in-process ranks (default 8); --groups G: groups of the federated\n"
@@ -180,6 +183,8 @@ inline settings parse(int argc, char** argv, int first = 1,
       s.scape_refresh = static_cast<int>(number(1));
     else if (a == "--scape-dense-steps")
       s.scape_dense_steps = static_cast<int>(number(1));
+    else if (a == "--scape-dense-every")
+      s.scape_dense_every = static_cast<int>(number(0));
     else if (a == "--algorithms") {
       s.algorithms.clear();
       std::stringstream ss(value());
@@ -430,7 +435,8 @@ inline fedshard::trainer_options<fedshard::fl_scape_fsdp> scape_options(const se
   auto o = options_of<fedshard::fl_scape_fsdp>(s, "scape");
   o.shard = {.density = s.scape_density,
              .refresh_period = s.scape_refresh,
-             .dense_steps = s.scape_dense_steps};
+             .dense_steps = s.scape_dense_steps,
+             .dense_every = s.scape_dense_every};
   return o;
 }
 

@@ -169,57 +169,65 @@ TEST_CASE("density 1 equals the base policy bit for bit") {
 }
 
 // Per step, the shard axis carries Base's plan on the dense steps, 0.1x of it on the others
-// (shards of 80 elements, k = 8; the first step with a mask still gathers densely, as the
-// dense update before it changed every element), plus one mask exchange after each refresh:
-// an all_gather of
+// (shards of 80 elements, k = 8; a step after a dense one still gathers densely, as the dense
+// update changed every element), plus one mask exchange after each refresh: an all_gather of
 // S x ceil(N_shard / 32) 4-byte words, N_shard = 3 units x 80 = 240 elements, so 8 words:
 // (S - 1) x 32 bytes sent per rank.
 TEST_CASE_TEMPLATE("at density 0.1 the shard axis carries 0.1x the base's bytes plus the masks",
                    Base, shard::full_shard, shard::shard_grad_op) {
   using S = sparse_alg<Base>;
-  constexpr int steps = 7, period = 3, dense = 2;
+  constexpr int steps = 9, period = 3, dense = 2;
   constexpr mesh_shape shape{1, 1, 2};
-  const auto opts = with<S>({.density = 0.1, .refresh_period = period, .dense_steps = dense});
-  const flat_layout l(model80().units(), 2);
-  for (std::size_t u = 0; u < l.num_units(); ++u) REQUIRE(l.unit(u).shard_numel == 80);
-  const plan base = Base::step_plan(l, shape, {});
-  const auto base_bytes = traffic_counters::of(base)[axis::shard];
-  const auto sparse_bytes =
-      traffic_counters::of(shard::sparse<Base>::sparse_plan(l, shape, {}, opts.shard))[axis::shard];
-  CHECK(sparse_bytes.payload_bytes * 10 == base_bytes.payload_bytes);
-  const auto gathers = [](const comm_op& op) { return op.kind == comm_kind::all_gather; };
-  const auto mixed_bytes = traffic_counters::of(base.select(gathers).append(
-      shard::sparse<Base>::sparse_plan(l, shape, {}, opts.shard).select([&](const comm_op& op) {
-        return !gathers(op);
-      })))[axis::shard];
-  CHECK(sparse_bytes.wire_bytes * 10 == doctest::Approx(base_bytes.wire_bytes));
-  const std::int64_t mask_payload = 2 * shard::mask_words(240) * 4;  // S x 8 words
-  CHECK(mask_payload == 64);
-  const double mask_wire = (2 - 1) * 4.0 * 8;
+  for (const int every : {0, 4}) {  // and with a dense step every 4 (steps 3 and 7)
+    CAPTURE(every);
+    const auto opts = with<S>(
+        {.density = 0.1, .refresh_period = period, .dense_steps = dense, .dense_every = every});
+    const flat_layout l(model80().units(), 2);
+    for (std::size_t u = 0; u < l.num_units(); ++u) REQUIRE(l.unit(u).shard_numel == 80);
+    const plan base = Base::step_plan(l, shape, {});
+    const plan packed = shard::sparse<Base>::sparse_plan(l, shape, {}, opts.shard);
+    const auto on_shard = [](const plan& p) { return traffic_counters::of(p)[axis::shard]; };
+    CHECK(on_shard(packed).payload_bytes * 10 == on_shard(base).payload_bytes);
+    CHECK(on_shard(packed).wire_bytes * 10 == doctest::Approx(on_shard(base).wire_bytes));
+    const auto gathers = [](const comm_op& op) { return op.kind == comm_kind::all_gather; };
+    const auto reductions = [&](const comm_op& op) { return !gathers(op); };
+    const std::int64_t mask_payload = 2 * shard::mask_words(240) * 4;  // S x 8 words
+    CHECK(mask_payload == 64);
+    const double mask_wire = (2 - 1) * 4.0 * 8;
 
-  std::mutex mu;
-  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
-    mesh m(world, shape);
-    mlp_trainer<S> t(m, model80(), {.lr = 2e-2f}, opts);
-    CHECK(t.engine().runtime().mask_plan().ops.at(0).bytes == mask_payload);
-    t.traffic().reset();
-    for (int s = 0; s < steps; ++s) {
-      const auto before = t.traffic()[axis::shard];
-      t.step(t.model().batch(kData, s, 0, 1, m.coords().shard, 2, 2));
-      const auto after = t.traffic()[axis::shard];
-      // a refresh after this step: after the dense ones' last, then every period steps
-      const bool refresh = s + 1 >= dense && (s + 1 - dense) % period == 0;
-      // the first step with a mask gathers densely: the dense update changed every element
-      const auto& want = s < dense ? base_bytes : s == dense ? mixed_bytes : sparse_bytes;
-      std::lock_guard lock(mu);
-      CAPTURE(s);
-      CHECK(after.payload_bytes - before.payload_bytes ==
-            want.payload_bytes + (refresh ? mask_payload : 0));
-      CHECK(after.wire_bytes - before.wire_bytes == want.wire_bytes + (refresh ? mask_wire : 0.0));
-      CHECK(after.calls - before.calls == want.calls + (refresh ? 1 : 0));
-    }
-    CHECK(t.engine().runtime().refreshes() == 2);  // after steps 1 and 4
-  });
+    std::mutex mu;
+    test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+      mesh m(world, shape);
+      mlp_trainer<S> t(m, model80(), {.lr = 2e-2f}, opts);
+      CHECK(t.engine().runtime().mask_plan().ops.at(0).bytes == mask_payload);
+      t.traffic().reset();
+      const auto dense_update = [&](int s) {
+        return s < dense || (every > 0 && (s + 1) % every == 0);
+      };
+      for (int s = 0; s < steps; ++s) {
+        const auto before = t.traffic()[axis::shard];
+        t.step(t.model().batch(kData, s, 0, 1, m.coords().shard, 2, 2));
+        const auto after = t.traffic()[axis::shard];
+        // a refresh after this step: after the dense ones' last, then every period steps
+        const bool refresh = s + 1 >= dense && (s + 1 - dense) % period == 0;
+        // reductions packed unless the step is dense; gathers dense after a dense update (it
+        // changed every element), packed otherwise
+        const bool gather_dense = s == 0 || dense_update(s - 1);
+        const auto want =
+            on_shard((gather_dense ? base : packed)
+                         .select(gathers)
+                         .append((dense_update(s) ? base : packed).select(reductions)));
+        std::lock_guard lock(mu);
+        CAPTURE(s);
+        CHECK(after.payload_bytes - before.payload_bytes ==
+              want.payload_bytes + (refresh ? mask_payload : 0));
+        CHECK(after.wire_bytes - before.wire_bytes ==
+              want.wire_bytes + (refresh ? mask_wire : 0.0));
+        CHECK(after.calls - before.calls == want.calls + (refresh ? 1 : 0));
+      }
+      CHECK(t.engine().runtime().refreshes() == 3);  // after steps 1, 4 and 7
+    });
+  }
 }
 
 TEST_CASE("every rank agrees on the mask; each shard holds k_u of it, its top by |exp_avg|") {

@@ -19,7 +19,9 @@
 ///
 /// Steps: the first `dense_steps` steps (settings; at least 1) are Base's dense steps; the
 /// mask is computed after the last of them and after every `refresh_period` steps from then.
-/// A step with a mask:
+/// With `dense_every` N > 0, steps N - 1, 2N - 1, ... are dense too (every element's gradient
+/// reduced and stepped, so every first moment moves). A step after a dense one gathers
+/// densely (the dense update changed every element). A step with a mask:
 ///  - reduce: each unit's gradient is packed at the mask's elements in element order (no
 ///    indices: every rank knows the mask), S x k_u values, reduce-scattered into the rank's
 ///    k_u (then averaged over the replicas, packed, where Base does that) and unpacked into
@@ -84,6 +86,9 @@ struct sparse_settings {
   double density = 0.1;    ///< fraction of each unit shard's elements in the mask, in (0, 1]
   int refresh_period = 1;  ///< steps between two mask computations, >= 1
   int dense_steps = 1;     ///< Base's dense steps before the first mask, >= 1
+  /// 0, or every dense_every-th step (steps dense_every - 1, 2 dense_every - 1, ...) is a dense
+  /// one: every element's gradient reduced and every element stepped, >= 0
+  int dense_every = 0;
 
   friend bool operator==(const sparse_settings&, const sparse_settings&) = default;
   /// invalid_argument naming the bad setting, what was expected and what was found.
@@ -94,6 +99,8 @@ struct sparse_settings {
                      refresh_period);
     FEDSHARD_EXPECTS(dense_steps >= 1, "shard::sparse: dense_steps must be >= 1, found ",
                      dense_steps);
+    FEDSHARD_EXPECTS(dense_every >= 0, "shard::sparse: dense_every must be >= 0, found ",
+                     dense_every);
   }
 };
 
@@ -258,7 +265,7 @@ class sparse_runtime {
   /// A step starts: the gathers of units whose copy is valid are packed, the reductions are
   /// packed when a mask exists (or is on its way).
   void begin_step() {
-    step_sparse_ = has_mask();
+    step_sparse_ = has_mask() && !(cfg_.dense_every > 0 && (steps_ + 1) % cfg_.dense_every == 0);
     for (std::size_t u = 0; u < valid_.size(); ++u) gather_sparse_[u] = valid_[u] && gmask_;
     active_.ops.clear();
     for (std::size_t i = 0; i < dense_.ops.size(); ++i) {
@@ -415,6 +422,7 @@ class sparse_runtime {
   /// Computes this rank's mask bits from main's first moment and issues their exchange.
   template <class O, class Interp>
   void refresh(O& main, Interp& interp) {
+    agree(interp);  // the words of an exchange still on its way are not reused
     interp.space().synchronize(interp.own_stream());
     const std::span<const float> m = main.state()[static_cast<std::size_t>(first_)].data;
     std::fill(words_mine_.begin(), words_mine_.end(), 0u);
