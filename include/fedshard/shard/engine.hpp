@@ -71,6 +71,7 @@ namespace fedshard::shard {
 template <class P, class S>
 struct runtime_of {
   struct type {};
+  static constexpr bool stateful = false;
 };
 template <class P, class S>
 requires requires {
@@ -78,6 +79,7 @@ requires requires {
 }
 struct runtime_of<P, S> {
   using type = typename P::template runtime<S>;
+  static constexpr bool stateful = true;
 };
 
 /// Runs ShardPolicy P for one rank of a mesh over Communicator C, with its buffers in memory
@@ -132,7 +134,7 @@ class engine {
 
  public:
   /// True when P has run-time state (P::runtime<S>).
-  static constexpr bool has_runtime = requires { typename P::template runtime<S>; };
+  static constexpr bool has_runtime = runtime_of<P, S>::stateful;
 
   const flat_layout& layout() const noexcept { return layout_; }
   const precision& mixed_precision() const noexcept { return prec_; }
