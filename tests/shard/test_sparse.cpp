@@ -21,6 +21,7 @@
 #include "fedshard/shard/replicate.hpp"
 #include "fedshard/shard/shard_grad_op.hpp"
 #include "fedshard/trainer/trainer.hpp"
+#include "support/files.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
 
@@ -75,6 +76,21 @@ trainer_options<A> with(shard::sparse_settings s, shard::precision p = {}) {
   o.shard = s;
   o.precision = p;
   return o;
+}
+
+/// Collective: the gathered copy of every unit a model would compute with now equals the
+/// exact parameters (read dense, f32).
+template <class T>
+void check_copies(T& t) {
+  auto& e = t.engine();
+  e.begin_step();
+  for (std::size_t u = 0; u < e.layout().num_units(); ++u) {
+    const auto exact = e.gather_unit(u);
+    const auto p = e.acquire(u);
+    for (std::size_t i = 0; i < exact.size(); ++i) REQUIRE(p[i] == exact[i]);
+    e.release(u);
+  }
+  e.begin_step();
 }
 
 }  // namespace
@@ -323,17 +339,6 @@ TEST_CASE("a masked step leaves unmasked parameters and optimizer state untouche
 // The gathered copy a model computes with equals the exact parameters after every step: across
 // mask refreshes, and after federation syncs (which write every element of the master).
 TEST_CASE("the gathered copies stay the current parameters across refreshes and syncs") {
-  const auto check_copies = [](auto& t) {
-    auto& e = t.engine();
-    e.begin_step();
-    for (std::size_t u = 0; u < e.layout().num_units(); ++u) {
-      const auto exact = e.gather_unit(u);
-      const auto p = e.acquire(u);
-      for (std::size_t i = 0; i < exact.size(); ++i) REQUIRE(p[i] == exact[i]);
-      e.release(u);
-    }
-    e.begin_step();
-  };
   SUBCASE("fl_scape_fsdp, 2 groups, sync every 3 steps") {
     trainer_options<fl_scape_fsdp> o;
     o.shard = {.density = 0.1, .refresh_period = 2};
@@ -431,4 +436,28 @@ TEST_CASE("a masked step is the dense step at the masked elements, bit for bit")
     }
     CHECK(masked == 24);
   }
+}
+
+// A checkpoint holds no mask: a loaded trainer starts with dense steps, from the saved
+// parameters and moments, and its copies are exact throughout.
+TEST_CASE("a sparse run saved and loaded goes on from the saved state") {
+  test::temp_dir dir("fedshard-sparse");
+  const auto opts = with<scape_fsdp>({.density = 0.1, .refresh_period = 2});
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, {1, 1, 2});
+    const int me = m.coords().shard;
+    mlp_trainer<scape_fsdp> a(m, model80(), {.lr = 2e-2f}, opts);
+    for (int s = 0; s < 4; ++s) a.step(a.model().batch(kData, s, 0, 1, me, 2, 2));
+    a.save(dir.path);
+    const auto saved = a.parameters();
+    mlp_trainer<scape_fsdp> b(m, model80(), {.lr = 2e-2f}, opts);
+    b.load(dir.path);
+    CHECK(b.parameters() == saved);
+    CHECK_FALSE(b.engine().runtime().has_mask());
+    for (int s = 4; s < 8; ++s) {
+      b.step(b.model().batch(kData, s, 0, 1, me, 2, 2));
+      check_copies(b);
+    }
+    CHECK(b.engine().runtime().has_mask());
+  });
 }
