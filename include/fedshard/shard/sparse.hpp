@@ -216,6 +216,13 @@ class sparse_runtime {
         gather_sparse_(l.num_units(), false),
         unpack_(l.num_units(), false) {
     const std::size_t U = l.num_units();
+    constexpr std::size_t most = std::numeric_limits<std::uint32_t>::max();
+    FEDSHARD_EXPECTS(offsets.back() <= most, "shard::sparse: a rank's master must hold at most ",
+                     most, " elements (masks are 32-bit indices), found ", offsets.back());
+    for (std::size_t u = 0; u < U; ++u)
+      FEDSHARD_EXPECTS(l.unit(u).padded_numel <= most, "shard::sparse: unit ", u, " ('",
+                       l.unit(u).name, "') must have at most ", most,
+                       " elements (masks are 32-bit indices), found ", l.unit(u).padded_numel);
     held_.assign(U, true);
     for (std::size_t u = 0; u < U; ++u)
       if (!held.empty() && !held[u]) held_[u] = false;
@@ -232,6 +239,7 @@ class sparse_runtime {
     active_ = dense_;
   }
 
+  /// The settings it runs with.
   const sparse_settings& settings() const noexcept { return cfg_; }
   /// The plan of the steps with a mask.
   const plan& sparse_plan() const noexcept { return sparse_; }
