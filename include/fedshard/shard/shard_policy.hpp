@@ -11,6 +11,9 @@
 ///     the model acquires a unit (role params, phase forward or backward), the reductions when
 ///     a unit's gradients are ready (role grad into grad_shard). Order: forward gathers by
 ///     ascending unit, then backward ops by descending unit.
+///  5. Optionally, `P::settings` (run-time settings: trainer_options::shard, settings_of_t)
+///     and `P::runtime<S>`, run-time state the engine holds and calls where the plan needs
+///     more than its buffers (shard::sparse's masks and packed buffers; shard/engine.hpp).
 /// The shard engine (shard/engine.hpp) runs the plan through the interpreter; what it stores
 /// and frees follows from the plan (a unit gathered again in backward is freed after
 /// forward), never from the policy's identity. The builders in `shard::ops` make the ops.
