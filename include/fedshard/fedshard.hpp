@@ -31,6 +31,7 @@
 #include "fedshard/shard/replicate.hpp"
 #include "fedshard/shard/shard_grad_op.hpp"
 #include "fedshard/shard/shard_policy.hpp"
+#include "fedshard/shard/sparse.hpp"
 
 #include "fedshard/optim/adamw.hpp"
 #include "fedshard/optim/lr_schedule.hpp"

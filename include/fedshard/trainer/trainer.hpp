@@ -66,6 +66,8 @@ struct trainer_options {
   typename A::federation_policy::config federation{};
   /// The schedule's settings (K, H, fragments, delay, mixing), from the algorithm's defaults.
   typename A::sync_schedule::config schedule = A::default_schedule();
+  /// The shard policy's settings (shard::sparse's density, refresh period); none for most.
+  shard::settings_of_t<typename A::shard_policy> shard{};
   /// Where the trainer's log lines go (what a resharding load dropped or initialised), on
   /// every rank; empty = world rank 0 prints them to stderr.
   std::function<void(const std::string&)> log{};
@@ -115,7 +117,8 @@ class trainer final : private detail::unit_hooks<S> {
       : space_(make_space(m.world())),
         model_(std::move(model)),
         opts_(std::move(o)),
-        engine_(m, *space_, model_.units(), opts_.precision, shard::ownership_of(opts_.federation)),
+        engine_(m, *space_, model_.units(), opts_.precision, shard::ownership_of(opts_.federation),
+                opts_.shard),
         optimizer_(opt, engine_.master().size(), *space_),
         base_lr_(opt.lr),
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
@@ -138,6 +141,7 @@ class trainer final : private detail::unit_hooks<S> {
             shard_policy::name, " step plan has ", fedshard::describe(op));
     }
     engine_.set_max_live_units(opts_.max_live_units);
+    engine_.attach_optimizer(optimizer_, opt);
     if constexpr (requires { model_.initial_values(engine_.layout(), std::size_t{0}); }) {
       for (std::size_t u = 0; u < engine_.layout().num_units(); ++u)
         if (engine_.holds(u)) engine_.set_unit(u, model_.initial_values(engine_.layout(), u));
@@ -192,11 +196,13 @@ class trainer final : private detail::unit_hooks<S> {
     const float loss = static_cast<float>(model_.forward_backward(ctx, batch));
     engine_.finish_backward();
     const float lr = opts_.lr_schedule ? opts_.lr_schedule(step_) : base_lr_;
-    optimizer_.step(engine_.master(), std::span<const float>(engine_.grad()), lr, compute);
+    engine_.optimizer_step(optimizer_, lr);
     sync_.add_tokens(tokens_of(model_, batch));
     if constexpr (elastic_federation) begin_elastic_round(compute);
+    const std::int64_t syncs = sync_.syncs_applied();
     sync_.after_step(engine_.interp(), step_, opts_.total_steps, engine_.master(),
                      optimizer_.state(), compute);
+    if (sync_.syncs_applied() != syncs) engine_.parameters_changed();
     ++step_;
     return loss;
   }
