@@ -6,10 +6,12 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fedshard/comm/inproc.hpp"
@@ -111,7 +113,10 @@ TEST_CASE("sparse settings: bad density, refresh period or warm-up are refused")
   CHECK(message({.refresh_period = 0}).find("refresh_period must be >= 1, found 0") !=
         std::string::npos);
   CHECK(message({.dense_steps = 0}).find("dense_steps must be >= 1, found 0") != std::string::npos);
+  CHECK(message({.dense_below = -1}).find("dense_below must be >= 0, found -1") !=
+        std::string::npos);
   CHECK(message({.density = 1.0}).empty());
+  CHECK(message({.per_tensor = true, .dense_below = 13}).empty());
   CHECK(shard::masked_per_shard(80, 0.1) == 8);
   CHECK(shard::masked_per_shard(80, 1e-9) == 1);
   CHECK(shard::masked_per_shard(80, 1.0) == 80);
@@ -160,6 +165,15 @@ TEST_CASE("density 1 equals the base policy bit for bit") {
     const auto b = final_params<dense_alg<shard::full_shard>>({1, 1, 2}, steps);
     for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
   }
+  SUBCASE("full_shard, per-tensor quotas and small tensors dense") {
+    using S = sparse_alg<shard::full_shard>;
+    shard::sparse_settings q = all;
+    q.per_tensor = true;
+    q.dense_below = 13;
+    const auto a = final_params<S>({1, 1, 2}, steps, with<S>(q));
+    const auto b = final_params<dense_alg<shard::full_shard>>({1, 1, 2}, steps);
+    for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+  }
   SUBCASE("full_shard, bf16 parameters") {
     using S = sparse_alg<shard::full_shard>;
     using D = dense_alg<shard::full_shard>;
@@ -184,6 +198,40 @@ TEST_CASE("density 1 equals the base policy bit for bit") {
   }
 }
 
+// model80's units are a 12 x 12 matrix and 12 biases (156 elements): shard 0 is elements
+// [0, 80) of the matrix, shard 1 its last 64 and the biases (and 4 of padding). At density 0.1:
+// one top-k, k = 8; per tensor, quotas 8 (shard 0) and 6 + 1 (shard 1), k = 8; with the
+// biases always masked (dense_below 13), quotas 8 and 6 + 12, k = 18 on both shards.
+TEST_CASE("per-tensor quotas and dense_below: the slices, their quotas and k_u") {
+  const flat_layout l(model80().units(), 2);
+  const auto& u0 = l.unit(0);
+  using sl = shard::mask_slice;
+  const shard::sparse_settings one{.density = 0.1};
+  const shard::sparse_settings per{.density = 0.1, .per_tensor = true};
+  const shard::sparse_settings small{.density = 0.1, .per_tensor = true, .dense_below = 13};
+  const shard::sparse_settings bias_only{.density = 0.1, .dense_below = 13};
+  CHECK(shard::mask_slices(u0, 0, one).empty());
+  CHECK(shard::mask_slices(u0, 0, per) == std::vector<sl>{{0, 80, 8}});
+  CHECK(shard::mask_slices(u0, 1, per) == std::vector<sl>{{0, 64, 6}, {64, 76, 1}});
+  CHECK(shard::mask_slices(u0, 1, small) == std::vector<sl>{{0, 64, 6}, {64, 76, 12}});
+  CHECK(shard::mask_slices(u0, 0, bias_only).empty());
+  CHECK(shard::mask_slices(u0, 1, bias_only) == std::vector<sl>{{64, 76, 12}});
+  CHECK(shard::masked_counts(l, one) == std::vector<std::size_t>{8, 8, 8});
+  CHECK(shard::masked_counts(l, per) == std::vector<std::size_t>{8, 8, 8});
+  CHECK(shard::masked_counts(l, small) == std::vector<std::size_t>{18, 18, 18});
+  CHECK(shard::masked_counts(l, bias_only) == std::vector<std::size_t>{12, 12, 12});
+  // Density 1: every element, quotas or not.
+  CHECK(shard::masked_counts(l, {.density = 1.0, .per_tensor = true, .dense_below = 13}) ==
+        std::vector<std::size_t>{80, 80, 80});
+  // The packed plan carries 18 of every 80 elements.
+  const mesh_shape s{1, 1, 2};
+  const plan base = shard::full_shard::step_plan(l, s, {});
+  const plan sp = shard::sparse<shard::full_shard>::sparse_plan(l, s, {}, small);
+  REQUIRE(sp.ops.size() == base.ops.size());
+  for (std::size_t i = 0; i < sp.ops.size(); ++i)
+    CHECK(sp.ops[i].bytes * 80 == base.ops[i].bytes * 18);
+}
+
 // Per step, the shard axis carries Base's plan on the dense steps, 0.1x of it on the others
 // (shards of 80 elements, k = 8; a step after a dense one still gathers densely, as the dense
 // update changed every element), plus one mask exchange after each refresh: an all_gather of
@@ -194,17 +242,29 @@ TEST_CASE_TEMPLATE("at density 0.1 the shard axis carries 0.1x the base's bytes 
   using S = sparse_alg<Base>;
   constexpr int steps = 9, period = 3, dense = 2;
   constexpr mesh_shape shape{1, 1, 2};
-  for (const int every : {0, 4}) {  // and with a dense step every 4 (steps 3 and 7)
+  // and with a dense step every 4 (steps 3 and 7); and with per-tensor quotas and the biases
+  // always masked: k = 18 of 80 (see the test of the quotas)
+  using variant = std::pair<int, bool>;
+  for (const variant& v : std::array<variant, 4>{{{0, false}, {4, false}, {0, true}, {4, true}}}) {
+    const int every = v.first;
+    const bool quotas = v.second;
     CAPTURE(every);
-    const auto opts = with<S>(
-        {.density = 0.1, .refresh_period = period, .dense_steps = dense, .dense_every = every});
+    CAPTURE(quotas);
+    const auto opts = with<S>({.density = 0.1,
+                               .refresh_period = period,
+                               .dense_steps = dense,
+                               .dense_every = every,
+                               .per_tensor = quotas,
+                               .dense_below = quotas ? 13 : 0});
     const flat_layout l(model80().units(), 2);
     for (std::size_t u = 0; u < l.num_units(); ++u) REQUIRE(l.unit(u).shard_numel == 80);
     const plan base = Base::step_plan(l, shape, {});
     const plan packed = shard::sparse<Base>::sparse_plan(l, shape, {}, opts.shard);
     const auto on_shard = [](const plan& p) { return traffic_counters::of(p)[axis::shard]; };
-    CHECK(on_shard(packed).payload_bytes * 10 == on_shard(base).payload_bytes);
-    CHECK(on_shard(packed).wire_bytes * 10 == doctest::Approx(on_shard(base).wire_bytes));
+    const std::int64_t k = quotas ? 18 : 8;
+    CHECK(on_shard(packed).payload_bytes * 80 == on_shard(base).payload_bytes * k);
+    CHECK(on_shard(packed).wire_bytes * 80 ==
+          doctest::Approx(on_shard(base).wire_bytes * static_cast<double>(k)));
     const auto gathers = [](const comm_op& op) { return op.kind == comm_kind::all_gather; };
     const auto reductions = [&](const comm_op& op) { return !gathers(op); };
     const std::int64_t mask_payload = 2 * shard::mask_words(240) * 4;  // S x 8 words
@@ -294,6 +354,58 @@ TEST_CASE("every rank agrees on the mask; each shard holds k_u of it, its top by
     REQUIRE(masks[0][u].size() == 2 * 8);
     for (std::size_t j = 0; j < 16; ++j) CHECK((masks[0][u][j] / 80) == j / 8);  // 8 per shard
   }
+}
+
+TEST_CASE("per-tensor quotas: every rank agrees; each tensor slice holds its top, the biases all") {
+  using S = sparse_alg<shard::hybrid_shard>;
+  constexpr mesh_shape shape{1, 2, 2};
+  const shard::sparse_settings c{
+      .density = 0.1, .refresh_period = 2, .per_tensor = true, .dense_below = 13};
+  const auto opts = with<S>(c);
+  std::vector<std::vector<std::vector<std::uint32_t>>> masks(4);
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    mlp_trainer<S> t(m, model80(), {.lr = 2e-2f}, opts);
+    const int local = m.coords().replica * 2 + m.coords().shard;
+    for (int s = 0; s < 5; ++s) t.step(t.model().batch(kData, s, 0, 1, local, 4, 2));
+    auto& rt = t.engine().runtime();
+    rt.agree(t.engine().interp());
+    const auto r = static_cast<std::size_t>(world.rank());
+    for (std::size_t u = 0; u < 3; ++u) masks[r].push_back(rt.mask(u));
+    const auto m1 = t.optimizer().state()[0].data;
+    const auto mine = rt.mask_words_mine();
+    const auto& l = t.engine().layout();
+    const auto me = static_cast<std::size_t>(m.coords().shard);
+    std::size_t at = 0;
+    for (std::size_t u = 0; u < 3; ++u) {
+      CHECK(rt.masked_counts()[u] == 18);
+      const std::size_t n = l.unit(u).shard_numel;
+      auto in = [&](std::size_t i) { return ((mine[(at + i) / 32] >> ((at + i) % 32)) & 1u) != 0; };
+      std::size_t count = 0;
+      for (std::size_t i = 0; i < n; ++i) count += in(i) ? 1 : 0;
+      CHECK(count == 18);
+      for (const shard::mask_slice& sl : shard::mask_slices(l.unit(u), me, c)) {
+        CAPTURE(sl.begin);
+        float lowest_in = 1e30f, highest_out = -1.0f;
+        std::size_t taken = 0;
+        for (std::size_t i = sl.begin; i < sl.end; ++i) {
+          const float v = std::abs(m1[at + i]);
+          if (in(i)) {
+            ++taken;
+            lowest_in = std::min(lowest_in, v);
+          } else {
+            highest_out = std::max(highest_out, v);
+          }
+        }
+        CHECK(taken >= sl.quota);
+        CHECK(lowest_in >= highest_out);                  // the slice's top
+        if (sl.end - sl.begin == 12) CHECK(taken == 12);  // the biases: all of them
+      }
+      at += n;
+    }
+  });
+  for (std::size_t r = 1; r < 4; ++r) CHECK(masks[r] == masks[0]);
+  for (std::size_t u = 0; u < 3; ++u) CHECK(masks[0][u].size() == 2 * 18);
 }
 
 TEST_CASE("a masked step leaves unmasked parameters and optimizer state untouched") {

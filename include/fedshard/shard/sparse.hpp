@@ -2,11 +2,22 @@
 /// sparse<Base> (SCAPE, arXiv 2607.01678): ShardPolicy Base whose gradient reductions and
 /// parameter gathers carry only the elements of a mask that every rank of the group agrees on.
 ///
-/// The mask: for each unit, each rank takes the top k_u = round(density x shard_numel) (at
-/// least 1) elements of its own shard by |first moment| of its optimizer state (AdamW's
-/// exp_avg, SGD's momentum_buffer; an optimizer without one is refused when the trainer is
-/// built), ties broken by the lower index. So the mask is computed shard by shard on the rank
-/// that owns that optimizer state, and every shard of unit u has exactly k_u masked elements.
+/// The mask: for each unit, each rank takes the top k_u elements of its own shard by |first
+/// moment| of its optimizer state (AdamW's exp_avg, SGD's momentum_buffer; an optimizer
+/// without one is refused when the trainer is built), ties broken by the lower index. So the
+/// mask is computed shard by shard on the rank that owns that optimizer state, and every shard
+/// of unit u has exactly k_u masked elements. By default k_u = round(density x shard_numel)
+/// (at least 1) and one top-k runs over the whole shard. A shard spans several tensors whose
+/// |first moment| scales can differ by orders of magnitude (embeddings, matrices, biases), so
+/// one top-k can starve whole tensors; two settings give each tensor its share (mask_slices):
+///  - per_tensor: each tensor's slice of the shard (the part of the tensor inside it) gets
+///    its own top round(density x slice size) elements, at least 1;
+///  - dense_below N: every element of a tensor of fewer than N elements is always masked
+///    (its slice's quota is the slice; e.g. biases, norm gains, a small embedding table).
+/// The quotas of a shard are taken first, then the rest of its k_u by |first moment| among
+/// its other elements; k_u = max(round(density x shard_numel), the largest sum of quotas of
+/// any shard of u) (masked_counts), the same on every rank and at every step, so the packed
+/// sizes and the closed forms below hold with it.
 /// Each rank packs its bits (its master's elements back to back, 32 to a word) and the words
 /// are all-gathered over the shard axis: one f32 all_gather (the words travel as 4-byte bit
 /// patterns, copied, never computed with) of
@@ -43,8 +54,8 @@
 /// time; plus the masks of the whole group (2 x S x sum k_u 4-byte indices, for the gather
 /// and the reduce mask), the packed buffers (about 2 x S x sum k_u floats), the packed
 /// optimizer (its state of sum k_u elements) and the mask words (N_shard / 8 bytes x (S + 1)).
-/// full_shard's backward gathers are kept (so the shard bytes are exactly density x Base's);
-/// with the copy kept they resend what forward sent.
+/// full_shard's backward gathers are kept (so each packed op carries exactly k_u / shard_numel of
+/// Base's); with the copy kept they resend what forward sent.
 ///
 /// The copy is valid until something else writes the master: the engine's set_unit,
 /// set_tensor and upload (checkpoint loads) and the trainer after a federation sync call
@@ -75,6 +86,7 @@
 #include "fedshard/error.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/plan/interpreter.hpp"
+#include "fedshard/shard/flat_layout.hpp"
 #include "fedshard/shard/ownership.hpp"
 #include "fedshard/shard/shard_policy.hpp"
 #include "fedshard/space/host_space.hpp"
@@ -89,6 +101,11 @@ struct sparse_settings {
   /// 0, or every dense_every-th step (steps dense_every - 1, 2 dense_every - 1, ...) is a dense
   /// one: every element's gradient reduced and every element stepped, >= 0
   int dense_every = 0;
+  /// Each tensor's slice of a shard gets its own top round(density x slice) (at least 1).
+  bool per_tensor = false;
+  /// Tensors of fewer elements than this are always in the mask (0: none), >= 0. Each such
+  /// tensor costs its whole size in every packed reduction and gather (masked_counts).
+  std::int64_t dense_below = 0;
 
   friend bool operator==(const sparse_settings&, const sparse_settings&) = default;
   /// invalid_argument naming the bad setting, what was expected and what was found.
@@ -101,6 +118,8 @@ struct sparse_settings {
                      dense_steps);
     FEDSHARD_EXPECTS(dense_every >= 0, "shard::sparse: dense_every must be >= 0, found ",
                      dense_every);
+    FEDSHARD_EXPECTS(dense_below >= 0, "shard::sparse: dense_below must be >= 0, found ",
+                     dense_below);
   }
 };
 
@@ -112,11 +131,52 @@ inline std::size_t masked_per_shard(std::size_t n, double density) {
   return std::clamp<std::size_t>(k, 1, n);
 }
 
-/// Per unit of l, k_u (masked_per_shard of its shard_numel).
+/// One tensor's part of a shard: elements [begin, end) of the shard (0 = its first) and the
+/// quota of them always taken by their own top-k (see the file comment).
+struct mask_slice {
+  std::size_t begin = 0, end = 0, quota = 0;
+  friend bool operator==(const mask_slice&, const mask_slice&) = default;
+};
+
+/// The slices of shard s of unit ul with a quota under settings c (in tensor order; none
+/// without per_tensor or dense_below).
+inline std::vector<mask_slice> mask_slices(const unit_layout& ul, std::size_t s,
+                                           const sparse_settings& c) {
+  std::vector<mask_slice> out;
+  if (!c.per_tensor && c.dense_below == 0) return out;
+  const std::size_t n = ul.shard_numel, b0 = s * n, e0 = b0 + n;
+  for (const tensor_slot& t : ul.tensors) {
+    const std::size_t b = std::max(t.offset, b0), e = std::min(t.offset + t.numel, e0);
+    if (b >= e) continue;
+    std::size_t q = 0;
+    if (static_cast<std::int64_t>(t.numel) < c.dense_below)
+      q = e - b;
+    else if (c.per_tensor)
+      q = masked_per_shard(e - b, c.density);
+    if (q > 0) out.push_back({b - b0, e - b0, q});
+  }
+  return out;
+}
+
+/// Per unit of l, k_u (masked_per_shard of its shard_numel) with one top-k per shard.
 inline std::vector<std::size_t> masked_counts(const flat_layout& l, double density) {
   std::vector<std::size_t> k(l.num_units());
   for (std::size_t u = 0; u < k.size(); ++u)
     k[u] = masked_per_shard(l.unit(u).shard_numel, density);
+  return k;
+}
+
+/// Per unit of l, k_u under settings c: masked_per_shard of its shard_numel, or the largest
+/// sum of quotas (mask_slices) of any of its shards if that is more.
+inline std::vector<std::size_t> masked_counts(const flat_layout& l, const sparse_settings& c) {
+  std::vector<std::size_t> k = masked_counts(l, c.density);
+  for (std::size_t u = 0; u < k.size(); ++u)
+    for (int s = 0; s < l.shards(); ++s) {
+      std::size_t q = 0;
+      for (const mask_slice& m : mask_slices(l.unit(u), static_cast<std::size_t>(s), c))
+        q += m.quota;
+      k[u] = std::max(k[u], q);
+    }
   return k;
 }
 
@@ -207,7 +267,7 @@ class sparse_runtime {
         shape_(s),
         shard_(shard),
         offsets_(offsets),
-        k_(shard::masked_counts(l, cfg.density)),
+        k_(shard::masked_counts(l, cfg)),
         dense_(std::move(dense)),
         sparse_(sparsify(dense_, k_)),
         mask_op_(mask_exchange(offsets.back(), s)),
@@ -435,11 +495,10 @@ class sparse_runtime {
     const std::span<const float> m = main.state()[static_cast<std::size_t>(first_)].data;
     std::fill(words_mine_.begin(), words_mine_.end(), 0u);
     std::vector<std::uint32_t> order;
+    std::vector<char> taken;
     for (std::size_t u = 0; u < k_.size(); ++u) {
       if (!held_[u]) continue;
       const std::size_t n = shard_numel(u), at = offsets_[u];
-      order.resize(n);
-      std::iota(order.begin(), order.end(), 0u);
       auto key = [&](std::uint32_t i) {
         const float v = std::abs(m[at + i]);
         return std::isnan(v) ? std::numeric_limits<float>::infinity() : v;
@@ -448,12 +507,27 @@ class sparse_runtime {
         const float ka = key(a), kb = key(b);
         return ka > kb || (ka == kb && a < b);
       };
-      const auto kth = order.begin() + static_cast<std::ptrdiff_t>(k_[u]);
-      std::nth_element(order.begin(), kth, order.end(), before);
-      for (auto it = order.begin(); it != kth; ++it) {
-        const std::size_t bit = at + *it;
-        words_mine_[bit / 32] |= std::uint32_t{1} << (bit % 32);
+      // The top `want` of order, marked taken.
+      auto top = [&](std::size_t want) {
+        const auto kth = order.begin() + static_cast<std::ptrdiff_t>(want);
+        std::nth_element(order.begin(), kth, order.end(), before);
+        for (auto it = order.begin(); it != kth; ++it) taken[*it] = 1;
+      };
+      taken.assign(n, 0);
+      std::size_t quotas = 0;
+      for (const mask_slice& sl :
+           mask_slices(layout_->unit(u), static_cast<std::size_t>(shard_), cfg_)) {
+        order.resize(sl.end - sl.begin);
+        std::iota(order.begin(), order.end(), static_cast<std::uint32_t>(sl.begin));
+        top(sl.quota);
+        quotas += sl.quota;
       }
+      order.clear();
+      for (std::uint32_t i = 0; i < n; ++i)
+        if (!taken[i]) order.push_back(i);
+      top(k_[u] - quotas);  // k_u >= every shard's sum of quotas (masked_counts)
+      for (std::size_t i = 0; i < n; ++i)
+        if (taken[i]) words_mine_[(at + i) / 32] |= std::uint32_t{1} << ((at + i) % 32);
     }
     const std::size_t W = words_mine_.size();
     auto bind = [this, W](const comm_op&, const operand& o) {
@@ -548,7 +622,7 @@ struct sparse {
   static plan sparse_plan(const flat_layout& l, const mesh_shape& s, const precision& p,
                           const settings& c) {
     c.check();
-    return sparsify(Base::step_plan(l, s, p), shard::masked_counts(l, c.density));
+    return sparsify(Base::step_plan(l, s, p), shard::masked_counts(l, c));
   }
 };
 
