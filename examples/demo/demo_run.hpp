@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -49,14 +50,16 @@ struct settings {
   double latency_ms = 5.0;
   float lr = 3e-3f;
   std::uint64_t seed = 1;
-  int k = 8;                    // fl_fsdp, fl_hsdp: steps between syncs
-  int h = 16;                   // diloco, streaming_diloco: inner steps per outer step
-  int fragments = 2;            // streaming_diloco
-  int delay = 1;                // streaming_diloco: steps a fragment's sync overlaps
-  double scape_density = 0.05;  // scape: fraction of each shard's elements in the mask
-  int scape_refresh = 1;        // scape: steps between mask computations
-  int scape_dense_steps = 1;    // scape: dense steps before the first mask
-  int scape_dense_every = 0;    // scape: every N-th step dense (0: none)
+  int k = 8;                              // fl_fsdp, fl_hsdp: steps between syncs
+  int h = 16;                             // diloco, streaming_diloco: inner steps per outer step
+  int fragments = 2;                      // streaming_diloco
+  int delay = 1;                          // streaming_diloco: steps a fragment's sync overlaps
+  double scape_density = 0.05;            // scape: fraction of each shard's elements in the mask
+  int scape_refresh = 1;                  // scape: steps between mask computations
+  int scape_dense_steps = 1;              // scape: dense steps before the first mask
+  int scape_dense_every = 0;              // scape: every N-th step dense (0: none)
+  bool scape_per_tensor = true;           // scape: a top-k per tensor slice of each shard
+  std::int64_t scape_dense_below = 2048;  // scape: tensors smaller than this always masked
   std::string out = "demo-out";
   std::vector<std::string> algorithms{"ddp",     "fsdp",   "hsdp",       "fl_fsdp",
                                       "fl_hsdp", "diloco", "sparseloco", "fl_hsdp_int8"};
@@ -91,7 +94,7 @@ struct result {
          "       [--bandwidth-gbit G] [--latency-ms MS] [--lr LR] [--seed S] [--out DIR]\n"
          "       [--k K] [--h H] [--fragments P] [--delay T]\n"
          "       [--scape-density D] [--scape-refresh P] [--scape-dense-steps N]\n"
-         "       [--scape-dense-every N]\n"
+         "       [--scape-dense-every N] [--scape-per-tensor 0|1] [--scape-dense-below N]\n"
          "       [--algorithms ddp,fsdp,hsdp,fl_fsdp,fl_hsdp,diloco,sparseloco,fl_hsdp_int8]\n"
          "  algorithms: ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco,\n"
          "  streaming_diloco, sparseloco, gasloc, scape, fomoe (needs --experts: expert e on\n"
@@ -104,7 +107,10 @@ struct result {
          "  scape: SCAPE inside each group of fl_fsdp (shard::sparse<full_shard>, same mesh\n"
          "  and K): --scape-density (default 0.05), --scape-refresh (steps between masks,\n"
          "  default 1), --scape-dense-steps (dense steps before the first mask, default 1),\n"
-         "  --scape-dense-every (every N-th step dense, default 0: none)\n"
+         "  --scape-dense-every (every N-th step dense, default 0: none), --scape-per-tensor\n"
+         "  (1: each tensor's part of a shard gets its own top fraction, default 1),\n"
+         "  --scape-dense-below (tensors of fewer elements always in the mask, default 2048:\n"
+         "  the embedding table and the biases; 0: none)\n"
          "  --experts X: a mixture-of-experts layer of X experts, top-1 routing (default 0:\n"
          "  none); --expert-hidden F: each expert's width (default: --hidden)\n"
          "  --ranks N: in-process ranks (default 8); --groups G: groups of the federated\n"
@@ -185,6 +191,10 @@ inline settings parse(int argc, char** argv, int first = 1,
       s.scape_dense_steps = static_cast<int>(number(1));
     else if (a == "--scape-dense-every")
       s.scape_dense_every = static_cast<int>(number(0));
+    else if (a == "--scape-per-tensor")
+      s.scape_per_tensor = number(0) != 0;
+    else if (a == "--scape-dense-below")
+      s.scape_dense_below = static_cast<std::int64_t>(number(0));
     else if (a == "--algorithms") {
       s.algorithms.clear();
       std::stringstream ss(value());
@@ -430,13 +440,19 @@ fedshard::trainer_options<A> options_of(const settings& s, std::string_view name
 }
 
 /// The scape row's settings: fl_fsdp's (same mesh, sync every K) with SCAPE inside each group
-/// (shard::sparse<full_shard>: --scape-density, --scape-refresh, --scape-dense-steps).
+/// (shard::sparse<full_shard>: --scape-density, --scape-refresh, --scape-dense-steps,
+/// --scape-dense-every, --scape-per-tensor, --scape-dense-below). By default each tensor's
+/// part of a shard gets its own top 5% and the tensors of fewer than 2048 elements (the
+/// embedding table, 86 x 16 on the default corpus, and the biases) are always masked: one
+/// top-k over a whole shard starved them (ppl 14.3 against 11.8, fl_fsdp 9.8).
 inline fedshard::trainer_options<fedshard::fl_scape_fsdp> scape_options(const settings& s) {
   auto o = options_of<fedshard::fl_scape_fsdp>(s, "scape");
   o.shard = {.density = s.scape_density,
              .refresh_period = s.scape_refresh,
              .dense_steps = s.scape_dense_steps,
-             .dense_every = s.scape_dense_every};
+             .dense_every = s.scape_dense_every,
+             .per_tensor = s.scape_per_tensor,
+             .dense_below = s.scape_dense_below};
   return o;
 }
 

@@ -72,11 +72,18 @@ TEST_CASE("demo on 4 groups with a slow site and experts") {
   CHECK(demo::scape_options(s).schedule.period == s.k);
   CHECK(demo::scape_options(s).shard.density == 0.05);
   CHECK(demo::scape_options(s).shard.refresh_period == 1);
-  const auto tuned = parse({"--scape-density", "0.1", "--scape-refresh", "4", "--scape-dense-steps",
-                            "3", "--scape-dense-every", "8"});
-  CHECK(demo::scape_options(tuned).shard ==
-        fedshard::shard::sparse_settings{
-            .density = 0.1, .refresh_period = 4, .dense_steps = 3, .dense_every = 8});
+  // per-tensor quotas and the small tensors (embedding table, biases) dense by default
+  CHECK(demo::scape_options(s).shard.per_tensor);
+  CHECK(demo::scape_options(s).shard.dense_below == 2048);
+  const auto tuned =
+      parse({"--scape-density", "0.1", "--scape-refresh", "4", "--scape-dense-steps", "3",
+             "--scape-dense-every", "8", "--scape-per-tensor", "0", "--scape-dense-below", "100"});
+  CHECK(demo::scape_options(tuned).shard == fedshard::shard::sparse_settings{.density = 0.1,
+                                                                             .refresh_period = 4,
+                                                                             .dense_steps = 3,
+                                                                             .dense_every = 8,
+                                                                             .per_tensor = false,
+                                                                             .dense_below = 100});
   CHECK(demo::expert_copies(s) == 3);  // G - 1 by default
   CHECK(demo::expert_copies(parse({"--groups", "4", "--expert-copies", "1"})) == 1);
   CHECK(demo::expert_copies(parse({})) == 1);  // 2 groups
