@@ -110,7 +110,8 @@ class trainer final : private detail::unit_hooks<S> {
         optimizer_(opt, engine_.master().size(), *space_),
         base_lr_(opt.lr),
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
-              static_cast<int>(optimizer_.state().size()), *space_) {
+              static_cast<int>(optimizer_.state().size()), *space_,
+              overlap_of(m, engine_.layout())) {
     FEDSHARD_EXPECTS(opts_.total_steps >= 0, "trainer: total_steps must be >= 0, found ",
                      opts_.total_steps);
     engine_.set_max_live_units(opts_.max_live_units);
@@ -122,6 +123,19 @@ class trainer final : private detail::unit_hooks<S> {
 
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;
+
+ private:
+  /// How every group of a heterogeneous mesh cuts the model (federation/overlap.hpp); null
+  /// on a uniform mesh.
+  static std::shared_ptr<const federation::overlap_map> overlap_of(const mesh<C>& m,
+                                                                   const flat_layout& l) {
+    if (m.uniform()) return nullptr;
+    return federation::make_overlap_map(l, m.group_shapes(), m.coords(), [](const mesh_shape& v) {
+      return shard_policy::layout_shards(v);
+    });
+  }
+
+ public:
   /// Waits for a save_async() still writing (its error, if any, goes to the log: the
   /// destructor cannot agree with the other ranks).
   ~trainer() override {
