@@ -291,3 +291,41 @@ TEST_CASE("a shard policy that cannot run on a group's shape fails every rank, n
     CHECK(s.find("group 0 (1x2) expected 2 layout shards, found 1") != std::string::npos);
   }
 }
+
+TEST_CASE("streaming DiLoCo with a sync in flight runs on a heterogeneous mesh") {
+  const std::vector<group_shape> groups{{2, 2}, {1, 3}};
+  const auto out = test::collect_ranks(
+      7,
+      [&](communicator& w) {
+        mesh m(w, groups);
+        trainer_options<streaming_diloco> o;
+        o.total_steps = 8;
+        o.schedule.period = 4;
+        o.schedule.fragments = 2;
+        o.schedule.delay = 1;
+        trainer<mlp_model, streaming_diloco, optim::adamw, communicator> t(m, mlp_model{}, {}, o);
+        const mesh_coords c = m.coords();
+        for (int s = 0; s < 8; ++s)
+          t.step(t.model().batch(5, s, c.group, 2, c.replica * m.shape().shards + c.shard,
+                                 m.shape().replicas * m.shape().shards, 2));
+        return t.syncs_applied();
+      },
+      test::short_timeout(60));
+  for (auto syncs : out) CHECK(syncs >= 2);
+}
+
+TEST_CASE("checkpoints of a heterogeneous mesh are refused on every rank") {
+  std::vector<std::string> msg(6);
+  test::spawn_ranks(6, [&](communicator& w) {
+    mesh m(w, std::vector<group_shape>{{2, 2}, {1, 2}});
+    trainer<mlp_model, fl_hsdp, optim::adamw, communicator> t(m, mlp_model{});
+    try {
+      t.save("unused-hetero-checkpoint");
+    } catch (const invalid_argument& e) {
+      msg[static_cast<std::size_t>(w.rank())] = e.what();
+    }
+  });
+  for (const auto& s : msg)
+    CHECK(s.find("checkpoints expect groups of one shape (a G x R x S mesh), found group shapes "
+                 "2x2,1x2") != std::string::npos);
+}

@@ -109,6 +109,10 @@ class engine {
                        [&](const comm_op& op, buffer_view b) { run(op, b); });
   }
 
+  static std::string_view without_prefix(std::string_view m) {
+    constexpr std::string_view p = "fedshard: ";
+    return m.substr(0, p.size()) == p ? m.substr(p.size()) : m;
+  }
   /// P::check of every group's view, on every rank alike (a group P cannot run on fails
   /// every rank, naming the group).
   static void check_groups(const mesh<C>& m) {
@@ -120,7 +124,7 @@ class engine {
       } catch (const invalid_argument& e) {
         throw invalid_argument(fedshard::detail::concat(
             "fedshard: mesh of group shapes ", to_string(m.group_shapes()), ": group ", g, " (",
-            v.replicas, 'x', v.shards, ", replicas x shards): ", e.what()));
+            v.replicas, 'x', v.shards, ", replicas x shards): ", without_prefix(e.what())));
       }
     }
   }

@@ -127,6 +127,13 @@ class trainer final : private detail::unit_hooks<S> {
  private:
   /// How every group of a heterogeneous mesh cuts the model (federation/overlap.hpp); null
   /// on a uniform mesh.
+  /// Checkpoints describe one G x R x S mesh: refused (on every rank alike) on groups of
+  /// different shapes.
+  void uniform_mesh_only(const char* what) {
+    const auto& m = engine_.topology();
+    FEDSHARD_EXPECTS(m.uniform(), "trainer: ", what, " expect groups of one shape (a G x R x S ",
+                     "mesh), found group shapes ", to_string(m.group_shapes()));
+  }
   static std::shared_ptr<const federation::overlap_map> overlap_of(const mesh<C>& m,
                                                                    const flat_layout& l) {
     if (m.uniform()) return nullptr;
@@ -254,6 +261,7 @@ class trainer final : private detail::unit_hooks<S> {
   /// completed (not applied) first, so the restored run applies it at the same step.
   void save(const std::filesystem::path& dir) {
     wait_for_save();
+    uniform_mesh_only("checkpoints");
     sync_.complete_in_flight(engine_.interp());
     auto& m = engine_.topology();
     checkpoint::save(
@@ -269,6 +277,7 @@ class trainer final : private detail::unit_hooks<S> {
   /// flight: another save, save_async or load waits for it first.
   void save_async(const std::filesystem::path& dir) {
     wait_for_save();
+    uniform_mesh_only("checkpoints");
     sync_.complete_in_flight(engine_.interp());
     auto& m = engine_.topology();
     auto job = checkpoint::prepare_save(
@@ -317,6 +326,7 @@ class trainer final : private detail::unit_hooks<S> {
   /// and verified everything it needs.
   void load(const std::filesystem::path& dir) {
     wait_for_save();
+    uniform_mesh_only("checkpoints");
     auto& m = engine_.topology();
     checkpoint::load(
         dir, m.rank(), m.size(), agree(),
