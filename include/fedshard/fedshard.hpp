@@ -42,6 +42,7 @@
 #include "fedshard/federation/gossip.hpp"
 #include "fedshard/federation/holder_average.hpp"
 #include "fedshard/federation/none.hpp"
+#include "fedshard/federation/overlap.hpp"
 #include "fedshard/federation/outer_optimizer.hpp"
 #include "fedshard/federation/outer_rules.hpp"
 #include "fedshard/federation/robust_mean.hpp"
