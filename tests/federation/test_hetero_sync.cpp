@@ -20,6 +20,7 @@
 #include "fedshard/optim/adamw.hpp"
 #include "fedshard/trainer/algorithm.hpp"
 #include "fedshard/trainer/trainer.hpp"
+#include "support/plan_checks.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
 
@@ -328,4 +329,31 @@ TEST_CASE("checkpoints of a heterogeneous mesh are refused on every rank") {
   for (const auto& s : msg)
     CHECK(s.find("checkpoints expect groups of one shape (a G x R x S mesh), found group shapes "
                  "2x2,1x2") != std::string::npos);
+}
+
+TEST_CASE("on a heterogeneous mesh the wire carries the sync plan, call by call") {
+  const std::vector<group_shape> groups{{2, 2}, {1, 3}};
+  test::spawn_ranks(7, [&](communicator& w) {
+    mesh m(w, groups);
+    trainer_options<weighted> o;
+    o.total_steps = 4;
+    o.schedule.period = 2;
+    trainer<mlp_model, weighted, optim::adamw, communicator> t(m, mlp_model{}, {}, o);
+    t.wire().keep_calls(true);
+    const mesh_coords c = m.coords();
+    for (int s = 0; s < 4; ++s) {
+      (void)t.wire().take_calls();
+      t.step(t.model().batch(5, s, c.group, 2, c.replica * m.shape().shards + c.shard,
+                             m.shape().replicas * m.shape().shards, 1 + c.group));
+      const std::string diff =
+          test::compare_calls(t.wire().take_calls(), test::expected_step_calls(t, s, 4));
+      CAPTURE(to_string(c));
+      CAPTURE(s);
+      CHECK_MESSAGE(diff.empty(), diff);
+    }
+    // Replica 0 holds one op per range it shares; the other replicas receive the broadcast.
+    std::int64_t member_ops = 0;
+    for (const auto& op : t.sync_plan().ops) member_ops += op.members != 0;
+    CHECK((c.replica == 0 ? member_ops > 0 : member_ops == 0));
+  });
 }
