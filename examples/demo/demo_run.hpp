@@ -49,10 +49,14 @@ struct settings {
   double latency_ms = 5.0;
   float lr = 3e-3f;
   std::uint64_t seed = 1;
-  int k = 8;          // fl_fsdp, fl_hsdp: steps between syncs
-  int h = 16;         // diloco, streaming_diloco: inner steps per outer step
-  int fragments = 2;  // streaming_diloco
-  int delay = 1;      // streaming_diloco: steps a fragment's sync overlaps
+  int k = 8;                    // fl_fsdp, fl_hsdp: steps between syncs
+  int h = 16;                   // diloco, streaming_diloco: inner steps per outer step
+  int fragments = 2;            // streaming_diloco
+  int delay = 1;                // streaming_diloco: steps a fragment's sync overlaps
+  double scape_density = 0.05;  // scape: fraction of each shard's elements in the mask
+  int scape_refresh = 1;        // scape: steps between mask computations
+  int scape_dense_steps = 1;    // scape: dense steps before the first mask
+  int scape_dense_every = 0;    // scape: every N-th step dense (0: none)
   std::string out = "demo-out";
   std::vector<std::string> algorithms{"ddp",     "fsdp",   "hsdp",       "fl_fsdp",
                                       "fl_hsdp", "diloco", "sparseloco", "fl_hsdp_int8"};
@@ -91,15 +95,21 @@ struct result {
          "       [--eval-every N] [--eval-examples N]\n"
          "       [--bandwidth-gbit G] [--latency-ms MS] [--lr LR] [--seed S] [--out DIR]\n"
          "       [--k K] [--h H] [--fragments P] [--delay T]\n"
+         "       [--scape-density D] [--scape-refresh P] [--scape-dense-steps N]\n"
+         "       [--scape-dense-every N]\n"
          "       [--algorithms ddp,fsdp,hsdp,fl_fsdp,fl_hsdp,diloco,sparseloco,fl_hsdp_int8]\n"
          "  algorithms: ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco,\n"
-         "  streaming_diloco, sparseloco, gasloc, fomoe (needs --experts: expert e on\n"
+         "  streaming_diloco, sparseloco, gasloc, scape, fomoe (needs --experts: expert e on\n"
          "  the --expert-copies groups e, e + 1, ... mod G, averaged over them only;\n"
          "  default copies G - 1, at least 1);\n"
          "  --k: steps between syncs of fl_fsdp, fl_hsdp, fl_hsdp_int8, sparseloco and fomoe\n"
          "  (default 8); --h: inner steps of diloco, streaming_diloco and gasloc (default 16);\n"
          "  --fragments, --delay: streaming's fragments (default 2) and overlap in steps\n"
          "  (default 1)\n"
+         "  scape: SCAPE inside each group of fl_fsdp (shard::sparse<full_shard>, same mesh\n"
+         "  and K): --scape-density (default 0.05), --scape-refresh (steps between masks,\n"
+         "  default 1), --scape-dense-steps (dense steps before the first mask, default 1),\n"
+         "  --scape-dense-every (every N-th step dense, default 0: none)\n"
          "  --experts X: a mixture-of-experts layer of X experts, top-1 routing (default 0:\n"
          "  none); --expert-hidden F: each expert's width (default: --hidden)\n"
          "  --ranks N: in-process ranks (default 8); --groups G: groups of the federated\n"
@@ -181,6 +191,14 @@ inline settings parse(int argc, char** argv, int first = 1,
       s.fragments = static_cast<int>(number(1));
     else if (a == "--delay")
       s.delay = static_cast<int>(number(0));
+    else if (a == "--scape-density")
+      s.scape_density = number(1e-9);
+    else if (a == "--scape-refresh")
+      s.scape_refresh = static_cast<int>(number(1));
+    else if (a == "--scape-dense-steps")
+      s.scape_dense_steps = static_cast<int>(number(1));
+    else if (a == "--scape-dense-every")
+      s.scape_dense_every = static_cast<int>(number(0));
     else if (a == "--algorithms") {
       s.algorithms.clear();
       std::stringstream ss(value());
@@ -285,6 +303,12 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
         const charlm::batch eval(eval_all.begin() + static_cast<std::ptrdiff_t>(per * rank),
                                  eval_all.begin() + static_cast<std::ptrdiff_t>(per * (rank + 1)));
         double train_seconds = 0;
+        // A shard policy with run-time state (scape) gathers packed or dense from step to
+        // step: its gathers are counted at the wire (the shard axis's all_gathers, less the
+        // mask exchanges), not from the step plan.
+        constexpr bool varies = decltype(t)::engine_type::has_runtime;
+        double gathered = 0;
+        t.wire().keep_calls(varies);
         std::map<fedshard::axis, fedshard::axis_traffic> step_traffic;
         std::vector<curve_point> curve;
         auto evaluate = [&](int step) {
@@ -308,7 +332,11 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
           const auto t0 = std::chrono::steady_clock::now();
           std::map<fedshard::axis, fedshard::axis_traffic> before;
           for (fedshard::axis a : fedshard::all_axes) before[a] = t.traffic()[a];
+          t.wire().take_calls();
           t.step(b);
+          for (const auto& c : t.wire().take_calls())
+            if (c.kind == fedshard::comm_kind::all_gather && c.axis == fedshard::axis::shard)
+              gathered += fedshard::bus_factor(c.kind, c.ranks) * static_cast<double>(c.bytes);
           world.inner().barrier();
           train_seconds +=
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -327,8 +355,15 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
         r.seconds = train_seconds;
         r.tokens = double(s.steps) * world_size * s.batch;
         r.ppl = curve.back().ppl;
-        for (const auto& op : t.step_plan().ops)  // the wire carries the plan (tested)
-          if (op.out.role == fedshard::role::params) r.gather += fedshard::wire_bytes(op) * s.steps;
+        if constexpr (varies) {
+          const auto& rt = t.engine().runtime();
+          r.gather = gathered - static_cast<double>(rt.refreshes()) *
+                                    fedshard::wire_bytes(rt.mask_plan().ops.at(0));
+        } else {
+          for (const auto& op : t.step_plan().ops)  // the wire carries the plan (tested)
+            if (op.out.role == fedshard::role::params)
+              r.gather += fedshard::wire_bytes(op) * s.steps;
+        }
         for (fedshard::axis a : fedshard::all_axes) {
           r.bytes[a] = t.traffic()[a].wire_bytes;
           r.step_traffic[a] = step_traffic[a];
@@ -380,6 +415,7 @@ inline const std::vector<row_spec>& rows() {
       {.name = "sparseloco"},
       {.name = "fomoe", .every = cadence::k, .needs_experts = true},
       {.name = "gasloc", .every = cadence::h},
+      {.name = "scape", .mesh = mesh_kind::federated_shards, .every = cadence::k},
   };
   return r;
 }
@@ -431,6 +467,17 @@ fedshard::trainer_options<A> options_of(const settings& s, std::string_view name
   return o;
 }
 
+/// The scape row's settings: fl_fsdp's (same mesh, sync every K) with SCAPE inside each group
+/// (shard::sparse<full_shard>: --scape-density, --scape-refresh, --scape-dense-steps).
+inline fedshard::trainer_options<fedshard::fl_scape_fsdp> scape_options(const settings& s) {
+  auto o = options_of<fedshard::fl_scape_fsdp>(s, "scape");
+  o.shard = {.density = s.scape_density,
+             .refresh_period = s.scape_refresh,
+             .dense_steps = s.scape_dense_steps,
+             .dense_every = s.scape_dense_every};
+  return o;
+}
+
 /// Trains the alias `name` of fedshard::for_each_algorithm on its demo mesh with its demo
 /// settings; nullopt for a name that is not an alias.
 inline std::optional<result> train_named(const std::string& name, const settings& s,
@@ -439,13 +486,16 @@ inline std::optional<result> train_named(const std::string& name, const settings
     usage(("the row " + name + " needs the model's experts (--experts X)").c_str());
   // The rows whose aliases are not in for_each_algorithm's list: fomoe places expert e on
   // groups e, e + 1, ... mod G (charlm::model::ownership; dense units everywhere), gasloc
-  // gossips with one random peer per round.
+  // gossips with one random peer per round, scape is fl_fsdp with SCAPE inside each group
+  // (scape_options).
   if (name == "fomoe") {
     auto o = options_of<fedshard::fomoe>(s, name);
     o.federation.owners =
         charlm::model(dims_of(s, data), s.seed).ownership(s.groups, expert_copies(s));
     return train<fedshard::fomoe>(name, mesh_of(name, s), s, data, o);
   }
+  if (name == "scape")
+    return train<fedshard::fl_scape_fsdp>(name, mesh_of(name, s), s, data, scape_options(s));
   if (name == "gasloc") {
     // One random peer per round (degree 1, α = 1/2: each pair averages its stepped models)
     // and outer momentum γ = 0.5, not DiLoCo's 0.9: each group's momentum is its own, and on

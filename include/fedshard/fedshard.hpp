@@ -31,6 +31,7 @@
 #include "fedshard/shard/replicate.hpp"
 #include "fedshard/shard/shard_grad_op.hpp"
 #include "fedshard/shard/shard_policy.hpp"
+#include "fedshard/shard/sparse.hpp"
 
 #include "fedshard/optim/adamw.hpp"
 #include "fedshard/optim/lr_schedule.hpp"
@@ -55,6 +56,8 @@
 #include "fedshard/schedule/post_local.hpp"
 #include "fedshard/schedule/streaming.hpp"
 #include "fedshard/schedule/sync_schedule.hpp"
+#include "fedshard/schedule/token_budget.hpp"
+#include "fedshard/schedule/wall_clock.hpp"
 
 #include "fedshard/trainer/algorithm.hpp"
 #include "fedshard/trainer/checkpoint.hpp"

@@ -67,6 +67,16 @@ TEST_CASE("demo on 4 groups with a slow site and experts") {
   CHECK(demo::options_of<fedshard::fomoe>(s, "fomoe").schedule.period == s.k);
   CHECK(demo::options_of<fedshard::gasloc<>>(s, "gasloc").schedule.period == s.h);
   CHECK(!demo::row_of("gasloc").needs_experts);
+  // issue 17's row: scape runs SCAPE on fl_fsdp's mesh and cadence, at density 0.05
+  CHECK(demo::row_of("scape").mesh == demo::row_of("fl_fsdp").mesh);
+  CHECK(demo::scape_options(s).schedule.period == s.k);
+  CHECK(demo::scape_options(s).shard.density == 0.05);
+  CHECK(demo::scape_options(s).shard.refresh_period == 1);
+  const auto tuned = parse({"--scape-density", "0.1", "--scape-refresh", "4", "--scape-dense-steps",
+                            "3", "--scape-dense-every", "8"});
+  CHECK(demo::scape_options(tuned).shard ==
+        fedshard::shard::sparse_settings{
+            .density = 0.1, .refresh_period = 4, .dense_steps = 3, .dense_every = 8});
   CHECK(demo::expert_copies(s) == 3);  // G - 1 by default
   CHECK(demo::expert_copies(parse({"--groups", "4", "--expert-copies", "1"})) == 1);
   CHECK(demo::expert_copies(parse({})) == 1);  // 2 groups

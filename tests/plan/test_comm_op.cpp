@@ -58,6 +58,8 @@ TEST_CASE("kinds, phases, triggers and roles have distinct names") {
   CHECK(to_string(role::gathered) == "gathered");
   CHECK(static_cast<int>(role::value) == 9);  // a role added later keeps the codes before it
   CHECK(static_cast<int>(role::gathered) == 10);
+  CHECK(static_cast<int>(role::packed) == 11);
+  CHECK(to_string(role::packed) == "packed");
   CHECK(to_string(static_cast<comm_kind>(99)) == "unknown-kind");
   CHECK(to_string(static_cast<phase>(99)) == "unknown-phase");
   CHECK(to_string(static_cast<trigger>(99)) == "unknown-trigger");

@@ -13,6 +13,8 @@
 #include "fedshard/schedule/periodic.hpp"
 #include "fedshard/schedule/post_local.hpp"
 #include "fedshard/schedule/streaming.hpp"
+#include "fedshard/schedule/token_budget.hpp"
+#include "fedshard/schedule/wall_clock.hpp"
 
 namespace fs = fedshard::schedule;
 using fs::sync_action;
@@ -79,6 +81,18 @@ struct no_check {
   float mixing() const { return 1.0f; }
   std::vector<int> fragment_units(int, int) const { return {}; }
 };
+// action(fragment, progress) but no run_syncs(): a run could not end.
+struct progress_without_run_syncs {
+  struct config {};
+  progress_without_run_syncs() = default;
+  explicit progress_without_run_syncs(const config&) {}
+  static constexpr std::string_view name = "progress_without_run_syncs";
+  int fragments() const { return 1; }
+  sync_action action(int, const fs::sync_progress&) const { return sync_action::none; }
+  float mixing() const { return 1.0f; }
+  std::vector<int> fragment_units(int, int) const { return {}; }
+  void check(int) const {}
+};
 struct no_default_constructor : minimal {
   no_default_constructor() = delete;
   using minimal::minimal;
@@ -95,13 +109,19 @@ using probe::no_config_constructor;
 using probe::no_default_constructor;
 using probe::no_mixing;
 using probe::no_name;
+using probe::progress_without_run_syncs;
 
-TEST_CASE("the four schedules model SyncSchedule") {
+TEST_CASE("the schedules model SyncSchedule: four by step, two by progress") {
   static_assert(fs::SyncSchedule<fs::every_step>);
   static_assert(fs::SyncSchedule<fs::periodic>);
   static_assert(fs::SyncSchedule<fs::post_local>);
   static_assert(fs::SyncSchedule<fs::streaming>);
   static_assert(fs::SyncSchedule<minimal>);
+  static_assert(fs::SyncSchedule<fs::token_budget> && fs::ProgressSchedule<fs::token_budget>);
+  static_assert(fs::SyncSchedule<fs::wall_clock> && fs::ProgressSchedule<fs::wall_clock>);
+  static_assert(!fs::StepSchedule<fs::token_budget> && !fs::StepSchedule<fs::wall_clock>);
+  static_assert(fs::StepSchedule<fs::periodic> && !fs::ProgressSchedule<fs::periodic>);
+  static_assert(!fs::SyncSchedule<progress_without_run_syncs>);
   CHECK(fs::every_step::name == "every_step");
   CHECK(fs::periodic::name == "periodic");
   CHECK(fs::post_local::name == "post_local");

@@ -10,8 +10,17 @@
 /// end(); mix the result into the master with the schedule's α; then sync_after, e.g. the
 /// inner-optimizer moments). Every collective is an op of the policy's sync_plan, run by the
 /// interpreter with this object binding the roles fragment, moment, tokens and group_tokens.
+///
+/// Under a progress schedule (schedule::ProgressSchedule: token_budget, wall_clock) the
+/// decision depends on the group's tokens and time, which its ranks see differently; so
+/// after every step the group agrees on them first: progress_op, one 16-byte all_reduce over
+/// the group axis, sums every rank's tokens of the step with the seconds since the start on
+/// the group's rank 0 (the other ranks add zero), and every rank decides from the same
+/// sync_progress. A sync is then a federation collective like any other: the k-th sync of a
+/// group meets the k-th of the others, however many steps each took to get there.
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -105,6 +114,24 @@ std::vector<plan> sync_plans_of(const F& policy, const S& schedule, const flat_l
   return out;
 }
 
+/// The op of a progress schedule's agreement, after every step: a sum all_reduce over the
+/// group axis of two f64 (role value): the rank's tokens of the step, and the seconds since
+/// the run started on the group's rank 0 (zero on the others). Every rank of the group gets
+/// the group's tokens and its rank 0's clock, bit-identical (rank-order reduction).
+inline comm_op progress_op(const mesh_shape& shape) {
+  return {.kind = comm_kind::all_reduce,
+          .axis = axis::group,
+          .dtype = dtype::f64,
+          .bytes = 16,
+          .ranks = shape.replicas * shape.shards,
+          .reduce = reduce_op::sum,
+          .trigger = trigger::on_demand,
+          .phase = phase::sync,
+          .in = {.role = role::value},
+          .out = {.role = role::value},
+          .overlappable = false};
+}
+
 /// Where a fragment's sync stands.
 enum class sync_stage : std::uint8_t {
   idle,         ///< no sync in flight
@@ -157,6 +184,22 @@ class synchronizer {
   const std::vector<std::int64_t>& sync_steps(int f) const { return at(f).applied_at; }
   /// Fragment f's stage.
   sync_stage stage(int f) const { return at(f).stage; }
+  /// True under a progress schedule (token_budget, wall_clock).
+  static constexpr bool by_progress = schedule::ProgressSchedule<Sch>;
+  /// The ops run after every step to agree on the group's progress: progress_op under a
+  /// progress schedule, else none.
+  const plan& progress_plan() const noexcept { return progress_plan_; }
+  /// The group's progress as its ranks agreed on it after the latest step (progress
+  /// schedules only; zeros before the first step).
+  const schedule::sync_progress& progress() const noexcept { return progress_; }
+  /// After a resharding load: the group's tokens since its last sync and its seconds since
+  /// the start (the clock goes on from there).
+  void set_progress(std::int64_t group_tokens, double seconds) {
+    progress_.tokens = group_tokens;
+    progress_.seconds = seconds;
+    progress_.syncs = syncs_applied_;
+    clock_started_ = false;
+  }
 
   /// (Re)starts every fragment's policy state (anchors) from the master parameters (in the
   /// space's memory, as the work queued on `compute` leaves them); `compute` waits for it.
@@ -175,6 +218,11 @@ class synchronizer {
     reset(master, st);
     space_->synchronize(st);
   }
+  /// Restarts the clock of a progress schedule (the run's first step starts now).
+  void start_clock() {
+    start_time_ = std::chrono::steady_clock::now();
+    clock_started_ = true;
+  }
 
   /// Where sync_info::included comes from (a federation axis whose groups come and go, e.g.
   /// elastic::link::included); asked at every begin() and end(). Unset: every group.
@@ -185,6 +233,7 @@ class synchronizer {
   /// Counts a step's tokens toward every fragment's weight.
   void add_tokens(std::int64_t tokens) {
     for (auto& fr : fragments_) fr.tokens += tokens;
+    step_tokens_ += tokens;
   }
 
   /// After the optimizer step of 0-based `step` of a run of `total_steps`: starts and
@@ -195,7 +244,15 @@ class synchronizer {
   void after_step(interpreter<C, S>& interp, std::int64_t step, std::int64_t total_steps,
                   std::span<float> master, const std::vector<optim::state_tensor>& inner,
                   stream_type& compute) {
-    if constexpr (F::syncs) {  // a policy that never communicates has nothing to do
+    if constexpr (by_progress) {
+      const auto a = schedule_.action(0, agree_progress(interp, step, compute));
+      if (schedule::starts(a)) start(interp, 0, step, master, compute);
+      if (schedule::applies(a)) {
+        apply(interp, 0, step, master, inner, compute);
+        progress_.tokens = 0;
+        progress_.syncs = syncs_applied_;
+      }
+    } else if constexpr (F::syncs) {  // a policy that never communicates has nothing to do
       for (int f = 0; f < fragments(); ++f) {
         const auto a = schedule_.action(f, step, total_steps);
         if (schedule::starts(a)) start(interp, f, step, master, compute);
@@ -261,6 +318,10 @@ class synchronizer {
         w.add_span(p + "buffer", std::span<const float>(download(fr.buf.span())));
     }
     w.add_value("federation.syncs_applied", syncs_applied_);
+    if constexpr (by_progress) {
+      w.add_value("schedule.group_tokens", progress_.tokens);
+      w.add_value("schedule.seconds", progress_.seconds);
+    }
   }
 
   /// Reads the policy's and the fragments' state from a checkpoint reader (read_value /
@@ -305,6 +366,11 @@ class synchronizer {
     }
     const auto syncs = r.template read_value<std::int64_t>("federation.syncs_applied");
     if (commit) syncs_applied_ = syncs;
+    if constexpr (by_progress) {
+      const auto tokens = r.template read_value<std::int64_t>("schedule.group_tokens");
+      const auto seconds = r.template read_value<double>("schedule.seconds");
+      if (commit) set_progress(tokens, seconds);
+    }
   }
 
  private:
@@ -339,6 +405,14 @@ class synchronizer {
         fragments_(cut(*space_, schedule_, layout, shape, held_of(fed, layout, shape, coords))),
         policy_(make_policy(fed, sizes(fragments_), *space_)),
         inner_state_buffers_(inner_state_buffers) {
+    if constexpr (by_progress) {
+      FEDSHARD_EXPECTS(schedule_.fragments() == 1, Sch::name,
+                       ": a progress schedule syncs the whole model as one fragment, found ",
+                       schedule_.fragments(), " fragments");
+      progress_plan_.ops.push_back(progress_op(shape));
+      progress_plan_.check();
+      progress_buf_ = space_->template allocate<double>(2);
+    }
     const auto plans = sync_plans_of(policy_, schedule_, layout, shape, coords, inner_state_buffers,
                                      held_of(fed, layout, shape, coords), 0, overlap_);
     if (overlap_ && coords_.replica == 0) {  // the holder sets every replica-0 rank splits
@@ -505,6 +579,40 @@ class synchronizer {
     };
   }
 
+  /// The group's progress after `step`, agreed through progress_op (see the file comment).
+  template <Communicator C>
+  const schedule::sync_progress& agree_progress(interpreter<C, S>& interp, std::int64_t step,
+                                                stream_type& compute) {
+    if (!clock_started_) {  // a restored run: its clock goes on from the saved seconds
+      start_time_ = std::chrono::steady_clock::now() -
+                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                        std::chrono::duration<double>(progress_.seconds));
+      clock_started_ = true;
+    }
+    const bool root = coords_.replica == 0 && coords_.shard == 0;  // rank 0 of the group axis
+    // A schedule that reads the clock gets the time the step's work is done, not the time
+    // the host queued it (the same on host spaces, where the work ran in order). Every rank
+    // of the group waits, not only the root: the root's step completes only once its peers'
+    // step collectives ran, and they wait for the root's clock at progress_op anyway.
+    if constexpr (requires { requires Sch::uses_clock; }) space_->synchronize(compute);
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_time_;
+    const double mine[2] = {static_cast<double>(step_tokens_), root ? elapsed.count() : 0.0};
+    space_->from_host(sync_, const_buffer_view{mine, 2, dtype::f64}, progress_buf_.view());
+    interp.wait(interp.fire(
+        progress_plan_, {.trigger = trigger::on_demand, .phase = phase::sync},
+        [this](const comm_op&, const operand&) { return progress_buf_.view(); }, sync_));
+    double agreed[2] = {0, 0};
+    space_->to_host(sync_, const_buffer_view(progress_buf_.view()),
+                    view(std::span<double>(agreed)));
+    space_->synchronize(sync_);
+    step_tokens_ = 0;
+    progress_.step = step;
+    progress_.tokens += static_cast<std::int64_t>(agreed[0]);
+    progress_.seconds = agreed[1];
+    progress_.syncs = syncs_applied_;
+    return progress_;
+  }
+
   template <Communicator C>
   void start(interpreter<C, S>& interp, int f, std::int64_t step, std::span<float> master,
              stream_type& compute) {
@@ -603,6 +711,13 @@ class synchronizer {
   std::vector<std::uint8_t> included_;
   bool members_split_ = false;               // split_members ran for the policy's member_sets
   std::vector<std::uint64_t> overlap_sets_;  // holder sets still to split (overlap.hpp)
+  // A progress schedule's agreement (by_progress only).
+  plan progress_plan_;
+  typename S::template buffer<double> progress_buf_;  // role value of progress_op
+  std::int64_t step_tokens_ = 0;                      // this rank's tokens of the current step
+  schedule::sync_progress progress_;                  // the group's, as agreed
+  std::chrono::steady_clock::time_point start_time_;  // the run's start on this rank
+  bool clock_started_ = false;
 };
 
 }  // namespace fedshard::federation

@@ -87,7 +87,10 @@ enum class role : std::uint8_t {
   group_tokens,  ///< every group's token count (G f64, ordered by group)
   value,         ///< a buffer the caller of an on-demand op passes
   gathered,      ///< the policy's buffer holding every group's copy of the sync `fragment`
-                 ///< (G x its f32 elements, ordered by group); last: the codes above stay
+                 ///< (G x its f32 elements, ordered by group)
+  packed,        ///< shard::sparse: the masked elements of `unit`, packed in element order
+                 ///< (index 0: of its param_shard, 1: of its params, 2: of its grad, 3: of
+                 ///< its grad_shard); last: the codes above stay
 };
 
 /// A buffer reference: a role, which instance of it (index: the inner-optimizer state of a
@@ -210,6 +213,7 @@ constexpr std::string_view to_string(role r) noexcept {
     case role::group_tokens: return "group_tokens";
     case role::value: return "value";
     case role::gathered: return "gathered";
+    case role::packed: return "packed";
   }
   return "unknown-role";
 }
@@ -250,7 +254,7 @@ inline std::string group_list(std::uint64_t mask) {
 /// "fragment 2", "param_shard", "moment 1 (piece on replica)".
 inline std::string describe(const operand& o) {
   std::string s(to_string(o.role));
-  if (o.role == role::moment) s += detail::concat(' ', o.index);
+  if (o.role == role::moment || o.role == role::packed) s += detail::concat(' ', o.index);
   if (o.count >= 0) s += detail::concat(" [", o.offset, ", ", o.offset + o.count, ')');
   if (o.piece) s += detail::concat(" (piece on ", to_string(*o.piece), ')');
   return s;

@@ -11,7 +11,8 @@
 ///     (same as `S(config{})`); constructors throw invalid_argument for settings that can
 ///     never work, naming the value found. S is copyable.
 ///  2. `int fragments() const`: P >= 1, the number of fragments (1 unless streaming).
-///  3. `sync_action action(int fragment, std::int64_t step, std::int64_t total_steps) const`:
+///  3. Either (a step schedule)
+///     `sync_action action(int fragment, std::int64_t step, std::int64_t total_steps) const`:
 ///     start = snapshot the fragment and start its all_reduce; apply = wait for it and mix
 ///     the result in; start_and_apply = both at once (a blocking sync). Guarantees:
 ///     - a non-streaming schedule only ever returns none or start_and_apply;
@@ -24,6 +25,17 @@
 ///     - the answer depends on the arguments alone (every rank computes it alone, and a
 ///       restored run continues the same way);
 ///     - invalid_argument for a fragment outside [0, P) or step < 0.
+///     or (a progress schedule: ProgressSchedule below; token_budget, wall_clock)
+///     `sync_action action(int fragment, const sync_progress& p) const` and
+///     `std::int64_t run_syncs() const`: the decision depends on the group's progress (its
+///     tokens since its last sync, its seconds since the start), which the synchronizer
+///     agrees on across the group's ranks after every step (federation/sync.hpp,
+///     progress_op). Guarantees: P = 1; only none or start_and_apply; the answer depends on
+///     `p` alone; groups take different numbers of steps between syncs, and the k-th sync of
+///     every group meets the k-th of the others; a run ends after run_syncs() >= 1 syncs
+///     (trainer::done()), not after total_steps, so every group does the same number.
+///     Optionally `static constexpr bool uses_clock = true` (wall_clock): the decision reads
+///     p.seconds, so every rank waits for its step's work before the group reads the clock.
 ///  4. `float mixing() const`: α in (0, 1]; θ ← (1 - α)·θ_local + α·θ_synced (1 = replace).
 ///  5. `std::vector<int> fragment_units(int fragment, int num_units) const`: the units of the
 ///     fragment, ascending, strided (unit u belongs to fragment u % P); the fragments
@@ -67,19 +79,52 @@ constexpr bool applies(sync_action a) noexcept {
   return a == sync_action::apply || a == sync_action::start_and_apply;
 }
 
-/// See the numbered requirements above.
+/// Where a group stands after a step, as every rank of the group agreed on it: what a
+/// progress schedule decides from.
+struct sync_progress {
+  std::int64_t step = 0;  ///< the 0-based step just taken
+  /// The group's tokens since its last sync (summed over its ranks), this step's included.
+  std::int64_t tokens = 0;
+  double seconds = 0;      ///< the group's seconds since the run started (its rank 0's clock)
+  std::int64_t syncs = 0;  ///< the syncs the group applied so far
+};
+
+namespace detail {
+
+/// Requirements 1, 2 and 4 to 7.
 template <class S>
-concept SyncSchedule = std::default_initializable<S> && std::copy_constructible<S> &&
+concept schedule_common = std::default_initializable<S> && std::copy_constructible<S> &&
     std::default_initializable<typename S::config> && std::is_aggregate_v<typename S::config> &&
     std::constructible_from<S, const typename S::config&> &&
-    requires(const S& s, int fragment, std::int64_t step, int num_units) {
+    requires(const S& s, int fragment, int num_units) {
   { s.fragments() } -> std::same_as<int>;
-  { s.action(fragment, step, step) } -> std::same_as<sync_action>;
   { s.mixing() } -> std::same_as<float>;
   { s.fragment_units(fragment, num_units) } -> std::same_as<std::vector<int>>;
   s.check(num_units);
   { S::name } -> std::convertible_to<std::string_view>;
 };
+
+}  // namespace detail
+
+/// Requirement 3, first form: the action is a function of the step.
+template <class S>
+concept StepSchedule = detail::schedule_common<S> &&
+    requires(const S& s, int fragment, std::int64_t step) {
+  { s.action(fragment, step, step) } -> std::same_as<sync_action>;
+};
+
+/// Requirement 3, second form: the action is a function of the group's progress, and a run
+/// ends after run_syncs() syncs.
+template <class S>
+concept ProgressSchedule = detail::schedule_common<S> &&
+    requires(const S& s, int fragment, const sync_progress& p) {
+  { s.action(fragment, p) } -> std::same_as<sync_action>;
+  { s.run_syncs() } -> std::same_as<std::int64_t>;
+};
+
+/// See the numbered requirements above.
+template <class S>
+concept SyncSchedule = StepSchedule<S> || ProgressSchedule<S>;
 
 namespace detail {
 
@@ -128,7 +173,8 @@ constexpr bool is_final_step(std::int64_t step, std::int64_t total_steps) noexce
 }  // namespace detail
 
 /// What the schedules that sync the whole model as one fragment (every_step, periodic,
-/// post_local) share: requirements 2, 4, 5 and 6; Derived provides the name and action().
+/// post_local, token_budget, wall_clock) share: requirements 2, 4, 5 and 6; Derived provides the
+/// name and action().
 template <class Derived>
 struct whole_model {
   /// 1.

@@ -33,6 +33,13 @@
 /// here (master(), grad() and the optimizer state leave it out; unit shards of the held units
 /// back to back), no op in the step plan, and every hook that names it throws
 /// invalid_argument saying so; holds(u) tells.
+///
+/// A policy with run-time state (P::runtime<S>, shard::sparse) gets its settings
+/// (settings_of_t<P>) here and is called where its plan needs more than the engine's buffers:
+/// it composes the plan fired each step (active()), packs before a gather or a reduction is
+/// fired and unpacks after it completed, binds the roles it holds, takes the optimizer step
+/// (optimizer_step) and is told when the master was written from outside
+/// (parameters_changed).
 
 #include <algorithm>
 #include <array>
@@ -40,6 +47,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -59,6 +67,21 @@
 
 namespace fedshard::shard {
 
+/// P::runtime<S>, or an empty type for a policy without run-time state.
+template <class P, class S>
+struct runtime_of {
+  struct type {};
+  static constexpr bool stateful = false;
+};
+template <class P, class S>
+requires requires {
+  typename P::template runtime<S>;
+}
+struct runtime_of<P, S> {
+  using type = typename P::template runtime<S>;
+  static constexpr bool stateful = true;
+};
+
 /// Runs ShardPolicy P for one rank of a mesh over Communicator C, with its buffers in memory
 /// space S (C's).
 template <ShardPolicy P, Communicator C, space::MemorySpace S = space::space_of_t<C>>
@@ -71,19 +94,19 @@ class engine {
   /// ownership against the layout and the mesh, and that every rank declared the same units.
   /// The space s outlives the engine.
   engine(mesh<C>& m, S& s, std::vector<unit_spec> units, precision prec = {},
-         const ownership& owners = {})
-      : engine(m, space::space_ref<S>(s), std::move(units), prec, owners) {}
+         const ownership& owners = {}, const settings_of_t<P>& settings = {})
+      : engine(m, space::space_ref<S>(s), std::move(units), prec, owners, settings) {}
   /// With a space of its own (default-constructed S).
   engine(mesh<C>& m, std::vector<unit_spec> units, precision prec = {},
-         const ownership& owners = {})
-      : engine(m, space::space_ref<S>::make(), std::move(units), prec, owners) {}
+         const ownership& owners = {}, const settings_of_t<P>& settings = {})
+      : engine(m, space::space_ref<S>::make(), std::move(units), prec, owners, settings) {}
 
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
  private:
   engine(mesh<C>& m, space::space_ref<S> sr, std::vector<unit_spec> units, precision prec,
-         const ownership& owners)
+         const ownership& owners, const settings_of_t<P>& settings)
       : mesh_(&m),
         space_(std::move(sr)),
         prec_((prec.check(), prec)),
@@ -107,6 +130,8 @@ class engine {
     verify_same_layout(m.uniform() ? layout_ : flat_layout(unit_specs(layout_), 1), m.rank(),
                        m.size(), setup_plan_,
                        [&](const comm_op& op, buffer_view b) { run(op, b); });
+    if constexpr (has_runtime)
+      rt_.emplace(layout_, m.shape(), m.coords().shard, held_, offsets_, settings, plan_);
   }
 
   static std::string_view without_prefix(std::string_view m) {
@@ -130,14 +155,40 @@ class engine {
   }
 
  public:
+  /// True when P has run-time state (P::runtime<S>).
+  static constexpr bool has_runtime = runtime_of<P, S>::stateful;
+
   const flat_layout& layout() const noexcept { return layout_; }
   const precision& mixed_precision() const noexcept { return prec_; }
   /// Which groups hold which units (empty: every group holds every unit).
   const ownership& owners() const noexcept { return owners_; }
   /// True when this rank's group holds unit u (has storage for it).
   bool holds(std::size_t u) const { return u < held_.size() && held_[u]; }
-  /// The comm_ops of one step.
+  /// The comm_ops of one step (a policy with run-time state: of its dense steps; its
+  /// runtime() has the others).
   const plan& step_plan() const noexcept { return plan_; }
+  /// The policy's run-time state (policies with P::runtime<S> only).
+  auto& runtime() requires has_runtime { return *rt_; }
+
+  /// The optimizer step of this rank's master from grad(), queued on the compute stream:
+  /// o's own step, or the policy's (its runtime's optimizer_step).
+  template <class O>
+  void optimizer_step(O& o, float lr) {
+    if constexpr (has_runtime)
+      rt_->optimizer_step(o, master(), std::span<const float>(grad()), lr, compute_, interp_);
+    else
+      o.step(master(), std::span<const float>(grad()), lr, compute_);
+  }
+  /// Tells the policy's runtime of the optimizer o (made with config cfg) the trainer steps.
+  template <class O, class Config>
+  void attach_optimizer(O& o, const Config& cfg) {
+    if constexpr (has_runtime) rt_->attach(o, cfg, *space_);
+  }
+  /// The master was written by something other than optimizer_step (a federation sync, a
+  /// checkpoint load): a policy's runtime drops what it derived from it.
+  void parameters_changed() {
+    if constexpr (has_runtime) rt_->invalidate();
+  }
   /// The on-demand ops that read each unit's full parameters (gather_unit).
   const plan& read_plan() const noexcept { return read_plan_; }
   /// The ops construction ran (the layout check over the world).
@@ -219,6 +270,7 @@ class engine {
                      " elements");
     space_->from_host(compute_, cview(host), view(to));
     space_->synchronize(compute_);
+    parameters_changed();
   }
 
   /// Collective over the axis the layout is sharded on (the read_plan's op for u; nothing
@@ -306,6 +358,7 @@ class engine {
       s.rounded = false;  // the master changed since the last step
     }
     phase_ = phase::forward;
+    if constexpr (has_runtime) rt_->begin_step();
   }
 
   /// Unit u's parameters for phase ph (padded_numel f32 values in the space's memory; use
@@ -412,8 +465,9 @@ class engine {
     s.grad_touched = false;
     if (!has_gather(u, phase::backward)) free(u);  // gathered once: kept until now
     space_->wait(reduce_, space_->record(compute_));
-    s.reduction = interp_.fire(plan_, {trigger::grads_ready, phase::backward, static_cast<int>(u)},
-                               binder(), reduce_);
+    if constexpr (has_runtime) rt_->before_reduce(u, full_grad(u), interp_);
+    s.reduction = interp_.fire(
+        fired(), {trigger::grads_ready, phase::backward, static_cast<int>(u)}, binder(), reduce_);
     interp_.progress();
   }
 
@@ -425,11 +479,14 @@ class engine {
       if (held_[u] && !units_[u].reduced) grads_ready(u);
     space_->wait(reduce_, space_->record(compute_));
     interp_.join(
-        interp_.fire(plan_, {.trigger = trigger::end_of_backward, .phase = phase::backward},
+        interp_.fire(fired(), {.trigger = trigger::end_of_backward, .phase = phase::backward},
                      binder(), reduce_),
         compute_);
     join_own();
     for (std::size_t u = 0; u < units_.size(); ++u) free(u);
+    if constexpr (has_runtime)
+      for (std::size_t u = 0; u < units_.size(); ++u)
+        if (held_[u]) rt_->after_reduce(u, grad_of(u));
   }
 
  private:
@@ -519,6 +576,14 @@ class engine {
           layout_.unit(u).shard_numel, " of its ", layout_.unit(u).padded_numel, " elements");
   }
 
+  /// The plan the hooks fire: plan_, or the one the policy's runtime composed for the step.
+  const plan& fired() const {
+    if constexpr (has_runtime)
+      return rt_->active();
+    else
+      return plan_;
+  }
+
   bool has_gather(std::size_t u, fedshard::phase ph) const {
     return plans_[u].gathers[phase_index(ph)];
   }
@@ -561,7 +626,9 @@ class engine {
       case role::params: return view(gathered(u));
       case role::grad: return view(full_grad(u));
       case role::grad_shard: return view(grad_of(u));
-      default: break;
+      default:
+        if constexpr (has_runtime) return rt_->bind(op, o);
+        break;
     }
     throw invalid_argument(
         fedshard::detail::concat("fedshard: the shard engine holds no buffer of role ", describe(o),
@@ -605,7 +672,9 @@ class engine {
     s.gathered_for[phase_index(ph)] = true;
     gather_after_compute();
     s.gather_waited = false;
-    s.gather = interp_.fire(plan_, {trigger::acquire, ph, static_cast<int>(u)}, binder(), gather_);
+    if constexpr (has_runtime) rt_->before_gather(u, master_of(u));
+    s.gather =
+        interp_.fire(fired(), {trigger::acquire, ph, static_cast<int>(u)}, binder(), gather_);
   }
 
   /// Starts the gather of the unit after u in phase ph's order, if the limit allows.
@@ -627,6 +696,7 @@ class engine {
     std::span<const float> p;
     if (plans_[u].own_params) {
       join_gather(s);
+      if constexpr (has_runtime) rt_->after_gather(u, s.params.span());
       p = s.params.span();
     } else if (prec_.param == dtype::f32) {
       p = master_of(u);
@@ -686,6 +756,8 @@ class engine {
   plan plan_;
   plan read_plan_;
   plan setup_plan_;
+  // P::runtime<S>, if any; before interp_: its buffers outlive the collectives in flight
+  std::optional<typename runtime_of<P, S>::type> rt_;
   interpreter<C, S> interp_;
   stream_type compute_;
   stream_type gather_;

@@ -11,6 +11,9 @@
 ///     the model acquires a unit (role params, phase forward or backward), the reductions when
 ///     a unit's gradients are ready (role grad into grad_shard). Order: forward gathers by
 ///     ascending unit, then backward ops by descending unit.
+///  5. Optionally, `P::settings` (run-time settings: trainer_options::shard, settings_of_t)
+///     and `P::runtime<S>`, run-time state the engine holds and calls where the plan needs
+///     more than its buffers (shard::sparse's masks and packed buffers; shard/engine.hpp).
 /// The shard engine (shard/engine.hpp) runs the plan through the interpreter; what it stores
 /// and frees follows from the plan (a unit gathered again in backward is freed after
 /// forward), never from the policy's identity. The builders in `shard::ops` make the ops.
@@ -54,6 +57,26 @@ concept ShardPolicy = requires(const mesh_shape& shape, const flat_layout& layou
   P::check(shape);
   { P::step_plan(layout, shape, prec) } -> std::same_as<plan>;
 };
+
+/// The run-time settings of a policy without any (the shard engine's default).
+struct no_settings {
+  friend bool operator==(const no_settings&, const no_settings&) = default;
+};
+
+/// P::settings when the policy has run-time settings (shard::sparse), else no_settings.
+template <class P>
+struct settings_of {
+  using type = no_settings;
+};
+template <class P>
+requires requires {
+  typename P::settings;
+}
+struct settings_of<P> {
+  using type = typename P::settings;
+};
+template <class P>
+using settings_of_t = typename settings_of<P>::type;
 
 /// Builders of the ops shard policies are made of.
 namespace ops {

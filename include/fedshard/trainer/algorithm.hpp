@@ -29,11 +29,14 @@
 #include "fedshard/schedule/post_local.hpp"
 #include "fedshard/schedule/streaming.hpp"
 #include "fedshard/schedule/sync_schedule.hpp"
+#include "fedshard/schedule/token_budget.hpp"
+#include "fedshard/schedule/wall_clock.hpp"
 #include "fedshard/shard/full_shard.hpp"
 #include "fedshard/shard/hybrid_shard.hpp"
 #include "fedshard/shard/replicate.hpp"
 #include "fedshard/shard/shard_grad_op.hpp"
 #include "fedshard/shard/shard_policy.hpp"
+#include "fedshard/shard/sparse.hpp"
 #include "fedshard/shard/with_gather_codec.hpp"
 
 namespace fedshard {
@@ -61,7 +64,8 @@ struct algorithm {
                 "(federation::none, average, weighted_average, outer_optimizer<Rule>)");
   static_assert(schedule::SyncSchedule<Schedule>,
                 "fedshard::algorithm: the third parameter must model SyncSchedule "
-                "(schedule::every_step, periodic, post_local, streaming)");
+                "(schedule::every_step, periodic, post_local, streaming, token_budget, "
+                "wall_clock)");
   static_assert(Federation::syncs || std::is_same_v<Schedule, schedule::every_step>,
                 "fedshard::algorithm: federation::none never syncs, so this schedule would "
                 "have nothing to schedule; use schedule::every_step with federation::none (as "
@@ -155,6 +159,18 @@ template <int K = 8>
 using fl_hsdp_int8 = algorithm<shard::with_gather_codec<shard::hybrid_shard, codec::int8_block<>>,
                                federation::average, schedule::periodic,
                                defaults<schedule::periodic::config{.period = K}>>;
+
+/// SCAPE (arXiv 2607.01678): FSDP whose reduce_scatters and gathers carry only the elements of
+/// a mask agreed from the optimizer's first moments (shard::sparse; density, refresh period
+/// and dense warm-up in trainer_options::shard). Host memory only. Not in for_each_algorithm's
+/// list (the simulator prices step plans without run-time settings).
+using scape_fsdp =
+    algorithm<shard::sparse<shard::full_shard>, federation::none, schedule::every_step>;
+/// SCAPE inside each group of FL+FSDP: parameters averaged across groups every K steps (K = 8
+/// unless told otherwise); the gathers after a sync are dense.
+using fl_scape_fsdp =
+    algorithm<shard::sparse<shard::full_shard>, federation::average, schedule::periodic,
+              defaults<schedule::periodic::config{.period = 8}>>;
 
 /// Calls `f.template operator()<A>(name)` for every named algorithm above, in the order
 /// ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco,

@@ -7,6 +7,15 @@
 /// (federation/sync.hpp) fires the FederationPolicy's sync plan where the SyncSchedule says.
 /// Every collective, the trainer's own included (layout check, means, checkpoint agreement),
 /// runs through the engine's interpreter, so traffic() counts at the wire all that moved.
+///
+/// How a run ends: `while (!t.done()) t.step(next_batch());`. Under a step schedule
+/// (periodic, streaming, ...) done() is step_count() >= total_steps (never, when total_steps
+/// is 0: the caller counts). Under a progress schedule (token_budget, wall_clock) groups take
+/// different numbers of steps, so a run cannot end on a step count: done() turns true right
+/// after the group's run_syncs()-th sync, the same sync on every group, and a step after it
+/// is refused (it would wait for a sync no other group makes). World collectives (save,
+/// load, mean_over_world, parameters) then belong right after a sync (synced()), where every
+/// group's k-th sync pairs up, or after done().
 
 #include <algorithm>
 #include <atomic>
@@ -57,6 +66,8 @@ struct trainer_options {
   typename A::federation_policy::config federation{};
   /// The schedule's settings (K, H, fragments, delay, mixing), from the algorithm's defaults.
   typename A::sync_schedule::config schedule = A::default_schedule();
+  /// The shard policy's settings (shard::sparse's density, refresh period); none for most.
+  shard::settings_of_t<typename A::shard_policy> shard{};
   /// Where the trainer's log lines go (what a resharding load dropped or initialised), on
   /// every rank; empty = world rank 0 prints them to stderr.
   std::function<void(const std::string&)> log{};
@@ -106,7 +117,8 @@ class trainer final : private detail::unit_hooks<S> {
       : space_(make_space(m.world())),
         model_(std::move(model)),
         opts_(std::move(o)),
-        engine_(m, *space_, model_.units(), opts_.precision, shard::ownership_of(opts_.federation)),
+        engine_(m, *space_, model_.units(), opts_.precision, shard::ownership_of(opts_.federation),
+                opts_.shard),
         optimizer_(opt, engine_.master().size(), *space_),
         base_lr_(opt.lr),
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
@@ -114,7 +126,23 @@ class trainer final : private detail::unit_hooks<S> {
               overlap_of(m, engine_.layout())) {
     FEDSHARD_EXPECTS(opts_.total_steps >= 0, "trainer: total_steps must be >= 0, found ",
                      opts_.total_steps);
+    if constexpr (sync_type::by_progress) {
+      FEDSHARD_EXPECTS(
+          opts_.total_steps == 0, "trainer: total_steps must be 0 with the ", sync_schedule::name,
+          " schedule (groups take different numbers of steps; the run ends after its ",
+          sync_.schedule().run_syncs(), " syncs: trainer::done()), found ", opts_.total_steps);
+      // Groups step at their own pace: a per-step collective across groups would wait for
+      // a step the other groups take at another time (or never).
+      for (const comm_op& op : engine_.step_plan().ops)
+        FEDSHARD_EXPECTS(
+            m.shape().groups == 1 || (op.axis != axis::federation && op.axis != axis::world),
+            "trainer: the ", sync_schedule::name,
+            " schedule lets groups take different numbers of steps, so every step op must "
+            "stay inside a group; the ",
+            shard_policy::name, " step plan has ", fedshard::describe(op));
+    }
     engine_.set_max_live_units(opts_.max_live_units);
+    engine_.attach_optimizer(optimizer_, opt);
     if constexpr (requires { model_.initial_values(engine_.layout(), std::size_t{0}); }) {
       for (std::size_t u = 0; u < engine_.layout().num_units(); ++u)
         if (engine_.holds(u)) engine_.set_unit(u, model_.initial_values(engine_.layout(), u));
@@ -169,9 +197,19 @@ class trainer final : private detail::unit_hooks<S> {
                   "fedshard::trainer::step: the model must provide units() and "
                   "forward_backward(basic_step_context<S>&, const Batch&) -> float, with S the "
                   "communicator's memory space (step_context for host memory)");
+    static_assert(!(sync_type::by_progress && elastic_federation),
+                  "fedshard::trainer: a progress schedule (token_budget, wall_clock) on an "
+                  "elastic federation axis is not supported; use a step schedule (periodic)");
+    if constexpr (sync_type::by_progress)
+      FEDSHARD_EXPECTS(!done(), "trainer::step: the run is done: ", sync_schedule::name,
+                       " ends a run after ", sync_.schedule().run_syncs(), " syncs, found ",
+                       syncs_applied(),
+                       " applied (another step would wait for a sync no other group makes); "
+                       "loop while !done()");
     auto& compute = engine_.compute_stream();
     if (!started_) {
       sync_.reset(engine_.master(), compute);  // anchors start from the initial parameters
+      sync_.start_clock();
       started_ = true;
     }
     engine_.begin_step();
@@ -179,11 +217,13 @@ class trainer final : private detail::unit_hooks<S> {
     const float loss = static_cast<float>(model_.forward_backward(ctx, batch));
     engine_.finish_backward();
     const float lr = opts_.lr_schedule ? opts_.lr_schedule(step_) : base_lr_;
-    optimizer_.step(engine_.master(), std::span<const float>(engine_.grad()), lr, compute);
+    engine_.optimizer_step(optimizer_, lr);
     sync_.add_tokens(tokens_of(model_, batch));
     if constexpr (elastic_federation) begin_elastic_round(compute);
+    const std::int64_t syncs = sync_.syncs_applied();
     sync_.after_step(engine_.interp(), step_, opts_.total_steps, engine_.master(),
                      optimizer_.state(), compute);
+    if (sync_.syncs_applied() != syncs) engine_.parameters_changed();
     ++step_;
     return loss;
   }
@@ -253,6 +293,29 @@ class trainer final : private detail::unit_hooks<S> {
   std::int64_t syncs_applied() const noexcept { return sync_.syncs_applied(); }
   /// Step numbers at which fragment f applied a sync.
   const std::vector<std::int64_t>& sync_steps(int f = 0) const { return sync_.sync_steps(f); }
+  /// True when the run is over (see the file comment): after run_syncs() syncs under a
+  /// progress schedule, else once total_steps (> 0) steps are taken.
+  bool done() const noexcept {
+    if constexpr (sync_type::by_progress)
+      return sync_.syncs_applied() >= sync_.schedule().run_syncs();
+    else
+      return opts_.total_steps > 0 && step_ >= opts_.total_steps;
+  }
+  /// True when the latest step applied a sync (of any fragment): a point where every group
+  /// stands at the same sync.
+  bool synced() const {
+    for (int f = 0; f < sync_.fragments(); ++f) {
+      const auto& at = sync_.sync_steps(f);
+      if (!at.empty() && at.back() == step_ - 1) return true;
+    }
+    return false;
+  }
+  /// The group's progress as its ranks agreed on it after the latest step (progress
+  /// schedules: tokens since the last sync, seconds since the start, syncs).
+  const schedule::sync_progress& progress() const noexcept { return sync_.progress(); }
+  /// The ops run after every step to agree on the group's progress (progress_op under a
+  /// progress schedule, else none).
+  const plan& progress_plan() const noexcept { return sync_.progress_plan(); }
 
   /// Collective over the world: writes every rank's whole state (master shard, inner and
   /// outer optimizer state, anchors, schedule phase, step) into directory dir, with a
@@ -542,6 +605,8 @@ class trainer final : private detail::unit_hooks<S> {
       std::int64_t inner_steps = 0, syncs = 0, step = 0;
       bool started = false, restart_federation = false;
       std::vector<std::int64_t> tokens, outer_steps;
+      std::int64_t progress_tokens = 0;
+      double progress_seconds = 0;
       std::vector<std::vector<std::int64_t>> applied_at;
       std::vector<std::vector<float>> codec;  // the sync plans' residuals, in plan order
     };
@@ -635,6 +700,19 @@ class trainer final : private detail::unit_hooks<S> {
           federation::sync_stage::idle)
         dropped.push_back(concat("the sync of fragment ", fo, " in flight"));
     st->syncs = first.read_value<std::int64_t>("federation.syncs_applied");
+    if constexpr (sync_type::by_progress) {
+      // A progress schedule goes on from the saved group's tokens and seconds: they are the
+      // k-th sync's, which every group must share; a checkpoint of a step schedule has none.
+      FEDSHARD_EXPECTS(
+          first.has("schedule.seconds") && first.has("schedule.group_tokens"), "checkpoint '",
+          saved.dir().string(), "' was saved with the sync schedule '",
+          saved.fields().fields.count("sync_schedule") ? saved.fields().fields.at("sync_schedule")
+                                                       : std::string("unknown"),
+          "', which keeps no progress (tokens since the last sync, seconds since the start); a ",
+          sync_schedule::name, " run loads only checkpoints of token_budget or wall_clock runs");
+      st->progress_tokens = first.read_value<std::int64_t>("schedule.group_tokens");
+      st->progress_seconds = first.read_value<double>("schedule.seconds");
+    }
     // Error-feedback residuals of the sync plans' encoded ops on a fragment (or on one
     // replica's piece of it): resharded when the saver ran the same federation policy, so the
     // same plan, op for op; the others start at zero, as in a fresh run.
@@ -743,6 +821,8 @@ class trainer final : private detail::unit_hooks<S> {
         sync_.set_fragment_state(f, st->tokens[i], st->applied_at[i], st->outer_steps[i]);
       }
       sync_.set_syncs_applied(st->syncs);
+      if constexpr (sync_type::by_progress)
+        sync_.set_progress(st->progress_tokens, st->progress_seconds);
       std::size_t k = 0;
       for_each_codec_state([&](const std::string& name, std::span<float> r) {
         if (name.rfind("codec.fragment", 0) == 0 && k < st->codec.size())

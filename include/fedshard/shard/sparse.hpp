@@ -1,0 +1,555 @@
+#pragma once
+/// sparse<Base> (SCAPE, arXiv 2607.01678): ShardPolicy Base whose gradient reductions and
+/// parameter gathers carry only the elements of a mask that every rank of the group agrees on.
+///
+/// The mask: for each unit, each rank takes the top k_u = round(density x shard_numel) (at
+/// least 1) elements of its own shard by |first moment| of its optimizer state (AdamW's
+/// exp_avg, SGD's momentum_buffer; an optimizer without one is refused when the trainer is
+/// built), ties broken by the lower index. So the mask is computed shard by shard on the rank
+/// that owns that optimizer state, and every shard of unit u has exactly k_u masked elements.
+/// Each rank packs its bits (its master's elements back to back, 32 to a word) and the words
+/// are all-gathered over the shard axis: one f32 all_gather (the words travel as 4-byte bit
+/// patterns, copied, never computed with) of
+///     S x ceil(N_shard / 32) words,  N_shard = sum over the held units of shard_numel,
+/// so each rank sends (S - 1) x 4 x ceil(N_shard / 32) bytes per refresh, about
+/// (numel / 8) x (S - 1) / S. Replicas hold the same optimizer state, so they compute the
+/// same mask without exchanging it. The exchange is issued after the optimizer step that
+/// refreshes the mask and waited for at the next step's first gradient reduction: it
+/// overlaps that step's forward pass, and the mask is used from that step on (one step late).
+///
+/// Steps: the first `dense_steps` steps (settings; at least 1) are Base's dense steps; the
+/// mask is computed after the last of them and after every `refresh_period` steps from then.
+/// With `dense_every` N > 0, steps N - 1, 2N - 1, ... are dense too (every element's gradient
+/// reduced and stepped, so every first moment moves). A step after a dense one gathers
+/// densely (the dense update changed every element). A step with a mask:
+///  - reduce: each unit's gradient is packed at the mask's elements in element order (no
+///    indices: every rank knows the mask), S x k_u values, reduce-scattered into the rank's
+///    k_u (then averaged over the replicas, packed, where Base does that) and unpacked into
+///    its gradient shard (zero elsewhere).
+///  - optimizer: only masked elements are updated. The masked parameters, gradients and
+///    optimizer state are packed into a second optimizer object of sum k_u elements, which
+///    takes the step (with the step count of the main one) and is unpacked back; the main
+///    optimizer's step count then advances by one. An element-wise optimizer
+///    (optim/optimizer.hpp, requirement 4) gives bit for bit what a full step gives at the
+///    masked elements, and unmasked elements keep their parameter and their whole optimizer
+///    state (no weight decay either, as in the paper). The cost is O(sum k_u) per step.
+///  - gather: the parameters the last masked update changed (the previous step's mask) are
+///    packed from each rank's master and all-gathered, S x k_u values, and written into the
+///    unit's gathered buffer; every other element there still holds the current value.
+///
+/// Memory: this relies on the engine keeping each unit's gathered buffer from step to step
+/// (it does, at one address): the unmasked elements are read from it. So each rank holds a
+/// full copy of the model's parameters (in f32), like ZeRO-2 or DDP, not FSDP's one unit at a
+/// time; plus the masks of the whole group (2 x S x sum k_u 4-byte indices, for the gather
+/// and the reduce mask), the packed buffers (about 2 x S x sum k_u floats), the packed
+/// optimizer (its state of sum k_u elements) and the mask words (N_shard / 8 bytes x (S + 1)).
+/// full_shard's backward gathers are kept (so the shard bytes are exactly density x Base's);
+/// with the copy kept they resend what forward sent.
+///
+/// The copy is valid until something else writes the master: the engine's set_unit,
+/// set_tensor and upload (checkpoint loads) and the trainer after a federation sync call
+/// invalidate(), and the next gathers of those units are Base's dense ones. The mask is not
+/// saved in checkpoints: a loaded run keeps the mask it had (a new trainer has none: dense
+/// steps first).
+///
+/// Plans: step_plan() is Base's, which the dense steps run; sparse_plan() the steps with a
+/// mask (ops of role `packed`), op for op Base's with the packed sizes; mask_plan() the
+/// exchange. Host memory only: there are no device pack/unpack kernels yet.
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
+
+#include "fedshard/core/buffer.hpp"
+#include "fedshard/error.hpp"
+#include "fedshard/plan/comm_op.hpp"
+#include "fedshard/plan/interpreter.hpp"
+#include "fedshard/shard/ownership.hpp"
+#include "fedshard/shard/shard_policy.hpp"
+#include "fedshard/space/host_space.hpp"
+
+namespace fedshard::shard {
+
+/// shard::sparse's run-time settings.
+struct sparse_settings {
+  double density = 0.1;    ///< fraction of each unit shard's elements in the mask, in (0, 1]
+  int refresh_period = 1;  ///< steps between two mask computations, >= 1
+  int dense_steps = 1;     ///< Base's dense steps before the first mask, >= 1
+  /// 0, or every dense_every-th step (steps dense_every - 1, 2 dense_every - 1, ...) is a dense
+  /// one: every element's gradient reduced and every element stepped, >= 0
+  int dense_every = 0;
+
+  friend bool operator==(const sparse_settings&, const sparse_settings&) = default;
+  /// invalid_argument naming the bad setting, what was expected and what was found.
+  void check() const {
+    FEDSHARD_EXPECTS(density > 0.0 && density <= 1.0,
+                     "shard::sparse: density must be in (0, 1], found ", density);
+    FEDSHARD_EXPECTS(refresh_period >= 1, "shard::sparse: refresh_period must be >= 1, found ",
+                     refresh_period);
+    FEDSHARD_EXPECTS(dense_steps >= 1, "shard::sparse: dense_steps must be >= 1, found ",
+                     dense_steps);
+    FEDSHARD_EXPECTS(dense_every >= 0, "shard::sparse: dense_every must be >= 0, found ",
+                     dense_every);
+  }
+};
+
+/// The masked elements of a shard of n elements: round(density x n), at least 1 (0 when n
+/// is 0), at most n.
+inline std::size_t masked_per_shard(std::size_t n, double density) {
+  if (n == 0) return 0;
+  const auto k = static_cast<std::size_t>(std::llround(density * static_cast<double>(n)));
+  return std::clamp<std::size_t>(k, 1, n);
+}
+
+/// Per unit of l, k_u (masked_per_shard of its shard_numel).
+inline std::vector<std::size_t> masked_counts(const flat_layout& l, double density) {
+  std::vector<std::size_t> k(l.num_units());
+  for (std::size_t u = 0; u < k.size(); ++u)
+    k[u] = masked_per_shard(l.unit(u).shard_numel, density);
+  return k;
+}
+
+/// The words of one rank's mask bits for a master of n elements: ceil(n / 32).
+constexpr std::size_t mask_words(std::size_t n) noexcept {
+  return (n + 31) / 32;
+}
+
+/// The op that agrees on a mask: the f32 all_gather over the shard axis of every rank's mask
+/// words (role value: index 0 this rank's words, 1 everyone's), on demand, `n_shard` the
+/// elements of a rank's master.
+inline comm_op mask_exchange(std::size_t n_shard, const mesh_shape& s) {
+  return {.kind = comm_kind::all_gather,
+          .axis = axis::shard,
+          .dtype = dtype::f32,
+          .bytes = static_cast<std::int64_t>(mask_words(n_shard) * 4 *
+                                             static_cast<std::size_t>(s.shards)),
+          .ranks = s.shards,
+          .trigger = trigger::on_demand,
+          .phase = phase::optimizer,
+          .in = {.role = role::value, .index = 0},
+          .out = {.role = role::value, .index = 1}};
+}
+
+/// The packed counterpart of a Base step op on unit u, whose shards have k masked elements
+/// each: a gather of params from param_shard, a reduce_scatter of grad into grad_shard, an
+/// all_reduce of grad_shard over the replica axis; invalid_argument for any other op.
+inline comm_op packed_op(const comm_op& op, std::size_t k) {
+  comm_op p = op;
+  const auto esz = static_cast<std::int64_t>(size_of(op.dtype));
+  const auto per = static_cast<std::int64_t>(k);
+  const bool plain = !encoded(op) && op.members == 0 && op.in.count < 0 && op.out.count < 0 &&
+                     !op.in.piece && !op.out.piece;
+  if (plain && op.kind == comm_kind::all_gather && op.axis == axis::shard &&
+      op.trigger == trigger::acquire && op.in.role == role::param_shard &&
+      op.out.role == role::params) {
+    p.bytes = per * op.ranks * esz;
+    p.in = {.role = role::packed, .index = 0};
+    p.out = {.role = role::packed, .index = 1};
+    return p;
+  }
+  if (plain && op.kind == comm_kind::reduce_scatter && op.axis == axis::shard &&
+      op.in.role == role::grad && op.out.role == role::grad_shard) {
+    p.bytes = per * op.ranks * esz;
+    p.in = {.role = role::packed, .index = 2};
+    p.out = {.role = role::packed, .index = 3};
+    return p;
+  }
+  if (plain && op.kind == comm_kind::all_reduce && op.axis == axis::replica &&
+      op.in.role == role::grad_shard && op.out.role == role::grad_shard) {
+    p.bytes = per * esz;
+    p.in = p.out = {.role = role::packed, .index = 3};
+    return p;
+  }
+  throw invalid_argument(fedshard::detail::concat(
+      "fedshard: shard::sparse packs the shard-axis gathers and reduce_scatters of its base "
+      "policy and the replica averages of gradient shards, but the base plan has ",
+      describe(op), " (wrap full_shard, shard_grad_op or hybrid_shard)"));
+}
+
+/// Base's plan with every op packed (packed_op) for the counts k (by unit).
+inline plan sparsify(const plan& base, const std::vector<std::size_t>& k) {
+  plan out;
+  for (const comm_op& op : base.ops) {
+    FEDSHARD_EXPECTS(op.unit >= 0 && static_cast<std::size_t>(op.unit) < k.size(),
+                     "shard::sparse: ", describe(op), " names no unit of the layout's ", k.size());
+    out.ops.push_back(packed_op(op, k[static_cast<std::size_t>(op.unit)]));
+  }
+  return out;
+}
+
+/// One rank's state of shard::sparse in memory space S (host memory only); the shard engine
+/// holds it and calls its hooks, the trainer its optimizer step. See the file comment.
+template <class S>
+class sparse_runtime {
+  static_assert(std::is_same_v<S, space::host_space>,
+                "fedshard::shard::sparse runs on host memory only (space::host_space): there are "
+                "no device kernels for its mask, pack and unpack yet");
+
+ public:
+  /// For the mesh shape s (this rank at shard index `shard`), the units `held` (empty: all)
+  /// at master offsets `offsets`, and the dense plan `dense` of those units.
+  sparse_runtime(const flat_layout& l, const mesh_shape& s, int shard,
+                 const std::vector<bool>& held, const std::vector<std::size_t>& offsets,
+                 const sparse_settings& cfg, plan dense)
+      : cfg_((cfg.check(), cfg)),
+        layout_(&l),
+        shape_(s),
+        shard_(shard),
+        offsets_(offsets),
+        k_(shard::masked_counts(l, cfg.density)),
+        dense_(std::move(dense)),
+        sparse_(sparsify(dense_, k_)),
+        mask_op_(mask_exchange(offsets.back(), s)),
+        valid_(l.num_units(), false),
+        exact_(l.num_units(), false),
+        gather_sparse_(l.num_units(), false),
+        unpack_(l.num_units(), false) {
+    const std::size_t U = l.num_units();
+    constexpr std::size_t most = std::numeric_limits<std::uint32_t>::max();
+    FEDSHARD_EXPECTS(offsets.back() <= most, "shard::sparse: a rank's master must hold at most ",
+                     most, " elements (masks are 32-bit indices), found ", offsets.back());
+    for (std::size_t u = 0; u < U; ++u)
+      FEDSHARD_EXPECTS(l.unit(u).padded_numel <= most, "shard::sparse: unit ", u, " ('",
+                       l.unit(u).name, "') must have at most ", most,
+                       " elements (masks are 32-bit indices), found ", l.unit(u).padded_numel);
+    held_.assign(U, true);
+    for (std::size_t u = 0; u < U; ++u)
+      if (!held.empty() && !held[u]) held_[u] = false;
+    poff_.assign(U + 1, 0);
+    for (std::size_t u = 0; u < U; ++u) poff_[u + 1] = poff_[u] + (held_[u] ? k_[u] : 0);
+    const std::size_t K = poff_.back(), SK = K * static_cast<std::size_t>(s.shards);
+    pshard_.assign(K, 0.0f);
+    pgathered_.assign(SK, 0.0f);
+    pgrad_.assign(SK, 0.0f);
+    pgrad_shard_.assign(K, 0.0f);
+    pparam_.assign(K, 0.0f);
+    words_mine_.assign(mask_words(offsets.back()), 0u);
+    words_all_.assign(words_mine_.size() * static_cast<std::size_t>(s.shards), 0u);
+    active_ = dense_;
+  }
+
+  /// The settings it runs with.
+  const sparse_settings& settings() const noexcept { return cfg_; }
+  /// The plan of the steps with a mask.
+  const plan& sparse_plan() const noexcept { return sparse_; }
+  /// The mask exchange (one op, run after each refresh).
+  plan mask_plan() const { return plan{{mask_op_}}; }
+  /// The plan this step runs (composed at begin_step).
+  const plan& active() const noexcept { return active_; }
+  /// k_u of every unit.
+  const std::vector<std::size_t>& masked_counts() const noexcept { return k_; }
+  /// True once a mask is in use (or agreed and waited for at the next reduction).
+  bool has_mask() const noexcept { return rmask_ != nullptr || pending_; }
+  /// Masks computed so far (exchanges issued).
+  std::int64_t refreshes() const noexcept { return refreshes_; }
+  /// The elements (indices into the padded unit u, ascending, S x k_u of them) of the mask
+  /// the reductions and the optimizer use; empty before the first mask.
+  std::vector<std::uint32_t> mask(std::size_t u) const {
+    return rmask_ ? (*rmask_)[u] : std::vector<std::uint32_t>{};
+  }
+  /// The mask's bits as this rank exchanged them last: its words (its master, 32 elements
+  /// to a word) and everyone's, in shard order.
+  std::span<const std::uint32_t> mask_words_mine() const noexcept { return words_mine_; }
+  std::span<const std::uint32_t> mask_words_all() const noexcept { return words_all_; }
+
+  /// The gathered copies no longer hold the current parameters (the master was written by
+  /// something else than a masked step): the next gathers are dense.
+  void invalidate() {
+    std::fill(valid_.begin(), valid_.end(), false);
+    std::fill(exact_.begin(), exact_.end(), false);
+  }
+
+  /// A step starts: the gathers of units whose copy is valid are packed, the reductions are
+  /// packed when a mask exists (or is on its way).
+  void begin_step() {
+    step_sparse_ = has_mask() && !(cfg_.dense_every > 0 && (steps_ + 1) % cfg_.dense_every == 0);
+    for (std::size_t u = 0; u < valid_.size(); ++u) gather_sparse_[u] = valid_[u] && gmask_;
+    active_.ops.clear();
+    for (std::size_t i = 0; i < dense_.ops.size(); ++i) {
+      const comm_op& op = dense_.ops[i];
+      const auto u = static_cast<std::size_t>(op.unit);
+      const bool gather = op.trigger == trigger::acquire;
+      active_.ops.push_back((gather ? gather_sparse_[u] : step_sparse_) ? sparse_.ops[i] : op);
+    }
+  }
+
+  /// Before unit u's gather is fired: packs this rank's masked master values (packed gather).
+  void before_gather(std::size_t u, std::span<const float> master) {
+    unpack_[u] = true;
+    if (!gather_sparse_[u]) return;
+    const auto& idx = (*gmask_)[u];
+    const std::size_t k = k_[u], base = static_cast<std::size_t>(shard_) * shard_numel(u);
+    float* out = pshard_.data() + poff_[u];
+    for (std::size_t j = 0; j < k; ++j)
+      out[j] = master[idx[static_cast<std::size_t>(shard_) * k + j] - base];
+  }
+
+  /// After unit u's gather completed: writes the gathered masked values into its copy; the
+  /// copy is then the current parameters.
+  void after_gather(std::size_t u, std::span<float> params) {
+    if (!unpack_[u]) return;
+    unpack_[u] = false;
+    if (gather_sparse_[u]) {
+      const auto& idx = (*gmask_)[u];
+      const float* in = pgathered_.data() + poff_[u] * static_cast<std::size_t>(shape_.shards);
+      for (std::size_t j = 0; j < idx.size(); ++j) params[idx[j]] = in[j];
+    }
+    valid_[u] = exact_[u] = true;
+  }
+
+  /// Before unit u's gradient reduction is fired: waits for a mask on its way, packs the
+  /// gradient at the mask's elements (packed reduction).
+  template <class Interp>
+  void before_reduce(std::size_t u, std::span<const float> grad, Interp& interp) {
+    if (!step_sparse_) return;
+    agree(interp);
+    const auto& idx = (*rmask_)[u];
+    float* out = pgrad_.data() + poff_[u] * static_cast<std::size_t>(shape_.shards);
+    for (std::size_t j = 0; j < idx.size(); ++j) out[j] = grad[idx[j]];
+  }
+
+  /// After every reduction completed: unit u's gradient shard holds its reduced masked
+  /// values, zero elsewhere.
+  void after_reduce(std::size_t u, std::span<float> grad_shard) {
+    if (!step_sparse_) return;
+    std::fill(grad_shard.begin(), grad_shard.end(), 0.0f);
+    const auto& idx = (*rmask_)[u];
+    const std::size_t k = k_[u], base = static_cast<std::size_t>(shard_) * shard_numel(u);
+    const float* in = pgrad_shard_.data() + poff_[u];
+    for (std::size_t j = 0; j < k; ++j)
+      grad_shard[idx[static_cast<std::size_t>(shard_) * k + j] - base] = in[j];
+  }
+
+  /// The buffer of a packed operand of op.
+  buffer_view bind(const comm_op& op, const operand& o) {
+    const auto u = static_cast<std::size_t>(op.unit);
+    const std::size_t n = static_cast<std::size_t>(shape_.shards), k = k_[u];
+    if (o.role == role::packed) switch (o.index) {
+        case 0: return view(std::span<float>(pshard_).subspan(poff_[u], k));
+        case 1: return view(std::span<float>(pgathered_).subspan(poff_[u] * n, k * n));
+        case 2: return view(std::span<float>(pgrad_).subspan(poff_[u] * n, k * n));
+        case 3: return view(std::span<float>(pgrad_shard_).subspan(poff_[u], k));
+        default: break;
+      }
+    throw invalid_argument(fedshard::detail::concat(
+        "fedshard: shard::sparse holds no buffer of role ", describe(o), " (", describe(op), ")"));
+  }
+
+  /// Makes the packed optimizer (an O of sum k_u elements with the main one's settings) and
+  /// finds the main one's first moment: invalid_argument when it has none.
+  template <class O>
+  void attach(O& main, const typename O::config& cfg, S& space) {
+    const auto st = main.state();
+    std::string names;
+    first_ = -1;
+    for (std::size_t i = 0; i < st.size(); ++i) {
+      names += fedshard::detail::concat(i ? ", '" : "'", st[i].name, "'");
+      if (first_ < 0 && (st[i].name == "exp_avg" || st[i].name == "momentum_buffer"))
+        first_ = static_cast<int>(i);
+    }
+    FEDSHARD_EXPECTS(first_ >= 0,
+                     "shard::sparse: the mask is the top fraction of elements by |first moment|, "
+                     "so the optimizer needs a state 'exp_avg' (adamw) or 'momentum_buffer' (sgd "
+                     "with momentum > 0); found state {",
+                     names, "}");
+    if constexpr (std::is_constructible_v<O, typename O::config, std::size_t, S&>)
+      packed_opt_ = std::make_shared<O>(cfg, poff_.back(), space);
+    else
+      packed_opt_ = std::make_shared<O>(cfg, poff_.back());
+    packed_type_ = &typeid(O);
+  }
+
+  /// The optimizer step of this rank's master (with its reduced gradients grad): main's
+  /// dense step, or the masked step (see the file comment); then the mask is refreshed when
+  /// due and its exchange issued through interp.
+  template <class O, class Interp>
+  void optimizer_step(O& main, std::span<float> master, std::span<const float> grad, float lr,
+                      typename S::stream& st, Interp& interp) {
+    FEDSHARD_EXPECTS(packed_type_ != nullptr && *packed_type_ == typeid(O),
+                     "shard::sparse: optimizer_step needs the optimizer given to attach()");
+    if (!step_sparse_) {
+      main.step(master, grad, lr, st);
+      invalidate();  // every element changed
+    } else {
+      agree(interp);
+      O& packed = *static_cast<O*>(packed_opt_.get());
+      own_indices();
+      auto ms = main.state();
+      auto ps = packed.state();
+      for (std::size_t t = 0; t < ms.size(); ++t)
+        for (std::size_t j = 0; j < own_.size(); ++j) ps[t].data[j] = ms[t].data[own_[j]];
+      for (std::size_t j = 0; j < own_.size(); ++j) pparam_[j] = master[own_[j]];
+      packed.set_step_count(main.step_count());
+      packed.step(std::span<float>(pparam_), std::span<const float>(pgrad_shard_), lr, st);
+      for (std::size_t j = 0; j < own_.size(); ++j) master[own_[j]] = pparam_[j];
+      for (std::size_t t = 0; t < ms.size(); ++t)
+        for (std::size_t j = 0; j < own_.size(); ++j) ms[t].data[own_[j]] = ps[t].data[j];
+      main.set_step_count(main.step_count() + 1);
+      // A copy that was exact now differs at the mask's elements only: the next gathers
+      // carry those.
+      for (std::size_t u = 0; u < valid_.size(); ++u) {
+        valid_[u] = exact_[u];
+        exact_[u] = false;
+      }
+      gmask_ = rmask_;
+    }
+    ++steps_;
+    const std::int64_t after = steps_ - cfg_.dense_steps;
+    if (after >= 0 && after % cfg_.refresh_period == 0) refresh(main, interp);
+  }
+
+ private:
+  std::size_t shard_numel(std::size_t u) const { return layout_->unit(u).shard_numel; }
+
+  /// The master offsets of this rank's masked elements (by unit, ascending) under rmask_.
+  void own_indices() {
+    if (own_for_ == rmask_.get()) return;
+    own_.assign(poff_.back(), 0);
+    for (std::size_t u = 0; u < k_.size(); ++u) {
+      if (!held_[u]) continue;
+      const auto& idx = (*rmask_)[u];
+      const std::size_t k = k_[u], base = static_cast<std::size_t>(shard_) * shard_numel(u);
+      for (std::size_t j = 0; j < k; ++j)
+        own_[poff_[u] + j] = static_cast<std::uint32_t>(
+            offsets_[u] + idx[static_cast<std::size_t>(shard_) * k + j] - base);
+    }
+    own_for_ = rmask_.get();
+  }
+
+  /// Computes this rank's mask bits from main's first moment and issues their exchange.
+  template <class O, class Interp>
+  void refresh(O& main, Interp& interp) {
+    agree(interp);  // the words of an exchange still on its way are not reused
+    interp.space().synchronize(interp.own_stream());
+    const std::span<const float> m = main.state()[static_cast<std::size_t>(first_)].data;
+    std::fill(words_mine_.begin(), words_mine_.end(), 0u);
+    std::vector<std::uint32_t> order;
+    for (std::size_t u = 0; u < k_.size(); ++u) {
+      if (!held_[u]) continue;
+      const std::size_t n = shard_numel(u), at = offsets_[u];
+      order.resize(n);
+      std::iota(order.begin(), order.end(), 0u);
+      auto key = [&](std::uint32_t i) {
+        const float v = std::abs(m[at + i]);
+        return std::isnan(v) ? std::numeric_limits<float>::infinity() : v;
+      };
+      auto before = [&](std::uint32_t a, std::uint32_t b) {
+        const float ka = key(a), kb = key(b);
+        return ka > kb || (ka == kb && a < b);
+      };
+      const auto kth = order.begin() + static_cast<std::ptrdiff_t>(k_[u]);
+      std::nth_element(order.begin(), kth, order.end(), before);
+      for (auto it = order.begin(); it != kth; ++it) {
+        const std::size_t bit = at + *it;
+        words_mine_[bit / 32] |= std::uint32_t{1} << (bit % 32);
+      }
+    }
+    const std::size_t W = words_mine_.size();
+    auto bind = [this, W](const comm_op&, const operand& o) {
+      return o.index == 0 ? buffer_view{words_mine_.data(), W, dtype::f32}
+                          : buffer_view{words_all_.data(), words_all_.size(), dtype::f32};
+    };
+    ticket_ =
+        interp.fire(mask_plan(), {.trigger = trigger::on_demand, .phase = phase::optimizer}, bind);
+    pending_ = true;
+    ++refreshes_;
+  }
+
+ public:
+  /// Waits for the mask on its way, if any, and decodes everyone's bits into the mask the
+  /// next reductions use (the next reduction does this anyway).
+  template <class Interp>
+  void agree(Interp& interp) {
+    if (!pending_) return;
+    interp.wait(ticket_);
+    pending_ = false;
+    const std::size_t W = words_mine_.size(), shards = static_cast<std::size_t>(shape_.shards);
+    auto next = std::make_shared<std::vector<std::vector<std::uint32_t>>>(k_.size());
+    for (std::size_t u = 0; u < k_.size(); ++u) {
+      if (!held_[u]) continue;
+      auto& idx = (*next)[u];
+      idx.reserve(k_[u] * shards);
+      const std::size_t n = shard_numel(u), at = offsets_[u];
+      for (std::size_t s = 0; s < shards; ++s) {
+        const std::uint32_t* w = words_all_.data() + s * W;
+        const std::size_t before = idx.size();
+        for (std::size_t i = 0; i < n; ++i)
+          if ((w[(at + i) / 32] >> ((at + i) % 32)) & 1u)
+            idx.push_back(static_cast<std::uint32_t>(s * n + i));
+        FEDSHARD_EXPECTS(idx.size() - before == k_[u], "shard::sparse: shard ", s,
+                         "'s mask of unit ", u, " ('", layout_->unit(u).name, "') has ",
+                         idx.size() - before, " elements, expected ", k_[u],
+                         " (the ranks disagree on the layout or the density)");
+      }
+    }
+    rmask_ = std::move(next);
+  }
+
+ private:
+  using mask_set = std::vector<std::vector<std::uint32_t>>;  // by unit: S x k_u indices
+
+  sparse_settings cfg_;
+  const flat_layout* layout_;
+  mesh_shape shape_;
+  int shard_ = 0;
+  std::vector<std::size_t> offsets_;
+  std::vector<std::size_t> k_;
+  std::vector<bool> held_;
+  std::vector<std::size_t> poff_;  // by unit: its k_u's offset among the packed shards
+  plan dense_, sparse_, active_;
+  comm_op mask_op_;
+  std::vector<bool> valid_;  // by unit: the copy differs from the master only at gmask_
+  std::vector<bool> exact_;  // by unit: the copy equals the master
+  std::vector<bool> gather_sparse_;
+  std::vector<bool> unpack_;
+  bool step_sparse_ = false;
+  bool pending_ = false;
+  ticket ticket_{};
+  std::int64_t steps_ = 0;
+  std::int64_t refreshes_ = 0;
+  std::shared_ptr<const mask_set> rmask_;  // the reductions' and the optimizer's mask
+  std::shared_ptr<const mask_set> gmask_;  // the last masked update's mask: the gathers'
+  std::vector<std::uint32_t> own_;         // master offsets of this rank's rmask_ elements
+  const void* own_for_ = nullptr;
+  std::vector<float> pshard_, pgathered_, pgrad_, pgrad_shard_, pparam_;
+  std::vector<std::uint32_t> words_mine_, words_all_;
+  int first_ = -1;
+  std::shared_ptr<void> packed_opt_;
+  const std::type_info* packed_type_ = nullptr;
+};
+
+/// SCAPE's sparse sharded data parallelism around ShardPolicy Base (full_shard,
+/// shard_grad_op or hybrid_shard); settings: sparse_settings (trainer_options::shard).
+template <ShardPolicy Base>
+struct sparse {
+  using base_policy = Base;
+  using settings = sparse_settings;
+  template <class S>
+  using runtime = sparse_runtime<S>;
+  static constexpr std::string_view name = Base::name;
+  static int layout_shards(const mesh_shape& s) { return Base::layout_shards(s); }
+  static void check(const mesh_shape& s) { Base::check(s); }
+  /// The dense steps' plan: Base's.
+  static plan step_plan(const flat_layout& l, const mesh_shape& s, const precision& p) {
+    return Base::step_plan(l, s, p);
+  }
+  /// The plan of a step with a mask of settings c (every unit held).
+  static plan sparse_plan(const flat_layout& l, const mesh_shape& s, const precision& p,
+                          const settings& c) {
+    c.check();
+    return sparsify(Base::step_plan(l, s, p), shard::masked_counts(l, c.density));
+  }
+};
+
+}  // namespace fedshard::shard

@@ -1,0 +1,463 @@
+// shard::sparse<Base> (SCAPE): density 1 is Base bit for bit; at density 0.1 the shard axis
+// carries exactly 0.1x Base's bytes plus the mask exchange (closed form); every rank agrees on
+// the mask; unmasked parameters and optimizer state do not move; the gathered copies stay the
+// current parameters across mask refreshes and federation syncs; bad settings are refused.
+#include "fedshard/shard/sparse.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "fedshard/comm/inproc.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "fedshard/optim/adamw.hpp"
+#include "fedshard/optim/sgd.hpp"
+#include "fedshard/shard/full_shard.hpp"
+#include "fedshard/shard/hybrid_shard.hpp"
+#include "fedshard/shard/replicate.hpp"
+#include "fedshard/shard/shard_grad_op.hpp"
+#include "fedshard/trainer/trainer.hpp"
+#include "support/files.hpp"
+#include "support/spawn_ranks.hpp"
+#include "support/tiny_mlp.hpp"
+
+using namespace fedshard;
+
+namespace {
+
+template <class Base>
+using sparse_alg = algorithm<shard::sparse<Base>, federation::none, schedule::every_step>;
+template <class Base>
+using dense_alg = algorithm<Base, federation::none, schedule::every_step>;
+
+static_assert(shard::ShardPolicy<shard::sparse<shard::full_shard>>);
+
+constexpr std::uint64_t kData = 23;
+
+/// tiny_mlp with 156 elements per unit: shards of exactly 80 on two ranks (k = 8 at 0.1).
+test::mlp_model model80() {
+  test::mlp_model m;
+  m.net = {.d = 12, .h = 12, .o = 12};
+  return m;
+}
+
+template <class A>
+using mlp_trainer = trainer<test::mlp_model, A, optim::adamw, inproc::communicator>;
+
+/// Per world rank: the parameters after `steps` steps of A on `shape`.
+template <class A>
+std::vector<std::vector<float>> final_params(mesh_shape shape, int steps,
+                                             trainer_options<A> opts = {},
+                                             test::mlp_model model = {}) {
+  std::vector<std::vector<float>> out(static_cast<std::size_t>(shape.size()));
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    mlp_trainer<A> t(m, model, {.lr = 2e-2f}, opts);
+    const int g = m.coords().group, gs = shape.replicas * shape.shards;
+    const int local = m.coords().replica * shape.shards + m.coords().shard;
+    for (int s = 0; s < steps; ++s)
+      t.step(t.model().batch(kData, s, g, shape.groups, local, gs, 2));
+    out[static_cast<std::size_t>(world.rank())] = t.parameters();
+  });
+  return out;
+}
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+template <class A>
+trainer_options<A> with(shard::sparse_settings s, shard::precision p = {}) {
+  trainer_options<A> o;
+  o.shard = s;
+  o.precision = p;
+  return o;
+}
+
+/// Collective: the gathered copy of every unit a model would compute with now equals the
+/// exact parameters (read dense, f32).
+template <class T>
+void check_copies(T& t) {
+  auto& e = t.engine();
+  e.begin_step();
+  for (std::size_t u = 0; u < e.layout().num_units(); ++u) {
+    const auto exact = e.gather_unit(u);
+    const auto p = e.acquire(u);
+    for (std::size_t i = 0; i < exact.size(); ++i) REQUIRE(p[i] == exact[i]);
+    e.release(u);
+  }
+  e.begin_step();
+}
+
+}  // namespace
+
+TEST_CASE("sparse settings: bad density, refresh period or warm-up are refused") {
+  auto message = [](shard::sparse_settings s) {
+    try {
+      s.check();
+    } catch (const invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(message({.density = 0.0}).find("density must be in (0, 1], found 0") != std::string::npos);
+  CHECK(message({.density = -0.5}).find("found -0.5") != std::string::npos);
+  CHECK(message({.density = 1.5}).find("density must be in (0, 1], found 1.5") !=
+        std::string::npos);
+  CHECK(message({.refresh_period = 0}).find("refresh_period must be >= 1, found 0") !=
+        std::string::npos);
+  CHECK(message({.dense_steps = 0}).find("dense_steps must be >= 1, found 0") != std::string::npos);
+  CHECK(message({.density = 1.0}).empty());
+  CHECK(shard::masked_per_shard(80, 0.1) == 8);
+  CHECK(shard::masked_per_shard(80, 1e-9) == 1);
+  CHECK(shard::masked_per_shard(80, 1.0) == 80);
+  // Through the trainer, on every rank; and an optimizer without a first moment.
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, {1, 1, 2});
+    CHECK_THROWS_AS((mlp_trainer<scape_fsdp>(m, {}, {}, with<scape_fsdp>({.density = 0}))),
+                    invalid_argument);
+    try {
+      trainer<test::mlp_model, scape_fsdp, optim::sgd, inproc::communicator> t(m, {}, {});
+      FAIL("sgd without momentum has no first moment");
+    } catch (const invalid_argument& e) {
+      CHECK(std::string(e.what()).find("'momentum_buffer'") != std::string::npos);
+    }
+  });
+}
+
+TEST_CASE("the sparse plan is the base plan op for op, packed to k_u per shard") {
+  const test::mlp_model m = model80();
+  const flat_layout l(m.units(), 2);
+  const shard::sparse_settings c{.density = 0.1};
+  for (const mesh_shape s : {mesh_shape{1, 1, 2}, mesh_shape{1, 2, 2}}) {
+    const plan base = shard::hybrid_shard::step_plan(l, s, {});
+    const plan sp = shard::sparse<shard::hybrid_shard>::sparse_plan(l, s, {}, c);
+    REQUIRE(sp.ops.size() == base.ops.size());
+    for (std::size_t i = 0; i < sp.ops.size(); ++i) {
+      CHECK(sp.ops[i].kind == base.ops[i].kind);
+      CHECK(sp.ops[i].trigger == base.ops[i].trigger);
+      CHECK(sp.ops[i].bytes * 10 == base.ops[i].bytes);  // shards of 80, k = 8
+      CHECK(sp.ops[i].in.role == role::packed);
+      CHECK_NOTHROW(check(sp.ops[i]));
+    }
+  }
+  // DDP's group all_reduce has no packed counterpart.
+  const flat_layout whole(m.units(), 1);
+  CHECK_THROWS_AS(shard::sparsify(shard::replicate::step_plan(whole, {1, 2, 1}, {}), {1, 1, 1}),
+                  invalid_argument);
+}
+
+TEST_CASE("density 1 equals the base policy bit for bit") {
+  const shard::sparse_settings all{.density = 1.0, .refresh_period = 2};
+  constexpr int steps = 6;
+  SUBCASE("full_shard") {
+    using S = sparse_alg<shard::full_shard>;
+    const auto a = final_params<S>({1, 1, 2}, steps, with<S>(all));
+    const auto b = final_params<dense_alg<shard::full_shard>>({1, 1, 2}, steps);
+    for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+  }
+  SUBCASE("full_shard, bf16 parameters") {
+    using S = sparse_alg<shard::full_shard>;
+    using D = dense_alg<shard::full_shard>;
+    const shard::precision bf{dtype::bf16, dtype::f32};
+    trainer_options<D> d;
+    d.precision = bf;
+    const auto a = final_params<S>({1, 1, 4}, steps, with<S>(all, bf));
+    const auto b = final_params<D>({1, 1, 4}, steps, d);
+    for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+  }
+  SUBCASE("shard_grad_op with replicas") {
+    using S = sparse_alg<shard::shard_grad_op>;
+    const auto a = final_params<S>({1, 2, 2}, steps, with<S>(all));
+    const auto b = final_params<dense_alg<shard::shard_grad_op>>({1, 2, 2}, steps);
+    for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+  }
+  SUBCASE("hybrid_shard") {
+    using S = sparse_alg<shard::hybrid_shard>;
+    const auto a = final_params<S>({1, 2, 2}, steps, with<S>(all));
+    const auto b = final_params<dense_alg<shard::hybrid_shard>>({1, 2, 2}, steps);
+    for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+  }
+}
+
+// Per step, the shard axis carries Base's plan on the dense steps, 0.1x of it on the others
+// (shards of 80 elements, k = 8; a step after a dense one still gathers densely, as the dense
+// update changed every element), plus one mask exchange after each refresh: an all_gather of
+// S x ceil(N_shard / 32) 4-byte words, N_shard = 3 units x 80 = 240 elements, so 8 words:
+// (S - 1) x 32 bytes sent per rank.
+TEST_CASE_TEMPLATE("at density 0.1 the shard axis carries 0.1x the base's bytes plus the masks",
+                   Base, shard::full_shard, shard::shard_grad_op) {
+  using S = sparse_alg<Base>;
+  constexpr int steps = 9, period = 3, dense = 2;
+  constexpr mesh_shape shape{1, 1, 2};
+  for (const int every : {0, 4}) {  // and with a dense step every 4 (steps 3 and 7)
+    CAPTURE(every);
+    const auto opts = with<S>(
+        {.density = 0.1, .refresh_period = period, .dense_steps = dense, .dense_every = every});
+    const flat_layout l(model80().units(), 2);
+    for (std::size_t u = 0; u < l.num_units(); ++u) REQUIRE(l.unit(u).shard_numel == 80);
+    const plan base = Base::step_plan(l, shape, {});
+    const plan packed = shard::sparse<Base>::sparse_plan(l, shape, {}, opts.shard);
+    const auto on_shard = [](const plan& p) { return traffic_counters::of(p)[axis::shard]; };
+    CHECK(on_shard(packed).payload_bytes * 10 == on_shard(base).payload_bytes);
+    CHECK(on_shard(packed).wire_bytes * 10 == doctest::Approx(on_shard(base).wire_bytes));
+    const auto gathers = [](const comm_op& op) { return op.kind == comm_kind::all_gather; };
+    const auto reductions = [&](const comm_op& op) { return !gathers(op); };
+    const std::int64_t mask_payload = 2 * shard::mask_words(240) * 4;  // S x 8 words
+    CHECK(mask_payload == 64);
+    const double mask_wire = (2 - 1) * 4.0 * 8;
+
+    std::mutex mu;
+    test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+      mesh m(world, shape);
+      mlp_trainer<S> t(m, model80(), {.lr = 2e-2f}, opts);
+      CHECK(t.engine().runtime().mask_plan().ops.at(0).bytes == mask_payload);
+      t.traffic().reset();
+      const auto dense_update = [&](int s) {
+        return s < dense || (every > 0 && (s + 1) % every == 0);
+      };
+      for (int s = 0; s < steps; ++s) {
+        const auto before = t.traffic()[axis::shard];
+        t.step(t.model().batch(kData, s, 0, 1, m.coords().shard, 2, 2));
+        const auto after = t.traffic()[axis::shard];
+        // a refresh after this step: after the dense ones' last, then every period steps
+        const bool refresh = s + 1 >= dense && (s + 1 - dense) % period == 0;
+        // reductions packed unless the step is dense; gathers dense after a dense update (it
+        // changed every element), packed otherwise
+        const bool gather_dense = s == 0 || dense_update(s - 1);
+        const auto want =
+            on_shard((gather_dense ? base : packed)
+                         .select(gathers)
+                         .append((dense_update(s) ? base : packed).select(reductions)));
+        std::lock_guard lock(mu);
+        CAPTURE(s);
+        CHECK(after.payload_bytes - before.payload_bytes ==
+              want.payload_bytes + (refresh ? mask_payload : 0));
+        CHECK(after.wire_bytes - before.wire_bytes ==
+              want.wire_bytes + (refresh ? mask_wire : 0.0));
+        CHECK(after.calls - before.calls == want.calls + (refresh ? 1 : 0));
+      }
+      CHECK(t.engine().runtime().refreshes() == 3);  // after steps 1, 4 and 7
+    });
+  }
+}
+
+TEST_CASE("every rank agrees on the mask; each shard holds k_u of it, its top by |exp_avg|") {
+  using S = sparse_alg<shard::hybrid_shard>;
+  constexpr mesh_shape shape{1, 2, 2};
+  const auto opts = with<S>({.density = 0.1, .refresh_period = 2});
+  std::vector<std::vector<std::vector<std::uint32_t>>> masks(4);
+  std::vector<std::vector<std::uint32_t>> words(4);
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    mlp_trainer<S> t(m, model80(), {.lr = 2e-2f}, opts);
+    const int local = m.coords().replica * 2 + m.coords().shard;
+    for (int s = 0; s < 5; ++s) t.step(t.model().batch(kData, s, 0, 1, local, 4, 2));
+    auto& rt = t.engine().runtime();
+    rt.agree(t.engine().interp());  // the mask of the refresh after the last step
+    const auto r = static_cast<std::size_t>(world.rank());
+    for (std::size_t u = 0; u < 3; ++u) masks[r].push_back(rt.mask(u));
+    words[r].assign(rt.mask_words_all().begin(), rt.mask_words_all().end());
+    // The bits this rank sent are the top k of its shard's |exp_avg| as the last refresh
+    // (after step 4) saw it: nothing has changed the state since.
+    const auto m1 = t.optimizer().state()[0].data;
+    const auto mine = rt.mask_words_mine();
+    const auto& l = t.engine().layout();
+    std::size_t at = 0;
+    for (std::size_t u = 0; u < 3; ++u) {
+      const std::size_t n = l.unit(u).shard_numel, k = rt.masked_counts()[u];
+      float lowest_in = 1e30f, highest_out = -1.0f;
+      std::size_t count = 0;
+      for (std::size_t i = at; i < at + n; ++i) {
+        const bool in = (mine[i / 32] >> (i % 32)) & 1u;
+        count += in ? 1 : 0;
+        const float v = std::abs(m1[i]);
+        if (in)
+          lowest_in = std::min(lowest_in, v);
+        else
+          highest_out = std::max(highest_out, v);
+      }
+      CHECK(count == k);
+      CHECK(lowest_in >= highest_out);
+      at += n;
+    }
+  });
+  for (std::size_t r = 1; r < 4; ++r) {
+    CHECK(masks[r] == masks[0]);
+    CHECK(words[r] == words[0]);
+  }
+  for (std::size_t u = 0; u < 3; ++u) {
+    REQUIRE(masks[0][u].size() == 2 * 8);
+    for (std::size_t j = 0; j < 16; ++j) CHECK((masks[0][u][j] / 80) == j / 8);  // 8 per shard
+  }
+}
+
+TEST_CASE("a masked step leaves unmasked parameters and optimizer state untouched") {
+  using S = sparse_alg<shard::full_shard>;
+  const auto opts = with<S>({.density = 0.1, .refresh_period = 100});
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, {1, 1, 2});
+    mlp_trainer<S> t(m, model80(), {.lr = 2e-2f}, opts);
+    const int me = m.coords().shard;
+    for (int s = 0; s < 2; ++s) t.step(t.model().batch(kData, s, 0, 1, me, 2, 2));
+    auto snapshot = [&] {
+      std::vector<std::vector<float>> v{t.engine().download(t.engine().master())};
+      for (const auto& st : t.optimizer().state()) v.push_back(t.engine().download(st.data));
+      return v;
+    };
+    const auto before = snapshot();
+    t.step(t.model().batch(kData, 2, 0, 1, me, 2, 2));
+    const auto after = snapshot();
+    // this rank's masked elements, as master offsets
+    std::vector<bool> masked(before[0].size(), false);
+    const auto& l = t.engine().layout();
+    std::size_t at = 0;
+    for (std::size_t u = 0; u < 3; ++u) {
+      for (std::uint32_t e : t.engine().runtime().mask(u))
+        if (e / l.unit(u).shard_numel == static_cast<std::size_t>(me))
+          masked[at + e - static_cast<std::size_t>(me) * l.unit(u).shard_numel] = true;
+      at += l.unit(u).shard_numel;
+    }
+    for (std::size_t b = 0; b < before.size(); ++b) {
+      std::size_t moved = 0, kept = 0;
+      for (std::size_t i = 0; i < masked.size(); ++i) {
+        const bool same = std::memcmp(&before[b][i], &after[b][i], sizeof(float)) == 0;
+        if (!masked[i]) CHECK(same);
+        kept += (!masked[i] && same) ? 1 : 0;
+        moved += (masked[i] && !same) ? 1 : 0;
+      }
+      CHECK(kept == masked.size() - 24);
+      CHECK(moved > 12);  // the masked ones do move (padding and zero gradients aside)
+    }
+  });
+}
+
+// The gathered copy a model computes with equals the exact parameters after every step: across
+// mask refreshes, and after federation syncs (which write every element of the master).
+TEST_CASE("the gathered copies stay the current parameters across refreshes and syncs") {
+  SUBCASE("fl_scape_fsdp, 2 groups, sync every 3 steps") {
+    trainer_options<fl_scape_fsdp> o;
+    o.shard = {.density = 0.1, .refresh_period = 2};
+    o.schedule = {.period = 3};
+    o.total_steps = 8;
+    test::spawn_ranks(4, [&](inproc::communicator& world) {
+      mesh m(world, {2, 1, 2});
+      mlp_trainer<fl_scape_fsdp> t(m, model80(), {.lr = 2e-2f}, o);
+      const int g = m.coords().group;
+      for (int s = 0; s < 8; ++s) {
+        t.step(t.model().batch(kData, s, g, 2, m.coords().shard, 2, 2));
+        check_copies(t);
+      }
+      CHECK(t.syncs_applied() == 3);
+    });
+  }
+  SUBCASE("scape_fsdp, no check between steps until the end") {
+    test::spawn_ranks(2, [&](inproc::communicator& world) {
+      mesh m(world, {1, 1, 2});
+      mlp_trainer<scape_fsdp> t(m, model80(), {.lr = 2e-2f},
+                                with<scape_fsdp>({.density = 0.1, .refresh_period = 1}));
+      for (int s = 0; s < 6; ++s) t.step(t.model().batch(kData, s, 0, 1, m.coords().shard, 2, 2));
+      check_copies(t);
+    });
+  }
+}
+
+TEST_CASE("scape_fsdp at density 0.25 still trains the tiny MLP") {
+  std::vector<float> first(2), last(2);
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, {1, 1, 2});
+    mlp_trainer<scape_fsdp> t(m, {}, {.lr = 2e-2f}, with<scape_fsdp>({.density = 0.25}));
+    const auto held_out = t.model().batch(kData + 1, 0, 0, 1, 0, 1, 32);
+    first[static_cast<std::size_t>(world.rank())] = t.evaluate(held_out);
+    for (int s = 0; s < 40; ++s) t.step(t.model().batch(kData, s, 0, 1, m.coords().shard, 2, 4));
+    last[static_cast<std::size_t>(world.rank())] = t.evaluate(held_out);
+  });
+  CHECK(last[0] == last[1]);
+  CHECK(last[0] < 0.8f * first[0]);
+}
+
+// The first masked step (after one dense step, so both runs start it from the same state):
+// at the masked elements the reduced gradient and the updated parameters and moments are the
+// dense run's, bit for bit; elsewhere the gradient is zero and the rest is as before the step.
+TEST_CASE("a masked step is the dense step at the masked elements, bit for bit") {
+  using S = sparse_alg<shard::full_shard>;
+  using D = dense_alg<shard::full_shard>;
+  struct state {
+    std::vector<float> master, grad, m, v, master_before;
+    std::vector<bool> masked;
+  };
+  std::vector<state> sparse(2), dense(2);
+  const auto run = [&]<class A>(std::vector<state>& out, trainer_options<A> o) {
+    test::spawn_ranks(2, [&](inproc::communicator& world) {
+      mesh m(world, {1, 1, 2});
+      mlp_trainer<A> t(m, model80(), {.lr = 2e-2f}, o);
+      const int me = m.coords().shard;
+      auto& st = out[static_cast<std::size_t>(me)];
+      t.step(t.model().batch(kData, 0, 0, 1, me, 2, 2));
+      st.master_before = t.engine().download(t.engine().master());
+      t.step(t.model().batch(kData, 1, 0, 1, me, 2, 2));
+      st.master = t.engine().download(t.engine().master());
+      st.grad = t.engine().download(t.engine().grad());
+      st.m = t.engine().download(t.optimizer().state()[0].data);
+      st.v = t.engine().download(t.optimizer().state()[1].data);
+      if constexpr (decltype(t)::engine_type::has_runtime) {
+        st.masked.assign(st.master.size(), false);
+        std::size_t at = 0;
+        for (std::size_t u = 0; u < 3; ++u) {
+          for (std::uint32_t e : t.engine().runtime().mask(u))
+            if (e / 80 == static_cast<std::uint32_t>(me)) st.masked[at + e % 80] = true;
+          at += 80;
+        }
+      }
+    });
+  };
+  run(sparse, with<S>({.density = 0.1}));
+  run(dense, trainer_options<D>{});
+  for (std::size_t r = 0; r < 2; ++r) {
+    const auto& a = sparse[r];
+    const auto& b = dense[r];
+    REQUIRE(a.master_before == b.master_before);
+    std::size_t masked = 0;
+    for (std::size_t i = 0; i < a.master.size(); ++i) {
+      if (a.masked[i]) {
+        ++masked;
+        CHECK(a.grad[i] == b.grad[i]);
+        CHECK(a.master[i] == b.master[i]);
+        CHECK(a.m[i] == b.m[i]);
+        CHECK(a.v[i] == b.v[i]);
+      } else {
+        CHECK(a.grad[i] == 0.0f);
+        CHECK(a.master[i] == a.master_before[i]);
+      }
+    }
+    CHECK(masked == 24);
+  }
+}
+
+// A checkpoint holds no mask: a loaded trainer starts with dense steps, from the saved
+// parameters and moments, and its copies are exact throughout.
+TEST_CASE("a sparse run saved and loaded goes on from the saved state") {
+  test::temp_dir dir("fedshard-sparse");
+  const auto opts = with<scape_fsdp>({.density = 0.1, .refresh_period = 2});
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, {1, 1, 2});
+    const int me = m.coords().shard;
+    mlp_trainer<scape_fsdp> a(m, model80(), {.lr = 2e-2f}, opts);
+    for (int s = 0; s < 4; ++s) a.step(a.model().batch(kData, s, 0, 1, me, 2, 2));
+    a.save(dir.path);
+    const auto saved = a.parameters();
+    mlp_trainer<scape_fsdp> b(m, model80(), {.lr = 2e-2f}, opts);
+    b.load(dir.path);
+    CHECK(b.parameters() == saved);
+    CHECK_FALSE(b.engine().runtime().has_mask());
+    for (int s = 4; s < 8; ++s) {
+      b.step(b.model().batch(kData, s, 0, 1, me, 2, 2));
+      check_copies(b);
+    }
+    CHECK(b.engine().runtime().has_mask());
+  });
+}
