@@ -357,3 +357,37 @@ TEST_CASE("on a heterogeneous mesh the wire carries the sync plan, call by call"
     CHECK((c.replica == 0 ? member_ops > 0 : member_ops == 0));
   });
 }
+
+TEST_CASE("token_budget on groups of different shapes: each group syncs on its own tokens") {
+  using budget =
+      algorithm<shard::hybrid_shard, federation::weighted_average, schedule::token_budget>;
+  const std::vector<group_shape> groups{{2, 2}, {1, 3}};
+  struct end {
+    int group;
+    std::vector<std::int64_t> sync_steps;
+    std::vector<float> params;
+  };
+  const auto out = test::collect_ranks(
+      7,
+      [&](communicator& w) {
+        mesh m(w, groups);
+        trainer_options<budget> o;
+        o.schedule = {.tokens = 20, .syncs = 2};
+        trainer<mlp_model, budget, optim::adamw, communicator> t(m, mlp_model{}, {}, o);
+        const mesh_coords c = m.coords();
+        // Group 0: 4 ranks x 2 samples = 8 tokens a step; group 1: 3 x 5 = 15.
+        const int per = c.group == 0 ? 2 : 5;
+        for (int s = 0; !t.done() && s < 50; ++s)
+          t.step(t.model().batch(5, s, c.group, 2, c.replica * m.shape().shards + c.shard,
+                                 m.shape().replicas * m.shape().shards, per));
+        return end{c.group, t.sync_steps(), t.parameters()};
+      },
+      test::short_timeout(60));
+  for (const auto& r : out) {
+    CAPTURE(r.group);
+    // 8 tokens a step reach 20 after 3 steps, 15 after 2.
+    CHECK(r.sync_steps ==
+          (r.group == 0 ? std::vector<std::int64_t>{2, 5} : std::vector<std::int64_t>{1, 3}));
+    CHECK(same_bits(r.params, out[0].params));  // one model after the last sync
+  }
+}
