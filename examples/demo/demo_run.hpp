@@ -64,6 +64,9 @@ struct settings {
   std::vector<std::string> algorithms{"ddp",     "fsdp",   "hsdp",       "fl_fsdp",
                                       "fl_hsdp", "diloco", "sparseloco", "fl_hsdp_int8"};
   bool quiet = false;  // no progress lines (fedshard-sim --predict-demo)
+  // --group-shapes: the federated rows' groups, R_g x S_g each (sites of different sizes;
+  // empty: G groups of one shape). Sets ranks = sum R_g S_g and groups = their count.
+  std::vector<fedshard::group_shape> group_shapes;
 };
 
 struct curve_point {
@@ -74,6 +77,7 @@ struct curve_point {
 struct result {
   std::string name;
   fedshard::mesh_shape shape;
+  std::string group_shapes;  // the federated rows' "RxS,RxS" on a heterogeneous mesh, else ""
   double tokens = 0, seconds = 0, ppl = 0, comm_seconds = 0, link_delay = 0;
   double cross_site = 0;  // bytes rank 0 sent over the inter-site links (any communicator)
   double gather = 0;      // bytes rank 0 sent in parameter gathers (part of the shard axis)
@@ -89,7 +93,8 @@ struct result {
       << "usage: " << program
       << " [--corpus PATH] [--steps N] [--batch N] [--hidden N]\n"
          "       [--experts X] [--expert-hidden F] [--expert-copies C]\n"
-         "       [--ranks N] [--groups G] [--slow-site S] [--slow-factor F]\n"
+         "       [--ranks N] [--groups G] [--group-shapes RxS,RxS,...]\n"
+         "       [--slow-site S] [--slow-factor F]\n"
          "       [--eval-every N] [--eval-examples N]\n"
          "       [--bandwidth-gbit G] [--latency-ms MS] [--lr LR] [--seed S] [--out DIR]\n"
          "       [--k K] [--h H] [--fragments P] [--delay T]\n"
@@ -115,6 +120,9 @@ struct result {
          "  none); --expert-hidden F: each expert's width (default: --hidden)\n"
          "  --ranks N: in-process ranks (default 8); --groups G: groups of the federated\n"
          "  algorithms, one emulated site each (default 2); every row runs on these G sites\n"
+         "  --group-shapes 2x2,1x2: the federated rows' groups of different sizes (replicas x\n"
+         "  shards each, one site each; sets --ranks and --groups); rows whose policy cannot\n"
+         "  sync such groups are skipped\n"
          "  --slow-site S: site S's link is --slow-factor times slower (default 10; bandwidth\n"
          "  / F, latency x F); a pair of sites talks at the slower of its two links\n";
   std::exit(2);
@@ -157,7 +165,13 @@ inline settings parse(int argc, char** argv, int first = 1,
       s.ranks = static_cast<int>(number(1));
     else if (a == "--groups")
       s.groups = static_cast<int>(number(1));
-    else if (a == "--slow-site")
+    else if (a == "--group-shapes") {
+      try {
+        s.group_shapes = fedshard::parse_group_shapes(value());
+      } catch (const fedshard::invalid_argument& e) {
+        usage(e.what(), program);
+      }
+    } else if (a == "--slow-site")
       s.slow_site = static_cast<int>(number(0));
     else if (a == "--slow-factor")
       s.slow_factor = number(1);
@@ -204,7 +218,12 @@ inline settings parse(int argc, char** argv, int first = 1,
     else
       usage(("unknown option " + a).c_str(), program);
   }
-  if (s.ranks % s.groups != 0)
+  if (!s.group_shapes.empty()) {
+    s.groups = static_cast<int>(s.group_shapes.size());
+    s.ranks = 0;
+    for (const auto& g : s.group_shapes) s.ranks += g.size();
+  }
+  if (s.group_shapes.empty() && s.ranks % s.groups != 0)
     usage(("--ranks " + std::to_string(s.ranks) + " do not split into --groups " +
            std::to_string(s.groups))
               .c_str(),
@@ -233,6 +252,21 @@ inline int expert_copies(const settings& s) {
 /// so that group g of a federated mesh sits on site g), optionally one site slower.
 inline fedshard::shaped::topology topology_of(const settings& s) {
   const fedshard::shaped::link wan{s.bandwidth_gbit * 1e9 / 8, s.latency_ms * 1e-3};
+  if (!s.group_shapes.empty()) {  // group g's block of R_g S_g ranks is site g
+    fedshard::shaped::topology t;
+    t.wan = wan;
+    for (std::size_t g = 0; g < s.group_shapes.size(); ++g)
+      t.site_of_rank.insert(t.site_of_rank.end(),
+                            static_cast<std::size_t>(s.group_shapes[g].size()),
+                            static_cast<int>(g));
+    if (s.slow_site >= 0) {
+      t.site_links.assign(s.group_shapes.size(), wan);
+      t.site_links[static_cast<std::size_t>(s.slow_site)] = {
+          .bandwidth_bytes_per_s = wan.bandwidth_bytes_per_s / s.slow_factor,
+          .latency_s = wan.latency_s * s.slow_factor};
+    }
+    return t;
+  }
   if (s.slow_site < 0) return fedshard::shaped::topology::blocks(s.ranks, s.groups, wan);
   return fedshard::shaped::topology::blocks_with_slow_site(s.ranks, s.groups, wan, s.slow_site,
                                                            s.slow_factor);
@@ -268,7 +302,10 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
       [&](fedshard::inproc::communicator& w) {
         const int rank = w.rank();
         comm world(std::move(w), net);
-        fedshard::mesh m(world, shape);
+        // --group-shapes: the federated rows (G groups) run on the groups of different sizes.
+        const bool hetero = !s.group_shapes.empty() && shape.groups > 1;
+        fedshard::mesh m =
+            hetero ? fedshard::mesh(world, s.group_shapes) : fedshard::mesh(world, shape);
         fedshard::trainer<charlm::model, Algorithm, fedshard::optim::adamw, comm> t(
             m, charlm::model(dims, s.seed), {.lr = s.lr, .weight_decay = 0.0f}, opts);
         const auto eval_all = charlm::model::eval_batch(data, dims.context, s.eval_examples);
@@ -323,6 +360,7 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
         }
         if (rank != 0) return;
         std::lock_guard lock(mu);
+        if (hetero) r.group_shapes = fedshard::to_string(s.group_shapes);
         r.curve = curve;
         r.seconds = train_seconds;
         r.tokens = double(s.steps) * world_size * s.batch;

@@ -7,6 +7,7 @@
 // groups and inter-group bandwidth (plot it with plot_sweep.py); --paper reproduces the
 // 512-GPU setting of the FL+FSDP paper.
 #include <fedshard/sim/calibrate.hpp>
+#include <fedshard/sim/hetero.hpp>
 #include <fedshard/sim/price.hpp>
 
 #include "predict_demo.hpp"
@@ -103,6 +104,11 @@ How
                         shard policy is hybrid_shard: )" +
          wrapped(hybrid, 54) + R"(
   --mesh GxRxS          the mesh itself (overrides --groups and --hsdp)
+  --group-shapes RxS,RxS,...
+                        groups of different shapes (replicas x shards each, e.g. 2x4,1x2;
+                        each group a site): prices one sync of --algo (an averaging one:
+                        fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco) from the
+                        overlapping ranges each rank exchanges, rank by rank
   --K K                 inner steps between syncs: K of a periodic schedule, H of a streaming
                         one; ignored by algorithms that do not federate (default: the
                         algorithm's own: )" +
@@ -164,7 +170,8 @@ struct options {
   int groups = 1;
   int hsdp = 0;
   std::optional<mesh_shape> mesh;
-  std::optional<int> k;  ///< unset: each algorithm's own
+  std::vector<group_shape> group_shapes;  ///< --group-shapes: a heterogeneous mesh's sync
+  std::optional<int> k;                   ///< unset: each algorithm's own
   std::optional<int> fragments, delay;
   std::optional<float> alpha;
   federation::sync_mode sync = federation::sync_mode::hierarchical;
@@ -290,6 +297,8 @@ options parse(int argc, char** argv) {
       o.hsdp = to_int(a, value());
     else if (a == "--mesh")
       o.mesh = to_mesh(value());
+    else if (a == "--group-shapes")
+      o.group_shapes = parse_group_shapes(value());
     else if (a == "--K" || a == "-K" || a == "--k")
       o.k = to_int(a, value());
     else if (a == "--fragments")
@@ -844,10 +853,10 @@ int predict_demo_main(int argc, char** argv, int first) {
   demo::settings s =
       demo::parse(static_cast<int>(args.size()), args.data(), 1, "fedshard-sim --predict-demo");
   s.quiet = true;
-  if (s.ranks != 8 || s.groups != 2 || s.slow_site >= 0 || s.experts > 0)
+  if (s.ranks != 8 || s.groups != 2 || s.slow_site >= 0 || s.experts > 0 || !s.group_shapes.empty())
     fail(
         "--predict-demo models the default demo only (8 ranks on 2 sites, no slow site, no "
-        "experts)");
+        "experts, groups of one shape)");
   const charlm::corpus data = charlm::corpus::load(s.corpus);
   std::printf(
       "fedshard-sim --predict-demo: fedshard-demo's runs (8 inproc ranks on 2 sites, emulated "
@@ -873,6 +882,50 @@ int predict_demo_main(int argc, char** argv, int first) {
 
 }  // namespace
 
+/// --group-shapes: one sync of the algorithm on a heterogeneous mesh, priced from its
+/// overlap exchanges (sim/hetero.hpp), each group a site.
+void price_group_shapes(const options& o) {
+  const algorithm_desc a = described(o, o.algo, settings_of(o, o.k));
+  const std::string_view policy = a.federation_policy();
+  if (!a.syncs() ||
+      !(policy == "average" || policy == "weighted_average" || policy == "nesterov") ||
+      o.sync_dtype != dtype::f32)
+    fail("--group-shapes: " + o.algo + " (federation policy " + std::string(policy) +
+         ") cannot sync groups of different shapes: expected an averaging policy without a "
+         "codec (average, weighted_average, an outer Nesterov step)");
+  cluster c = o.where;
+  c.sites = static_cast<int>(o.group_shapes.size());
+  const auto units = transformer_units(o.work.model, dtype::bf16);
+  const hetero_sync_price p =
+      price_hetero_sync(units, o.group_shapes, c, policy == "weighted_average");
+  std::printf("model    %s; cluster %s, each group a site: WAN %.1f Gb/s, %.1f ms\n",
+              o.work.model.name.c_str(), c.name.c_str(), c.wan.bandwidth * 8 / 1e9,
+              c.wan.alpha * 1e3);
+  std::printf(
+      "mesh     groups %s (replicas x shards), %zu ranks; %s syncs f32 shards: replica 0 of "
+      "each group all-reduces each range its shard shares with the other groups' shards, then "
+      "broadcasts to its replicas\n",
+      to_string(o.group_shapes).c_str(), p.seconds.size(), o.algo.c_str());
+  std::printf("one sync %.3f s (slowest rank); %d holder sets (sub-communicators, split once)\n\n",
+              p.sync_seconds, p.member_sets);
+  std::printf(
+      "| group | R x S | federation MB per replica-0 rank | ops per rank | replica MB | "
+      "sync s |\n|---:|---|---:|---:|---:|---:|\n");
+  const auto at = fedshard::detail::group_starts(o.group_shapes);
+  for (std::size_t g = 0; g < o.group_shapes.size(); ++g) {
+    const auto first = static_cast<std::size_t>(at[g]);
+    double secs = 0;
+    int ops = 0;
+    for (auto r = first; r < static_cast<std::size_t>(at[g + 1]); ++r) {
+      secs = std::max(secs, p.seconds[r]);
+      ops = std::max(ops, p.ops[r]);
+    }
+    std::printf("| %zu | %dx%d | %.1f | %d | %.1f | %.3f |\n", g, o.group_shapes[g].replicas,
+                o.group_shapes[g].shards, p.group_federation_bytes(static_cast<int>(g)) / 1e6, ops,
+                p.replica_bytes[first] / 1e6, secs);
+  }
+}
+
 int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i)
@@ -886,6 +939,10 @@ int main(int argc, char** argv) {
     }
     if (o.sweep) {
       sweep(o);
+      return 0;
+    }
+    if (!o.group_shapes.empty()) {
+      price_group_shapes(o);
       return 0;
     }
     const algorithm_desc a = described(o, o.algo, settings_of(o, o.k));

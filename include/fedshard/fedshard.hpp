@@ -45,6 +45,7 @@
 #include "fedshard/federation/none.hpp"
 #include "fedshard/federation/outer_optimizer.hpp"
 #include "fedshard/federation/outer_rules.hpp"
+#include "fedshard/federation/overlap.hpp"
 #include "fedshard/federation/robust_mean.hpp"
 #include "fedshard/federation/sync.hpp"
 #include "fedshard/federation/sync_plan.hpp"

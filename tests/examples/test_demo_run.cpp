@@ -88,3 +88,16 @@ TEST_CASE("demo on 4 groups with a slow site and experts") {
   CHECK(demo::expert_copies(parse({"--groups", "4", "--expert-copies", "1"})) == 1);
   CHECK(demo::expert_copies(parse({})) == 1);  // 2 groups
 }
+
+TEST_CASE("demo on two sites of different sizes: --group-shapes") {
+  const demo::settings s = parse({"--group-shapes", "2x2,1x2", "--slow-site", "1"});
+  CHECK(s.ranks == 6);
+  CHECK(s.groups == 2);
+  CHECK(s.group_shapes == std::vector<fedshard::group_shape>{{2, 2}, {1, 2}});
+  const auto t = demo::topology_of(s);
+  CHECK(t.site_of_rank == std::vector<int>{0, 0, 0, 0, 1, 1});
+  CHECK(t.transfer_seconds(1e6, {0, 1}) ==
+        doctest::Approx(
+            s.slow_factor *
+            demo::topology_of(parse({"--group-shapes", "2x2,1x2"})).transfer_seconds(1e6, {0, 1})));
+}

@@ -18,6 +18,8 @@ struct average : detail::stateless {
   };
   static constexpr std::string_view name = "average";
   static constexpr bool syncs = true;
+  /// Syncs groups of different shapes too (federation/overlap.hpp).
+  static constexpr bool heterogeneous_groups = true;
 
   average() = default;
   average(config c, std::vector<std::size_t>) : config_(c) {}

@@ -35,6 +35,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -67,6 +68,8 @@ struct packed_unit {
   std::size_t numel = 0;
 };
 
+struct overlap_map;  // federation/overlap.hpp
+
 /// What a policy's sync_plan is planned for: one rank's sync of one fragment.
 struct sync_context {
   mesh_shape shape{};
@@ -80,6 +83,17 @@ struct sync_context {
   /// The syncs of this fragment started before this one (0 for the first), the same on
   /// every rank; only a policy with plan_per_round reads it.
   std::int64_t round = 0;
+  /// On a heterogeneous mesh (groups of different shapes), how every group cuts the model
+  /// (federation/overlap.hpp): the averages then exchange overlapping ranges; null on a
+  /// uniform mesh.
+  std::shared_ptr<const overlap_map> overlap{};
+};
+
+/// True when F can sync a heterogeneous mesh (F::heterogeneous_groups is true: its sync plan
+/// is built from average_ops and weights_ops, and begin/end are element-wise).
+template <class F>
+inline constexpr bool heterogeneous_groups_v = requires {
+  requires F::heterogeneous_groups;
 };
 
 /// True when F's sync plan depends on sync_context::round (F::plan_per_round is true).

@@ -42,6 +42,8 @@ class outer_optimizer {
   using in_space = outer_optimizer<Rule, T>;
   static constexpr std::string_view name = Rule::name;
   static constexpr bool syncs = true;
+  /// Syncs groups of different shapes too (federation/overlap.hpp).
+  static constexpr bool heterogeneous_groups = true;
 
   outer_optimizer() : space_(space::space_ref<S>::make()), stream_(space_->make_stream()) {}
   outer_optimizer(config c, std::vector<std::size_t> fragment_sizes)

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -34,6 +35,7 @@
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
+#include "fedshard/federation/overlap.hpp"
 #include "fedshard/federation/sync_plan.hpp"
 #include "fedshard/kernels/sync.hpp"
 #include "fedshard/mesh/mesh.hpp"
@@ -86,7 +88,7 @@ std::vector<fragment_slices> fragments_of(const S& schedule, const flat_layout& 
 /// policy and schedule runs (a policy's sync_plan depends on its config alone, so `policy`
 /// may be one built for no fragments; nothing of the model's size is allocated); `held` as
 /// for fragments_of; at the fragments' sync number `round` (sync_context::round;
-/// plan_per_round policies only).
+/// plan_per_round policies only); on a heterogeneous mesh, `overlap` (sync_context::overlap).
 template <class F, schedule::SyncSchedule S>
 requires requires(const F& f, const sync_context& ctx) {
   { f.sync_plan(ctx) } -> std::same_as<plan>;
@@ -94,7 +96,8 @@ requires requires(const F& f, const sync_context& ctx) {
 std::vector<plan> sync_plans_of(const F& policy, const S& schedule, const flat_layout& layout,
                                 const mesh_shape& shape, const mesh_coords& coords,
                                 int inner_state_buffers, const std::vector<bool>& held = {},
-                                std::int64_t round = 0) {
+                                std::int64_t round = 0,
+                                std::shared_ptr<const overlap_map> overlap = nullptr) {
   std::vector<plan> out;
   const auto fragments = fragments_of(schedule, layout, shape.replicas, held);
   for (std::size_t f = 0; f < fragments.size(); ++f) {
@@ -104,7 +107,8 @@ std::vector<plan> sync_plans_of(const F& policy, const S& schedule, const flat_l
                                     .numel = fragments[f].padded,
                                     .inner_state_buffers = inner_state_buffers,
                                     .units = fragments[f].units,
-                                    .round = round}));
+                                    .round = round,
+                                    .overlap = overlap}));
     out.back().check();
   }
   return out;
@@ -148,12 +152,14 @@ class synchronizer {
   /// Fragments of `layout` (a rank's master holds each unit's shard, as shard::engine lays it
   /// out) on this rank of a mesh of `shape`, with buffers in space s (which outlives the
   /// synchronizer); `inner_state_buffers` is the inner optimizer's state count (role
-  /// moment). Throws invalid_argument for settings that cannot work.
+  /// moment); on a heterogeneous mesh, `overlap` says how every group cuts the model
+  /// (federation/overlap.hpp; the policy must have heterogeneous_groups). Throws
+  /// invalid_argument for settings that cannot work.
   synchronizer(const typename F::config& fed, const typename Sch::config& sched,
                const flat_layout& layout, const mesh_shape& shape, const mesh_coords& coords,
-               int inner_state_buffers, S& s)
-      : synchronizer(fed, sched, layout, shape, coords, inner_state_buffers,
-                     space::space_ref<S>(s)) {}
+               int inner_state_buffers, S& s, std::shared_ptr<const overlap_map> overlap = nullptr)
+      : synchronizer(fed, sched, layout, shape, coords, inner_state_buffers, space::space_ref<S>(s),
+                     std::move(overlap)) {}
   /// With a space of its own (default-constructed S).
   synchronizer(const typename F::config& fed, const typename Sch::config& sched,
                const flat_layout& layout, const mesh_shape& shape, const mesh_coords& coords,
@@ -388,12 +394,14 @@ class synchronizer {
 
   synchronizer(const typename F::config& fed, const typename Sch::config& sched,
                const flat_layout& layout, const mesh_shape& shape, const mesh_coords& coords,
-               int inner_state_buffers, space::space_ref<S> sr)
+               int inner_state_buffers, space::space_ref<S> sr,
+               std::shared_ptr<const overlap_map> overlap = nullptr)
       : space_(std::move(sr)),
         sync_(space_->make_stream()),
         schedule_(sched),
         shape_(shape),
         coords_(coords),
+        overlap_(checked_overlap(std::move(overlap))),
         fragments_(cut(*space_, schedule_, layout, shape, held_of(fed, layout, shape, coords))),
         policy_(make_policy(fed, sizes(fragments_), *space_)),
         inner_state_buffers_(inner_state_buffers) {
@@ -406,7 +414,12 @@ class synchronizer {
       progress_buf_ = space_->template allocate<double>(2);
     }
     const auto plans = sync_plans_of(policy_, schedule_, layout, shape, coords, inner_state_buffers,
-                                     held_of(fed, layout, shape, coords));
+                                     held_of(fed, layout, shape, coords), 0, overlap_);
+    if (overlap_ && coords_.replica == 0) {  // the holder sets every replica-0 rank splits
+      std::vector<std::vector<int>> units;
+      for (const auto& fr : fragments_) units.push_back(unit_ids(fr.units));
+      overlap_sets_ = overlap_member_sets(*overlap_, units);
+    }
     for (int f = 0; f < fragments(); ++f) {
       auto& fr = at(f);
       fr.plan = plans[static_cast<std::size_t>(f)];
@@ -424,6 +437,19 @@ class synchronizer {
       for (std::size_t k = 0; k < moments; ++k)
         fr.moments.push_back(space_->template allocate<float>(fr.buf.size()));
     }
+  }
+
+  /// A heterogeneous mesh's map, refused (on every rank alike) for a policy that cannot
+  /// sync one.
+  static std::shared_ptr<const overlap_map> checked_overlap(std::shared_ptr<const overlap_map> m) {
+    if (m && F::syncs && !heterogeneous_groups_v<F>)
+      throw invalid_argument(fedshard::detail::concat(
+          "fedshard: federation policy ", F::name,
+          " cannot sync groups of different shapes: "
+          "expected groups of one shape, found group shapes ",
+          to_string(m->groups),
+          " (average, weighted_average and the outer optimizers, without a codec, sync them)"));
+    return m;
   }
 
   static policy_type make_policy(const typename F::config& fed, std::vector<std::size_t> sizes,
@@ -600,7 +626,8 @@ class synchronizer {
                                    .numel = fr.buf.size(),
                                    .inner_state_buffers = inner_state_buffers_,
                                    .units = fr.units,
-                                   .round = round(f)});
+                                   .round = round(f),
+                                   .overlap = overlap_});
       fr.plan.check();
     }
     space_->wait(sync_, space_->record(compute));  // the master after the optimizer step
@@ -609,6 +636,10 @@ class synchronizer {
       // federation axis: every rank's first sync start lists the same sets).
       if (!members_split_) interp.split_members(axis::federation, policy_.member_sets(shape_));
       members_split_ = true;
+    }
+    if (!overlap_sets_.empty()) {  // a heterogeneous mesh's holder sets, made once
+      interp.split_members(axis::federation, overlap_sets_);
+      overlap_sets_.clear();
     }
     if (fr.exchanges_tokens) {  // the weights, on the host for the policy's begin()
       const double mine = static_cast<double>(fr.tokens);
@@ -671,13 +702,15 @@ class synchronizer {
   Sch schedule_;
   mesh_shape shape_;
   mesh_coords coords_;
+  std::shared_ptr<const overlap_map> overlap_;  // heterogeneous meshes only
   std::vector<fragment> fragments_;
   policy_type policy_;
   int inner_state_buffers_ = 0;
   std::int64_t syncs_applied_ = 0;
   std::function<std::vector<std::uint8_t>()> included_source_;
   std::vector<std::uint8_t> included_;
-  bool members_split_ = false;  // split_members ran for the policy's member_sets
+  bool members_split_ = false;               // split_members ran for the policy's member_sets
+  std::vector<std::uint64_t> overlap_sets_;  // holder sets still to split (overlap.hpp)
   // A progress schedule's agreement (by_progress only).
   plan progress_plan_;
   typename S::template buffer<double> progress_buf_;  // role value of progress_op

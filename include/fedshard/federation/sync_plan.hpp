@@ -6,6 +6,7 @@
 
 #include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
+#include "fedshard/federation/overlap.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/plan/comm_op.hpp"
 
@@ -25,8 +26,12 @@ inline std::size_t padded_fragment_numel(std::size_t numel, int replicas) {
 ///    replicas all-gather the pieces;
 ///  - reference: replica 0 all-reduces the whole buffer over the groups, then broadcasts it
 ///    to the other replicas (which only receive).
+/// On a heterogeneous mesh (ctx.overlap), whatever the mode: overlap_average_ops.
 inline plan average_ops(const sync_context& ctx, sync_mode mode, operand what, trigger start,
                         trigger finish) {
+  if (ctx.overlap)
+    return overlap_average_ops(*ctx.overlap, unit_ids(ctx.units), ctx.fragment, ctx.numel, what,
+                               start, finish);
   plan p;
   const auto bytes = static_cast<std::int64_t>(ctx.numel * sizeof(float));
   const int G = ctx.shape.groups, R = ctx.shape.replicas;
@@ -74,8 +79,10 @@ inline plan average_ops(const sync_context& ctx, sync_mode mode, operand what, t
 
 /// The ops that exchange the groups' weights (tokens since the fragment's last sync) at
 /// sync_begin: this rank's tokens summed over the group, then every group's sum gathered
-/// over the federation axis (role group_tokens, ordered by group).
+/// over the federation axis (role group_tokens, ordered by group). On a heterogeneous mesh
+/// (ctx.overlap): overlap_weights_ops.
 inline plan weights_ops(const sync_context& ctx) {
+  if (ctx.overlap) return overlap_weights_ops(*ctx.overlap, ctx.fragment);
   plan p;
   const mesh_shape& s = ctx.shape;
   p.ops.push_back({.kind = comm_kind::all_reduce,

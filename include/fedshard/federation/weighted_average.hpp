@@ -39,6 +39,8 @@ class basic_weighted_average : public detail::stateless {
   using in_space = basic_weighted_average<T>;
   static constexpr std::string_view name = "weighted_average";
   static constexpr bool syncs = true;
+  /// Syncs groups of different shapes too (federation/overlap.hpp).
+  static constexpr bool heterogeneous_groups = true;
 
   basic_weighted_average() : space_(space::space_ref<S>::make()) {}
   basic_weighted_average(config c, std::vector<std::size_t>)

@@ -37,6 +37,9 @@ class with_codec : public F {
   template <class S>
   using in_space = with_codec<in_space_t<F, S>, Codec>;
 
+  /// A codec runs on the whole federation axis, not among a heterogeneous mesh's holders.
+  static constexpr bool heterogeneous_groups = false;
+
   using F::F;
   with_codec() = default;
 

@@ -124,8 +124,9 @@ struct comm_op {
   operand out{};                  ///< what it writes
   bool overlappable = true;       ///< may run behind compute (the simulator's overlap model)
   fedshard::codec::spec codec{};  ///< how the values travel (default: as they are)
-  /// Federation ops only: the groups taking part (bit g: group g; `ranks` of them), run on a
-  /// sub-communicator of the federation axis; 0: every rank of the axis.
+  /// Federation ops only: the ranks of the federation axis taking part (bit k: axis rank k,
+  /// which is group k on a uniform mesh; `ranks` of them), run on a sub-communicator of the
+  /// federation axis; 0: every rank of the axis.
   std::uint64_t members = 0;
 
   friend bool operator==(const comm_op&, const comm_op&) = default;

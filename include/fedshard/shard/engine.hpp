@@ -110,7 +110,7 @@ class engine {
       : mesh_(&m),
         space_(std::move(sr)),
         prec_((prec.check(), prec)),
-        layout_((P::check(m.shape()), std::move(units)), P::layout_shards(m.shape())),
+        layout_((check_groups(m), std::move(units)), P::layout_shards(m.shape())),
         owners_((owners.check(layout_, m.shape().groups), owners)),
         held_(owners_.held_by(m.coords().group, layout_.num_units())),
         offsets_(held_offsets(layout_, held_)),
@@ -126,10 +126,32 @@ class engine {
         units_(layout_.num_units()) {
     plan_.check();
     learn_from_plan();
-    verify_same_layout(layout_, m.rank(), m.size(), setup_plan_,
+    // Groups of different shapes cut the same units differently: compare the units.
+    verify_same_layout(m.uniform() ? layout_ : flat_layout(unit_specs(layout_), 1), m.rank(),
+                       m.size(), setup_plan_,
                        [&](const comm_op& op, buffer_view b) { run(op, b); });
     if constexpr (has_runtime)
       rt_.emplace(layout_, m.shape(), m.coords().shard, held_, offsets_, settings, plan_);
+  }
+
+  static std::string_view without_prefix(std::string_view m) {
+    constexpr std::string_view p = "fedshard: ";
+    return m.substr(0, p.size()) == p ? m.substr(p.size()) : m;
+  }
+  /// P::check of every group's view, on every rank alike (a group P cannot run on fails
+  /// every rank, naming the group).
+  static void check_groups(const mesh<C>& m) {
+    if (m.uniform()) return P::check(m.shape());
+    for (int g = 0; g < m.shape().groups; ++g) {
+      const mesh_shape v = m.group_view(g);
+      try {
+        P::check(v);
+      } catch (const invalid_argument& e) {
+        throw invalid_argument(fedshard::detail::concat(
+            "fedshard: mesh of group shapes ", to_string(m.group_shapes()), ": group ", g, " (",
+            v.replicas, 'x', v.shards, ", replicas x shards): ", without_prefix(e.what())));
+      }
+    }
   }
 
  public:

@@ -380,6 +380,19 @@ class flat_layout {
   std::multimap<std::string, std::pair<std::size_t, std::size_t>, std::less<>> by_name_;
 };
 
+/// The unit declarations a layout was made from (every unit's name and tensors, their names,
+/// shapes and dtype), to lay the same model out over another shard count.
+inline std::vector<unit_spec> unit_specs(const flat_layout& layout) {
+  std::vector<unit_spec> out;
+  for (const unit_layout& ul : layout.units()) {
+    unit_spec u{.name = ul.name, .tensors = {}};
+    for (const tensor_slot& t : ul.tensors)
+      u.tensors.push_back({.name = t.name, .shape = t.shape, .type = ul.type});
+    out.push_back(std::move(u));
+  }
+  return out;
+}
+
 namespace detail {
 
 /// What verify_same_layout compares, as f64 values that hold it exactly: the fingerprint and

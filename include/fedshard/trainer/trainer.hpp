@@ -122,7 +122,8 @@ class trainer final : private detail::unit_hooks<S> {
         optimizer_(opt, engine_.master().size(), *space_),
         base_lr_(opt.lr),
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
-              static_cast<int>(optimizer_.state().size()), *space_) {
+              static_cast<int>(optimizer_.state().size()), *space_,
+              overlap_of(m, engine_.layout())) {
     FEDSHARD_EXPECTS(opts_.total_steps >= 0, "trainer: total_steps must be >= 0, found ",
                      opts_.total_steps);
     if constexpr (sync_type::by_progress) {
@@ -150,6 +151,26 @@ class trainer final : private detail::unit_hooks<S> {
 
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;
+
+ private:
+  /// How every group of a heterogeneous mesh cuts the model (federation/overlap.hpp); null
+  /// on a uniform mesh.
+  /// Checkpoints describe one G x R x S mesh: refused (on every rank alike) on groups of
+  /// different shapes.
+  void uniform_mesh_only(const char* what) {
+    const auto& m = engine_.topology();
+    FEDSHARD_EXPECTS(m.uniform(), "trainer: ", what, " expect groups of one shape (a G x R x S ",
+                     "mesh), found group shapes ", to_string(m.group_shapes()));
+  }
+  static std::shared_ptr<const federation::overlap_map> overlap_of(const mesh<C>& m,
+                                                                   const flat_layout& l) {
+    if (m.uniform()) return nullptr;
+    return federation::make_overlap_map(l, m.group_shapes(), m.coords(), [](const mesh_shape& v) {
+      return shard_policy::layout_shards(v);
+    });
+  }
+
+ public:
   /// Waits for a save_async() still writing (its error, if any, goes to the log: the
   /// destructor cannot agree with the other ranks).
   ~trainer() override {
@@ -303,6 +324,7 @@ class trainer final : private detail::unit_hooks<S> {
   /// completed (not applied) first, so the restored run applies it at the same step.
   void save(const std::filesystem::path& dir) {
     wait_for_save();
+    uniform_mesh_only("checkpoints");
     sync_.complete_in_flight(engine_.interp());
     auto& m = engine_.topology();
     checkpoint::save(
@@ -318,6 +340,7 @@ class trainer final : private detail::unit_hooks<S> {
   /// flight: another save, save_async or load waits for it first.
   void save_async(const std::filesystem::path& dir) {
     wait_for_save();
+    uniform_mesh_only("checkpoints");
     sync_.complete_in_flight(engine_.interp());
     auto& m = engine_.topology();
     auto job = checkpoint::prepare_save(
@@ -366,6 +389,7 @@ class trainer final : private detail::unit_hooks<S> {
   /// and verified everything it needs.
   void load(const std::filesystem::path& dir) {
     wait_for_save();
+    uniform_mesh_only("checkpoints");
     auto& m = engine_.topology();
     checkpoint::load(
         dir, m.rank(), m.size(), agree(),
