@@ -128,10 +128,12 @@ FEDSHARD_DETAIL_TOPK_BODY std::uint32_t topk_fold_body(float* __restrict e,
                                                        float beta,
                                                        std::uint32_t* __restrict colmax) noexcept {
   const auto fold = [beta](float ei, float di) {
-    if constexpr (Decay)
+    if constexpr (Decay) {
       return beta * ei + di;
-    else
+    } else {
+      (void)beta;  // used when Decay (clang's -Wunused-lambda-capture otherwise)
       return ei + di;
+    }
   };
   const std::size_t full = m >= 2 * K ? m / K * K : 0;  // the elements in columns
   std::uint32_t lower = 0;
