@@ -5,10 +5,12 @@
 // axis, and the bytes per axis. Every alias of fedshard::for_each_algorithm is priced from
 // its name with run-time settings (K, fragments, delay, alpha). --sweep writes a CSV over K,
 // groups and inter-group bandwidth (plot it with plot_sweep.py); --paper reproduces the
-// 512-GPU setting of the FL+FSDP paper.
+// 512-GPU setting of the FL+FSDP paper. scape_fsdp and fl_scape_fsdp (shard::sparse, whose
+// settings are not for_each_algorithm's) are priced over a run by sim::price_sparse.
 #include <fedshard/sim/calibrate.hpp>
 #include <fedshard/sim/hetero.hpp>
 #include <fedshard/sim/price.hpp>
+#include <fedshard/sim/sparse.hpp>
 
 #include "predict_demo.hpp"
 
@@ -98,7 +100,15 @@ Where
 How
   --algo NAME           the algorithm (default fsdp), one of
                         )" +
-         wrapped(names, 24) + R"(
+         wrapped(names, 24) + R"(,
+                        or scape_fsdp, fl_scape_fsdp (SCAPE: shard::sparse around full_shard,
+                        priced over --scape-steps steps of dense, masked and mask-exchange
+                        steps, side by side with fsdp, fl_fsdp for fl_scape_fsdp)
+  --scape-density D     SCAPE: fraction of each shard in the mask, in (0, 1] (default 0.1)
+  --scape-refresh N     SCAPE: steps between two mask refreshes (default 1)
+  --scape-dense-steps N SCAPE: dense steps before the first mask (default 1)
+  --scape-dense-every N SCAPE: every N-th step is dense (default 0: none)
+  --scape-steps N       SCAPE: steps of the priced run (default 1000)
   --groups G            federation groups, for algorithms that federate (default 1)
   --hsdp S              shards per replica (default: GPUs per node), for algorithms whose
                         shard policy is hybrid_shard: )" +
@@ -185,6 +195,8 @@ struct options {
   std::vector<double> sweep_gbps{25, 50, 100, 200, 400, 800, 1600};
   std::vector<std::pair<std::string, measurement_overrides>> calibrate;  ///< --calibrate files
   bool calibrate_points = false;
+  shard::sparse_settings scape{};  ///< --scape-*: shard::sparse's settings
+  int scape_steps = 1000;
 };
 
 [[noreturn]] void fail(const std::string& msg) {
@@ -367,6 +379,16 @@ options parse(int argc, char** argv) {
       measured_as.kind = parse_measured_kind(value());
     else if (a == "--calibrate-points")
       o.calibrate_points = true;
+    else if (a == "--scape-density")
+      o.scape.density = to_double(a, value());
+    else if (a == "--scape-refresh")
+      o.scape.refresh_period = to_int(a, value());
+    else if (a == "--scape-dense-steps")
+      o.scape.dense_steps = to_int(a, value());
+    else if (a == "--scape-dense-every")
+      o.scape.dense_every = to_int(a, value());
+    else if (a == "--scape-steps")
+      o.scape_steps = to_int(a, value());
     else
       fail("unknown option '" + a + "'");
   }
@@ -926,6 +948,63 @@ void price_group_shapes(const options& o) {
   }
 }
 
+/// A's run of shard::sparse priced (sim::price_sparse) beside `base` (its dense alias).
+template <Algorithm A>
+void print_scape(options o, const std::string& name, const std::string& base) {
+  algorithm_options<A> ao = options_for<A>(name, plain_settings(o, o.k));
+  const algorithm_desc b = algorithm_by_name(base, plain_settings(o, o.k));
+  const mesh_shape shape = o.mesh ? *o.mesh : mesh_for(b, o.gpus, o.groups, o.hsdp);
+  if (shape.size() != o.gpus) o.gpus = shape.size();
+  o.scape.check();  // invalid_argument naming the bad setting
+  if (o.scape_steps < 1) fail("--scape-steps must be >= 1");
+  print_setting(o, o.where);
+  const step_price d = run(o, b, shape, o.where);
+  const sparse_run_price p =
+      price_sparse<A>(name, ao, o.scape, o.work, shape, o.where, o.scape_steps, o.pricing);
+  std::size_t k = 0;
+  for (std::size_t x : p.masked) k += x;
+  std::printf(
+      "\n%s on mesh %s: density %g (k = %zu of a rank's %zu elements), mask refreshed every %d "
+      "steps, %d dense steps first%s; a run of %lld steps\n",
+      name.c_str(), mesh_string(shape).c_str(), o.scape.density, k, p.shard_numel,
+      o.scape.refresh_period, o.scape.dense_steps,
+      o.scape.dense_every > 0
+          ? (", every " + std::to_string(o.scape.dense_every) + "th step dense").c_str()
+          : "",
+      static_cast<long long>(p.steps));
+  std::printf("  %-44s %7s %10s %12s %12s\n", "step kind", "steps", "step s", "shard GB",
+              "exposed s");
+  for (const auto& kp : p.kinds) {
+    const std::string kind = std::string(kp.kind.packed_gathers ? "packed" : "dense") +
+                             " gathers, " + (kp.kind.packed_reductions ? "packed" : "dense") +
+                             " reductions" + (kp.kind.mask_exchange ? " + mask" : "");
+    std::printf("  %-44s %7lld %10.4f %12.4f %12.4f\n", kind.c_str(),
+                static_cast<long long>(kp.count), kp.price.step,
+                kp.price[axis::shard].step_bytes / 1e9, kp.price.exposed_comm());
+  }
+  std::printf("  mask exchange        %10.4f GB per refresh (%lld in the run)\n",
+              p.mask_wire_bytes / 1e9, static_cast<long long>(p.mask_exchanges));
+  std::printf("\n  %-16s %12s %14s %16s %10s\n", "", "step s", "tokens/s/GPU", "shard GB/step",
+              "speed-up");
+  std::printf("  %-16s %12.4f %14.1f %16.4f %10s\n", base.c_str(), d.step, d.tokens_per_s_per_gpu,
+              d[axis::shard].bytes_per_step / 1e9, "1.00x");
+  char speed[32];
+  std::snprintf(speed, sizeof speed, "%.2fx", d.step / p.step());
+  std::printf("  %-16s %12.4f %14.1f %16.4f %10s\n", name.c_str(), p.step(),
+              p.tokens_per_s_per_gpu(), p.bytes_per_step(axis::shard) / 1e9, speed);
+  std::printf(
+      "  mean over the run; bytes this GPU sends (syncs amortised). Not modelled: the mask's "
+      "top-k\n  and the pack/unpack loops (host memory only), the full parameter copy each "
+      "rank keeps\n");
+}
+
+void price_scape(const options& o) {
+  if (o.algo == "scape_fsdp")
+    print_scape<scape_fsdp>(o, "scape_fsdp", "fsdp");
+  else
+    print_scape<fl_scape_fsdp>(o, "fl_scape_fsdp", "fl_fsdp");
+}
+
 int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i)
@@ -943,6 +1022,10 @@ int main(int argc, char** argv) {
     }
     if (!o.group_shapes.empty()) {
       price_group_shapes(o);
+      return 0;
+    }
+    if (o.algo == "scape_fsdp" || o.algo == "fl_scape_fsdp") {
+      price_scape(o);
       return 0;
     }
     const algorithm_desc a = described(o, o.algo, settings_of(o, o.k));
