@@ -22,32 +22,56 @@ namespace {
 
 constexpr std::uint64_t kData = 23;
 
-/// Every rank's shard-axis wire bytes and mask refreshes over `steps` steps of scape_fsdp.
+/// Every rank's shard-axis wire bytes and mask refreshes over `steps` steps of A (with K =
+/// `period` when it federates).
+template <class A>
 std::vector<std::pair<double, std::int64_t>> measured(const mesh_shape& shape,
-                                                      const shard::sparse_settings& s, int steps) {
+                                                      const shard::sparse_settings& s, int steps,
+                                                      int period = 1) {
   return test::collect_ranks(shape.size(), [&](inproc::communicator& w) {
     mesh m(w, shape);
-    trainer_options<scape_fsdp> o;
+    trainer_options<A> o;
     o.shard = s;
-    trainer<test::mlp_model, scape_fsdp, optim::adamw, inproc::communicator> t(m, {}, {}, o);
+    o.total_steps = steps;
+    if constexpr (requires { o.schedule.period; }) o.schedule.period = period;
+    trainer<test::mlp_model, A, optim::adamw, inproc::communicator> t(m, {}, {}, o);
     t.traffic().reset();
-    const int local = m.coords().shard;
-    for (int k = 0; k < steps; ++k) t.step(t.model().batch(kData, k, 0, 1, local, shape.shards, 2));
+    const int g = m.coords().group, local = m.coords().shard;
+    for (int k = 0; k < steps; ++k)
+      t.step(t.model().batch(kData, k, g, shape.groups, local, shape.shards, 2));
     return std::pair{t.traffic()[axis::shard].wire_bytes, t.engine().runtime().refreshes()};
   });
 }
 
-sim::sparse_run_price priced(const mesh_shape& shape, const shard::sparse_settings& s, int steps) {
+template <class A>
+sim::sparse_run_price priced(const mesh_shape& shape, const shard::sparse_settings& s, int steps,
+                             int period = 1) {
   sim::price_options po;
-  po.precision = trainer_options<scape_fsdp>{}.precision;  // the trainer's wire dtypes
-  return sim::price_sparse<scape_fsdp>("scape_fsdp", {}, s, test::mlp_model{}.units(), shape,
-                                       sim::a100_4gpu_node(), 1e-3, 64, steps, po);
+  po.precision = trainer_options<A>{}.precision;  // the trainer's wire dtypes
+  sim::algorithm_options<A> o;
+  if constexpr (requires { o.schedule.period; }) o.schedule.period = period;
+  return sim::price_sparse<A>("scape", o, s, test::mlp_model{}.units(), shape,
+                              sim::a100_4gpu_node(), 1e-3, 64, steps, po);
+}
+
+template <class A>
+void check_wire(const mesh_shape& shape, const shard::sparse_settings& s, int steps,
+                int period = 1) {
+  const auto p = priced<A>(shape, s, steps, period);
+  const auto wire = measured<A>(shape, s, steps, period);
+  REQUIRE(wire.size() == static_cast<std::size_t>(shape.size()));
+  for (const auto& [bytes, refreshes] : wire) {
+    CHECK(p.run_step_wire_bytes(axis::shard) == doctest::Approx(bytes).epsilon(1e-12));
+    CHECK(p.mask_exchanges == refreshes);
+  }
+  std::int64_t counted = 0;
+  for (const auto& k : p.kinds) counted += k.count;
+  CHECK(counted == steps);
 }
 
 }  // namespace
 
 TEST_CASE("a priced scape run moves, on the shard axis, what the trainer's wire records") {
-  const mesh_shape shape{1, 1, 4};
   for (const shard::sparse_settings s :
        {shard::sparse_settings{.density = 0.1},
         shard::sparse_settings{.density = 0.1, .refresh_period = 3, .dense_steps = 2},
@@ -55,17 +79,9 @@ TEST_CASE("a priced scape run moves, on the shard axis, what the trainer's wire 
     CAPTURE(s.refresh_period);
     CAPTURE(s.dense_steps);
     CAPTURE(s.dense_every);
-    constexpr int steps = 9;
-    const auto p = priced(shape, s, steps);
-    const auto wire = measured(shape, s, steps);
-    REQUIRE(wire.size() == 4);
-    for (const auto& [bytes, refreshes] : wire) {
-      CHECK(p.run_step_wire_bytes(axis::shard) == doctest::Approx(bytes).epsilon(1e-12));
-      CHECK(p.mask_exchanges == refreshes);
-    }
-    std::int64_t counted = 0;
-    for (const auto& k : p.kinds) counted += k.count;
-    CHECK(counted == steps);
+    check_wire<scape_fsdp>({1, 1, 4}, s, 9);
+    // A sync every 3 steps writes the master: the next step's gathers are dense.
+    check_wire<fl_scape_fsdp>({2, 1, 2}, s, 9, 3);
   }
 }
 

@@ -1080,6 +1080,15 @@ struct workload {
   double tokens_per_gpu() const noexcept { return double(micro_batch) * seq; }
 };
 
+/// One GPU's compute seconds for a step of w on cluster c: w.seconds_per_token when it is set,
+/// else sim::compute_model's FLOPs / (peak x MFU).
+inline double compute_seconds_of(const workload& w, const cluster& c) {
+  const double tokens = w.tokens_per_gpu();
+  if (w.seconds_per_token > 0) return w.seconds_per_token * tokens;
+  const compute_model cm{c.peak_flops, w.mfu > 0 ? w.mfu : c.default_mfu, w.recompute};
+  return cm.seconds(w.model, tokens, w.seq);
+}
+
 /// Prices algorithm a training workload w on a G x R x S mesh of cluster c: the model's
 /// units (sim::transformer_units, bf16) planned by a's policies, compute from
 /// w.seconds_per_token when it is set, else from sim::compute_model.
@@ -1092,13 +1101,8 @@ inline step_price price(const algorithm_desc& a, const workload& w, const mesh_s
                    "sim::price: seconds_per_token must be a finite number >= 0 (0: the FLOP "
                    "model), found ",
                    w.seconds_per_token);
-  const double tokens = w.tokens_per_gpu();
-  double seconds = w.seconds_per_token * tokens;
-  if (w.seconds_per_token <= 0) {
-    const compute_model cm{c.peak_flops, w.mfu > 0 ? w.mfu : c.default_mfu, w.recompute};
-    seconds = cm.seconds(w.model, tokens, w.seq);
-  }
-  return price_plans(a, transformer_units(w.model, dtype::bf16), shape, c, seconds, tokens, o);
+  return price_plans(a, transformer_units(w.model, dtype::bf16), shape, c, compute_seconds_of(w, c),
+                     w.tokens_per_gpu(), o);
 }
 
 }  // namespace fedshard::sim

@@ -21,9 +21,11 @@
 /// host memory only and the simulator has no model of its host loops, so they cost nothing
 /// here; nor the memory of the full parameter copy each rank keeps.
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -220,14 +222,14 @@ sparse_run_price price_sparse(const std::string& name, const algorithm_options<A
                               const shard::sparse_settings& settings, const workload& w,
                               const mesh_shape& shape, const cluster& c, std::int64_t steps,
                               const price_options& po = {}) {
-  const double tokens = w.tokens_per_gpu();
-  double seconds = w.seconds_per_token * tokens;
-  if (w.seconds_per_token <= 0) {
-    const compute_model cm{c.peak_flops, w.mfu > 0 ? w.mfu : c.default_mfu, w.recompute};
-    seconds = cm.seconds(w.model, tokens, w.seq);
-  }
+  FEDSHARD_EXPECTS(w.micro_batch >= 1 && w.seq >= 1,
+                   "sim::price_sparse: micro_batch and seq must be >= 1, found ", w.micro_batch,
+                   " and ", w.seq);
+  FEDSHARD_EXPECTS(w.seconds_per_token >= 0 && std::isfinite(w.seconds_per_token),
+                   "sim::price_sparse: seconds_per_token must be a finite number >= 0, found ",
+                   w.seconds_per_token);
   return price_sparse<A>(name, o, settings, transformer_units(w.model, dtype::bf16), shape, c,
-                         seconds, tokens, steps, po);
+                         compute_seconds_of(w, c), w.tokens_per_gpu(), steps, po);
 }
 
 }  // namespace fedshard::sim
