@@ -163,7 +163,8 @@ using fl_hsdp_int8 = algorithm<shard::with_gather_codec<shard::hybrid_shard, cod
 /// SCAPE (arXiv 2607.01678): FSDP whose reduce_scatters and gathers carry only the elements of
 /// a mask agreed from the optimizer's first moments (shard::sparse; density, refresh period
 /// and dense warm-up in trainer_options::shard). Host memory only. Not in for_each_algorithm's
-/// list (the simulator prices step plans without run-time settings).
+/// list (its steps run different plans by its settings): sim::price_sparse prices a run of it
+/// (fedshard-sim --algo scape_fsdp).
 using scape_fsdp =
     algorithm<shard::sparse<shard::full_shard>, federation::none, schedule::every_step>;
 /// SCAPE inside each group of FL+FSDP: parameters averaged across groups every K steps (K = 8
