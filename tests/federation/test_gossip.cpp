@@ -26,6 +26,7 @@
 #include "fedshard/schedule/periodic.hpp"
 #include "fedshard/trainer/algorithm.hpp"
 #include "fedshard/trainer/checkpoint.hpp"
+#include "fedshard/trainer/state_io.hpp"
 #include "support/federated_run.hpp"
 #include "support/plan_checks.hpp"
 #include "support/spaces.hpp"
@@ -345,11 +346,15 @@ TEST_CASE("a checkpoint between rounds keeps the anchors, the momentum and the r
       for (std::size_t i = 0; i < ma.size(); ++i) ma[i] = theta(g, k, i);
       a.after_step(in, k, 0, ma, {});
     }
+    state_registry ra, rb;
+    a.register_state(ra, in);
     checkpoint::file_writer w;
-    a.save(w);
+    checkpoint::write_registry(ra, w);
     const checkpoint::file_reader r(w.bytes(), "memory");
     S b(cfg, {.period = 1}, l, shape, m.coords(), 0);
-    b.restore(r, true);
+    b.register_state(rb, in);
+    const checkpoint::state_geometry geo{.layout = &l, .fragments = {{0, 1}}, .shape = shape};
+    checkpoint::apply(rb, checkpoint::stage_same(rb, r, geo));
     for (int k = 2; k < 4; ++k) {
       for (std::size_t i = 0; i < ma.size(); ++i) ma[i] = mb[i] = theta(g, k, i);
       a.after_step(in, k, 0, ma, {});

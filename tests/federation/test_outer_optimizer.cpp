@@ -100,14 +100,17 @@ TEST_CASE("nesterov: end applies m = μ m + d; θ -= η (μ m + d) with state pe
   CHECK(to_vec(o.state()[3].data) == std::vector<float>{0.0f});
 }
 
-TEST_CASE("state() names anchors and rule state per fragment and aliases the live buffers") {
+TEST_CASE("state() names anchors and rule state with their fragment and aliases the live buffers") {
   outer_optimizer<nesterov> o({}, {3, 5});
   auto s = o.state();
   REQUIRE(s.size() == 4);
-  CHECK(s[0].name == "fragment0.anchor");
-  CHECK(s[1].name == "fragment0.momentum");
-  CHECK(s[2].name == "fragment1.anchor");
-  CHECK(s[3].name == "fragment1.momentum");
+  CHECK((s[0].name == "anchor" && s[0].fragment == 0));
+  CHECK((s[1].name == "momentum" && s[1].fragment == 0));
+  CHECK((s[2].name == "anchor" && s[2].fragment == 1));
+  CHECK((s[3].name == "momentum" && s[3].fragment == 1));
+  // An anchor a checkpoint lacks starts from the parameters, the rule's state from zero.
+  CHECK(s[0].missing == state_start::parameters);
+  CHECK(s[1].missing == state_start::zero);
   CHECK(s[0].data.size() == 3);
   CHECK(s[1].data.size() == 3);
   CHECK(s[2].data.size() == 5);
@@ -118,14 +121,14 @@ TEST_CASE("state() names anchors and rule state per fragment and aliases the liv
   outer_optimizer<outer_sgd> sgd({}, {2, 2, 2});
   auto t = sgd.state();
   REQUIRE(t.size() == 3);  // anchors only
-  CHECK(t[2].name == "fragment2.anchor");
+  CHECK((t[2].name == "anchor" && t[2].fragment == 2));
 
   outer_optimizer<fedadam> adam({}, {4});
   auto a = adam.state();
   REQUIRE(a.size() == 3);
-  CHECK(a[0].name == "fragment0.anchor");
-  CHECK(a[1].name == "fragment0.m");
-  CHECK(a[2].name == "fragment0.v");
+  CHECK((a[0].name == "anchor" && a[0].fragment == 0));
+  CHECK((a[1].name == "m" && a[1].fragment == 0));
+  CHECK((a[2].name == "v" && a[2].fragment == 0));
 
   CHECK(outer_optimizer<nesterov>{}.state().empty());
 }

@@ -18,6 +18,7 @@
 #include "fedshard/schedule/periodic.hpp"
 #include "fedshard/schedule/streaming.hpp"
 #include "fedshard/trainer/checkpoint.hpp"
+#include "fedshard/trainer/state_io.hpp"
 #include "support/spawn_ranks.hpp"
 
 using namespace fedshard;
@@ -129,13 +130,18 @@ TEST_CASE("a checkpoint keeps a communicated sync and its stage; complete_in_fli
     REQUIRE(a.stage(0) == sync_stage::in_flight);
     a.complete_in_flight(in);
     CHECK(a.stage(0) == sync_stage::communicated);
+    state_registry ra, rb;
+    a.register_state(ra, in);
     checkpoint::file_writer w;
-    a.save(w);
+    checkpoint::write_registry(ra, w);
     const checkpoint::file_reader r(w.bytes(), "memory");
+    CHECK(r.has("fragment0.buffer"));  // written while a sync is in flight
     S b({}, sc, l, shape, m.coords(), 0);
-    b.restore(r, false);
-    CHECK(b.stage(0) == sync_stage::idle);  // verified, not committed
-    b.restore(r, true);
+    b.register_state(rb, in);
+    const checkpoint::state_geometry geo{.layout = &l, .fragments = {{0, 1, 2, 3}}, .shape = shape};
+    const auto staged = checkpoint::stage_same(rb, r, geo);
+    CHECK(b.stage(0) == sync_stage::idle);  // staged, not applied
+    checkpoint::apply(rb, staged);
     CHECK(b.stage(0) == sync_stage::communicated);
     std::vector<float> ma = master, mb = master;
     a.after_step(in, 3, 0, ma, {});

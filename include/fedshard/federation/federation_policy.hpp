@@ -26,7 +26,10 @@
 ///  7. `end(f, buf, info, stream)`: buf holds the average; turn it into the synchronised
 ///     parameters;
 ///  8. `reset(f, params, stream)`: (re)start from these parameters (sets anchors);
-///  9. `state()`: anchors and outer-optimizer state as named buffers (checkpoints).
+///  9. `state()`: anchors and outer-optimizer state (checkpoints, resharding, healing), each
+///     buffer an optim::state_tensor laid out like its fragment's buffer: its name within the
+///     fragment, the fragment, and how it starts when a checkpoint lacks it (the
+///     synchronizer registers each as "federation.fragment<f>.<name>").
 /// 10. Memory spaces: F works on host memory (host_space: its buffers and streams);
 ///     `F::in_space<S>` is the same policy in memory space S, with F's config, built from
 ///     (config, fragment_sizes, S&). A policy with no buffers of its own and begin/end/reset

@@ -88,13 +88,15 @@ class outer_optimizer {
     on_own([&](auto& st) { reset(f, params, st); });
   }
 
-  /// The anchors and the rules' state, named per fragment (in the space's memory).
+  /// Each fragment's anchor ("anchor": the parameters it started the round from, so a
+  /// checkpoint without it starts it from the parameters) and its rule's state (from zero),
+  /// in the space's memory.
   std::vector<optim::state_tensor> state() {
     std::vector<optim::state_tensor> s;
     for (std::size_t f = 0; f < anchors_.size(); ++f) {
-      s.push_back({"fragment" + std::to_string(f) + ".anchor", anchors_[f].span()});
-      for (auto& t : rules_[f].state())
-        s.push_back({"fragment" + std::to_string(f) + "." + t.name, t.data});
+      const int fi = static_cast<int>(f);
+      s.push_back({"anchor", anchors_[f].span(), fi, state_start::parameters});
+      for (auto& t : rules_[f].state()) s.push_back({t.name, t.data, fi});
     }
     return s;
   }

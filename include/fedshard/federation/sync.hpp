@@ -23,16 +23,20 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/core/buffer.hpp"
+#include "fedshard/core/state_registry.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/overlap.hpp"
@@ -278,99 +282,62 @@ class synchronizer {
     space_->synchronize(sync_);
   }
 
-  /// After a resharding load (trainer::load of a checkpoint of another mesh or algorithm):
-  /// fragment f is idle (a sync in flight at the save is not carried over), with `tokens`
-  /// counted since its last start, syncs applied after the steps `applied_at` and, for a
-  /// policy with an outer optimizer, `outer_steps` outer steps taken.
-  void set_fragment_state(int f, std::int64_t tokens, std::vector<std::int64_t> applied_at,
-                          std::int64_t outer_steps) {
-    auto& fr = at(f);
-    fr.stage = sync_stage::idle;
-    fr.tokens = tokens;
-    fr.applied_at = std::move(applied_at);
-    std::fill(fr.group_tokens.begin(), fr.group_tokens.end(), 0.0);
-    fr.start = {};
-    fr.finish = {};
-    if constexpr (requires { policy_.outer_steps(0); }) policy_.set_outer_steps(f, outer_steps);
-  }
-  /// Sets the count syncs_applied() reports (a resharding load).
-  void set_syncs_applied(std::int64_t n) noexcept { syncs_applied_ = n; }
-
-  /// Writes the policy's state (anchors, outer-optimizer state) and the fragments' into a
-  /// checkpoint writer (add_value / add_span), copied to the host.
-  template <class Writer>
-  void save(Writer& w) {
-    for (const auto& t : policy_.state()) {
-      const auto dst = w.template add_elements<float>("federation." + t.name, t.data.size());
-      space_->to_host(sync_, cview(std::span<const float>(t.data)), view(dst));
-    }
-    space_->synchronize(sync_);
-    for (int f = 0; f < fragments(); ++f) {
-      const auto& fr = at(f);
-      const std::string p = "fragment" + std::to_string(f) + ".";
-      if constexpr (requires { policy_.outer_steps(0); })
-        w.add_value(p + "outer_steps", policy_.outer_steps(f));
-      w.add_value(p + "stage", fr.stage);
-      w.add_value(p + "tokens", fr.tokens);
-      w.add_span(p + "group_tokens", std::span<const double>(fr.group_tokens));
-      w.add_span(p + "applied_at", std::span<const std::int64_t>(fr.applied_at));
-      if (fr.stage != sync_stage::idle)
-        w.add_span(p + "buffer", std::span<const float>(download(fr.buf.span())));
-    }
-    w.add_value("federation.syncs_applied", syncs_applied_);
+  /// Checks a run of `total_steps` (0: unknown) whose steps run `step_plan` (of the shard
+  /// policy `shard_policy`): under a progress schedule groups take different numbers of
+  /// steps, so a run ends after run_syncs() syncs (total_steps must be 0) and every step op
+  /// must stay inside a group (a collective across groups would wait for a step the others
+  /// take at another time, or never).
+  void check_run(std::int64_t total_steps, const plan& step_plan,
+                 std::string_view shard_policy) const {
     if constexpr (by_progress) {
-      w.add_value("schedule.group_tokens", progress_.tokens);
-      w.add_value("schedule.seconds", progress_.seconds);
+      FEDSHARD_EXPECTS(total_steps == 0, "trainer: total_steps must be 0 with the ", Sch::name,
+                       " schedule (groups take different numbers of steps; the run ends after "
+                       "its ",
+                       schedule_.run_syncs(), " syncs: trainer::done()), found ", total_steps);
+      for (const comm_op& op : step_plan.ops)
+        FEDSHARD_EXPECTS(
+            shape_.groups == 1 || (op.axis != axis::federation && op.axis != axis::world),
+            "trainer: the ", Sch::name,
+            " schedule lets groups take different numbers of steps, so every step op must "
+            "stay inside a group; the ",
+            shard_policy, " step plan has ", fedshard::describe(op));
     }
   }
 
-  /// Reads the policy's and the fragments' state from a checkpoint reader (read_value /
-  /// read_span / section); with commit = false only verifies that every section is there
-  /// with the right size.
-  template <class Reader>
-  void restore(const Reader& r, bool commit) {
-    for (const auto& t : policy_.state()) {
-      std::vector<float> scratch(t.data.size());
-      r.read_span("federation." + t.name, std::span<float>(scratch));
-      if (commit) upload(scratch, t.data);
-    }
-    for (int f = 0; f < fragments(); ++f) {
-      auto& fr = at(f);
-      const std::string p = "fragment" + std::to_string(f) + ".";
-      const auto stage = r.template read_value<sync_stage>(p + "stage");
-      FEDSHARD_EXPECTS(stage == sync_stage::idle || stage == sync_stage::communicated,
-                       "checkpoint: fragment ", f, " has an invalid sync stage ",
-                       static_cast<int>(stage));
-      const std::string& at_bytes = r.section(p + "applied_at");
-      FEDSHARD_EXPECTS(at_bytes.size() % sizeof(std::int64_t) == 0, "checkpoint: section '", p,
-                       "applied_at' has ", at_bytes.size(), " bytes, not a multiple of 8");
-      std::vector<std::int64_t> applied(at_bytes.size() / sizeof(std::int64_t));
-      r.read_span(p + "applied_at", std::span<std::int64_t>(applied));
-      std::vector<double> group_tokens(fr.group_tokens.size());
-      r.read_span(p + "group_tokens", std::span<double>(group_tokens));
-      const auto tokens = r.template read_value<std::int64_t>(p + "tokens");
-      std::vector<float> buffer(stage != sync_stage::idle ? fr.buf.size() : 0);
-      if (stage != sync_stage::idle) r.read_span(p + "buffer", std::span<float>(buffer));
-      std::int64_t outer = 0;
-      if constexpr (requires { policy_.outer_steps(0); })
-        outer = r.template read_value<std::int64_t>(p + "outer_steps");
-      if (!commit) continue;
-      fr.stage = stage;
-      fr.applied_at = std::move(applied);
-      fr.group_tokens = std::move(group_tokens);
-      fr.tokens = tokens;
-      if (stage != sync_stage::idle) upload(buffer, fr.buf.span());
-      fr.start = {};
-      fr.finish = {};
-      if constexpr (requires { policy_.outer_steps(0); }) policy_.set_outer_steps(f, outer);
-    }
-    const auto syncs = r.template read_value<std::int64_t>("federation.syncs_applied");
-    if (commit) syncs_applied_ = syncs;
-    if constexpr (by_progress) {
-      const auto tokens = r.template read_value<std::int64_t>("schedule.group_tokens");
-      const auto seconds = r.template read_value<double>("schedule.seconds");
-      if (commit) set_progress(tokens, seconds);
-    }
+  /// The policy's buffers as the federation state names them ("fragment<f>.<name>").
+  std::vector<std::string> state_names() {
+    std::vector<std::string> out;
+    for (const auto& t : policy_.state()) out.push_back(policy_key(t));
+    return out;
+  }
+
+  /// Registers the synchronizer's state (core/state_registry.hpp): the policy's buffers
+  /// ("federation.fragment<f>.<name>", laid out like fragment f), each fragment's stage,
+  /// counters and buffer in flight ("fragment<f>.<key>"), the syncs applied, a progress
+  /// schedule's progress, and the residuals of the sync plans' stateful codecs (run by
+  /// `interp`).
+  template <Communicator C>
+  void register_state(state_registry& reg, interpreter<C, S>& interp) {
+    reg.add_kind({.prefix = "federation.", .noun = "federation state"});
+    for (const auto& t : policy_.state()) register_policy_buffer(reg, t);
+    for (int f = 0; f < fragments(); ++f) register_fragment(reg, f);
+    reg.add_value({.name = "federation.syncs_applied"}, &syncs_applied_);
+    if constexpr (by_progress) register_progress(reg);
+    for (int f = 0; f < fragments(); ++f)
+      interp.register_codec_states(
+          reg, sync_plan(f), "codec.fragment" + std::to_string(f), [f](const comm_op& op) {
+            // A residual of a fragment (or of a replica's piece of it) reshards like the
+            // fragment, within the same policy (the same plan, op for op).
+            const bool piece = op.in.piece == axis::replica;
+            if (op.in.role != role::fragment || (op.in.piece && !piece))
+              return state_entry{.name = {}, .survives_policy_change = false, .reshards = false};
+            return state_entry{.name = {},
+                               .family = "codec.fragment{f}",
+                               .extent = state_extent::fragment,
+                               .fragment = f,
+                               .replica_piece = piece,
+                               .survives_policy_change = false};
+          });
   }
 
  private:
@@ -524,16 +491,131 @@ class synchronizer {
     }
   }
 
-  /// A span of the space's memory, copied to the host (after the sync stream's work).
-  std::vector<float> download(std::span<const float> from) {
-    std::vector<float> host(from.size());
-    space_->to_host(sync_, cview(from), view(std::span<float>(host)));
-    space_->synchronize(sync_);
-    return host;
+  /// "fragment<f>.<name>": a policy buffer's name among the federation state.
+  static std::string policy_key(const optim::state_tensor& t) {
+    return fedshard::detail::concat("fragment", t.fragment, ".", t.name);
   }
-  /// Host values into a span of the space's memory.
-  void upload(const std::vector<float>& host, std::span<float> to) {
-    space_->from_host(sync_, cview(std::span<const float>(host)), view(to));
+  /// A policy buffer of fragment t.fragment, read and written through the host.
+  void register_policy_buffer(state_registry& reg, const optim::state_tensor& t) {
+    reg.add_elements(
+        {.name = "federation." + policy_key(t),
+         .family = "federation.fragment{f}." + t.name,
+         .extent = state_extent::fragment,
+         .fragment = t.fragment,
+         .missing = t.missing},
+        t.data.size(), [this, d = t.data](std::span<float> h) { copy_out(d, h); },
+        [this, d = t.data](std::span<const float> h) { copy_in(h, d); });
+  }
+
+  /// Fragment f's records: its stage (a resharding load starts idle: a sync in flight is not
+  /// carried over), its counters (from the saver's fragment holding its first unit), the
+  /// groups' tokens and the buffer of a sync in flight.
+  void register_fragment(state_registry& reg, int f) {
+    auto& fr = at(f);
+    const std::string p = fedshard::detail::concat("fragment", f, "."), family = "fragment{f}.";
+    reg.add({.name = p + "stage",
+             .reshards = false,
+             .element_size = sizeof(sync_stage),
+             .bytes = [] { return sizeof(sync_stage); },
+             .save = [&fr](std::span<std::byte> o) { std::memcpy(o.data(), &fr.stage, 1); },
+             .check = [f](std::span<const std::byte> in) { check_stage(f, in); },
+             .load =
+                 [&fr](std::span<const std::byte> in) {
+                   std::memcpy(&fr.stage, in.data(), sizeof fr.stage);
+                   fr.start = {};
+                   fr.finish = {};
+                 }});
+    if constexpr (requires { policy_.outer_steps(0); })
+      reg.add({.name = p + "outer_steps",
+               .family = family + "outer_steps",
+               .fragment = f,
+               .element_size = sizeof(std::int64_t),
+               .bytes = [] { return sizeof(std::int64_t); },
+               .save =
+                   [this, f](std::span<std::byte> o) {
+                     const std::int64_t n = policy_.outer_steps(f);
+                     std::memcpy(o.data(), &n, sizeof n);
+                   },
+               .load =
+                   [this, f](std::span<const std::byte> in) {
+                     std::int64_t n = 0;
+                     std::memcpy(&n, in.data(), sizeof n);
+                     policy_.set_outer_steps(f, n);
+                   }});
+    reg.add_value({.name = p + "tokens", .family = family + "tokens", .fragment = f}, &fr.tokens);
+    register_vector(reg, {.name = p + "group_tokens", .reshards = false}, fr.group_tokens, false);
+    register_vector(reg, {.name = p + "applied_at", .family = family + "applied_at", .fragment = f},
+                    fr.applied_at, true);
+    reg.add_elements(
+        {.name = p + "buffer",
+         .reshards = false,
+         .present = [&fr] { return fr.stage != sync_stage::idle; }},
+        fr.buf.size(), [this, &fr](std::span<float> h) { copy_out(fr.buf.span(), h); },
+        [this, &fr](std::span<const float> h) { copy_in(h, fr.buf.span()); });
+  }
+
+  /// A record holding a host vector of trivially copyable values (of a size that may change
+  /// with `grows`).
+  template <class T>
+  static void register_vector(state_registry& reg, state_entry e, std::vector<T>& v, bool grows) {
+    e.variable_size = grows;
+    e.element_size = sizeof(T);
+    e.bytes = [&v] { return v.size() * sizeof(T); };
+    e.save = [&v](std::span<std::byte> o) { std::memcpy(o.data(), v.data(), o.size()); };
+    e.load = [&v, grows](std::span<const std::byte> in) {
+      if (grows) v.resize(in.size() / sizeof(T));
+      std::memcpy(v.data(), in.data(), in.size());
+    };
+    reg.add(std::move(e));
+  }
+
+  /// A progress schedule's group tokens and seconds (the k-th sync's, which every group
+  /// shares): a checkpoint without them is refused.
+  void register_progress(state_registry& reg) {
+    auto note = [](const std::map<std::string, std::string>& saved) {
+      const auto it = saved.find("sync_schedule");
+      return fedshard::detail::concat(
+          "it was saved with the sync schedule '",
+          it == saved.end() ? std::string("unknown") : it->second,
+          "', which keeps no progress (tokens since the last sync, seconds since the "
+          "start); a ",
+          Sch::name, " run loads only checkpoints of token_budget or wall_clock runs");
+    };
+    reg.add_value(
+        {.name = "schedule.group_tokens", .missing = state_start::refuse, .refuse_note = note},
+        &progress_.tokens);
+    reg.add({.name = "schedule.seconds",
+             .missing = state_start::refuse,
+             .element_size = sizeof(double),
+             .refuse_note = note,
+             .bytes = [] { return sizeof(double); },
+             .save =
+                 [this](std::span<std::byte> o) {
+                   std::memcpy(o.data(), &progress_.seconds, sizeof(double));
+                 },
+             .load =
+                 [this](std::span<const std::byte> in) {
+                   double seconds = 0;
+                   std::memcpy(&seconds, in.data(), sizeof seconds);
+                   set_progress(progress_.tokens, seconds);
+                 }});
+  }
+
+  static void check_stage(int f, std::span<const std::byte> in) {
+    sync_stage stage{};
+    std::memcpy(&stage, in.data(), sizeof stage);
+    FEDSHARD_EXPECTS(stage == sync_stage::idle || stage == sync_stage::communicated,
+                     "checkpoint: fragment ", f, " has an invalid sync stage ",
+                     static_cast<int>(stage));
+  }
+
+  /// Copies between the space's memory and the host (after the sync stream's work).
+  void copy_out(std::span<const float> from, std::span<float> host) {
+    space_->to_host(sync_, cview(from), view(host));
+    space_->synchronize(sync_);
+  }
+  void copy_in(std::span<const float> host, std::span<float> to) {
+    space_->from_host(sync_, cview(host), view(to));
     space_->synchronize(sync_);
   }
 

@@ -31,20 +31,55 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "fedshard/core/state_registry.hpp"
 #include "fedshard/space/host_space.hpp"
 
 namespace fedshard::optim {
 
-/// One state buffer of a shard optimizer: its torch state_dict name and the shard's elements.
+/// One state buffer of a shard optimizer (its torch state_dict name and the shard's
+/// elements) or of a federation policy (its name in fragment `fragment`, the fragment's
+/// elements, and how it starts when a checkpoint lacks it).
 struct state_tensor {
   std::string name;
   std::span<float> data;
+  int fragment = -1;
+  state_start missing = state_start::zero;
 };
+
+/// Registers optimizer `o`'s state (core/state_registry.hpp): each buffer as
+/// "optimizer.<name>", laid out like the master, and its step count, one group (a buffer
+/// missing from a checkpoint restarts the count). to_host(live, host) and
+/// from_host(host, live) copy between the space's memory and the host.
+template <class O, class ToHost, class FromHost>
+void register_state(state_registry& reg, O& o, ToHost to_host, FromHost from_host) {
+  reg.add_kind({.prefix = "optimizer.", .noun = "optimizer state"});
+  for (const state_tensor& t : o.state())
+    reg.add_elements(
+        {.name = "optimizer." + t.name, .extent = state_extent::master, .group = "optimizer"},
+        t.data.size(), [to_host, d = t.data](std::span<float> h) { to_host(d, h); },
+        [from_host, d = t.data](std::span<const float> h) { from_host(h, d); });
+  reg.add({.name = "optimizer.step_count",
+           .element_size = sizeof(std::int64_t),
+           .group = "optimizer",
+           .bytes = [] { return sizeof(std::int64_t); },
+           .save =
+               [&o](std::span<std::byte> out) {
+                 const std::int64_t n = o.step_count();
+                 std::memcpy(out.data(), &n, sizeof n);
+               },
+           .load =
+               [&o](std::span<const std::byte> in) {
+                 std::int64_t n = 0;
+                 std::memcpy(&n, in.data(), sizeof n);
+                 o.set_step_count(n);
+               }});
+}
 
 /// An optimizer of one rank's f32 shard with its own sharded state; see the list above.
 template <class O>

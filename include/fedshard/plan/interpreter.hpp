@@ -57,6 +57,7 @@
 #include "fedshard/comm/request.hpp"
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
+#include "fedshard/core/state_registry.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/kernels/cast.hpp"
 #include "fedshard/mesh/mesh.hpp"
@@ -211,6 +212,22 @@ class interpreter {
   std::span<float> codec_state(const comm_op& op) {
     FEDSHARD_EXPECTS(encoded(op), "interpreter::codec_state: ", describe(op), " has no codec");
     return coder(op).state();
+  }
+
+  /// Registers the state of the stateful codec of each of p's encoded ops (its
+  /// error-feedback residual, in host memory) as the entry `<prefix>.op<i>` (i: the op's
+  /// index in p), described by `describe(op)` (extent, fragment, how it starts).
+  template <class Describe>
+  void register_codec_states(state_registry& reg, const plan& p, const std::string& prefix,
+                             Describe&& describe) {
+    reg.add_kind({.prefix = "codec.", .noun = "codec residual", .strip = false});
+    for (std::size_t i = 0; i < p.ops.size(); ++i) {
+      if (!encoded(p.ops[i]) || !p.ops[i].codec.stateful) continue;
+      state_entry e = describe(p.ops[i]);
+      e.name = prefix + ".op" + std::to_string(i);
+      if (!e.family.empty()) e.family += ".op" + std::to_string(i);
+      reg.add_host_span(std::move(e), codec_state(p.ops[i]));
+    }
   }
 
   /// Collective over axis a (every rank of it passes the same sets in the same order): makes

@@ -55,6 +55,7 @@
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
+#include "fedshard/core/state_registry.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/plan/comm_op.hpp"
@@ -203,6 +204,19 @@ class engine {
   stream_type& compute_stream() noexcept { return compute_; }
   mesh<C>& topology() noexcept { return *mesh_; }
   const mesh<C>& topology() const noexcept { return *mesh_; }
+
+  /// Registers the engine's state: the master (the model's parameters, "master") and the
+  /// residuals of the step plan's stateful codecs (a step's: they start at zero on another
+  /// setup).
+  void register_state(state_registry& reg) {
+    reg.add_elements(
+        {.name = "master", .extent = state_extent::master, .parameters = true}, master_.size(),
+        [this](std::span<float> h) { download(master(), h); },
+        [this](std::span<const float> h) { upload(h, master()); });
+    interp_.register_codec_states(reg, plan_, "codec.step", [](const comm_op&) {
+      return state_entry{.name = {}, .survives_policy_change = false, .reshards = false};
+    });
+  }
 
   /// This rank's f32 master parameters (unit shards back to back; padding stays zero), in
   /// the space's memory.

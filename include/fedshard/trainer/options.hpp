@@ -1,0 +1,54 @@
+#pragma once
+/// trainer_options: a trainer's settings beyond its optimizer's (precision, steps, the
+/// policies' settings, logging), and world_mean_op, the op of trainer::mean_over_world.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "fedshard/core/dtype.hpp"
+#include "fedshard/core/reduce_op.hpp"
+#include "fedshard/mesh/axis.hpp"
+#include "fedshard/plan/comm_op.hpp"
+#include "fedshard/shard/shard_policy.hpp"
+#include "fedshard/trainer/algorithm.hpp"
+
+namespace fedshard {
+
+/// Settings of a trainer beyond the optimizer's.
+template <Algorithm A>
+struct trainer_options {
+  /// Parameter dtype on the wire and gradient reduce dtype (master is always f32).
+  shard::precision precision{};
+  /// Planned number of steps (the schedules sync on the final one); 0 = unknown.
+  std::int64_t total_steps = 0;
+  /// Gathered units alive at once through prefetching.
+  int max_live_units = 2;
+  /// Learning rate of each 0-based step; empty = the optimizer config's lr throughout.
+  std::function<float(std::int64_t)> lr_schedule{};
+  /// The federation policy's settings (sync mode, outer optimizer, ...).
+  typename A::federation_policy::config federation{};
+  /// The schedule's settings (K, H, fragments, delay, mixing), from the algorithm's defaults.
+  typename A::sync_schedule::config schedule = A::default_schedule();
+  /// The shard policy's settings (shard::sparse's density, refresh period); none for most.
+  shard::settings_of_t<typename A::shard_policy> shard{};
+  /// Where the trainer's log lines go (what a resharding load dropped or initialised), on
+  /// every rank; empty = world rank 0 prints them to stderr.
+  std::function<void(const std::string&)> log{};
+};
+
+/// The op of trainer::mean_over_world: an average all_reduce of one f64 (role value) over
+/// the world of `world_size` ranks.
+inline comm_op world_mean_op(int world_size) {
+  return {.kind = comm_kind::all_reduce,
+          .axis = axis::world,
+          .dtype = dtype::f64,
+          .bytes = 8,
+          .ranks = world_size,
+          .reduce = reduce_op::avg,
+          .in = {.role = role::value},
+          .out = {.role = role::value},
+          .overlappable = false};
+}
+
+}  // namespace fedshard
