@@ -8,7 +8,7 @@
 #include <limits>
 #include <vector>
 
-#include "fedshard/federation/sync_plan.hpp"
+#include "support/op_lists.hpp"
 
 using namespace fedshard;
 using fedshard::federation::average;
@@ -17,13 +17,90 @@ TEST_CASE("average models FederationPolicy, syncs the parameters only, without w
   CHECK(federation::FederationPolicy<average>);
   CHECK(average::name == "average");
   CHECK(average::syncs);
-  for (auto mode : {federation::sync_mode::hierarchical, federation::sync_mode::reference}) {
-    average a({mode}, {16});
-    CHECK(a.state().empty());  // nothing to checkpoint
-    const federation::sync_context ctx{
-        .shape = {2, 2, 1}, .coords = {0, 0, 0}, .numel = 32, .inner_state_buffers = 2};
-    // the paper averages parameters only: no weights, no moments
-    CHECK(a.sync_plan(ctx).ops == federation::parameter_average_ops(ctx, mode).ops);
+  CHECK(average({}, {16}).state().empty());  // nothing to checkpoint
+}
+
+TEST_CASE("average's sync plan, written out: the parameters only, no weights, no moments") {
+  // G = 2 groups of R = 2 replicas, S = 1; a fragment of 32 f32 = 128 B; the inner optimizer
+  // has 2 state buffers, which the paper's average leaves alone.
+  const operand fragment{.role = role::fragment};
+  const operand half{.role = role::fragment, .piece = axis::replica};
+  auto ctx_at = [](int replica) {
+    return federation::sync_context{.shape = {2, 2, 1},
+                                    .coords = {1, replica, 0},
+                                    .fragment = 3,
+                                    .numel = 32,
+                                    .inner_state_buffers = 2};
+  };
+  SUBCASE("hierarchical: each replica averages its half, then the replicas gather") {
+    // all_reduce of 16 f32 = 64 B over the 2 groups: each rank sends 2 (2 - 1) / 2 x 64 = 64 B;
+    // all_gather of the 128 B fragment over the 2 replicas: (2 - 1) / 2 x 128 = 64 B.
+    const std::vector<comm_op> want{{.kind = comm_kind::all_reduce,
+                                     .axis = axis::federation,
+                                     .dtype = dtype::f32,
+                                     .bytes = 64,
+                                     .ranks = 2,
+                                     .reduce = reduce_op::avg,
+                                     .trigger = trigger::sync_start,
+                                     .phase = phase::sync,
+                                     .fragment = 3,
+                                     .in = half,
+                                     .out = half,
+                                     .overlappable = false},
+                                    {.kind = comm_kind::all_gather,
+                                     .axis = axis::replica,
+                                     .dtype = dtype::f32,
+                                     .bytes = 128,
+                                     .ranks = 2,
+                                     .trigger = trigger::sync_finish,
+                                     .phase = phase::sync,
+                                     .fragment = 3,
+                                     .in = half,
+                                     .out = fragment,
+                                     .overlappable = false}};
+    for (int replica : {0, 1}) {
+      CAPTURE(replica);
+      const plan p =
+          average({federation::sync_mode::hierarchical}, {32}).sync_plan(ctx_at(replica));
+      CHECK(test::compare_ops(p.ops, want) == "");
+      CHECK(p.wire_bytes_on(axis::federation) == 64.0);
+      CHECK(p.wire_bytes_on(axis::replica) == 64.0);
+    }
+  }
+  SUBCASE("reference: replica 0 averages the whole fragment, then broadcasts it") {
+    // all_reduce of 128 B over the 2 groups: 2 (2 - 1) / 2 x 128 = 128 B sent by replica 0;
+    // the broadcast from replica 0: 128 B (bus factor 1); replica 1 only receives it.
+    const comm_op bcast{.kind = comm_kind::broadcast,
+                        .axis = axis::replica,
+                        .dtype = dtype::f32,
+                        .bytes = 128,
+                        .ranks = 2,
+                        .root = 0,
+                        .trigger = trigger::sync_finish,
+                        .phase = phase::sync,
+                        .fragment = 3,
+                        .in = {},
+                        .out = fragment,
+                        .overlappable = false};
+    const std::vector<comm_op> want0{{.kind = comm_kind::all_reduce,
+                                      .axis = axis::federation,
+                                      .dtype = dtype::f32,
+                                      .bytes = 128,
+                                      .ranks = 2,
+                                      .reduce = reduce_op::avg,
+                                      .trigger = trigger::sync_start,
+                                      .phase = phase::sync,
+                                      .fragment = 3,
+                                      .in = fragment,
+                                      .out = fragment,
+                                      .overlappable = false},
+                                     bcast};
+    const average a({federation::sync_mode::reference}, {32});
+    const plan p0 = a.sync_plan(ctx_at(0));
+    CHECK(test::compare_ops(p0.ops, want0) == "");
+    CHECK(p0.wire_bytes_on(axis::federation) == 128.0);
+    CHECK(p0.wire_bytes_on(axis::replica) == 128.0);
+    CHECK(test::compare_ops(a.sync_plan(ctx_at(1)).ops, {bcast}) == "");
   }
 }
 

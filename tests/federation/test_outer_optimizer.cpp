@@ -1,7 +1,6 @@
 // outer_optimizer<Rule>: anchors per fragment, pseudo-gradients in begin, the rule's step in
 // end, named state for checkpoints, and checks on fragment indices and sizes.
 #include "fedshard/federation/outer_optimizer.hpp"
-#include "fedshard/federation/sync_plan.hpp"
 
 #include <doctest/doctest.h>
 
@@ -9,6 +8,7 @@
 #include <vector>
 
 #include "fedshard/federation/outer_rules.hpp"
+#include "support/op_lists.hpp"
 
 using namespace fedshard;
 using namespace fedshard::federation;
@@ -140,14 +140,56 @@ TEST_CASE("the sync plan averages inner moments when the config says so; outer s
                                      .fragment = 1,
                                      .numel = 64,
                                      .inner_state_buffers = 2};
+  // G = 2 groups of R = 2 replicas; fragment 1 of 64 f32 = 256 B, hierarchical: each buffer
+  // (the mean pseudo-gradient, then with average_inner_moments AdamW's 2 moments) is averaged
+  // as its replica's half (32 f32 = 128 B: each rank sends 2 (2 - 1) / 2 x 128 = 128 B over
+  // the groups), then all-gathered over the replicas (256 B: (2 - 1) / 2 x 256 = 128 B each).
+  auto average_of = [](operand whole, trigger start, trigger finish) {
+    operand half = whole;
+    half.piece = axis::replica;
+    return std::vector<comm_op>{{.kind = comm_kind::all_reduce,
+                                 .axis = axis::federation,
+                                 .dtype = dtype::f32,
+                                 .bytes = 128,
+                                 .ranks = 2,
+                                 .reduce = reduce_op::avg,
+                                 .trigger = start,
+                                 .phase = phase::sync,
+                                 .fragment = 1,
+                                 .in = half,
+                                 .out = half,
+                                 .overlappable = false},
+                                {.kind = comm_kind::all_gather,
+                                 .axis = axis::replica,
+                                 .dtype = dtype::f32,
+                                 .bytes = 256,
+                                 .ranks = 2,
+                                 .trigger = finish,
+                                 .phase = phase::sync,
+                                 .fragment = 1,
+                                 .in = half,
+                                 .out = whole,
+                                 .overlappable = false}};
+  };
+  std::vector<comm_op> want =
+      average_of({.role = role::fragment}, trigger::sync_start, trigger::sync_finish);
   const plan params_only = outer_optimizer<fedadam>(c, {}).sync_plan(ctx);
-  CHECK(params_only.ops == federation::parameter_average_ops(ctx, c.sync).ops);
+  CHECK(test::compare_ops(params_only.ops, want) == "");
+  CHECK(params_only.wire_bytes_on(axis::federation) == 128.0);
+  CHECK(params_only.wire_bytes_on(axis::replica) == 128.0);
+
   c.average_inner_moments = true;
   outer_optimizer<fedadam> o(c, {4});
-  plan expected = federation::parameter_average_ops(ctx, c.sync);
-  expected.append(federation::moment_average_ops(ctx, c.sync));
-  CHECK(o.sync_plan(ctx).ops == expected.ops);
-  CHECK(expected.ops.size() == 6);  // parameters + 2 moments, each all_reduce + all_gather
+  // the moments move after the parameters are applied: both halves of each at sync_after
+  for (int k : {0, 1})
+    for (const comm_op& op :
+         average_of({.role = role::moment, .index = k}, trigger::sync_after, trigger::sync_after))
+      want.push_back(op);
+  REQUIRE(want.size() == 6);  // parameters + 2 moments, each all_reduce + all_gather
+  const plan with_moments = o.sync_plan(ctx);
+  CHECK(test::compare_ops(with_moments.ops, want) == "");
+  CHECK(with_moments.wire_bytes_on(axis::federation) == 3 * 128.0);
+  CHECK(with_moments.wire_bytes_on(axis::replica) == 3 * 128.0);
   o.set_outer_steps(0, 12);
   CHECK(o.outer_steps(0) == 12);
   CHECK_THROWS_AS(o.set_outer_steps(0, -1), invalid_argument);

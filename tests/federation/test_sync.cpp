@@ -19,6 +19,7 @@
 #include "fedshard/schedule/streaming.hpp"
 #include "fedshard/trainer/checkpoint.hpp"
 #include "fedshard/trainer/state_io.hpp"
+#include "support/op_lists.hpp"
 #include "support/spawn_ranks.hpp"
 
 using namespace fedshard;
@@ -68,16 +69,55 @@ TEST_CASE("fragments_of cuts strided fragments with padded buffers; sync_plans_o
   CHECK(fr[0].numel == 32);
   CHECK(fr[0].padded == 48);  // a multiple of 16 x 3 replicas
   CHECK(fr[1].slices.size() == 2);
-  const outer_optimizer<nesterov> policy({}, {});  // built for no fragments
+  outer_optimizer<nesterov>::config c;
+  c.average_inner_moments = true;
+  const outer_optimizer<nesterov> policy(c, {});  // built for no fragments
   const auto plans = sync_plans_of(policy, s, l, {2, 3, 2}, {1, 2, 0}, 2);
   REQUIRE(plans.size() == 2);
+  // G = 2 groups of R = 3 replicas; each fragment's buffer is padded to 48 f32 = 192 B. The
+  // rank (replica 2) averages its third, 16 f32 = 64 B, over the 2 groups (sending
+  // 2 (2 - 1) / 2 x 64 = 64 B), then the 3 replicas all-gather the 192 B (sending
+  // (3 - 1) / 3 x 192 = 128 B): for the parameters at sync_start / sync_finish, then for each
+  // of the 2 inner-optimizer buffers at sync_after.
   for (int f = 0; f < 2; ++f) {
-    const plan expected = policy.sync_plan({.shape = {2, 3, 2},
-                                            .coords = {1, 2, 0},
-                                            .fragment = f,
-                                            .numel = 48,
-                                            .inner_state_buffers = 2});
-    CHECK(plans[std::size_t(f)].ops == expected.ops);
+    CAPTURE(f);
+    auto average_of = [&](operand whole, trigger start, trigger finish) {
+      operand third = whole;
+      third.piece = axis::replica;
+      return std::vector<comm_op>{{.kind = comm_kind::all_reduce,
+                                   .axis = axis::federation,
+                                   .dtype = dtype::f32,
+                                   .bytes = 64,
+                                   .ranks = 2,
+                                   .reduce = reduce_op::avg,
+                                   .trigger = start,
+                                   .phase = phase::sync,
+                                   .fragment = f,
+                                   .in = third,
+                                   .out = third,
+                                   .overlappable = false},
+                                  {.kind = comm_kind::all_gather,
+                                   .axis = axis::replica,
+                                   .dtype = dtype::f32,
+                                   .bytes = 192,
+                                   .ranks = 3,
+                                   .trigger = finish,
+                                   .phase = phase::sync,
+                                   .fragment = f,
+                                   .in = third,
+                                   .out = whole,
+                                   .overlappable = false}};
+    };
+    std::vector<comm_op> want =
+        average_of({.role = role::fragment}, trigger::sync_start, trigger::sync_finish);
+    for (int k : {0, 1})
+      for (const comm_op& op :
+           average_of({.role = role::moment, .index = k}, trigger::sync_after, trigger::sync_after))
+        want.push_back(op);
+    const plan& got = plans[std::size_t(f)];
+    CHECK(test::compare_ops(got.ops, want) == "");
+    CHECK(got.wire_bytes_on(axis::federation) == 3 * 64.0);
+    CHECK(got.wire_bytes_on(axis::replica) == doctest::Approx(3 * 128.0));
   }
   CHECK_THROWS_WITH_AS(fragments_of(schedule::streaming({.period = 8, .fragments = 5}), l, 1),
                        doctest::Contains("5 fragments but the model has only 4 units"),

@@ -105,6 +105,9 @@ TEST_CASE("reference: replica 0 all-reduces the whole buffer and broadcasts it t
 }
 
 TEST_CASE("per group, both modes put the same bytes on the federation links") {
+  // 192 f32 = 768 B over G = 4 groups, all-reduced whole (reference, by replica 0) or as R
+  // pieces of 768 / R B (hierarchical, one per replica): either way the group sends
+  // 2 (4 - 1) / 4 x 768 = 1152 B.
   const std::size_t numel = 192;
   for (int R : {1, 2, 3, 4}) {
     const mesh_shape shape{4, R, 2};
@@ -116,7 +119,8 @@ TEST_CASE("per group, both modes put the same bytes on the federation links") {
                  .wire_bytes_on(axis::federation);
     }
     CAPTURE(R);
-    CHECK(hier == ref);
+    CHECK(hier == doctest::Approx(1152.0));
+    CHECK(ref == 1152.0);
   }
 }
 
@@ -177,6 +181,19 @@ TEST_CASE("both modes run on the interpreter and give every replica the mean ove
       for (std::size_t i = 0; i < numel; ++i)
         CHECK(buf[i] == (float(c.shard) + float(i) + float(8 + c.shard) + float(i)) / 2.0f);
       CHECK(in.traffic().same_traffic(traffic_counters::of(p)));
+      // 64 f32 = 256 B over G = 2 groups and R = 2 replicas, as the wire counted it:
+      //  - hierarchical: the half (128 B) all-reduced, 2 (2 - 1) / 2 x 128 = 128 B sent, then
+      //    the 256 B all-gathered, (2 - 1) / 2 x 256 = 128 B sent, on every rank;
+      //  - reference: replica 0 all-reduces the 256 B (256 B sent), then broadcasts them
+      //    (256 B, counted on both replicas).
+      const bool hier = mode == sync_mode::hierarchical;
+      const axis_traffic& fed = in.traffic()[axis::federation];
+      const axis_traffic& rep = in.traffic()[axis::replica];
+      CHECK(fed.calls == (hier || c.replica == 0 ? 1 : 0));
+      CHECK(fed.wire_bytes == (hier ? 128.0 : c.replica == 0 ? 256.0 : 0.0));
+      CHECK(rep.calls == 1);
+      CHECK(rep.wire_bytes == (hier ? 128.0 : 256.0));
+      CHECK(in.traffic()[axis::shard] == axis_traffic{});
     });
   }
 }

@@ -10,7 +10,7 @@
 #include <limits>
 #include <vector>
 
-#include "fedshard/federation/sync_plan.hpp"
+#include "support/op_lists.hpp"
 
 using namespace fedshard;
 using federation::sync_info;
@@ -34,10 +34,66 @@ TEST_CASE("weighted_average models FederationPolicy and exchanges the weights fi
   CHECK(weighted_average::syncs);
   weighted_average w({}, {8});
   CHECK(w.state().empty());
-  const federation::sync_context ctx{.shape = {3, 2, 2}, .coords = {1, 1, 0}, .numel = 32};
-  plan expected = federation::weights_ops(ctx);
-  expected.append(federation::parameter_average_ops(ctx, federation::sync_mode::hierarchical));
-  CHECK(w.sync_plan(ctx).ops == expected.ops);
+  // G = 3 groups of R = 2 replicas x S = 2 shards; this rank is replica 1, shard 0 of group 1;
+  // a fragment of 48 f32 = 192 B. At sync_begin the 4 ranks of the group sum their token
+  // counts (one f64: all_reduce of 8 B, each sends 2 (4 - 1) / 4 x 8 = 12 B), then the groups
+  // gather their sums (3 x 8 = 24 B, each sends (3 - 1) / 3 x 24 = 16 B). Then the hierarchical
+  // average: each replica all-reduces its half (24 f32 = 96 B) over the 3 groups, sending
+  // 2 (3 - 1) / 3 x 96 = 128 B, and the 2 replicas all-gather the 192 B: (2 - 1) / 2 x 192 = 96.
+  const federation::sync_context ctx{.shape = {3, 2, 2}, .coords = {1, 1, 0}, .numel = 48};
+  const operand tokens{.role = role::tokens};
+  const operand half{.role = role::fragment, .piece = axis::replica};
+  const std::vector<comm_op> want{{.kind = comm_kind::all_reduce,
+                                   .axis = axis::group,
+                                   .dtype = dtype::f64,
+                                   .bytes = 8,
+                                   .ranks = 4,
+                                   .reduce = reduce_op::sum,
+                                   .trigger = trigger::sync_begin,
+                                   .phase = phase::sync,
+                                   .fragment = 0,
+                                   .in = tokens,
+                                   .out = tokens,
+                                   .overlappable = false},
+                                  {.kind = comm_kind::all_gather,
+                                   .axis = axis::federation,
+                                   .dtype = dtype::f64,
+                                   .bytes = 24,
+                                   .ranks = 3,
+                                   .trigger = trigger::sync_begin,
+                                   .phase = phase::sync,
+                                   .fragment = 0,
+                                   .in = tokens,
+                                   .out = {.role = role::group_tokens},
+                                   .overlappable = false},
+                                  {.kind = comm_kind::all_reduce,
+                                   .axis = axis::federation,
+                                   .dtype = dtype::f32,
+                                   .bytes = 96,
+                                   .ranks = 3,
+                                   .reduce = reduce_op::avg,
+                                   .trigger = trigger::sync_start,
+                                   .phase = phase::sync,
+                                   .fragment = 0,
+                                   .in = half,
+                                   .out = half,
+                                   .overlappable = false},
+                                  {.kind = comm_kind::all_gather,
+                                   .axis = axis::replica,
+                                   .dtype = dtype::f32,
+                                   .bytes = 192,
+                                   .ranks = 2,
+                                   .trigger = trigger::sync_finish,
+                                   .phase = phase::sync,
+                                   .fragment = 0,
+                                   .in = half,
+                                   .out = {.role = role::fragment},
+                                   .overlappable = false}};
+  const plan p = w.sync_plan(ctx);
+  CHECK(test::compare_ops(p.ops, want) == "");
+  CHECK(p.wire_bytes_on(axis::group) == 12.0);
+  CHECK(p.wire_bytes_on(axis::federation) == doctest::Approx(16.0 + 128.0));
+  CHECK(p.wire_bytes_on(axis::replica) == 96.0);
 }
 
 TEST_CASE("begin scales the buffer by G w_g / W; end and reset change nothing") {

@@ -45,9 +45,13 @@ TEST_CASE("with_gather_codec encodes the compute gathers of its policy and nothi
       CHECK(c.codec == codec::spec_of<int8>());
       CHECK(c.dtype == dtype::f32);  // the codec reads the f32 master
       CHECK(c.bytes / 4 == p.bytes / static_cast<std::int64_t>(size_of(param)));  // same count
-      const auto per_rank = static_cast<std::size_t>(c.bytes / 4 / 2);
-      CHECK(codec_slot_bytes(c) ==
-            static_cast<std::int64_t>((int8::encoded_bytes(per_rank) + 3) / 4 * 4));
+      // Units padded to 160, 288 and 96 elements over 2 ranks: blocks of 80, 144 and 48 f32,
+      // each encoded as one 256-block's f32 scale (4 B) and a byte per value: 84, 148 and 52
+      // B, already whole words. The wire all-gathers 2 of them as f32 words.
+      const std::int64_t slot[] = {84, 148, 52};
+      CAPTURE(c.unit);
+      CHECK(codec_slot_bytes(c) == slot[c.unit]);
+      CHECK(carried(c).bytes == 2 * slot[c.unit]);
       CHECK_NOTHROW(check(c));
     }
     CHECK(gathers == 6);  // forward and backward, 3 units

@@ -527,36 +527,99 @@ TEST_CASE("bandwidth-bound, the step-time ratio is the ratio of bytes leaving a 
   CHECK(f.step / fl.step == doctest::Approx(egress(f) / egress(fl)).epsilon(1e-3));
 }
 
-TEST_CASE("the bytes per axis are the plans' wire bytes, as traffic_counters::of counts them") {
-  const cluster c = a100_4gpu_node();
-  const workload w{llama31_8b(), 2, 2048, 0, false};
-  const mesh_shape shape{16, 8, 4};
-  for (const char* name : {"fl_hsdp", "streaming_diloco"}) {
-    CAPTURE(name);
-    const auto a = algorithm_by_name(name);
-    const step_price p = price(a, w, shape, c);
-    const flat_layout layout = layout_of(a, transformer_units(w.model), shape);
-    const int r = p.critical_rank;
-    const auto steps =
-        traffic_counters::of(step_plan_of(a, layout, shape, price_options{}.precision));
-    traffic_counters syncs;
-    for (const plan& f : sync_plans_of(a, layout, shape, r))
-      for (const auto& op : f.ops) syncs.record(op);
-    for (axis ax : all_axes) {
-      CHECK(p[ax].step_bytes == steps[ax].wire_bytes);
-      CHECK(p[ax].sync_bytes == doctest::Approx(syncs[ax].wire_bytes));
-      CHECK(p[ax].sync_calls == syncs[ax].calls);
+TEST_CASE("the priced bytes per axis are a real run's wire, and what a small case works out to") {
+  // fl_hsdp, K = 2, on a 2 x 2 x 2 mesh (G x R x S), test::mlp_model: units of 144, 272 and
+  // 68 f32. Over S = 2 shards each unit's shard is rounded up to 16 elements (64 B of f32):
+  // shards of 80, 144 and 48, padded units of 160, 288 and 96. Parameters travel as bf16,
+  // gradients as f32. One step, on every rank (bytes each rank sends):
+  //  - shard: 2 all_gathers of each unit in bf16 (forward and backward: 320, 576, 192 B) and
+  //    a reduce_scatter in f32 (640, 1152, 384 B), each over 2 ranks, sending (2 - 1) / 2 of
+  //    it: (2 x 1088 + 2176) / 2 = 2176 B in 9 calls;
+  //  - replica: an all_reduce of each f32 gradient shard (320, 576, 192 B) over 2 replicas,
+  //    sending 2 (2 - 1) / 2 of it: 1088 B in 3 calls.
+  // One sync: the rank's fragment packs its shards, 80 + 144 + 48 = 272 f32, padded to a
+  // multiple of 16 R = 32: 288 f32 = 1152 B.
+  //  - hierarchical: each replica all-reduces its half (576 B) over the 2 groups, sending
+  //    2 (2 - 1) / 2 x 576 = 576 B, then the replicas all-gather the 1152 B, sending
+  //    (2 - 1) / 2 x 1152 = 576 B: one call on each axis, on every rank;
+  //  - reference: replica 0 all-reduces the 1152 B over the groups, sending 1152 B, then
+  //    broadcasts them to replica 1 (bus factor 1: 1152 B, counted on both replicas).
+  // The real run is the trainer on inproc ranks: one step (no sync yet), then two steps (the
+  // sync after the second), as its wire counted them; a sync is the difference.
+  using fedshard::fl_hsdp;
+  const mesh_shape shape{2, 2, 2};
+  const shard::precision prec{dtype::bf16, dtype::f32};
+  price_options po;
+  po.precision = prec;
+  struct by_hand {
+    double step_shard, step_replica, sync_federation, sync_replica;
+    std::int64_t sync_calls_federation;
+  };
+  for (auto mode : {federation::sync_mode::hierarchical, federation::sync_mode::reference}) {
+    CAPTURE(to_string(mode));
+    const algorithm_settings settings{.period = 2, .sync = mode};
+    const algorithm_desc a = algorithm_by_name("fl_hsdp", settings);
+    const step_price p =
+        price_plans(a, test::mlp_model{}.units(), shape, a100_4gpu_node(), 1.0, 1.0, po);
+    const auto o = options_for<fl_hsdp>("fl_hsdp", settings);
+    const recorded one = train<fl_hsdp>(shape, 1, 0, o, prec);
+    const recorded two = train<fl_hsdp>(shape, 2, 0, o, prec);
+    REQUIRE(p.ranks.size() == 8);
+    for (int r = 0; r < 8; ++r) {
+      CAPTURE(r);
+      const auto ur = static_cast<std::size_t>(r);
+      const bool replica0 = r / 2 % 2 == 0;  // world rank = (g R + replica) S + shard
+      const by_hand want =
+          mode == federation::sync_mode::hierarchical
+              ? by_hand{2176, 1088, 576, 576, 1}
+              : by_hand{2176, 1088, replica0 ? 1152.0 : 0.0, 1152, replica0 ? 1 : 0};
+      auto priced = [&](axis ax) -> const axis_price& {
+        return p.ranks[ur].axes[static_cast<std::size_t>(ax)];
+      };
+      for (axis ax : all_axes) {
+        CAPTURE(to_string(ax));
+        const axis_traffic& step = one.traffic[ur][ax];
+        const axis_traffic& run = two.traffic[ur][ax];
+        CHECK(priced(ax).step_bytes == step.wire_bytes);
+        CHECK(priced(ax).step_calls == step.calls);
+        CHECK(priced(ax).sync_bytes == run.wire_bytes - 2 * step.wire_bytes);
+        CHECK(priced(ax).sync_calls == run.calls - 2 * step.calls);
+      }
+      CHECK(priced(axis::shard).step_bytes == want.step_shard);
+      CHECK(priced(axis::shard).step_calls == 9);
+      CHECK(priced(axis::replica).step_bytes == want.step_replica);
+      CHECK(priced(axis::replica).step_calls == 3);
+      CHECK(priced(axis::federation).step_bytes == 0);
+      CHECK(priced(axis::federation).sync_bytes == want.sync_federation);
+      CHECK(priced(axis::federation).sync_calls == want.sync_calls_federation);
+      CHECK(priced(axis::replica).sync_bytes == want.sync_replica);
+      CHECK(priced(axis::replica).sync_calls == 1);
+      CHECK(priced(axis::shard).sync_bytes == 0);
+      CHECK(priced(axis::group).step_bytes + priced(axis::group).sync_bytes == 0);
+      CHECK(priced(axis::world).step_bytes + priced(axis::world).sync_bytes == 0);
+      // K = 2: a step's bytes plus half a sync's
+      CHECK(priced(axis::replica).bytes_per_step == want.step_replica + want.sync_replica / 2);
     }
-    CHECK(p[axis::shard].level == level_kind::intra);
-    CHECK(p[axis::replica].level == level_kind::inter);
-    CHECK(p[axis::federation].level == level_kind::inter);
   }
 }
 
+TEST_CASE("on 4-GPU nodes a 16 x 8 x 4 mesh keeps the shards inside a node") {
+  const step_price p = price(algorithm_by_name("fl_hsdp"), {llama31_8b(), 2, 2048, 0, false},
+                             {16, 8, 4}, a100_4gpu_node());
+  CHECK(p[axis::shard].level == level_kind::intra);
+  CHECK(p[axis::replica].level == level_kind::inter);
+  CHECK(p[axis::federation].level == level_kind::inter);
+}
+
 TEST_CASE("the names are for_each_algorithm's aliases") {
-  std::vector<std::string> aliases;
-  for_each_algorithm([&]<class A>(std::string_view n) { aliases.emplace_back(n); });
+  const std::vector<std::string> aliases{"ddp",          "zero2",   "fsdp",
+                                         "hsdp",         "fl_fsdp", "fl_hsdp",
+                                         "fl_hsdp_int8", "diloco",  "streaming_diloco",
+                                         "sparseloco"};
   CHECK(algorithm_names() == aliases);
+  std::vector<std::string> visited;
+  for_each_algorithm([&]<class A>(std::string_view n) { visited.emplace_back(n); });
+  CHECK(visited == aliases);
   for (const auto& n : aliases) CHECK(algorithm_by_name(n).name() == n);
   // Each keeps its own default cadence unless told otherwise; K changes only those that
   // federate.

@@ -286,6 +286,22 @@ TEST_CASE("fl_hsdp moves hsdp's intra-group bytes plus federation bytes once eve
           traffic_counters::of(fl.step_plans[r], steps)[axis::replica].wire_bytes +
               syncs[axis::replica].wire_bytes);
     CHECK(fl.sync_steps[r][0] == std::vector<std::int64_t>{2, 5, 7});
+    // By hand, per rank: mlp_model's units of 144, 272 and 68 f32 over S = 2 shards are padded
+    // to 160, 288 and 96 (shards of 80, 144 and 48: multiples of 16), 544 f32 = 2176 B.
+    //  - shard, per step: 2 all_gathers and a reduce_scatter of every unit over 2 ranks,
+    //    (2 - 1) / 2 x 3 x 2176 = 3264 B in 9 calls;
+    //  - replica, per step: the 3 gradient shards (272 f32 = 1088 B) all-reduced over 2,
+    //    2 (2 - 1) / 2 x 1088 = 1088 B; per sync: the fragment (272 f32, padded to 288 =
+    //    1152 B) all-gathered over 2 replicas, (2 - 1) / 2 x 1152 = 576 B;
+    //  - federation, per sync: the rank's half (576 B) all-reduced over 2 groups, 576 B.
+    // 8 steps and 3 syncs.
+    CHECK(t[axis::shard].calls == 8 * 9);
+    CHECK(t[axis::shard].wire_bytes == 8 * 3264.0);
+    CHECK(t[axis::replica].calls == 8 * 3 + 3);
+    CHECK(t[axis::replica].wire_bytes == 8 * 1088.0 + 3 * 576.0);
+    CHECK(t[axis::federation].wire_bytes == 3 * 576.0);
+    CHECK(t[axis::group].calls == 0);
+    CHECK(t[axis::world].calls == 0);
   }
 }
 
