@@ -193,6 +193,13 @@ class state_registry {
       if (e.name == name) return &e;
     return nullptr;
   }
+  /// The entry holding the model's parameters (state_entry::parameters); invalid_argument
+  /// when none does.
+  const state_entry& parameters() const {
+    for (const auto& e : entries_)
+      if (e.parameters) return e;
+    throw invalid_argument("state_registry: no entry holds the model's parameters");
+  }
   const std::vector<state_entry>& entries() const noexcept { return entries_; }
   auto begin() const noexcept { return entries_.begin(); }
   auto end() const noexcept { return entries_.end(); }

@@ -325,14 +325,14 @@ class synchronizer {
     if constexpr (by_progress) register_progress(reg);
     for (int f = 0; f < fragments(); ++f)
       interp.register_codec_states(
-          reg, sync_plan(f), "codec.fragment" + std::to_string(f), [f](const comm_op& op) {
+          reg, sync_plan(f), "fragment" + std::to_string(f), [f](const comm_op& op) {
             // A residual of a fragment (or of a replica's piece of it) reshards like the
             // fragment, within the same policy (the same plan, op for op).
             const bool piece = op.in.piece == axis::replica;
             if (op.in.role != role::fragment || (op.in.piece && !piece))
               return state_entry{.name = {}, .survives_policy_change = false, .reshards = false};
             return state_entry{.name = {},
-                               .family = "codec.fragment{f}",
+                               .family = "fragment{f}",
                                .extent = state_extent::fragment,
                                .fragment = f,
                                .replica_piece = piece,

@@ -43,6 +43,7 @@
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
+#include "fedshard/core/state_registry.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/kernels/cast.hpp"
 #include "fedshard/mesh/axis.hpp"
@@ -588,6 +589,19 @@ std::size_t first_element(Trainer& t, std::size_t u) {
   return l.shards() > 1 ? l.shard_of(u, t.engine().topology().coords().shard).begin : 0;
 }
 
+/// This rank's master parameters (each unit's shard back to back), read through the
+/// trainer's state registry (the entry holding the parameters).
+template <class Trainer>
+std::vector<float> parameters_of(Trainer& t) {
+  FEDSHARD_EXPECTS(t.engine().owners().everyone(),
+                   "safetensors: the trainer's group holds only some units (ownership masks); "
+                   "export and import need every unit");
+  const state_entry& p = t.state().parameters();
+  std::vector<float> master(p.bytes() / sizeof(float));
+  p.save(std::as_writable_bytes(std::span<float>(master)));
+  return master;
+}
+
 /// The overlap of this rank's elements [first, first + count) of a unit with a tensor at
 /// [offset, offset + numel) of it, as (first element of the tensor, count).
 inline std::pair<std::size_t, std::size_t> overlap(std::size_t first, std::size_t count,
@@ -640,10 +654,11 @@ void export_safetensors(Trainer& t, const std::filesystem::path& path, dtype typ
     if (writer) {
       error = detail::attempt([&] {
         std::vector<std::byte> bytes;
+        const std::vector<float> master = detail::parameters_of(t);
         std::size_t k = 0;  // the entry of the tensor
         for (std::size_t u = 0; u < l.num_units(); ++u) {
           const unit_layout& ul = l.unit(u);
-          const std::vector<float> mine = e.download(e.master_of(u));
+          const std::span<const float> mine(master.data() + l.shard_offset(u), ul.shard_numel);
           const std::size_t first = detail::first_element(t, u);
           for (const tensor_slot& s : ul.tensors) {
             const auto [from, count] = detail::overlap(first, mine.size(), s);
@@ -744,7 +759,11 @@ void import_safetensors(Trainer& t, const std::filesystem::path& path, import_op
     }
   });
   detail::all_ok(t, error);
-  for (std::size_t u = 0; u < l.num_units(); ++u) e.upload(staged[u], e.master_of(u));
+  std::vector<float> master = detail::parameters_of(t);
+  for (std::size_t u = 0; u < l.num_units(); ++u)
+    std::copy(staged[u].begin(), staged[u].end(),
+              master.begin() + static_cast<std::ptrdiff_t>(l.shard_offset(u)));
+  t.state().parameters().load(std::as_bytes(std::span<const float>(master)));
 }
 
 }  // namespace fedshard::safetensors

@@ -215,17 +215,19 @@ class interpreter {
   }
 
   /// Registers the state of the stateful codec of each of p's encoded ops (its
-  /// error-feedback residual, in host memory) as the entry `<prefix>.op<i>` (i: the op's
-  /// index in p), described by `describe(op)` (extent, fragment, how it starts).
+  /// error-feedback residual, in host memory) as the entry "codec.<plan>.op<i>" (i: the op's
+  /// index in p; a family "codec.<family>.op<i>" when describe gives one), described by
+  /// `describe(op)` (extent, fragment, how it starts).
   template <class Describe>
-  void register_codec_states(state_registry& reg, const plan& p, const std::string& prefix,
+  void register_codec_states(state_registry& reg, const plan& p, const std::string& name,
                              Describe&& describe) {
-    reg.add_kind({.prefix = "codec.", .noun = "codec residual", .strip = false});
+    const std::string prefix = "codec.";
+    reg.add_kind({.prefix = prefix, .noun = "codec residual", .strip = false});
     for (std::size_t i = 0; i < p.ops.size(); ++i) {
       if (!encoded(p.ops[i]) || !p.ops[i].codec.stateful) continue;
       state_entry e = describe(p.ops[i]);
-      e.name = prefix + ".op" + std::to_string(i);
-      if (!e.family.empty()) e.family += ".op" + std::to_string(i);
+      e.name = prefix + name + ".op" + std::to_string(i);
+      if (!e.family.empty()) e.family = prefix + e.family + ".op" + std::to_string(i);
       reg.add_host_span(std::move(e), codec_state(p.ops[i]));
     }
   }

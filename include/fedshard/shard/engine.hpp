@@ -213,7 +213,7 @@ class engine {
         {.name = "master", .extent = state_extent::master, .parameters = true}, master_.size(),
         [this](std::span<float> h) { download(master(), h); },
         [this](std::span<const float> h) { upload(h, master()); });
-    interp_.register_codec_states(reg, plan_, "codec.step", [](const comm_op&) {
+    interp_.register_codec_states(reg, plan_, "step", [](const comm_op&) {
       return state_entry{.name = {}, .survives_policy_change = false, .reshards = false};
     });
   }
