@@ -287,6 +287,25 @@ class engine {
     parameters_changed();
   }
 
+  /// Collective over the shard axis: one tensor's full values.
+  std::vector<float> gather_tensor(std::string_view name) {
+    const auto where = layout_.find(name);
+    FEDSHARD_EXPECTS(where.has_value(), "trainer::tensor: no tensor named '", name, "'");
+    const auto& slot = layout_.unit(where->first).tensors[where->second];
+    auto full = gather_unit(where->first);
+    return {full.begin() + static_cast<std::ptrdiff_t>(slot.offset),
+            full.begin() + static_cast<std::ptrdiff_t>(slot.offset + slot.numel)};
+  }
+  /// Collective over the shard axis: all units' full parameters, concatenated (numel each).
+  std::vector<float> gather_all() {
+    std::vector<float> all;
+    for (std::size_t u = 0; u < layout_.num_units(); ++u) {
+      auto v = gather_unit(u);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  }
+
   /// Collective over the axis the layout is sharded on (the read_plan's op for u; nothing
   /// moves when the layout is not sharded): unit u's full f32 master values (numel elements,
   /// on the host).

@@ -117,6 +117,30 @@ class unit_hooks {
   /// True when this rank's group holds unit u (shard/ownership.hpp).
   virtual bool holds(std::size_t) const { return true; }
 };
+
+/// unit_hooks over a shard engine (shard/engine.hpp): each hook is the engine's member of
+/// the same name.
+template <class Engine, class S>
+class engine_hooks final : public unit_hooks<S> {
+ public:
+  explicit engine_hooks(Engine& e) : e_(&e) {}
+  const flat_layout& layout() const override { return e_->layout(); }
+  S& space() override { return e_->space(); }
+  typename S::stream& compute_stream() override { return e_->compute_stream(); }
+  std::span<const float> acquire(std::size_t u, phase ph) override { return e_->acquire(u, ph); }
+  std::span<const float> params(std::size_t u) override { return e_->params(u); }
+  void release(std::size_t u) override { e_->release(u); }
+  std::span<float> grad_buffer(std::size_t u) override { return e_->grad_buffer(u); }
+  void grads_ready(std::size_t u) override { e_->grads_ready(u); }
+  const_buffer_view acquire_as(std::size_t u, phase ph, dtype t) override {
+    return e_->acquire_as(u, ph, t);
+  }
+  buffer_view grad_buffer_as(std::size_t u, dtype t) override { return e_->grad_buffer_as(u, t); }
+  bool holds(std::size_t u) const override { return e_->holds(u); }
+
+ private:
+  Engine* e_;
+};
 }  // namespace detail
 
 /// The model's view of one step, for buffers in memory space S: parameters to read,

@@ -18,18 +18,15 @@
 /// group's k-th sync pairs up, or after done().
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <exception>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -64,7 +61,7 @@ namespace fedshard {
 /// on space::checked_space that way).
 template <class ModelT, Algorithm A, optim::ShardOptimizer O, Communicator C,
           space::MemorySpace S = space::space_of_t<C>>
-class trainer final : private detail::unit_hooks<S> {
+class trainer final {
   static_assert(std::is_same_v<S, space::space_of_t<C>> || S::host_accessible,
                 "fedshard::trainer: a space other than the communicator's must be one the host "
                 "can read (the communicator reads and writes its buffers on the host)");
@@ -129,7 +126,7 @@ class trainer final : private detail::unit_hooks<S> {
  public:
   /// Waits for a save_async() still writing (its error, if any, goes to the log: the
   /// destructor cannot agree with the other ranks).
-  ~trainer() override {
+  ~trainer() {
     checkpoints_.abandon([this](const std::string& line) { log(line, true); });
   }
 
@@ -156,7 +153,7 @@ class trainer final : private detail::unit_hooks<S> {
       started_ = true;
     }
     engine_.begin_step();
-    context_type ctx(*this, true, step_, engine_.topology().rank());
+    context_type ctx(hooks_, true, step_, engine_.topology().rank());
     const float loss = static_cast<float>(model_.forward_backward(ctx, batch));
     engine_.finish_backward();
     const float lr = opts_.lr_schedule ? opts_.lr_schedule(step_) : base_lr_;
@@ -180,7 +177,7 @@ class trainer final : private detail::unit_hooks<S> {
                   "fedshard::trainer::evaluate: the model must provide "
                   "evaluate(basic_step_context<S>&, const Batch&)");
     engine_.begin_step();
-    context_type ctx(*this, false, step_, engine_.topology().rank());
+    context_type ctx(hooks_, false, step_, engine_.topology().rank());
     const float loss = static_cast<float>(model_.evaluate(ctx, batch));
     engine_.begin_step();  // frees what evaluation gathered
     return loss;
@@ -196,23 +193,9 @@ class trainer final : private detail::unit_hooks<S> {
   /// Collective over the shard axis: unit u's full parameters (numel values).
   std::vector<float> unit_parameters(std::size_t u) { return engine_.gather_unit(u); }
   /// Collective over the shard axis: one tensor's full values.
-  std::vector<float> tensor(std::string_view name) {
-    const auto where = engine_.layout().find(name);
-    FEDSHARD_EXPECTS(where.has_value(), "trainer::tensor: no tensor named '", name, "'");
-    const auto& slot = engine_.layout().unit(where->first).tensors[where->second];
-    auto full = engine_.gather_unit(where->first);
-    return {full.begin() + static_cast<std::ptrdiff_t>(slot.offset),
-            full.begin() + static_cast<std::ptrdiff_t>(slot.offset + slot.numel)};
-  }
+  std::vector<float> tensor(std::string_view name) { return engine_.gather_tensor(name); }
   /// Collective over the shard axis: all units' full parameters, concatenated (numel each).
-  std::vector<float> parameters() {
-    std::vector<float> all;
-    for (std::size_t u = 0; u < engine_.layout().num_units(); ++u) {
-      auto v = engine_.gather_unit(u);
-      all.insert(all.end(), v.begin(), v.end());
-    }
-    return all;
-  }
+  std::vector<float> parameters() { return engine_.gather_all(); }
   /// Sets a tensor's values (the same on every rank); only before the first step.
   void set_tensor(std::string_view name, std::span<const float> values) {
     FEDSHARD_EXPECTS(!started_,
@@ -316,9 +299,9 @@ class trainer final : private detail::unit_hooks<S> {
   /// optimizer state in a host-accessible space).
   void synchronize() { space_->synchronize(engine_.compute_stream()); }
 
-  const flat_layout& layout() const override { return engine_.layout(); }
+  const flat_layout& layout() const { return engine_.layout(); }
   /// The memory space of the trainer's buffers.
-  space_type& space() override { return *space_; }
+  space_type& space() { return *space_; }
   engine_type& engine() noexcept { return engine_; }
   optimizer_type& optimizer() noexcept { return optimizer_; }
   typename sync_type::policy_type& federation() noexcept { return sync_.policy(); }
@@ -328,23 +311,6 @@ class trainer final : private detail::unit_hooks<S> {
   const options& settings() const noexcept { return opts_; }
 
  private:
-  // unit_hooks: the step context forwards here.
-  typename space_type::stream& compute_stream() override { return engine_.compute_stream(); }
-  std::span<const float> acquire(std::size_t u, phase ph) override {
-    return engine_.acquire(u, ph);
-  }
-  std::span<const float> params(std::size_t u) override { return engine_.params(u); }
-  bool holds(std::size_t u) const override { return engine_.holds(u); }
-  void release(std::size_t u) override { engine_.release(u); }
-  std::span<float> grad_buffer(std::size_t u) override { return engine_.grad_buffer(u); }
-  void grads_ready(std::size_t u) override { engine_.grads_ready(u); }
-  const_buffer_view acquire_as(std::size_t u, phase ph, dtype t) override {
-    return engine_.acquire_as(u, ph, t);
-  }
-  buffer_view grad_buffer_as(std::size_t u, dtype t) override {
-    return engine_.grad_buffer_as(u, t);
-  }
-
   /// Where a sync starts after this step and the federation axis is elastic: the round
   /// (elastic::link::begin_round), healing its joiners, and the groups the sync combines.
   template <class Stream>
@@ -443,6 +409,7 @@ class trainer final : private detail::unit_hooks<S> {
   sync_type sync_;
   std::int64_t step_ = 0;
   bool started_ = false;
+  detail::engine_hooks<engine_type, space_type> hooks_{engine_};  // the models' step contexts
   state_registry registry_;
   checkpoint::checkpointer checkpoints_{registry_};
 };
