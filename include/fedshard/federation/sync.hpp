@@ -561,10 +561,12 @@ class synchronizer {
     e.variable_size = grows;
     e.element_size = sizeof(T);
     e.bytes = [&v] { return v.size() * sizeof(T); };
-    e.save = [&v](std::span<std::byte> o) { std::memcpy(o.data(), v.data(), o.size()); };
+    e.save = [&v](std::span<std::byte> o) {
+      if (!o.empty()) std::memcpy(o.data(), v.data(), o.size());
+    };
     e.load = [&v, grows](std::span<const std::byte> in) {
       if (grows) v.resize(in.size() / sizeof(T));
-      std::memcpy(v.data(), in.data(), in.size());
+      if (!in.empty()) std::memcpy(v.data(), in.data(), in.size());
     };
     reg.add(std::move(e));
   }
