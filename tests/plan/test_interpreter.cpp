@@ -141,7 +141,7 @@ void check_axis(interpreter<communicator>& in, axis a, bool fired, plan& ran) {
     std::vector<T> x(6), y(6);
     for (std::int64_t i = 0; i < 6; ++i) x[static_cast<std::size_t>(i)] = T(value(me, i));
     comm_op op = make(comm_kind::send_recv, a, 6 * esz, n, t);
-    op.root = n - 1 - me;
+    op.peer = n - 1 - me;
     execute(in, op, values(x, y), fired);
     ran.ops.push_back(op);
     for (std::int64_t i = 0; i < 6; ++i)
@@ -361,7 +361,7 @@ TEST_CASE(
     const auto errors = errors_on_each_rank({1, 1, 2}, [&](interpreter<communicator>& in) {
       std::vector<float> x(2), y(2);
       comm_op op = make(comm_kind::send_recv, axis::shard, 8, 2);
-      op.root = in.topology().axis_rank(axis::shard);
+      op.peer = in.topology().axis_rank(axis::shard);
       in.run(op, values(x, y));
     });
     for (const auto& e : errors)
@@ -371,7 +371,7 @@ TEST_CASE(
     const auto errors = errors_on_each_rank({1, 1, 2}, [&](interpreter<communicator>& in) {
       std::vector<float> x(2);
       comm_op op = make(comm_kind::send_recv, axis::shard, 8, 2);
-      op.root = 1 - in.topology().axis_rank(axis::shard);
+      op.peer = 1 - in.topology().axis_rank(axis::shard);
       in.run(op, values(x, x));
     });
     for (const auto& e : errors)
@@ -394,7 +394,7 @@ TEST_CASE("exchanges in a chain with different peers each round run in order on 
       op.trigger = trigger::sync_start;
       op.phase = phase::sync;
       op.fragment = 0;
-      op.root = me ^ (k + 1);
+      op.peer = me ^ (k + 1);
       op.out.index = k + 1;
       p.ops.push_back(op);
     }

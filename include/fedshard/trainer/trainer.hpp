@@ -37,6 +37,7 @@
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/federation/heal.hpp"
 #include "fedshard/federation/sync.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/optimizer.hpp"
@@ -447,41 +448,40 @@ class trainer final : private detail::unit_hooks<S> {
     const auto& round = link.begin_round(step_);
     if (!round.joiners.empty()) {
       space_->synchronize(compute);
-      heal_joiners(link, round);
+      heal_joiners(round);
     }
     sync_.set_included_source([&link] { return link.included(); });
   }
 
   /// The donor sends its whole state (what a checkpoint holds: parameters, inner and outer
-  /// optimizer state, step) to the round's joiners, rank by rank over the link; a joiner
-  /// verifies it and takes it, so it syncs from the donor's step on.
-  template <class Link, class Round>
-  void heal_joiners(Link& link, const Round& round) {
-    const int g = engine_.topology().coords().group;
-    const bool joiner =
-        std::find(round.joiners.begin(), round.joiners.end(), g) != round.joiners.end();
-    if (g == round.donor) {
-      checkpoint::file_writer w;
-      write_state(w);
-      std::string blob = w.bytes();
-      const double size = static_cast<double>(blob.size());
-      blob.resize((blob.size() + 7) / 8 * 8);
-      for (int j : round.joiners) {
-        link.send(&size, 1, dtype::f64, j, 1);
-        link.send(blob.data(), static_cast<std::int64_t>(blob.size() / 8), dtype::f64, j, 2);
-      }
-    } else if (joiner) {
-      double size = 0;
-      link.recv(&size, 1, dtype::f64, round.donor, 1);
-      std::string blob((static_cast<std::size_t>(size) + 7) / 8 * 8, '\0');
-      link.recv(blob.data(), static_cast<std::int64_t>(blob.size() / 8), dtype::f64, round.donor,
-                2);
-      blob.resize(static_cast<std::size_t>(size));
-      const checkpoint::file_reader r(std::move(blob),
-                                      fedshard::detail::concat("the state of group ", round.donor));
-      restore(r, false);
-      restore(r, true);
-    }
+  /// optimizer state, step) to the round's joiners, rank by rank, as the heal plan
+  /// (federation/heal.hpp) run by the interpreter; a joiner verifies it and takes it, so it
+  /// syncs from the donor's step on.
+  template <class Round>
+  void heal_joiners(const Round& round) {
+    auto& m = engine_.topology();
+    const auto h = federation::heal(
+        engine_.interp(),
+        {.ranks = m.axis_size(axis::federation),
+         .donor = round.donor,
+         .joiners = round.joiners,
+         .me = m.axis_rank(axis::federation)},
+        [this] {
+          checkpoint::file_writer w;
+          write_state(w);
+          return w.bytes();
+        },
+        [&](std::string blob) {
+          const checkpoint::file_reader r(
+              std::move(blob), fedshard::detail::concat("the state of group ", round.donor));
+          restore(r, false);
+          restore(r, true);
+        });
+    if (h.received)
+      log(fedshard::detail::concat("fedshard: heal: group ", m.coords().group,
+                                   " took the state of group ", round.donor, " (", h.state_bytes,
+                                   " bytes) in round ", round.round),
+          true);
   }
 
   /// How checkpoints agree across the world: agreement_op through the interpreter.
