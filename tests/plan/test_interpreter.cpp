@@ -222,6 +222,38 @@ TEST_CASE("an op in another dtype than its buffers runs through staging: rounded
   });
 }
 
+TEST_CASE(
+    "a one-way transfer binds only the sender's input and the receiver's output; staged "
+    "in another dtype it is rounded once") {
+  // Axis rank 0 sends 3 f32 values as bf16 (6 B) to axis rank 1, whose f32 buffer receives
+  // them widened back: 1 + 1/1024 rounds to 1 in bf16, 3.5 and -2 are exact.
+  test::spawn_ranks(2, [](communicator& world) {
+    mesh m(world, {1, 1, 2});
+    interpreter<communicator> in(m);
+    const int me = m.axis_rank(axis::shard);
+    std::vector<float> buf = me == 0 ? std::vector<float>{1.0f + 1.0f / 1024.0f, 3.5f, -2.0f}
+                                     : std::vector<float>(3, -1.0f);
+    comm_op op{.kind = me == 0 ? comm_kind::send : comm_kind::recv,
+               .axis = axis::shard,
+               .dtype = dtype::bf16,
+               .bytes = 6,
+               .ranks = 2,
+               .peer = 1 - me};
+    (me == 0 ? op.in : op.out).role = role::value;
+    std::vector<role> bound;
+    in.run(op, [&](const comm_op&, const operand& o) {
+      bound.push_back(o.role);
+      return buffer_view{buf.data(), buf.size(), dtype::f32};
+    });
+    CHECK(bound == std::vector<role>{role::value});  // one operand only
+    if (me == 1) CHECK(buf == std::vector<float>{1.0f, 3.5f, -2.0f});
+    if (me == 0) CHECK(buf[0] == 1.0f + 1.0f / 1024.0f);  // the sender's buffer is untouched
+    // the sender sent 6 B in one call; the receiver sent nothing
+    CHECK(in.traffic()[axis::shard].payload_bytes == (me == 0 ? 6 : 0));
+    CHECK(in.traffic().same_traffic(traffic_counters::of(plan{{op}})));
+  });
+}
+
 TEST_CASE("a chain runs its ops in order, each after the previous, and ranks agree on the order") {
   // A firing of [reduce_scatter on shard, all_reduce on replica] leaves a follow-up on the
   // replica axis; a later firing whose first op is on the replica axis must be issued after
