@@ -23,8 +23,8 @@
 /// op and hands the S bytes to the caller. The bound heal() gives is heal_bound of the
 /// joiner's own serialized state: the donor's state has the joiner's layout.
 ///
-/// So a heal of S bytes to J joiners shows on the donor's federation axis as 2 J calls of
-/// 8 + padded_state_bytes(S) bytes per joiner; a joiner sends nothing.
+/// So a heal of S bytes shows on the donor's federation axis as two calls per joiner, of
+/// 8 and padded_state_bytes(S) bytes; a joiner sends nothing.
 
 #include <algorithm>
 #include <cmath>
