@@ -139,7 +139,9 @@ inline double time_collective(comm_kind k, int n, std::int64_t bytes, int iters)
             case comm_kind::broadcast:
               c.broadcast(out.data(), whole, fedshard::dtype::f32, 0);
               break;
-            case comm_kind::send_recv: break;
+            case comm_kind::send_recv:
+            case comm_kind::send:
+            case comm_kind::recv: break;
           }
         };
         for (int i = 0; i < 2; ++i) call();

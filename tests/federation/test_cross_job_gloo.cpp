@@ -4,7 +4,8 @@
 ///    parameters of the same run inside one inproc world, bit for bit;
 ///  - a group SIGKILLed between syncs: the other two finish every remaining sync (no hang);
 ///  - restarted, it heals at the next sync: right after it its parameters equal the live
-///    groups', and all three end equal;
+///    groups', and all three end equal; the heal is a plan: the donor's wire tap records its
+///    messages on the federation axis (the size, 8 bytes, and the state the joiner took);
 ///  - a group whose parameters turn NaN is rejected for the round and every model stays
 ///    finite.
 
@@ -117,7 +118,10 @@ using elastic_world = hybrid<inproc::communicator, el::link>;
 
 /// Group g's job: 2 inproc ranks whose federation link is elastic. Each rank trains until
 /// step `steps` (or until `die_at`, where the process kills itself), writes its parameters
-/// after every sync to <life>sync<step>_<g>_<l> and at the end to <life>final_<g>_<l>.
+/// after every sync to <life>sync<step>_<g>_<l> and at the end to <life>final_<g>_<l>; at the
+/// end also the bytes of each point-to-point message its tap recorded on the federation axis
+/// (one a line) to <life>p2p_<g>_<l>, and its federation payload bytes to <life>fed_<g>_<l>.
+/// Its trainer's log lines go to <life>trainer_log_<g>_<l>.
 void elastic_group(const std::filesystem::path& dir, int g, int die_at = -1,
                    const std::string& life = "", double join = 30,
                    std::int64_t await_joiner_at = -1) {
@@ -129,8 +133,13 @@ void elastic_group(const std::filesystem::path& dir, int g, int die_at = -1,
     trainer_options<fl_hsdp> o;
     o.total_steps = steps;
     o.schedule.period = period;
+    const auto log_file = dir / concat(life, "trainer_log_", g, "_", c.rank());
+    o.log = [log_file](const std::string& s) {
+      std::ofstream(log_file, std::ios::app) << s << '\n';
+    };
     trainer<ft::mlp_model, fl_hsdp, optim::adamw, elastic_world> t(m, ft::mlp_model{},
                                                                    {.lr = 0.02f}, o);
+    t.wire().keep_calls(true);
     while (t.step_count() < steps) {
       const auto s = t.step_count();
       if (s == await_joiner_at) {
@@ -155,7 +164,17 @@ void elastic_group(const std::filesystem::path& dir, int g, int die_at = -1,
       }
     }
     write_floats(dir / concat(life, "final_", g, "_", c.rank()), t.parameters());
+    std::ofstream p2p(dir / concat(life, "p2p_", g, "_", c.rank()));
+    for (const wire_call& w : t.wire().calls())
+      if (w.axis == axis::federation && w.kind == comm_kind::send_recv) p2p << w.bytes << '\n';
+    std::ofstream(dir / concat(life, "fed_", g, "_", c.rank()))
+        << t.traffic()[axis::federation].payload_bytes;
   });
+}
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  return {(std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()};
 }
 
 }  // namespace
@@ -253,6 +272,28 @@ TEST_CASE("cross-job: a group killed mid-run is left out, the others finish; res
                       read_floats(dir.path() / concat("sync", first, "_0_", l))));
     CHECK(same_bits(read_floats(dir.path() / "again_final_2_0"), a));
     CHECK(text.find("joiners {2}") != std::string::npos);
+    // The heal ran as a plan: each joiner rank took the state of its counterpart in group 0
+    // (the donor: the lowest member that is not a joiner), and that rank's tap recorded it on
+    // the federation axis: the size (8 B), then the state in whole 8-byte words. Group 1 ran
+    // the same rounds and sent no state, so group 0's federation bytes exceed its by exactly
+    // those; the joiner sent none.
+    for (int l = 0; l < L; ++l) {
+      CAPTURE(l);
+      const std::string healed = read_text(dir.path() / concat("again_trainer_log_2_", l));
+      CAPTURE(healed);
+      const std::string said = "fedshard: heal: group 2 took the state of group 0 (";
+      const auto at = healed.find(said);
+      REQUIRE(at != std::string::npos);
+      const std::int64_t state = std::stoll(healed.substr(at + said.size()));
+      CHECK(state > 0);
+      const std::int64_t padded = (state + 7) / 8 * 8;
+      CHECK(read_text(dir.path() / concat("p2p_0_", l)) == concat("8\n", padded, "\n"));
+      CHECK(read_text(dir.path() / concat("p2p_1_", l)).empty());
+      CHECK(read_text(dir.path() / concat("again_p2p_2_", l)).empty());
+      CHECK(std::stoll(read_text(dir.path() / concat("fed_0_", l))) -
+                std::stoll(read_text(dir.path() / concat("fed_1_", l))) ==
+            8 + padded);
+    }
   }
 }
 

@@ -133,7 +133,7 @@ TEST_CASE("every rank runs the same matching: each receives its peers' stepped m
       const auto expected = gossip_peers(cfg, 6, k, g);
       std::vector<int> planned;
       for (const comm_op& op : s.sync_plan(0).ops)
-        if (op.kind == comm_kind::send_recv) planned.push_back(op.root);
+        if (op.kind == comm_kind::send_recv) planned.push_back(op.peer);
       CHECK(planned == expected);
       for (std::size_t j = 0; j < expected.size(); ++j) {
         const auto got = s.policy().gathered(0, static_cast<int>(j));
@@ -440,7 +440,7 @@ TEST_CASE("streaming gossip: each fragment has its own rounds; the wire is each 
           applied[std::size_t(f)] = static_cast<std::int64_t>(s.sync_steps(f).size());
           for (const comm_op& op : s.sync_plan(f).ops) planned.record(op);
           std::vector<int> peers;
-          for (const comm_op& op : s.sync_plan(f).ops) peers.push_back(op.root);
+          for (const comm_op& op : s.sync_plan(f).ops) peers.push_back(op.peer);
           CHECK(peers == gossip_peers(cfg, 4, applied[std::size_t(f)] - 1, g));
         }
     }

@@ -11,9 +11,9 @@ using namespace fedshard;
 
 namespace {
 
-constexpr comm_kind all_kinds[] = {comm_kind::all_gather, comm_kind::reduce_scatter,
-                                   comm_kind::all_reduce, comm_kind::broadcast,
-                                   comm_kind::send_recv};
+constexpr comm_kind all_kinds[] = {
+    comm_kind::all_gather, comm_kind::reduce_scatter, comm_kind::all_reduce, comm_kind::broadcast,
+    comm_kind::send_recv,  comm_kind::send,           comm_kind::recv};
 
 comm_op make(comm_kind k, axis a, std::int64_t bytes, int ranks, dtype t = dtype::f32, int unit = 0,
              phase when = phase::backward) {
@@ -40,6 +40,8 @@ TEST_CASE("kinds, phases, triggers and roles have distinct names") {
   CHECK(to_string(comm_kind::all_reduce) == "all_reduce");
   CHECK(to_string(comm_kind::broadcast) == "broadcast");
   CHECK(to_string(comm_kind::send_recv) == "send_recv");
+  CHECK(to_string(comm_kind::send) == "send");
+  CHECK(to_string(comm_kind::recv) == "recv");
   CHECK(to_string(phase::forward) == "forward");
   CHECK(to_string(phase::backward) == "backward");
   CHECK(to_string(phase::optimizer) == "optimizer");
@@ -60,6 +62,8 @@ TEST_CASE("kinds, phases, triggers and roles have distinct names") {
   CHECK(static_cast<int>(role::gathered) == 10);
   CHECK(static_cast<int>(role::packed) == 11);
   CHECK(to_string(role::packed) == "packed");
+  CHECK(to_string(role::state_size) == "state_size");
+  CHECK(to_string(role::state) == "state");
   CHECK(to_string(static_cast<comm_kind>(99)) == "unknown-kind");
   CHECK(to_string(static_cast<phase>(99)) == "unknown-phase");
   CHECK(to_string(static_cast<trigger>(99)) == "unknown-trigger");
@@ -86,7 +90,7 @@ TEST_CASE("a default comm_op is an on-demand all_reduce of nothing on the world,
 TEST_CASE("comm_op equality compares every field") {
   const comm_op base = make(comm_kind::all_gather, axis::shard, 4096, 4, dtype::bf16, 2);
   CHECK(base == base);
-  std::vector<comm_op> changed(15, base);
+  std::vector<comm_op> changed(16, base);
   changed[0].kind = comm_kind::reduce_scatter;
   changed[1].axis = axis::replica;
   changed[2].bytes = 4098;
@@ -102,6 +106,7 @@ TEST_CASE("comm_op equality compares every field") {
   changed[12].in.piece = axis::replica;
   changed[13].out.index = 2;
   changed[14].in.role = role::params;
+  changed[15].peer = 1;
   for (const comm_op& c : changed) CHECK_FALSE(c == base);
 }
 
@@ -116,6 +121,10 @@ TEST_CASE("bus_factor follows nccl-tests: 2(n-1)/n, (n-1)/n, 1, and 0 for one ra
   CHECK(bus_factor(comm_kind::broadcast, 2) == 1.0);
   CHECK(bus_factor(comm_kind::broadcast, 64) == 1.0);
   CHECK(bus_factor(comm_kind::send_recv, 2) == 1.0);
+  CHECK(bus_factor(comm_kind::send, 2) == 1.0);  // one message, sent by the sender
+  CHECK(bus_factor(comm_kind::send, 64) == 1.0);
+  CHECK(bus_factor(comm_kind::recv, 2) == 0.0);  // the receiver sends nothing
+  CHECK(bus_factor(comm_kind::recv, 64) == 0.0);
   // other counts
   for (int n = 2; n <= 17; ++n) {
     CAPTURE(n);
@@ -167,6 +176,40 @@ TEST_CASE(
         "broadcast on replica (2 ranks), 8 B of f32, fragment 3, sync_finish in sync -> fragment");
   CHECK(describe(operand{.role = role::moment, .index = 1, .piece = axis::replica}) ==
         "moment 1 (piece on replica)");
+}
+
+TEST_CASE("describe names a point-to-point op's peer and only the operands its kind has") {
+  comm_op x{.kind = comm_kind::send_recv,
+            .axis = axis::federation,
+            .bytes = 64,
+            .ranks = 4,
+            .peer = 3,
+            .trigger = trigger::sync_start,
+            .phase = phase::sync,
+            .fragment = 0,
+            .in = {.role = role::fragment},
+            .out = {.role = role::gathered}};
+  CHECK(describe(x) ==
+        "send_recv on federation (4 ranks), 64 B of f32, with axis rank 3, "
+        "fragment 0, sync_start in sync, fragment -> gathered");
+  const comm_op send{.kind = comm_kind::send,
+                     .axis = axis::federation,
+                     .dtype = dtype::f64,
+                     .bytes = 1000,
+                     .ranks = 3,
+                     .peer = 2,
+                     .phase = phase::sync,
+                     .in = {.role = role::state}};
+  CHECK(describe(send) ==
+        "send on federation (3 ranks), 1000 B of f64, to axis rank 2, on_demand in sync, state");
+  comm_op recv = send;
+  recv.kind = comm_kind::recv;
+  recv.peer = 0;
+  recv.in = {};
+  recv.out = {.role = role::state};
+  CHECK(
+      describe(recv) ==
+      "recv on federation (3 ranks), 1000 B of f64, from axis rank 0, on_demand in sync -> state");
 }
 
 TEST_CASE("plan: wire bytes and calls per axis, append keeps order") {
@@ -231,12 +274,36 @@ TEST_CASE("check accepts consistent ops and names what is wrong with the others"
   c = ok;
   c.kind = comm_kind::send_recv;
   c.reduce.reset();
+  fails(c, "the peer must be a rank of the axis, in [0, 4), found -1");
+  c.peer = 0;
   CHECK_NOTHROW(check(c));  // an exchange with axis rank 0
-  c.root = 4;
-  fails(c, "the peer (root) must be a rank of the axis, in [0, 4)");
-  c.root = 0;
+  c.peer = 4;
+  fails(c, "the peer must be a rank of the axis, in [0, 4), found 4");
+  c.peer = 0;
   c.ranks = 1;
   fails(c, "a send_recv op needs a peer: ranks must be >= 2, found 1");
+  c = ok;
+  c.peer = 1;
+  fails(c, "only send_recv, send and recv name a peer, expected -1, found 1");
+  c = ok;  // a send reads its input only, a recv writes its output only
+  c.kind = comm_kind::send;
+  c.reduce.reset();
+  c.peer = 1;
+  fails(c, "a send op has no output, found one");
+  c.out = {};
+  CHECK_NOTHROW(check(c));
+  c.ranks = 1;
+  c.peer = 0;
+  fails(c, "a send op needs a peer: ranks must be >= 2, found 1");
+  c = ok;
+  c.kind = comm_kind::recv;
+  c.reduce.reset();
+  c.peer = 1;
+  fails(c, "a recv op has no input, found one");
+  c.in = {};
+  CHECK_NOTHROW(check(c));
+  c.out = {};
+  fails(c, "the output has no role");
   c = ok;
   c.out = {};
   fails(c, "the output has no role");

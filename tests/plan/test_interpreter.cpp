@@ -141,7 +141,7 @@ void check_axis(interpreter<communicator>& in, axis a, bool fired, plan& ran) {
     std::vector<T> x(6), y(6);
     for (std::int64_t i = 0; i < 6; ++i) x[static_cast<std::size_t>(i)] = T(value(me, i));
     comm_op op = make(comm_kind::send_recv, a, 6 * esz, n, t);
-    op.root = n - 1 - me;
+    op.peer = n - 1 - me;
     execute(in, op, values(x, y), fired);
     ran.ops.push_back(op);
     for (std::int64_t i = 0; i < 6; ++i)
@@ -219,6 +219,38 @@ TEST_CASE("an op in another dtype than its buffers runs through staging: rounded
       for (int j = 0; j < 2; ++j) CHECK(whole[static_cast<std::size_t>(2 * r + j)] == 10 * r + j);
     // the wire saw bf16 calls of the planned sizes
     CHECK(in.traffic().same_traffic(traffic_counters::of(plan{{ar, ag}})));
+  });
+}
+
+TEST_CASE(
+    "a one-way transfer binds only the sender's input and the receiver's output; staged "
+    "in another dtype it is rounded once") {
+  // Axis rank 0 sends 3 f32 values as bf16 (6 B) to axis rank 1, whose f32 buffer receives
+  // them widened back: 1 + 1/1024 rounds to 1 in bf16, 3.5 and -2 are exact.
+  test::spawn_ranks(2, [](communicator& world) {
+    mesh m(world, {1, 1, 2});
+    interpreter<communicator> in(m);
+    const int me = m.axis_rank(axis::shard);
+    std::vector<float> buf = me == 0 ? std::vector<float>{1.0f + 1.0f / 1024.0f, 3.5f, -2.0f}
+                                     : std::vector<float>(3, -1.0f);
+    comm_op op{.kind = me == 0 ? comm_kind::send : comm_kind::recv,
+               .axis = axis::shard,
+               .dtype = dtype::bf16,
+               .bytes = 6,
+               .ranks = 2,
+               .peer = 1 - me};
+    (me == 0 ? op.in : op.out).role = role::value;
+    std::vector<role> bound;
+    in.run(op, [&](const comm_op&, const operand& o) {
+      bound.push_back(o.role);
+      return buffer_view{buf.data(), buf.size(), dtype::f32};
+    });
+    CHECK(bound == std::vector<role>{role::value});  // one operand only
+    if (me == 1) CHECK(buf == std::vector<float>{1.0f, 3.5f, -2.0f});
+    if (me == 0) CHECK(buf[0] == 1.0f + 1.0f / 1024.0f);  // the sender's buffer is untouched
+    // the sender sent 6 B in one call; the receiver sent nothing
+    CHECK(in.traffic()[axis::shard].payload_bytes == (me == 0 ? 6 : 0));
+    CHECK(in.traffic().same_traffic(traffic_counters::of(plan{{op}})));
   });
 }
 
@@ -361,7 +393,7 @@ TEST_CASE(
     const auto errors = errors_on_each_rank({1, 1, 2}, [&](interpreter<communicator>& in) {
       std::vector<float> x(2), y(2);
       comm_op op = make(comm_kind::send_recv, axis::shard, 8, 2);
-      op.root = in.topology().axis_rank(axis::shard);
+      op.peer = in.topology().axis_rank(axis::shard);
       in.run(op, values(x, y));
     });
     for (const auto& e : errors)
@@ -371,7 +403,7 @@ TEST_CASE(
     const auto errors = errors_on_each_rank({1, 1, 2}, [&](interpreter<communicator>& in) {
       std::vector<float> x(2);
       comm_op op = make(comm_kind::send_recv, axis::shard, 8, 2);
-      op.root = 1 - in.topology().axis_rank(axis::shard);
+      op.peer = 1 - in.topology().axis_rank(axis::shard);
       in.run(op, values(x, x));
     });
     for (const auto& e : errors)
@@ -394,7 +426,7 @@ TEST_CASE("exchanges in a chain with different peers each round run in order on 
       op.trigger = trigger::sync_start;
       op.phase = phase::sync;
       op.fragment = 0;
-      op.root = me ^ (k + 1);
+      op.peer = me ^ (k + 1);
       op.out.index = k + 1;
       p.ops.push_back(op);
     }

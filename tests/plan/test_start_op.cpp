@@ -91,7 +91,7 @@ TEST_CASE("start_op exchanges a send_recv op's buffers with its peer, in both di
     // Two rounds of pairs, each rank with a lower and a higher peer once: (0 1)(2 3), (0 3)(1 2).
     for (int peer : {me ^ 1, kRanks - 1 - me}) {
       auto op = make_op(comm_kind::send_recv, dtype::f64, 5, kRanks);
-      op.root = peer;
+      op.peer = peer;
       std::vector<double> mine(5), theirs(5, -1.0);
       for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = 10.0 * me + static_cast<double>(i);
       start_op(tap, op, mine.data(), theirs.data()).wait();
@@ -108,9 +108,49 @@ TEST_CASE("start_op exchanges a send_recv op's buffers with its peer, in both di
 TEST_CASE("start_op refuses a send_recv op whose peer is the rank itself, naming the op") {
   test::spawn_ranks(2, [](communicator& world) {
     auto op = make_op(comm_kind::send_recv, dtype::f32, 4, 2);
-    op.root = world.rank();
+    op.peer = world.rank();
     std::vector<float> x(4), y(4);
     CHECK_THROWS_WITH_AS(start_op(world, op, x.data(), y.data()),
                          doctest::Contains("cannot exchange with itself"), invalid_argument);
+  });
+}
+
+TEST_CASE(
+    "start_op moves a send op's input one way into its peer's recv op; only the sender "
+    "records it") {
+  // Rank 0 sends 3 f64 (24 bytes) to rank 2; rank 2 receives them; rank 1 stays out.
+  test::spawn_ranks(3, [](communicator& world) {
+    wire_log log;
+    log.keep_calls(true);
+    wire_tap<communicator> tap(world, axis::federation, log);
+    const int me = world.rank();
+    std::vector<double> buf(3, -1.0);
+    if (me == 0) {
+      buf = {1.5, -2.25, 1e300};
+      auto op = make_op(comm_kind::send, dtype::f64, 3, 3);
+      op.peer = 2;
+      start_op(tap, op, buf.data(), nullptr).wait();
+      CHECK(log.calls() ==
+            std::vector<wire_call>{{comm_kind::send_recv, axis::federation, dtype::f64, 24, 2}});
+    } else if (me == 2) {
+      auto op = make_op(comm_kind::recv, dtype::f64, 3, 3);
+      op.peer = 0;
+      start_op(tap, op, nullptr, buf.data()).wait();
+      CHECK(buf == std::vector<double>{1.5, -2.25, 1e300});
+      CHECK(log.calls().empty());
+    }
+  });
+}
+
+TEST_CASE("start_op refuses a send or recv op whose peer is the rank itself, naming the op") {
+  test::spawn_ranks(2, [](communicator& world) {
+    std::vector<float> x(4);
+    auto op = make_op(comm_kind::send, dtype::f32, 4, 2);
+    op.peer = world.rank();
+    CHECK_THROWS_WITH_AS(start_op(world, op, x.data(), nullptr),
+                         doctest::Contains("a rank cannot send to itself"), invalid_argument);
+    op.kind = comm_kind::recv;
+    CHECK_THROWS_WITH_AS(start_op(world, op, nullptr, x.data()),
+                         doctest::Contains("a rank cannot receive from itself"), invalid_argument);
   });
 }

@@ -90,7 +90,7 @@ TEST_CASE("wire_call::of a send_recv op is its send: the op's bytes between 2 ra
                    .dtype = dtype::f32,
                    .bytes = 64,
                    .ranks = 8,
-                   .root = 3};
+                   .peer = 3};
   CHECK(wire_call::of(op) == wire_call{comm_kind::send_recv, axis::federation, dtype::f32, 64, 2});
   // The plan's counters and the tap's agree: one call, 64 payload bytes, 64 sent.
   traffic_counters tap;

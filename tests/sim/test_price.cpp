@@ -14,6 +14,7 @@
 
 #include "fedshard/comm/inproc.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/federation/heal.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/adamw.hpp"
 #include "fedshard/plan/traffic.hpp"
@@ -662,4 +663,42 @@ TEST_CASE("bad input is refused with a clear message") {
   CHECK_THROWS_AS(price(algorithm_by_name("fsdp"), {gpt2_small(), 0, 1024, 0, false}, {1, 1, 4}, c),
                   invalid_argument);
   CHECK(error_of([] { algorithm_desc{}.syncs(); }).find("empty description") != std::string::npos);
+}
+
+TEST_CASE("a heal of S bytes between two sites is priced as one message: L + S / B") {
+  // 3 groups of one rank, one per node and one per site: the federation link between two
+  // groups is the WAN, latency L = 0.05 s, bandwidth B = 1e8 B/s (the NICs, 1e12 B/s, and the
+  // other levels' latencies do not count for a message that crosses sites once).
+  cluster c;
+  c.gpus_per_node = 1;
+  c.nics_per_node = 1;
+  c.nic_bandwidth = 1e12;
+  c.intra = {.alpha = 1e-6, .bandwidth = 1e12};
+  c.inter = {.alpha = 1e-5, .bandwidth = 1e12};
+  c.wan = {.alpha = 0.05, .bandwidth = 1e8};
+  c.sites = 3;
+  const placement where({3, 1, 1}, c);
+  // Donor 0 heals joiner 2 with a state of S = 1e6 bytes (125000 f64 words): the size op,
+  // 0.05 + 8 / 1e8 = 0.05000008 s, then the state, 0.05 + 1e6 / 1e8 = 0.06 s.
+  federation::heal_round r{.ranks = 3, .donor = 0, .joiners = {2}, .me = 0};
+  const plan donor = federation::heal_plan(r, 1000000);
+  CHECK(price_chain(plan{{donor.ops[1]}}, where, 0, c) == doctest::Approx(0.06).epsilon(1e-12));
+  CHECK(price_chain(donor, where, 0, c) == doctest::Approx(0.11000008).epsilon(1e-12));
+  // The joiner waits as long for the same messages; group 1 takes no part.
+  r.me = 2;
+  CHECK(price_chain(federation::heal_plan(r, 1000000), where, 2, c) ==
+        doctest::Approx(0.11000008).epsilon(1e-12));
+  r.me = 1;
+  CHECK(price_chain(federation::heal_plan(r, 1000000), where, 1, c) == 0.0);
+  // Inside one site the message crosses the network instead: 1e-5 + 1e6 / 1e12 s.
+  c.sites = 1;
+  r.me = 0;
+  CHECK(price_chain(plan{{federation::heal_plan(r, 1000000).ops[1]}}, placement({3, 1, 1}, c), 0,
+                    c) == doctest::Approx(1.1e-5).epsilon(1e-12));
+  // A plan for another axis size is refused.
+  r.ranks = 4;
+  r.me = 0;
+  CHECK(error_of([&] {
+          price_chain(federation::heal_plan(r, 8), where, 0, c);
+        }).find("has 4 ranks but rank 0's communicator has 3") != std::string::npos);
 }

@@ -20,6 +20,7 @@
 #include "fedshard/federation/sync_plan.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/adamw.hpp"
+#include "fedshard/plan/traffic.hpp"
 #include "fedshard/trainer/state_io.hpp"
 #include "fedshard/trainer/trainer.hpp"
 #include "support/files.hpp"
@@ -159,6 +160,59 @@ TEST_CASE("a federation policy's own buffer reshards onto another mesh and back"
     CAPTURE(r);
     CHECK(test::bit_equal(back.running[r], saved.running[r]));
     CHECK(test::bit_equal(back.params[r], saved.params[r]));
+  }
+}
+
+TEST_CASE("a joining group takes the donor's whole state, the policy's own buffer included") {
+  // Two groups of 2 ranks train 3 steps (a sync after step 1, so the running buffers hold
+  // values; step 2 is local, so the groups' parameters differ). Group 1 then heals from
+  // group 0 through the heal plan: afterwards each of its ranks holds exactly what its
+  // counterpart in group 0 holds, and the donor's tap saw the plan's two sends.
+  const mesh_shape shape{2, 1, 2};
+  struct rank_view {
+    std::vector<float> params_before, params, running;
+    std::int64_t step = -1, state_bytes = -1, fed_calls = -1, fed_bytes = -1;
+  };
+  std::vector<rank_view> out(4);
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    trainer_options<running_alg> o;
+    o.total_steps = 12;
+    trainer_t t(m, mlp_model{}, {.lr = 1e-2f}, o);
+    for (int s = 0; s < 3; ++s) t.step(batch_at(t, shape, s));
+    auto& v = out[static_cast<std::size_t>(world.rank())];
+    v.params_before = t.parameters();
+    const axis_traffic before = t.traffic()[axis::federation];
+    const auto h = t.heal({.ranks = 2, .donor = 0, .joiners = {1}, .me = m.coords().group});
+    const axis_traffic after = t.traffic()[axis::federation];
+    v.params = t.parameters();
+    v.running.assign(t.federation().state().at(0).data.begin(),
+                     t.federation().state().at(0).data.end());
+    v.step = t.step_count();
+    v.state_bytes = h.state_bytes;
+    v.fed_calls = after.calls - before.calls;
+    v.fed_bytes = after.payload_bytes - before.payload_bytes;
+  });
+  for (std::size_t r : {2, 3}) {
+    CAPTURE(r);
+    const rank_view& donor = out[r - 2];
+    CHECK_FALSE(test::bit_equal(out[r].params_before, donor.params_before));
+    CHECK(test::bit_equal(out[r].params, donor.params));
+    CHECK(test::bit_equal(out[r].running, donor.running));
+    CHECK(std::any_of(out[r].running.begin(), out[r].running.end(),
+                      [](float x) { return x != 0.0f; }));
+    CHECK(out[r].step == 3);
+    CHECK(out[r].state_bytes == donor.state_bytes);  // the joiner took what the donor sent
+    CHECK(out[r].fed_calls == 0);                    // a joiner sends nothing
+  }
+  for (std::size_t r : {0, 1}) {
+    CAPTURE(r);
+    // The donor's plan: the size (one f64, 8 bytes), then the state in whole 8-byte words.
+    const std::int64_t words = (out[r].state_bytes + 7) / 8 * 8;
+    CHECK(out[r].state_bytes > 0);
+    CHECK(out[r].fed_calls == 2);
+    CHECK(out[r].fed_bytes == 8 + words);
+    CHECK(test::bit_equal(out[r].params, out[r].params_before));  // the donor is unchanged
   }
 }
 

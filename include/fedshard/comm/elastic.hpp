@@ -49,9 +49,10 @@
 /// are never deleted (a few per rank and round).
 ///
 /// Healing: in a round with joiners, the trainer sends the donor's state (global model,
-/// outer-optimizer state, step) to the joiners over the round's context before the sync
-/// (trainer::heal_joiners), and the joiners take part in the sync without contributing:
-/// after it their parameters equal the others'.
+/// outer-optimizer state, step) to the joiners with send and recv over the round's context
+/// before the sync (the heal plan of federation/heal.hpp, run by the interpreter), and the
+/// joiners take part in the sync without contributing: after it their parameters equal the
+/// others'.
 
 #include <algorithm>
 #include <chrono>

@@ -237,7 +237,7 @@ inline plan gossip_ops(const gossip_config& cfg, const sync_context& ctx) {
               .dtype = dtype::f32,
               .bytes = hierarchical ? bytes / R : bytes,
               .ranks = G,
-              .root = peers[k],
+              .peer = peers[k],
               .trigger = trigger::sync_start,
               .phase = phase::sync,
               .fragment = ctx.fragment,

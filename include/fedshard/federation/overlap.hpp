@@ -81,6 +81,11 @@ struct overlap_segment {
   std::uint64_t members = 0;         ///< bit federation_rank(g, holder[g]) for every g
 };
 
+/// The overlap map of mesh m for a rank whose layout is `mine` under shard policy P, or null
+/// on a uniform mesh (every group cuts the model alike).
+template <class P, class Mesh>
+std::shared_ptr<const overlap_map> overlap_of(const Mesh& m, const flat_layout& mine);
+
 /// The map of a mesh of `groups` for the rank at `coords`, whose layout is `mine`;
 /// `layout_shards(view)` is the shard policy's layout_shards of a group's view {G, R_g, S_g}.
 /// invalid_argument unless every group's layout has S_g shards and all shards number <= 64.
@@ -272,6 +277,13 @@ inline std::vector<int> unit_ids(const std::vector<packed_unit>& units) {
   std::vector<int> ids;
   for (const auto& u : units) ids.push_back(u.unit);
   return ids;
+}
+
+template <class P, class Mesh>
+std::shared_ptr<const overlap_map> overlap_of(const Mesh& m, const flat_layout& mine) {
+  if (m.uniform()) return nullptr;
+  return make_overlap_map(mine, m.group_shapes(), m.coords(),
+                          [](const mesh_shape& v) { return P::layout_shards(v); });
 }
 
 }  // namespace fedshard::federation

@@ -304,6 +304,21 @@ class synchronizer {
     }
   }
 
+  /// True when a run of `total_steps` (0: the caller counts) is over after `steps` steps:
+  /// after run_syncs() syncs under a progress schedule, else once total_steps are taken.
+  bool done(std::int64_t steps, std::int64_t total_steps) const noexcept {
+    if constexpr (by_progress)
+      return syncs_applied_ >= schedule_.run_syncs();
+    else
+      return total_steps > 0 && steps >= total_steps;
+  }
+  /// True when the step numbered `step` applied a sync (of any fragment).
+  bool synced_after(std::int64_t step) const {
+    for (const auto& fr : fragments_)
+      if (!fr.applied_at.empty() && fr.applied_at.back() == step) return true;
+    return false;
+  }
+
   /// The policy's buffers as the federation state names them ("fragment<f>.<name>").
   std::vector<std::string> state_names() {
     std::vector<std::string> out;

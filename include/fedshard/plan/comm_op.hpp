@@ -14,12 +14,18 @@
 /// bytes each rank sends follow from the bus factor of the kind and the ranks on the axis.
 /// Ops of one trigger run in plan order, each after the previous one completed (a chain).
 ///
-/// A send_recv op is an exchange with one peer: the rank sends its `in` (bytes) to axis rank
-/// `root` (the peer) and receives the peer's into `out` (bytes too; `in` and `out` must not
-/// overlap). Its peer sends back with an op of its own naming this rank, at the same place in
-/// its plan. `ranks` stays the ranks on the axis (the interpreter checks it against the
-/// mesh); on the wire it is one message of `bytes` each way (bus factor 1), recorded by the
-/// sender as a call of 2 ranks (wire_call::of).
+/// Point-to-point kinds name the other rank in `peer` (an axis rank; -1 on every other kind):
+///  - send_recv is an exchange with one peer: the rank sends its `in` (bytes) to axis rank
+///    `peer` and receives the peer's into `out` (bytes too; `in` and `out` must not overlap).
+///    Its peer sends back with an op of its own naming this rank, at the same place in its
+///    plan. On the wire it is one message of `bytes` each way (bus factor 1);
+///  - send and recv are the two halves of a one-way transfer (healing a joining group from a
+///    donor: federation/heal.hpp): a send op reads `in` (no `out`) and sends it to axis rank
+///    `peer`; the peer runs a recv op (`out`, no `in`) naming the sender, at the same place in
+///    its plan, and receives the same bytes into `out`. The sender sends `bytes` (bus factor
+///    1), the receiver none (bus factor 0), though a recv takes as long as its message.
+/// `ranks` stays the ranks on the axis (the interpreter checks it against the mesh); every
+/// message is recorded by its sender as a send_recv call of 2 ranks (wire_call::of).
 ///
 /// An op may carry a codec (codec/spec.hpp; the identity by default): an f32 all_reduce
 /// (sum or avg) or all_gather whose values travel encoded. Each rank encodes what it
@@ -55,7 +61,9 @@ enum class comm_kind : std::uint8_t {
   reduce_scatter,
   all_reduce,
   broadcast,
-  send_recv
+  send_recv,  ///< an exchange with axis rank `peer` (see the file comment)
+  send,       ///< a one-way transfer to axis rank `peer`: the sending half
+  recv        ///< a one-way transfer from axis rank `peer`: the receiving half
 };
 
 /// The part of training an op belongs to.
@@ -91,6 +99,8 @@ enum class role : std::uint8_t {
   packed,        ///< shard::sparse: the masked elements of `unit`, packed in element order
                  ///< (index 0: of its param_shard, 1: of its params, 2: of its grad, 3: of
                  ///< its grad_shard); last: the codes above stay
+  state_size,    ///< the size in bytes of a serialized state (one f64; federation/heal.hpp)
+  state,         ///< a serialized state, as f64 words (its bytes, zero-padded to whole words)
 };
 
 /// A buffer reference: a role, which instance of it (index: the inner-optimizer state of a
@@ -115,7 +125,8 @@ struct comm_op {
   std::int64_t bytes = 0;             ///< size of the whole array (nccl-tests S) in `dtype`
   int ranks = 1;                      ///< ranks on the axis
   std::optional<reduce_op> reduce{};  ///< the reduction (reducing kinds only)
-  int root = 0;                       ///< broadcast root, or send_recv peer, as a rank of the axis
+  int root = 0;                       ///< broadcast root, as a rank of the axis
+  int peer = -1;  ///< point-to-point kinds: the other rank, as a rank of the axis; else -1
   fedshard::trigger trigger = fedshard::trigger::on_demand;
   fedshard::phase phase = fedshard::phase::setup;
   int unit = -1;                  ///< the unit of a unit trigger or unit role, else -1
@@ -174,6 +185,8 @@ constexpr std::string_view to_string(comm_kind k) noexcept {
     case comm_kind::all_reduce: return "all_reduce";
     case comm_kind::broadcast: return "broadcast";
     case comm_kind::send_recv: return "send_recv";
+    case comm_kind::send: return "send";
+    case comm_kind::recv: return "recv";
   }
   return "unknown-kind";
 }
@@ -214,6 +227,8 @@ constexpr std::string_view to_string(role r) noexcept {
     case role::value: return "value";
     case role::gathered: return "gathered";
     case role::packed: return "packed";
+    case role::state_size: return "state_size";
+    case role::state: return "state";
   }
   return "unknown-role";
 }
@@ -223,7 +238,21 @@ constexpr bool reduces(comm_kind k) noexcept {
   return k == comm_kind::all_reduce || k == comm_kind::reduce_scatter;
 }
 
-/// nccl-tests bus factor: bytes each rank sends = factor x bytes (ring algorithms).
+/// True for the kinds that move a message between two ranks (send_recv, send, recv).
+constexpr bool point_to_point(comm_kind k) noexcept {
+  return k == comm_kind::send_recv || k == comm_kind::send || k == comm_kind::recv;
+}
+/// True when an op of kind k reads an input (all but broadcast and recv).
+constexpr bool has_input(comm_kind k) noexcept {
+  return k != comm_kind::broadcast && k != comm_kind::recv;
+}
+/// True when an op of kind k writes an output (all but send).
+constexpr bool has_output(comm_kind k) noexcept {
+  return k != comm_kind::send;
+}
+
+/// nccl-tests bus factor: bytes each rank sends = factor x bytes (ring algorithms; a recv
+/// sends nothing).
 constexpr double bus_factor(comm_kind k, int ranks) noexcept {
   if (ranks <= 1) return 0.0;
   const double n = ranks;
@@ -232,7 +261,9 @@ constexpr double bus_factor(comm_kind k, int ranks) noexcept {
     case comm_kind::all_gather:
     case comm_kind::reduce_scatter: return (n - 1) / n;
     case comm_kind::broadcast:
-    case comm_kind::send_recv: return 1.0;
+    case comm_kind::send_recv:
+    case comm_kind::send: return 1.0;
+    case comm_kind::recv: return 0.0;
   }
   return 0.0;
 }
@@ -265,26 +296,31 @@ inline std::string describe(const comm_op& op) {
   std::string s = detail::concat(to_string(op.kind), " on ", to_string(op.axis), " (", op.ranks,
                                  " ranks), ", op.bytes, " B of ", to_string(op.dtype));
   if (op.reduce) s += detail::concat(", ", to_string(*op.reduce));
-  if (op.kind == comm_kind::send_recv) s += detail::concat(", with axis rank ", op.root);
+  if (point_to_point(op.kind))
+    s += detail::concat(op.kind == comm_kind::send   ? ", to"
+                        : op.kind == comm_kind::recv ? ", from"
+                                                     : ", with",
+                        " axis rank ", op.peer);
   if (encoded(op))
     s += detail::concat(", codec ", op.codec.name, " (", codec_slot_bytes(op), " B per rank)");
   if (op.members != 0) s += detail::concat(", among groups ", group_list(op.members));
   if (op.unit >= 0) s += detail::concat(", unit ", op.unit);
   if (op.fragment >= 0) s += detail::concat(", fragment ", op.fragment);
   s += detail::concat(", ", to_string(op.trigger), " in ", to_string(op.phase));
-  if (op.kind != comm_kind::broadcast) s += detail::concat(", ", describe(op.in));
-  return s + detail::concat(" -> ", describe(op.out));
+  if (has_input(op.kind)) s += detail::concat(", ", describe(op.in));
+  return has_output(op.kind) ? s + detail::concat(" -> ", describe(op.out)) : s;
 }
 
 /// Throws invalid_argument naming op unless its fields are consistent: a known kind, ranks
 /// >= 1, whole elements that split evenly over the ranks where the kind cuts the array, a
-/// reduce op exactly on reducing kinds, a root on the axis, an output role, a unit for unit
-/// triggers and a fragment for sync triggers.
+/// reduce op exactly on reducing kinds, a root on the axis, a peer on the axis exactly on
+/// point-to-point kinds, roles for exactly the operands its kind reads and writes (broadcast
+/// ignores its input), a unit for unit triggers and a fragment for sync triggers.
 inline void check(const comm_op& op) {
   using detail::concat;
   FEDSHARD_EXPECTS(op.ranks >= 1, "plan: ", describe(op), ": ranks must be >= 1");
-  FEDSHARD_EXPECTS(op.kind != comm_kind::send_recv || op.ranks >= 2, "plan: ", describe(op),
-                   ": a send_recv op needs a peer: ranks must be >= 2, found ", op.ranks);
+  FEDSHARD_EXPECTS(!point_to_point(op.kind) || op.ranks >= 2, "plan: ", describe(op), ": a ",
+                   to_string(op.kind), " op needs a peer: ranks must be >= 2, found ", op.ranks);
   FEDSHARD_EXPECTS(is_valid(op.dtype), "plan: ", describe(op), ": invalid dtype");
   const auto esz = static_cast<std::int64_t>(size_of(op.dtype));
   FEDSHARD_EXPECTS(op.bytes >= 0 && op.bytes % esz == 0, "plan: ", describe(op),
@@ -296,11 +332,21 @@ inline void check(const comm_op& op) {
                    reduces(op.kind) ? ": a reducing op needs a reduce op"
                                     : ": only all_reduce and reduce_scatter carry a reduce op");
   FEDSHARD_EXPECTS(op.root >= 0 && op.root < op.ranks, "plan: ", describe(op),
-                   op.kind == comm_kind::send_recv ? ": the peer (root)" : ": root",
-                   " must be a rank of the axis, in [0, ", op.ranks, ")");
-  FEDSHARD_EXPECTS(op.out.role != role::none, "plan: ", describe(op), ": the output has no role");
-  FEDSHARD_EXPECTS(op.kind == comm_kind::broadcast || op.in.role != role::none,
-                   "plan: ", describe(op), ": the input has no role");
+                   ": root must be a rank of the axis, in [0, ", op.ranks, ")");
+  if (point_to_point(op.kind))
+    FEDSHARD_EXPECTS(op.peer >= 0 && op.peer < op.ranks, "plan: ", describe(op),
+                     ": the peer must be a rank of the axis, in [0, ", op.ranks, "), found ",
+                     op.peer);
+  else
+    FEDSHARD_EXPECTS(op.peer == -1, "plan: ", describe(op), ": only send_recv, send and recv ",
+                     "name a peer, expected -1, found ", op.peer);
+  FEDSHARD_EXPECTS(
+      has_output(op.kind) == (op.out.role != role::none), "plan: ", describe(op),
+      has_output(op.kind) ? ": the output has no role" : ": a send op has no output, found one");
+  FEDSHARD_EXPECTS(
+      op.kind == comm_kind::broadcast || has_input(op.kind) == (op.in.role != role::none),
+      "plan: ", describe(op),
+      has_input(op.kind) ? ": the input has no role" : ": a recv op has no input, found one");
   const bool unit_trigger = op.trigger == trigger::acquire || op.trigger == trigger::grads_ready;
   FEDSHARD_EXPECTS(!unit_trigger || op.unit >= 0, "plan: ", describe(op), ": a ",
                    to_string(op.trigger), " op needs a unit");

@@ -3,7 +3,8 @@
 ///
 /// fire(plan, point, bind, stream) takes the ops of `plan` that run at trigger point `point`,
 /// in plan order, asks `bind(op, operand)` for the buffer of each operand's role (a
-/// buffer_view, in the space's memory, in the buffer's own dtype), checks every size against
+/// buffer_view, in the space's memory, in the buffer's own dtype; only the operands its kind
+/// has: no input for broadcast and recv, no output for send), checks every size against
 /// the op, and runs them as a chain: each op after the previous one. An op whose dtype
 /// differs from its buffers' dtype runs through staging buffers of the space (cast before,
 /// cast back after), queued on `stream`, which is also where the firing completes: join(t,
@@ -379,18 +380,19 @@ class interpreter {
     }
     bound_op b;
     b.op = op;
-    b.out = resolve(op, op.out, bind);
-    if (op.kind != comm_kind::broadcast) b.in = resolve(op, op.in, bind);
+    const bool reads = has_input(op.kind), writes = has_output(op.kind);
+    if (writes) b.out = resolve(op, op.out, bind);
+    if (reads) b.in = resolve(op, op.in, bind);
     const auto n =
         static_cast<std::size_t>(op.bytes / static_cast<std::int64_t>(size_of(op.dtype)));
     const auto per = n / static_cast<std::size_t>(op.ranks);
     std::size_t want_in = n, want_out = n;
     if (op.kind == comm_kind::all_gather) want_in = per;
     if (op.kind == comm_kind::reduce_scatter) want_out = per;
-    expect_size(op, "output", op.out, b.out.count, want_out);
-    if (op.kind != comm_kind::broadcast) expect_size(op, "input", op.in, b.in.count, want_in);
-    if (op.kind == comm_kind::send_recv) check_exchange(b);
-    b.staged = b.out.type != op.dtype || (op.kind != comm_kind::broadcast && b.in.type != op.dtype);
+    if (writes) expect_size(op, "output", op.out, b.out.count, want_out);
+    if (reads) expect_size(op, "input", op.in, b.in.count, want_in);
+    if (point_to_point(op.kind)) check_peer(b);
+    b.staged = (writes && b.out.type != op.dtype) || (reads && b.in.type != op.dtype);
     if (encoded(op)) {
       FEDSHARD_EXPECTS(S::host_accessible, "interpreter: ", describe(op),
                        ": codecs run on host memory, but the buffers are in ", S::name, " memory");
@@ -406,12 +408,17 @@ class interpreter {
     return b;
   }
 
-  /// A send_recv op names another rank of its axis as its peer, and its input and output
-  /// do not overlap (the receive may land before the send has read its input).
-  void check_exchange(const bound_op& b) const {
+  /// A point-to-point op names another rank of its axis as its peer, and a send_recv's
+  /// input and output do not overlap (the receive may land before the send has read its
+  /// input).
+  void check_peer(const bound_op& b) const {
     const int me = mesh_->axis_rank(b.op.axis);
-    FEDSHARD_EXPECTS(b.op.root != me, "interpreter: ", describe(b.op),
-                     ": a rank cannot exchange with itself (it is axis rank ", me, ")");
+    FEDSHARD_EXPECTS(b.op.peer != me, "interpreter: ", describe(b.op), ": a rank cannot ",
+                     b.op.kind == comm_kind::send_recv ? "exchange with"
+                     : b.op.kind == comm_kind::send    ? "send to"
+                                                       : "receive from",
+                     " itself (it is axis rank ", me, ")");
+    if (b.op.kind != comm_kind::send_recv) return;
     FEDSHARD_EXPECTS(
         !detail::overlaps(b.in.data, b.in.size_bytes(), b.out.data, b.out.size_bytes()),
         "interpreter: ", describe(b.op), ": its input (", describe(b.op.in), ") and output (",
@@ -474,6 +481,15 @@ class interpreter {
     if (op.kind == comm_kind::broadcast) {
       b.stage_out = staging(b.out.data, b.out.count * esz);
       space_->cast(st, const_buffer_view(b.out), buffer_view{b.stage_out, b.out.count, op.dtype});
+      return;
+    }
+    if (op.kind == comm_kind::recv) {  // overwritten whole: nothing to cast in
+      b.stage_out = staging(b.out.data, b.out.count * esz);
+      return;
+    }
+    if (op.kind == comm_kind::send) {
+      b.stage_in = staging(b.in.data, b.in.count * esz);
+      space_->cast(st, const_buffer_view(b.in), buffer_view{b.stage_in, b.in.count, op.dtype});
       return;
     }
     const std::ptrdiff_t in_at = offset_within(b.in, b.out);
@@ -597,8 +613,9 @@ class interpreter {
     }
   }
 
-  /// Casts a staged op's result back into its output, on st.
+  /// Casts a staged op's result back into its output, on st (a send has none).
   void cast_back(bound_op& b, stream_type& st) {
+    if (!has_output(b.op.kind)) return;
     space_->cast(st, const_buffer_view{b.stage_out, b.out.count, b.op.dtype}, b.out);
   }
 

@@ -32,8 +32,10 @@ class traffic_counters {
     t.wire_bytes += bus_factor(kind, ranks) * static_cast<double>(bytes);
     t.seconds += seconds;
   }
-  /// Counts one op as the plan describes it (what it carries on the wire: carried(op)).
+  /// Counts one op as the plan describes it (what it carries on the wire: carried(op)); a
+  /// recv op is not counted (its message is, by its sender, as the wire tap counts it).
   void record(const comm_op& op, double seconds = 0) {
+    if (op.kind == comm_kind::recv) return;
     const comm_op c = carried(op);
     record(c.axis, c.kind, c.bytes, c.ranks, seconds);
   }

@@ -34,10 +34,13 @@ struct wire_call {
   int ranks = 1;
 
   /// The call a plan's op makes (for an encoded op, the all_gather of its wires: carried; for
-  /// a send_recv, the send of its pair, of 2 ranks).
+  /// a send_recv or a send, the message it sends: a send_recv call of 2 ranks). A recv op's
+  /// message is recorded by its sender.
   static wire_call of(const comm_op& op) {
     const comm_op c = carried(op);
-    return {c.kind, c.axis, c.dtype, c.bytes, c.kind == comm_kind::send_recv ? 2 : c.ranks};
+    const bool message = c.kind == comm_kind::send_recv || c.kind == comm_kind::send;
+    return {message ? comm_kind::send_recv : c.kind, c.axis, c.dtype, c.bytes,
+            message ? 2 : c.ranks};
   }
   friend bool operator==(const wire_call&, const wire_call&) = default;
   friend auto operator<=>(const wire_call&, const wire_call&) = default;

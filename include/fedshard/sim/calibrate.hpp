@@ -449,8 +449,8 @@ inline calibration fit_collectives(const std::vector<measured_point>& points) {
     FEDSHARD_EXPECTS(p.ranks >= 2 && p.bytes >= 0 && p.seconds > 0, "sim: ", p.source,
                      ": expected ranks >= 2, bytes >= 0 and seconds > 0, found ", p.ranks, ", ",
                      p.bytes, ", ", p.seconds);
-    FEDSHARD_EXPECTS(p.kind != comm_kind::send_recv, "sim: ", p.source,
-                     ": send_recv cannot be calibrated, expected a collective");
+    FEDSHARD_EXPECTS(!point_to_point(p.kind), "sim: ", p.source, ": ", to_string(p.kind),
+                     " cannot be calibrated, expected a collective");
     keys.emplace_back(p.level, p.kind, p.ranks);
   }
   std::sort(keys.begin(), keys.end());

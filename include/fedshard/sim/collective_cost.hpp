@@ -99,9 +99,17 @@ constexpr double ring_steps(comm_kind k, int n) noexcept {
     case comm_kind::all_gather:
     case comm_kind::reduce_scatter:
     case comm_kind::broadcast: return n - 1.0;
-    case comm_kind::send_recv: return 1;
+    case comm_kind::send_recv:
+    case comm_kind::send:
+    case comm_kind::recv: return 1;
   }
   return 0;
+}
+
+/// The bytes whose transfer an op's time waits for, per array byte: the bus factor, but 1 for a
+/// recv (it sends nothing and waits for the whole message).
+constexpr double time_factor(comm_kind k, int n) noexcept {
+  return k == comm_kind::recv && n > 1 ? 1.0 : bus_factor(k, n);
 }
 
 /// ceil(log2(n)) for n >= 1.
@@ -145,7 +153,7 @@ inline collective_cost ring_cost(comm_kind k, double bytes, const comm_span& s,
   const double wan = std::min(inter, ring_steps(k, s.sites));
   r.latency = c.op_latency + (steps - inter) * c.intra.alpha + (inter - wan) * c.inter.alpha +
               wan * c.wan.alpha;
-  r.transfer = transfer_time(bus_factor(k, s.ranks) * bytes, ring_bandwidth(s, share, c));
+  r.transfer = transfer_time(time_factor(k, s.ranks) * bytes, ring_bandwidth(s, share, c));
   r.seconds = r.latency + r.transfer;
   return r;
 }
@@ -171,7 +179,7 @@ inline collective_cost tree_cost(comm_kind k, double bytes, const comm_span& s,
 }
 
 inline bool hierarchical_applies(comm_kind k, const comm_span& s) noexcept {
-  return k != comm_kind::send_recv && s.per_node > 1 && s.nodes > 1;
+  return !point_to_point(k) && s.per_node > 1 && s.nodes > 1;
 }
 
 inline collective_cost add(collective_cost a, const collective_cost& b) {
@@ -215,7 +223,9 @@ inline collective_cost hierarchical_cost(comm_kind k, double bytes, const comm_s
       r = add(faster(ring_cost(k, bytes, across, wide, c), tree_cost(k, bytes, across, wide, c)),
               ring_cost(k, bytes, local, {}, c));
       break;
-    case comm_kind::send_recv: break;
+    case comm_kind::send_recv:
+    case comm_kind::send:
+    case comm_kind::recv: break;
   }
   r.algorithm = collective_algorithm::hierarchical;
   return r;
@@ -244,7 +254,7 @@ inline std::optional<collective_cost> measured_cost(comm_kind k, double bytes, c
   r.algorithm = algo;
   r.measured = true;
   r.latency = latency;
-  r.transfer = transfer_time(bus_factor(k, s.ranks) * bytes, f->bus_bandwidth / sharing);
+  r.transfer = transfer_time(time_factor(k, s.ranks) * bytes, f->bus_bandwidth / sharing);
   r.seconds = r.latency + r.transfer;
   return r;
 }

@@ -14,7 +14,8 @@
 ///
 /// The time model, for each rank, with C the compute seconds of one step:
 ///  - every comm_op is priced by price_collective on the communicator of its axis (a
-///    send_recv on the links between the pair it exchanges between: detail::op_span; a plan
+///    point-to-point op, send_recv, send or recv, on the links between the pair it joins:
+///    detail::op_span; a plan
 ///    that changes every sync, gossip's, is priced at its first round), the
 ///    communicators of every rank that runs the same op at the same time sharing NICs;
 ///  - step ops: those the plan marks overlappable (FSDP's gathers and reduce_scatters, HSDP's
@@ -688,19 +689,19 @@ class span_cache {
 };
 
 /// The links op of `rank` crosses: its axis communicator's span `axis_span`, or for a
-/// send_recv (an exchange with axis rank op.root) the pair's: 2 ranks, on one node or two, in
-/// one site or two. So a gossip exchange is priced on the links between the two groups, as
-/// one message each way (bus factor 1, one latency of the outermost level crossed); the NIC
-/// and uplink sharing stays sharing_of's, by axis communicator (each rank's exchange is one
-/// flow out of its node).
+/// point-to-point op (send_recv, send, recv with axis rank op.peer) the pair's: 2 ranks, on
+/// one node or two, in one site or two. So a gossip exchange is priced on the links between
+/// the two groups, as one message each way (bus factor 1, one latency of the outermost level
+/// crossed), and a heal's transfer as one message; the NIC and uplink sharing stays
+/// sharing_of's, by axis communicator (each rank's exchange is one flow out of its node).
 inline comm_span op_span(const placement& p, const comm_span& axis_span, const comm_op& op,
                          int rank) {
-  if (op.kind != comm_kind::send_recv) return axis_span;
+  if (!point_to_point(op.kind)) return axis_span;
   const std::vector<int> m = p.members(op.axis, rank);
-  FEDSHARD_EXPECTS(op.root >= 0 && static_cast<std::size_t>(op.root) < m.size(),
-                   "sim::price_plans: the plan's ", describe(op), " names axis rank ", op.root,
+  FEDSHARD_EXPECTS(op.peer >= 0 && static_cast<std::size_t>(op.peer) < m.size(),
+                   "sim::price_plans: the plan's ", describe(op), " names axis rank ", op.peer,
                    " as its peer, but the communicator has ", m.size(), " ranks");
-  const int peer = m[static_cast<std::size_t>(op.root)];
+  const int peer = m[static_cast<std::size_t>(op.peer)];
   const bool one_node = p.node_of(rank) == p.node_of(peer);
   return {.ranks = 2,
           .nodes = one_node ? 1 : 2,
@@ -799,6 +800,32 @@ inline int component_size(const mesh_shape& s, const std::array<bool, 3>& d) noe
 
 }  // namespace detail
 
+/// Seconds world rank `rank` of a mesh placed as p spends in the ops of q run one after
+/// another (a chain: an on-demand plan, such as a heal's, federation/heal.hpp), each priced by
+/// price_collective with `algo` on the links it crosses (its axis communicator's, its member
+/// groups', or a point-to-point op's pair's: detail::op_span), alone on them, plus its codec
+/// passes. A recv takes as long as its message, so a heal of S bytes between two sites costs
+/// both sides c.op_latency + c.wan.alpha + S / c.wan.bandwidth (the WAN the slowest link).
+inline double price_chain(const plan& q, const placement& p, int rank, const cluster& c,
+                          collective_algorithm algo = collective_algorithm::best) {
+  FEDSHARD_EXPECTS(rank >= 0 && rank < p.size(), "sim::price_chain: rank must be in [0, ", p.size(),
+                   "), found ", rank);
+  double seconds = 0;
+  for (const comm_op& op : q.ops) {
+    fedshard::check(op);
+    const comm_span axis_span = p.span(op.axis, rank);
+    const comm_span s = op.members != 0 ? detail::member_span(p, op, rank)
+                                        : detail::op_span(p, axis_span, op, rank);
+    const int ranks = op.members != 0 ? s.ranks : axis_span.ranks;
+    FEDSHARD_EXPECTS(ranks == op.ranks, "sim::price_chain: ", describe(op), " has ", op.ranks,
+                     " ranks but rank ", rank, "'s communicator has ", ranks);
+    const comm_op w = carried(op);
+    seconds += detail::codec_seconds(op, c) +
+               price_collective(w.kind, static_cast<double>(w.bytes), s, {}, c, algo).seconds;
+  }
+  return seconds;
+}
+
 /// Prices algorithm a on units laid out for `shape` on cluster c, given the compute seconds
 /// and tokens of one GPU's step. See the file comment for the model.
 inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> units,
@@ -894,15 +921,15 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
     auto& rp = out.ranks[static_cast<std::size_t>(r)];
     // The collective price of op for rank r (without its codec passes).
     // The span of op's communicator: its axis's, its member groups' (holder_average), or a
-    // send_recv's pair's (gossip).
+    // point-to-point op's pair's (gossip).
     auto span_of = [&](const comm_op& op) -> comm_span {
       return op.members != 0 ? detail::member_span(place, op, r)
                              : detail::op_span(place, spans.get(op.axis, r), op, r);
     };
     auto collective = [&](const comm_op& op, const link_sharing& share) -> const collective_cost& {
       const comm_span s = span_of(op);
-      // A send_recv's span is its pair's; the plan counts the ranks of its axis.
-      const int ranks = op.kind == comm_kind::send_recv ? spans.get(op.axis, r).ranks : s.ranks;
+      // A point-to-point op's span is its pair's; the plan counts the ranks of its axis.
+      const int ranks = point_to_point(op.kind) ? spans.get(op.axis, r).ranks : s.ranks;
       FEDSHARD_EXPECTS(ranks == op.ranks, "sim::price_plans: the plan's ", describe(op), " has ",
                        op.ranks, " ranks but the mesh's ", to_string(op.axis), " communicator has ",
                        ranks);

@@ -91,6 +91,10 @@ checkpoint_run checkpoint_run_of(Engine& engine, Opt& optimizer, Sync& sync,
                                  const shard::precision& precision,
                                  std::function<void(const std::string&)> log) {
   auto& m = engine.topology();
+  // Checkpoints describe one G x R x S mesh: refused (on every rank alike) on groups of
+  // different shapes.
+  FEDSHARD_EXPECTS(m.uniform(), "trainer: checkpoints expect groups of one shape (a G x R x S ",
+                   "mesh), found group shapes ", to_string(m.group_shapes()));
   return {.rank = m.rank(),
           .size = m.size(),
           .agree =

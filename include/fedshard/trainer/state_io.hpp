@@ -33,6 +33,13 @@ inline void write_registry(const state_registry& reg, file_writer& w) {
   }
 }
 
+/// Every entry of `reg` as the bytes of one checkpoint file (what a donor sends a joiner).
+inline std::string serialize(const state_registry& reg) {
+  file_writer w;
+  write_registry(reg, w);
+  return w.bytes();
+}
+
 /// Where a rank's element entries lie: the model's layout, the units of each sync fragment,
 /// the mesh, and the rank's layout shard (0 when the layout is not sharded) and replica.
 struct state_geometry {
@@ -341,6 +348,15 @@ inline std::pair<staged_registry, std::vector<std::string>> stage_resharded(
   auto notes = reshard_notes(reg, st, from);
   finish_staging(reg, st, mine, saved.dir().string(), saved.fields().fields);
   return {std::move(st), std::move(notes)};
+}
+
+/// Restores `reg` from what serialize() wrote on a rank of the same setup (`what` names its
+/// source in errors): checked whole (chunk checksums, sections, sizes) before any entry
+/// changes.
+inline void deserialize(const state_registry& reg, std::string bytes, std::string what,
+                        const state_geometry& g) {
+  const file_reader r(std::move(bytes), std::move(what));
+  apply(reg, stage_same(reg, r, g));
 }
 
 }  // namespace fedshard::checkpoint

@@ -17,7 +17,6 @@
 /// load, mean_over_world, parameters) then belong right after a sync (synced()), where every
 /// group's k-th sync pairs up, or after done().
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -35,19 +34,16 @@
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/state_registry.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/federation/heal.hpp"
 #include "fedshard/federation/sync.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/optimizer.hpp"
-#include "fedshard/plan/comm_op.hpp"
-#include "fedshard/plan/interpreter.hpp"
 #include "fedshard/shard/engine.hpp"
 #include "fedshard/space/space_of.hpp"
 #include "fedshard/trainer/algorithm.hpp"
-#include "fedshard/trainer/checkpoint.hpp"
 #include "fedshard/trainer/checkpointer.hpp"
 #include "fedshard/trainer/model.hpp"
 #include "fedshard/trainer/options.hpp"
-#include "fedshard/trainer/reshard.hpp"
 #include "fedshard/trainer/run_checkpoint.hpp"
 #include "fedshard/trainer/state_io.hpp"
 
@@ -89,7 +85,7 @@ class trainer final {
         base_lr_(opt.lr),
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
               static_cast<int>(optimizer_.state().size()), *space_,
-              overlap_of(m, engine_.layout())) {
+              federation::overlap_of<shard_policy>(m, engine_.layout())) {
     FEDSHARD_EXPECTS(opts_.total_steps >= 0, "trainer: total_steps must be >= 0, found ",
                      opts_.total_steps);
     sync_.check_run(opts_.total_steps, engine_.step_plan(), shard_policy::name);
@@ -105,25 +101,6 @@ class trainer final {
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;
 
- private:
-  /// How every group of a heterogeneous mesh cuts the model (federation/overlap.hpp); null
-  /// on a uniform mesh.
-  /// Checkpoints describe one G x R x S mesh: refused (on every rank alike) on groups of
-  /// different shapes.
-  void uniform_mesh_only(const char* what) {
-    const auto& m = engine_.topology();
-    FEDSHARD_EXPECTS(m.uniform(), "trainer: ", what, " expect groups of one shape (a G x R x S ",
-                     "mesh), found group shapes ", to_string(m.group_shapes()));
-  }
-  static std::shared_ptr<const federation::overlap_map> overlap_of(const mesh<C>& m,
-                                                                   const flat_layout& l) {
-    if (m.uniform()) return nullptr;
-    return federation::make_overlap_map(l, m.group_shapes(), m.coords(), [](const mesh_shape& v) {
-      return shard_policy::layout_shards(v);
-    });
-  }
-
- public:
   /// Waits for a save_async() still writing (its error, if any, goes to the log: the
   /// destructor cannot agree with the other ranks).
   ~trainer() {
@@ -159,7 +136,12 @@ class trainer final {
     const float lr = opts_.lr_schedule ? opts_.lr_schedule(step_) : base_lr_;
     engine_.optimizer_step(optimizer_, lr);
     sync_.add_tokens(tokens_of(model_, batch));
-    if constexpr (elastic_federation) begin_elastic_round(compute);
+    if constexpr (elastic_federation) {
+      const std::string healed = federation::begin_elastic_round(
+          sync_, engine_.topology(), step_, opts_.total_steps,
+          [this](const federation::heal_round& r) { return heal(r); });
+      if (!healed.empty()) log(healed, true);
+    }
     const std::int64_t syncs = sync_.syncs_applied();
     sync_.after_step(engine_.interp(), step_, opts_.total_steps, engine_.master(),
                      optimizer_.state(), compute);
@@ -221,21 +203,10 @@ class trainer final {
   const std::vector<std::int64_t>& sync_steps(int f = 0) const { return sync_.sync_steps(f); }
   /// True when the run is over (see the file comment): after run_syncs() syncs under a
   /// progress schedule, else once total_steps (> 0) steps are taken.
-  bool done() const noexcept {
-    if constexpr (sync_type::by_progress)
-      return sync_.syncs_applied() >= sync_.schedule().run_syncs();
-    else
-      return opts_.total_steps > 0 && step_ >= opts_.total_steps;
-  }
+  bool done() const noexcept { return sync_.done(step_, opts_.total_steps); }
   /// True when the latest step applied a sync (of any fragment): a point where every group
   /// stands at the same sync.
-  bool synced() const {
-    for (int f = 0; f < sync_.fragments(); ++f) {
-      const auto& at = sync_.sync_steps(f);
-      if (!at.empty() && at.back() == step_ - 1) return true;
-    }
-    return false;
-  }
+  bool synced() const { return sync_.synced_after(step_ - 1); }
   /// The group's progress as its ranks agreed on it after the latest step (progress
   /// schedules: tokens since the last sync, seconds since the start, syncs).
   const schedule::sync_progress& progress() const noexcept { return sync_.progress(); }
@@ -280,9 +251,20 @@ class trainer final {
   /// fresh start, each said in one log line. Another model, a missing, torn, truncated or
   /// corrupt file are refused on every rank, and nothing is changed unless every rank read
   /// and verified everything it needs.
-  void load(const std::filesystem::path& dir) {
-    uniform_mesh_only("checkpoints");
-    checkpoints_.load(dir, checkpoint_run());
+  void load(const std::filesystem::path& dir) { checkpoints_.load(dir, checkpoint_run()); }
+
+  /// Collective over the federation axis: the joiners of round r take the donor's whole
+  /// state (every entry of state()), moved by the heal plan (federation/heal.hpp) through
+  /// the interpreter and checked before anything changes; returns what this rank moved.
+  federation::heal_report heal(const federation::heal_round& r) {
+    synchronize();
+    return federation::heal(
+        engine_.interp(), r, [this] { return checkpoint::serialize(registry_); },
+        [&](std::string blob) {
+          checkpoint::deserialize(registry_, std::move(blob),
+                                  fedshard::detail::concat("the state of group ", r.donor),
+                                  checkpoint::geometry_of(engine_, sync_));
+        });
   }
 
   /// Every piece of state of this run, as its components registered it (what save, load,
@@ -311,55 +293,6 @@ class trainer final {
   const options& settings() const noexcept { return opts_; }
 
  private:
-  /// Where a sync starts after this step and the federation axis is elastic: the round
-  /// (elastic::link::begin_round), healing its joiners, and the groups the sync combines.
-  template <class Stream>
-  void begin_elastic_round(Stream& compute) {
-    bool starts = false;
-    for (int f = 0; f < sync_.fragments(); ++f)
-      starts = starts || schedule::starts(sync_.schedule().action(f, step_, opts_.total_steps));
-    if (!starts) return;
-    auto& link = engine_.topology().federation().federation_side();
-    const auto& round = link.begin_round(step_);
-    if (!round.joiners.empty()) {
-      space_->synchronize(compute);
-      heal_joiners(link, round);
-    }
-    sync_.set_included_source([&link] { return link.included(); });
-  }
-
-  /// The donor sends its whole state (what a checkpoint holds: parameters, inner and outer
-  /// optimizer state, step) to the round's joiners, rank by rank over the link; a joiner
-  /// verifies it and takes it, so it syncs from the donor's step on.
-  template <class Link, class Round>
-  void heal_joiners(Link& link, const Round& round) {
-    const int g = engine_.topology().coords().group;
-    const bool joiner =
-        std::find(round.joiners.begin(), round.joiners.end(), g) != round.joiners.end();
-    if (g == round.donor) {
-      checkpoint::file_writer w;
-      checkpoint::write_registry(registry_, w);
-      std::string blob = w.bytes();
-      const double size = static_cast<double>(blob.size());
-      blob.resize((blob.size() + 7) / 8 * 8);
-      for (int j : round.joiners) {
-        link.send(&size, 1, dtype::f64, j, 1);
-        link.send(blob.data(), static_cast<std::int64_t>(blob.size() / 8), dtype::f64, j, 2);
-      }
-    } else if (joiner) {
-      double size = 0;
-      link.recv(&size, 1, dtype::f64, round.donor, 1);
-      std::string blob((static_cast<std::size_t>(size) + 7) / 8 * 8, '\0');
-      link.recv(blob.data(), static_cast<std::int64_t>(blob.size() / 8), dtype::f64, round.donor,
-                2);
-      blob.resize(static_cast<std::size_t>(size));
-      const checkpoint::file_reader r(std::move(blob),
-                                      fedshard::detail::concat("the state of group ", round.donor));
-      checkpoint::apply(
-          registry_, checkpoint::stage_same(registry_, r, checkpoint::geometry_of(engine_, sync_)));
-    }
-  }
-
   /// A log line: to options::log on every rank, else to stderr on world rank 0 (or on every
   /// rank when `every_rank`).
   void log(const std::string& line, bool every_rank) {
@@ -384,7 +317,6 @@ class trainer final {
 
   /// What a save or load needs of this run (trainer/run_checkpoint.hpp).
   checkpoint::checkpoint_run checkpoint_run() {
-    uniform_mesh_only("checkpoints");
     return checkpoint::checkpoint_run_of<A>(engine_, optimizer_, sync_, opts_.precision,
                                             [this](const std::string& l) { log(l, false); });
   }
