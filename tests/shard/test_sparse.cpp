@@ -1,14 +1,17 @@
 // shard::sparse<Base> (SCAPE): density 1 is Base bit for bit; at density 0.1 the shard axis
 // carries exactly 0.1x Base's bytes plus the mask exchange (closed form); every rank agrees on
 // the mask; unmasked parameters and optimizer state do not move; the gathered copies stay the
-// current parameters across mask refreshes and federation syncs; bad settings are refused.
+// current parameters across mask refreshes and federation syncs; bad settings are refused; a
+// checkpoint resumes a run bit for bit, and SCAPE state it cannot use starts fresh.
 #include "fedshard/shard/sparse.hpp"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -641,7 +644,9 @@ TEST_CASE("a SCAPE run saved mid-run and loaded into fresh trainers resumes bit 
       }
     }
   };
-  SUBCASE("scape_fsdp, 1x1x2") { check_resumed(mesh_shape{1, 1, 2}, trainer_options<scape_fsdp>{}); }
+  SUBCASE("scape_fsdp, 1x1x2") {
+    check_resumed(mesh_shape{1, 1, 2}, trainer_options<scape_fsdp>{});
+  }
   SUBCASE("fl_scape_fsdp, 2x1x2, a sync every 3 steps") {
     trainer_options<fl_scape_fsdp> o;
     o.schedule = {.period = 3};
@@ -650,42 +655,89 @@ TEST_CASE("a SCAPE run saved mid-run and loaded into fresh trainers resumes bit 
   }
 }
 
-// A checkpoint of a SCAPE run loaded onto another mesh: the SCAPE state is of the saver's
-// shards, so it starts fresh (dense steps first), and the log says so.
-TEST_CASE("a SCAPE checkpoint resharded onto another mesh starts the SCAPE state fresh") {
-  test::temp_dir dir("fedshard-sparse");
-  const auto opts = with<scape_fsdp>({.density = 0.1, .refresh_period = 2});
-  std::vector<float> saved;
+namespace {
+
+/// Collective on 1x1x2: 4 steps of A with options o, saved into dir; world rank 0's
+/// parameters into `params`.
+template <class A>
+void save_after_4(const std::filesystem::path& dir, trainer_options<A> o,
+                  std::vector<float>& params) {
   test::spawn_ranks(2, [&](inproc::communicator& world) {
     mesh m(world, {1, 1, 2});
-    mlp_trainer<scape_fsdp> a(m, model80(), {.lr = 2e-2f}, opts);
+    mlp_trainer<A> a(m, model80(), {.lr = 2e-2f}, o);
     for (int s = 0; s < 4; ++s) a.step(a.model().batch(kData, s, 0, 1, m.coords().shard, 2, 2));
-    REQUIRE(a.engine().runtime().has_mask());
-    a.save(dir.path);
+    if constexpr (decltype(a)::engine_type::has_runtime) REQUIRE(a.engine().runtime().has_mask());
+    a.save(dir);
     const auto p = a.parameters();
-    if (world.rank() == 0) saved = p;
+    if (world.rank() == 0) params = p;
   });
+}
+
+/// Loads dir into scape_fsdp (options o) on `shape` (1 x 1 x S): the parameters are the
+/// saved ones and the SCAPE state starts fresh: no mask, no refresh, one dense step (s = 4),
+/// then a refresh after it and after s = 6 (refresh_period 2); the copies stay exact. The
+/// checkpoint log lines of every rank.
+std::vector<std::string> load_fresh(const std::filesystem::path& dir, mesh_shape shape,
+                                    trainer_options<scape_fsdp> o,
+                                    const std::vector<float>& saved) {
   std::mutex mu;
   std::vector<std::string> log;
-  auto o4 = opts;
-  o4.log = [&](const std::string& line) {
+  o.log = [&](const std::string& line) {
     std::lock_guard lock(mu);
     if (line.find("fedshard: checkpoint") != std::string::npos) log.push_back(line);
   };
-  test::spawn_ranks(4, [&](inproc::communicator& world) {
-    mesh m(world, {1, 1, 4});
-    mlp_trainer<scape_fsdp> b(m, model80(), {.lr = 2e-2f}, o4);
-    b.load(dir.path);
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    mlp_trainer<scape_fsdp> b(m, model80(), {.lr = 2e-2f}, o);
+    b.load(dir);
     CHECK(bit_equal(b.parameters(), saved));
     CHECK_FALSE(b.engine().runtime().has_mask());
     CHECK(b.engine().runtime().refreshes() == 0);
+    const int per = 4 / shape.shards;
     for (int s = 4; s < 8; ++s) {
-      b.step(b.model().batch(kData, s, 0, 1, m.coords().shard, 4, 1));
+      b.step(b.model().batch(kData, s, 0, 1, m.coords().shard, shape.shards, per));
       check_copies(b);
     }
     CHECK(b.engine().runtime().has_mask());
-    CHECK(b.engine().runtime().refreshes() == 2);  // after its dense step (s = 4) and s = 6
+    CHECK(b.engine().runtime().refreshes() == 2);
   });
-  for (const auto& l : log) MESSAGE(l);
-  REQUIRE(log.size() == 4 * 3);  // every rank logs (options::log): where from, dropped, fresh
+  return log;
+}
+
+}  // namespace
+
+// SCAPE state a run cannot use starts fresh (dense steps first): a checkpoint of another mesh
+// (its masks are of the saver's shards; the log says so), of another density on this mesh
+// (another k_u), or of a run without SCAPE state (full_shard's: the same manifest).
+TEST_CASE("SCAPE state from another mesh, density or policy starts fresh") {
+  test::temp_dir dir("fedshard-sparse");
+  const auto opts = with<scape_fsdp>({.density = 0.1, .refresh_period = 2});
+  std::vector<float> saved;
+  SUBCASE("resharded onto 1x1x4") {
+    save_after_4<scape_fsdp>(dir.path, opts, saved);
+    const auto log = load_fresh(dir.path, {1, 1, 4}, opts, saved);
+    const auto count = [&](const std::string& want, bool whole) {
+      return std::count_if(log.begin(), log.end(), [&](const std::string& l) {
+        return whole ? l == want : l.find(want) != std::string::npos;
+      });
+    };
+    CHECK(log.size() == 4 * 3);  // every rank logs (options::log)
+    CHECK(count("of 1x1x2 resharded onto 1x1x4 (full_shard, none)", false) == 4);
+    CHECK(count("fedshard: checkpoint: dropped what this run has no use for: SCAPE state "
+                "'mask', SCAPE state 'progress'",
+                true) == 4);
+    CHECK(count("fedshard: checkpoint: started as at a fresh start (not in the checkpoint): "
+                "SCAPE state 'mask', SCAPE state 'progress'",
+                true) == 4);
+  }
+  SUBCASE("density 0.2 loading density 0.1's mask") {
+    save_after_4<scape_fsdp>(dir.path, opts, saved);
+    const auto log = load_fresh(dir.path, {1, 1, 2},
+                                with<scape_fsdp>({.density = 0.2, .refresh_period = 2}), saved);
+    CHECK(log.empty());  // the same setup: loaded rank by rank
+  }
+  SUBCASE("a full_shard checkpoint") {
+    save_after_4<dense_alg<shard::full_shard>>(dir.path, {}, saved);
+    CHECK(load_fresh(dir.path, {1, 1, 2}, opts, saved).empty());
+  }
 }
