@@ -647,6 +647,9 @@ TEST_CASE("a SCAPE run saved mid-run and loaded into fresh trainers resumes bit 
   SUBCASE("scape_fsdp, 1x1x2") {
     check_resumed(mesh_shape{1, 1, 2}, trainer_options<scape_fsdp>{});
   }
+  SUBCASE("sparse<hybrid_shard>, 1x2x2") {
+    check_resumed(mesh_shape{1, 2, 2}, trainer_options<sparse_alg<shard::hybrid_shard>>{});
+  }
   SUBCASE("fl_scape_fsdp, 2x1x2, a sync every 3 steps") {
     trainer_options<fl_scape_fsdp> o;
     o.schedule = {.period = 3};

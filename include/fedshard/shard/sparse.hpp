@@ -594,12 +594,12 @@ class sparse_runtime {
     mask.bytes = [this] { return words_all_.size() * sizeof(std::uint32_t); };
     mask.save = [this, &interp](std::span<std::byte> out) {
       agree(interp);  // words_all_ then holds rmask_'s bits
-      std::memcpy(out.data(), words_all_.data(), out.size());
+      if (!out.empty()) std::memcpy(out.data(), words_all_.data(), out.size());
     };
     mask.load = [this, &interp](std::span<const std::byte> in) {
       agree(interp);  // no exchange is left writing words_all_
       loaded_.assign(words_all_.size(), 0u);
-      std::memcpy(loaded_.data(), in.data(), in.size());
+      if (!in.empty()) std::memcpy(loaded_.data(), in.data(), in.size());
     };
     reg.add(std::move(mask));
     state_entry progress = fresh;
@@ -664,7 +664,8 @@ class sparse_runtime {
   /// copies are not restored (the engine's master was written: the next gathers are dense).
   void restore(const sparse_progress& p) {
     std::string why;
-    auto m = p.has_mask == 1 ? decode(loaded_, why) : nullptr;
+    auto m =
+        p.has_mask == 1 && loaded_.size() == words_all_.size() ? decode(loaded_, why) : nullptr;
     const bool usable = p.has_mask == 0 || m != nullptr;
     steps_ = usable ? p.steps : 0;
     refreshes_ = usable ? p.refreshes : 0;
