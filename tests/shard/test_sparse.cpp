@@ -1,14 +1,17 @@
 // shard::sparse<Base> (SCAPE): density 1 is Base bit for bit; at density 0.1 the shard axis
 // carries exactly 0.1x Base's bytes plus the mask exchange (closed form); every rank agrees on
 // the mask; unmasked parameters and optimizer state do not move; the gathered copies stay the
-// current parameters across mask refreshes and federation syncs; bad settings are refused.
+// current parameters across mask refreshes and federation syncs; bad settings are refused; a
+// checkpoint resumes a run bit for bit, and SCAPE state it cannot use starts fresh.
 #include "fedshard/shard/sparse.hpp"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -550,26 +553,194 @@ TEST_CASE("a masked step is the dense step at the masked elements, bit for bit")
   }
 }
 
-// A checkpoint holds no mask: a loaded trainer starts with dense steps, from the saved
-// parameters and moments, and its copies are exact throughout.
-TEST_CASE("a sparse run saved and loaded goes on from the saved state") {
+namespace {
+
+/// One rank's view of a SCAPE runtime (after a load, or at the end of a run).
+struct scape_view {
+  bool has_mask = false;
+  std::int64_t refreshes = 0;
+  std::vector<std::vector<std::uint32_t>> masks;  // by unit
+};
+
+template <class T>
+scape_view view_of(T& t) {
+  auto& rt = t.engine().runtime();
+  scape_view v{.has_mask = rt.has_mask(), .refreshes = rt.refreshes(), .masks = {}};
+  rt.agree(t.engine().interp());
+  for (std::size_t u = 0; u < t.engine().layout().num_units(); ++u) v.masks.push_back(rt.mask(u));
+  return v;
+}
+
+/// A run of A on `shape` saved after `save_at` of `total` steps: per world rank, the
+/// parameters (and runtime) at the end of the run that saved and went on, and of fresh
+/// trainers that loaded the checkpoint and took the rest; `loaded`: the runtime right after
+/// the load.
+template <class A>
+struct resumed {
+  std::vector<std::vector<float>> went_on, loaded_run;
+  std::vector<scape_view> went_on_view, loaded_view, end_view;
+};
+
+template <class A>
+resumed<A> save_and_resume(mesh_shape shape, int save_at, int total, trainer_options<A> opts) {
   test::temp_dir dir("fedshard-sparse");
-  const auto opts = with<scape_fsdp>({.density = 0.1, .refresh_period = 2});
+  const auto n = static_cast<std::size_t>(shape.size());
+  resumed<A> r{.went_on = std::vector<std::vector<float>>(n),
+               .loaded_run = std::vector<std::vector<float>>(n),
+               .went_on_view = std::vector<scape_view>(n),
+               .loaded_view = std::vector<scape_view>(n),
+               .end_view = std::vector<scape_view>(n)};
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    const auto me = static_cast<std::size_t>(world.rank());
+    const int g = m.coords().group, gs = shape.replicas * shape.shards;
+    const int local = m.coords().replica * shape.shards + m.coords().shard;
+    const auto batch = [&](auto& t, int s) {
+      return t.model().batch(kData, s, g, shape.groups, local, gs, 2);
+    };
+    mlp_trainer<A> a(m, model80(), {.lr = 2e-2f}, opts);
+    for (int s = 0; s < save_at; ++s) a.step(batch(a, s));
+    a.save(dir.path);
+    for (int s = save_at; s < total; ++s) a.step(batch(a, s));
+    r.went_on[me] = a.parameters();
+    r.went_on_view[me] = view_of(a);
+    mlp_trainer<A> b(m, model80(), {.lr = 2e-2f}, opts);
+    b.load(dir.path);
+    r.loaded_view[me].has_mask = b.engine().runtime().has_mask();
+    r.loaded_view[me].refreshes = b.engine().runtime().refreshes();
+    for (int s = save_at; s < total; ++s) {
+      b.step(batch(b, s));
+      check_copies(b);
+    }
+    r.loaded_run[me] = b.parameters();
+    r.end_view[me] = view_of(b);
+  });
+  return r;
+}
+
+}  // namespace
+
+// A checkpoint holds the SCAPE state (the agreed masks, the exchange on its way, the step and
+// refresh counters): fresh trainers that load it take the very steps the run that saved took.
+// Settings: one dense step, then a refresh after steps 1, 4, 7 and 10 (refresh_period 3), and a
+// dense step every 7 (the 7th step, s = 6). Saved after 4 steps, the refresh of step 4 is on
+// its way (its exchange not waited for); after 5, its mask is in use, mid-period. The straight
+// run is a run of the same setup that never saved.
+TEST_CASE("a SCAPE run saved mid-run and loaded into fresh trainers resumes bit for bit") {
+  const shard::sparse_settings cfg{.density = 0.1, .refresh_period = 3, .dense_every = 7};
+  const auto check_resumed = [&]<class A>(mesh_shape shape, trainer_options<A> o) {
+    o.shard = cfg;
+    const auto straight = final_params<A>(shape, 10, o, model80());
+    for (int save_at : {4, 5}) {
+      CAPTURE(save_at);
+      const auto r = save_and_resume<A>(shape, save_at, 10, o);
+      for (std::size_t k = 0; k < straight.size(); ++k) {
+        CHECK(r.loaded_view[k].has_mask);
+        CHECK(r.loaded_view[k].refreshes == 2);  // after steps 1 and 4
+        CHECK(r.end_view[k].refreshes == 4);     // and after 7 and 10
+        CHECK(r.end_view[k].masks == r.went_on_view[k].masks);
+        CHECK(bit_equal(r.went_on[k], straight[k]));
+        CHECK(bit_equal(r.loaded_run[k], straight[k]));
+      }
+    }
+  };
+  SUBCASE("scape_fsdp, 1x1x2") {
+    check_resumed(mesh_shape{1, 1, 2}, trainer_options<scape_fsdp>{});
+  }
+  SUBCASE("sparse<hybrid_shard>, 1x2x2") {
+    check_resumed(mesh_shape{1, 2, 2}, trainer_options<sparse_alg<shard::hybrid_shard>>{});
+  }
+  SUBCASE("fl_scape_fsdp, 2x1x2, a sync every 3 steps") {
+    trainer_options<fl_scape_fsdp> o;
+    o.schedule = {.period = 3};
+    o.total_steps = 10;
+    check_resumed(mesh_shape{2, 1, 2}, o);
+  }
+}
+
+namespace {
+
+/// Collective on 1x1x2: 4 steps of A with options o, saved into dir; world rank 0's
+/// parameters into `params`.
+template <class A>
+void save_after_4(const std::filesystem::path& dir, trainer_options<A> o,
+                  std::vector<float>& params) {
   test::spawn_ranks(2, [&](inproc::communicator& world) {
     mesh m(world, {1, 1, 2});
-    const int me = m.coords().shard;
-    mlp_trainer<scape_fsdp> a(m, model80(), {.lr = 2e-2f}, opts);
-    for (int s = 0; s < 4; ++s) a.step(a.model().batch(kData, s, 0, 1, me, 2, 2));
-    a.save(dir.path);
-    const auto saved = a.parameters();
-    mlp_trainer<scape_fsdp> b(m, model80(), {.lr = 2e-2f}, opts);
-    b.load(dir.path);
-    CHECK(b.parameters() == saved);
+    mlp_trainer<A> a(m, model80(), {.lr = 2e-2f}, o);
+    for (int s = 0; s < 4; ++s) a.step(a.model().batch(kData, s, 0, 1, m.coords().shard, 2, 2));
+    if constexpr (decltype(a)::engine_type::has_runtime) REQUIRE(a.engine().runtime().has_mask());
+    a.save(dir);
+    const auto p = a.parameters();
+    if (world.rank() == 0) params = p;
+  });
+}
+
+/// Loads dir into scape_fsdp (options o) on `shape` (1 x 1 x S): the parameters are the
+/// saved ones and the SCAPE state starts fresh: no mask, no refresh, one dense step (s = 4),
+/// then a refresh after it and after s = 6 (refresh_period 2); the copies stay exact. The
+/// checkpoint log lines of every rank.
+std::vector<std::string> load_fresh(const std::filesystem::path& dir, mesh_shape shape,
+                                    trainer_options<scape_fsdp> o,
+                                    const std::vector<float>& saved) {
+  std::mutex mu;
+  std::vector<std::string> log;
+  o.log = [&](const std::string& line) {
+    std::lock_guard lock(mu);
+    if (line.find("fedshard: checkpoint") != std::string::npos) log.push_back(line);
+  };
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    mlp_trainer<scape_fsdp> b(m, model80(), {.lr = 2e-2f}, o);
+    b.load(dir);
+    CHECK(bit_equal(b.parameters(), saved));
     CHECK_FALSE(b.engine().runtime().has_mask());
+    CHECK(b.engine().runtime().refreshes() == 0);
+    const int per = 4 / shape.shards;
     for (int s = 4; s < 8; ++s) {
-      b.step(b.model().batch(kData, s, 0, 1, me, 2, 2));
+      b.step(b.model().batch(kData, s, 0, 1, m.coords().shard, shape.shards, per));
       check_copies(b);
     }
     CHECK(b.engine().runtime().has_mask());
+    CHECK(b.engine().runtime().refreshes() == 2);
   });
+  return log;
+}
+
+}  // namespace
+
+// SCAPE state a run cannot use starts fresh (dense steps first): a checkpoint of another mesh
+// (its masks are of the saver's shards; the log says so), of another density on this mesh
+// (another k_u), or of a run without SCAPE state (full_shard's: the same manifest).
+TEST_CASE("SCAPE state from another mesh, density or policy starts fresh") {
+  test::temp_dir dir("fedshard-sparse");
+  const auto opts = with<scape_fsdp>({.density = 0.1, .refresh_period = 2});
+  std::vector<float> saved;
+  SUBCASE("resharded onto 1x1x4") {
+    save_after_4<scape_fsdp>(dir.path, opts, saved);
+    const auto log = load_fresh(dir.path, {1, 1, 4}, opts, saved);
+    const auto count = [&](const std::string& want, bool whole) {
+      return std::count_if(log.begin(), log.end(), [&](const std::string& l) {
+        return whole ? l == want : l.find(want) != std::string::npos;
+      });
+    };
+    CHECK(log.size() == 4 * 3);  // every rank logs (options::log)
+    CHECK(count("of 1x1x2 resharded onto 1x1x4 (full_shard, none)", false) == 4);
+    CHECK(count("fedshard: checkpoint: dropped what this run has no use for: SCAPE state "
+                "'mask', SCAPE state 'progress'",
+                true) == 4);
+    CHECK(count("fedshard: checkpoint: started as at a fresh start (not in the checkpoint): "
+                "SCAPE state 'mask', SCAPE state 'progress'",
+                true) == 4);
+  }
+  SUBCASE("density 0.2 loading density 0.1's mask") {
+    save_after_4<scape_fsdp>(dir.path, opts, saved);
+    const auto log = load_fresh(dir.path, {1, 1, 2},
+                                with<scape_fsdp>({.density = 0.2, .refresh_period = 2}), saved);
+    CHECK(log.empty());  // the same setup: loaded rank by rank
+  }
+  SUBCASE("a full_shard checkpoint") {
+    save_after_4<dense_alg<shard::full_shard>>(dir.path, {}, saved);
+    CHECK(load_fresh(dir.path, {1, 1, 2}, opts, saved).empty());
+  }
 }

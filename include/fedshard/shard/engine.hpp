@@ -205,9 +205,9 @@ class engine {
   mesh<C>& topology() noexcept { return *mesh_; }
   const mesh<C>& topology() const noexcept { return *mesh_; }
 
-  /// Registers the engine's state: the master (the model's parameters, "master") and the
+  /// Registers the engine's state: the master (the model's parameters, "master"), the
   /// residuals of the step plan's stateful codecs (a step's: they start at zero on another
-  /// setup).
+  /// setup) and the policy's runtime's state.
   void register_state(state_registry& reg) {
     reg.add_elements(
         {.name = "master", .extent = state_extent::master, .parameters = true}, master_.size(),
@@ -216,6 +216,7 @@ class engine {
     interp_.register_codec_states(reg, plan_, "step", [](const comm_op&) {
       return state_entry{.name = {}, .survives_policy_change = false, .reshards = false};
     });
+    if constexpr (has_runtime) rt_->register_state(reg, interp_);
   }
 
   /// This rank's f32 master parameters (unit shards back to back; padding stays zero), in

@@ -59,9 +59,21 @@
 ///
 /// The copy is valid until something else writes the master: the engine's set_unit,
 /// set_tensor and upload (checkpoint loads) and the trainer after a federation sync call
-/// invalidate(), and the next gathers of those units are Base's dense ones. The mask is not
-/// saved in checkpoints: a loaded run keeps the mask it had (a new trainer has none: dense
-/// steps first).
+/// invalidate(), and the next gathers of those units are Base's dense ones.
+///
+/// Checkpoints (register_state, through the engine's): what decides the next steps is the
+/// mask in use (the group's bits as exchanged; an exchange still on its way is waited for
+/// when saving: the next reduction would wait for it anyway) and the step and refresh
+/// counters (records "sparse.mask" and "sparse.progress"); the packed optimizer is refilled
+/// from the main one at every masked step, the rest is scratch. A load of the same setup
+/// restores them, so the run goes on bit for bit as the one that saved: the same masks, the
+/// same dense and masked steps, the same parameters. Not saved: the gathered copies (a full
+/// model per rank, the engine's buffers) and so the mask of the last masked update, of use
+/// only with them: the load writes the master, so the first gathers after it are dense (the
+/// same values; a packed gather would have sent k_u of each unit's elements per shard).
+/// A resharding load, a load from another federation policy, a checkpoint without them
+/// (a full_shard run's, or one written before they were saved) or a mask of other counts
+/// than this run's (another density) start them fresh: no mask, dense steps first.
 ///
 /// Plans: step_plan() is Base's, which the dense steps run; sparse_plan() the steps with a
 /// mask (ops of role `packed`), op for op Base's with the packed sizes; mask_plan() the
@@ -72,6 +84,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -83,6 +96,7 @@
 #include <vector>
 
 #include "fedshard/core/buffer.hpp"
+#include "fedshard/core/state_registry.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/plan/interpreter.hpp"
@@ -248,6 +262,13 @@ inline plan sparsify(const plan& base, const std::vector<std::size_t>& k) {
   return out;
 }
 
+/// shard::sparse's counters as its checkpoint record "sparse.progress" holds them.
+struct sparse_progress {
+  std::int64_t steps = 0;      ///< optimizer steps taken through shard::sparse
+  std::int64_t refreshes = 0;  ///< masks computed (exchanges issued)
+  std::int64_t has_mask = 0;   ///< 1: a mask is in use ("sparse.mask" holds it), else 0
+};
+
 /// One rank's state of shard::sparse in memory space S (host memory only); the shard engine
 /// holds it and calls its hooks, the trainer its optimizer step. See the file comment.
 template <class S>
@@ -255,6 +276,7 @@ class sparse_runtime {
   static_assert(std::is_same_v<S, space::host_space>,
                 "fedshard::shard::sparse runs on host memory only (space::host_space): there are "
                 "no device kernels for its mask, pack and unpack yet");
+  using mask_set = std::vector<std::vector<std::uint32_t>>;  // by unit: S x k_u indices
 
  public:
   /// For the mesh shape s (this rank at shard index `shard`), the units `held` (empty: all)
@@ -548,31 +570,122 @@ class sparse_runtime {
     if (!pending_) return;
     interp.wait(ticket_);
     pending_ = false;
+    std::string why;
+    auto next = decode(words_all_, why);
+    FEDSHARD_EXPECTS(next != nullptr, "shard::sparse: ", why,
+                     " (the ranks disagree on the layout or the density)");
+    rmask_ = std::move(next);
+  }
+
+  /// Registers the state that decides its next steps (see the file comment), as records
+  /// that start fresh (no mask, no step taken: dense steps first) on a resharding load, a
+  /// load from another policy or from a checkpoint without them: "sparse.mask", the mask in
+  /// use (everyone's bits, S x W words as exchanged; an exchange on its way is waited for
+  /// first), and "sparse.progress" (sparse_progress), loaded after it: it puts the loaded
+  /// mask in use.
+  template <class Interp>
+  void register_state(state_registry& reg, Interp& interp) {
+    reg.add_kind({.prefix = "sparse.", .noun = "SCAPE state"});
+    const state_entry fresh{.name = {}, .survives_policy_change = false, .reshards = false};
+    state_entry mask = fresh;
+    mask.name = "sparse.mask";
+    mask.present = [this] { return has_mask(); };
+    mask.element_size = sizeof(std::uint32_t);
+    mask.bytes = [this] { return words_all_.size() * sizeof(std::uint32_t); };
+    mask.save = [this, &interp](std::span<std::byte> out) {
+      agree(interp);  // words_all_ then holds rmask_'s bits
+      if (!out.empty()) std::memcpy(out.data(), words_all_.data(), out.size());
+    };
+    mask.load = [this, &interp](std::span<const std::byte> in) {
+      agree(interp);  // no exchange is left writing words_all_
+      loaded_.assign(words_all_.size(), 0u);
+      if (!in.empty()) std::memcpy(loaded_.data(), in.data(), in.size());
+    };
+    reg.add(std::move(mask));
+    state_entry progress = fresh;
+    progress.name = "sparse.progress";
+    progress.present = [] { return true; };
+    progress.element_size = sizeof(sparse_progress);
+    progress.bytes = [] { return sizeof(sparse_progress); };
+    progress.save = [this, &interp](std::span<std::byte> out) {
+      agree(interp);
+      const sparse_progress p{.steps = steps_, .refreshes = refreshes_, .has_mask = has_mask()};
+      std::memcpy(out.data(), &p, sizeof p);
+    };
+    progress.check = [](std::span<const std::byte> in) { (void)progress_of(in); };
+    progress.load = [this](std::span<const std::byte> in) { restore(progress_of(in)); };
+    reg.add(std::move(progress));
+  }
+
+ private:
+  /// Everyone's bits `all` (S x W words) as a mask (by unit, S x k_u indices); null when a
+  /// shard of a unit has another count than k_u, which `why` then names.
+  std::shared_ptr<const mask_set> decode(std::span<const std::uint32_t> all,
+                                         std::string& why) const {
     const std::size_t W = words_mine_.size(), shards = static_cast<std::size_t>(shape_.shards);
-    auto next = std::make_shared<std::vector<std::vector<std::uint32_t>>>(k_.size());
+    auto next = std::make_shared<mask_set>(k_.size());
     for (std::size_t u = 0; u < k_.size(); ++u) {
       if (!held_[u]) continue;
       auto& idx = (*next)[u];
       idx.reserve(k_[u] * shards);
       const std::size_t n = shard_numel(u), at = offsets_[u];
       for (std::size_t s = 0; s < shards; ++s) {
-        const std::uint32_t* w = words_all_.data() + s * W;
+        const std::uint32_t* w = all.data() + s * W;
         const std::size_t before = idx.size();
         for (std::size_t i = 0; i < n; ++i)
           if ((w[(at + i) / 32] >> ((at + i) % 32)) & 1u)
             idx.push_back(static_cast<std::uint32_t>(s * n + i));
-        FEDSHARD_EXPECTS(idx.size() - before == k_[u], "shard::sparse: shard ", s,
-                         "'s mask of unit ", u, " ('", layout_->unit(u).name, "') has ",
-                         idx.size() - before, " elements, expected ", k_[u],
-                         " (the ranks disagree on the layout or the density)");
+        if (idx.size() - before == k_[u]) continue;
+        why = fedshard::detail::concat("shard ", s, "'s mask of unit ", u, " ('",
+                                       layout_->unit(u).name, "') has ", idx.size() - before,
+                                       " elements, expected ", k_[u]);
+        return nullptr;
       }
     }
-    rmask_ = std::move(next);
+    return next;
+  }
+
+  /// A "sparse.progress" record's bytes, checked: invalid_argument naming the bad field.
+  static sparse_progress progress_of(std::span<const std::byte> in) {
+    sparse_progress p;
+    std::memcpy(&p, in.data(), sizeof p);
+    FEDSHARD_EXPECTS(p.steps >= 0 && p.refreshes >= 0 && p.refreshes <= p.steps,
+                     "shard::sparse: state 'sparse.progress' holds ", p.steps, " steps and ",
+                     p.refreshes, " refreshes; expected 0 <= refreshes <= steps");
+    FEDSHARD_EXPECTS(p.has_mask == 0 || p.has_mask == 1,
+                     "shard::sparse: state 'sparse.progress' says has_mask = ", p.has_mask,
+                     ", expected 0 or 1");
+    return p;
+  }
+
+  /// A load's last step: the counters of p and the mask the load staged (loaded_) when p
+  /// has one. A mask of other counts than this run's k_u (a run of another density, on the
+  /// same mesh and layout) cannot be used: everything starts fresh then. The gathered
+  /// copies are not restored (the engine's master was written: the next gathers are dense).
+  void restore(const sparse_progress& p) {
+    std::string why;
+    auto m =
+        p.has_mask == 1 && loaded_.size() == words_all_.size() ? decode(loaded_, why) : nullptr;
+    const bool usable = p.has_mask == 0 || m != nullptr;
+    steps_ = usable ? p.steps : 0;
+    refreshes_ = usable ? p.refreshes : 0;
+    rmask_ = std::move(m);
+    if (rmask_ != nullptr)
+      words_all_ = loaded_;
+    else
+      std::fill(words_all_.begin(), words_all_.end(), 0u);
+    const auto mine =
+        words_all_.begin() +
+        static_cast<std::ptrdiff_t>(static_cast<std::size_t>(shard_) * words_mine_.size());
+    std::copy_n(mine, words_mine_.size(), words_mine_.begin());
+    loaded_.clear();
+    pending_ = false;
+    gmask_ = nullptr;  // of use only with the gathered copies
+    own_for_ = nullptr;
+    invalidate();
   }
 
  private:
-  using mask_set = std::vector<std::vector<std::uint32_t>>;  // by unit: S x k_u indices
-
   sparse_settings cfg_;
   const flat_layout* layout_;
   mesh_shape shape_;
@@ -598,6 +711,7 @@ class sparse_runtime {
   const void* own_for_ = nullptr;
   std::vector<float> pshard_, pgathered_, pgrad_, pgrad_shard_, pparam_;
   std::vector<std::uint32_t> words_mine_, words_all_;
+  std::vector<std::uint32_t> loaded_;  // a load's "sparse.mask", until "sparse.progress"
   int first_ = -1;
   std::shared_ptr<void> packed_opt_;
   const std::type_info* packed_type_ = nullptr;
