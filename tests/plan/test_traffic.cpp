@@ -3,6 +3,8 @@
 
 #include <doctest/doctest.h>
 
+#include <vector>
+
 using namespace fedshard;
 
 namespace {
@@ -131,4 +133,56 @@ TEST_CASE("same_traffic compares calls, payload and wire bytes per axis, not tim
     q.ops = {p.ops[1], p.ops[0]};
     CHECK(traffic_counters::of(p).same_traffic(traffic_counters::of(q)));
   }
+}
+
+TEST_CASE("moved_total: the bytes all ranks of an op send together, by algorithm") {
+  // S = 4000 B over n = 4 ranks
+  const comm_op ar = make(comm_kind::all_reduce, axis::replica, 4000, 4);
+  CHECK(moved_total(ar) == 24000);                                // 2 (4-1) x 4000
+  CHECK(moved_total(ar, wire_algorithm::gather_all) == 48000);    // 4 x 3 x 4000
+  CHECK(moved_share(ar) == 6000.0);                               // 2 (4-1)/4 x 4000
+  CHECK(moved_share(ar, wire_algorithm::gather_all) == 12000.0);  // (4-1) x 4000
+  const comm_op ag = make(comm_kind::all_gather, axis::shard, 4000, 4);
+  CHECK(moved_total(ag) == 12000);  // (4-1) x 4000
+  CHECK(moved_total(ag, wire_algorithm::gather_all) == 12000);  // gathering is gathering
+  const comm_op rs = make(comm_kind::reduce_scatter, axis::shard, 4000, 4);
+  CHECK(moved_total(rs) == 12000);
+  CHECK(moved_total(rs, wire_algorithm::gather_all) == 48000);  // every whole input to 3
+  const comm_op bc = make(comm_kind::broadcast, axis::world, 4000, 4);
+  CHECK(moved_total(bc) == 12000);  // 3 ranks receive 4000 B each
+  CHECK(moved_share(bc) == 3000.0);
+  comm_op ex = make(comm_kind::send_recv, axis::federation, 64, 8);
+  ex.root = 3;
+  CHECK(moved_total(ex) == 128);  // 64 B each way between the pair
+  CHECK(moved_share(ex) == 64.0);
+  CHECK(moved_total(make(comm_kind::all_reduce, axis::group, 4000, 1)) == 0);
+}
+
+TEST_CASE("of(plan) counts each op's share; sum adds ranks; moved_mismatch compares bytes") {
+  const comm_op ar = make(comm_kind::all_reduce, axis::replica, 4000, 4);
+  const algorithm_for gather = [](const comm_op&) { return wire_algorithm::gather_all; };
+  CHECK(traffic_counters::of(plan{{ar}}, 2)[axis::replica].sent == 12000.0);
+  CHECK(traffic_counters::of(plan{{ar}}, 2, gather)[axis::replica].received == 24000.0);
+  // the algorithm changes the bytes moved, not the call as issued
+  CHECK(traffic_counters::of(plan{{ar}}, 1, gather).same_traffic(traffic_counters::of(plan{{ar}})));
+
+  traffic_counters reported;
+  reported.record(axis::replica, comm_kind::all_reduce, 4000, 4, 0, moved_bytes{6048, 6048});
+  reported.record_moved(axis::shard, moved_bytes{0, 20});
+  CHECK(reported[axis::replica].calls == 1);
+  CHECK(reported[axis::shard].calls == 0);
+  CHECK(reported[axis::shard].received == 20.0);
+  const std::vector<traffic_counters> four(4, reported);
+  const traffic_counters all = traffic_counters::sum(four);
+  CHECK(all[axis::replica].calls == 4);
+  CHECK(all[axis::replica].sent == 4 * 6048.0);
+
+  traffic_counters plan_sum;
+  for (int r = 0; r < 4; ++r) plan_sum += traffic_counters::of(plan{{ar}});
+  CHECK(plan_sum[axis::replica].sent == 24000.0);
+  CHECK(moved_mismatch(all, plan_sum) ==
+        "shard: the backends moved 0 B sent / 80 B received, the plan 0 B / 0 B\n"
+        "replica: the backends moved 24192 B sent / 24192 B received, the plan 24000 B / "
+        "24000 B");
+  CHECK(moved_mismatch(plan_sum, plan_sum).empty());
 }
