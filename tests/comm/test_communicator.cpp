@@ -82,8 +82,8 @@ struct partial_comm {
     return {};
   }
   fedshard::moved_bytes moved() const requires((Missing & m_moved) == 0) { return {}; }
-  fedshard::wire_algorithm algorithm_of(fedshard::collective, std::int64_t,
-                                        dtype) const requires((Missing & m_algorithm_of) == 0) {
+  fedshard::wire_algorithm algorithm_of(fedshard::collective, std::int64_t, dtype) const
+      requires((Missing & m_algorithm_of) == 0) {
     return fedshard::wire_algorithm::ring;
   }
 };

@@ -143,7 +143,7 @@ TEST_CASE("moved_total: the bytes all ranks of an op send together, by algorithm
   CHECK(moved_share(ar) == 6000.0);                               // 2 (4-1)/4 x 4000
   CHECK(moved_share(ar, wire_algorithm::gather_all) == 12000.0);  // (4-1) x 4000
   const comm_op ag = make(comm_kind::all_gather, axis::shard, 4000, 4);
-  CHECK(moved_total(ag) == 12000);  // (4-1) x 4000
+  CHECK(moved_total(ag) == 12000);                              // (4-1) x 4000
   CHECK(moved_total(ag, wire_algorithm::gather_all) == 12000);  // gathering is gathering
   const comm_op rs = make(comm_kind::reduce_scatter, axis::shard, 4000, 4);
   CHECK(moved_total(rs) == 12000);

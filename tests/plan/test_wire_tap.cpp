@@ -60,10 +60,10 @@ TEST_CASE("every call is recorded as the wire saw it; results are unchanged") {
     CHECK(seen[3].moved == (me == 2 ? moved_bytes{72, 0} : moved_bytes{0, 24}));
     // send of 5 f32 (20 B); the receive adds its 20 B to the axis, not as a call
     CHECK(seen[4].moved == moved_bytes{20, 0});
-    CHECK(log.traffic()[axis::group].sent == 72.0 + seen[1].moved.sent + 72.0 +
-                                                 (me == 2 ? 72.0 : 0.0) + 20.0);
-    CHECK(log.traffic()[axis::group].received == 72.0 + seen[1].moved.received + 72.0 +
-                                                     (me == 2 ? 0.0 : 24.0) + 20.0);
+    CHECK(log.traffic()[axis::group].sent ==
+          72.0 + seen[1].moved.sent + 72.0 + (me == 2 ? 72.0 : 0.0) + 20.0);
+    CHECK(log.traffic()[axis::group].received ==
+          72.0 + seen[1].moved.received + 72.0 + (me == 2 ? 0.0 : 24.0) + 20.0);
     CHECK(log.traffic()[axis::group].calls == 5);
     CHECK(log.traffic()[axis::group].payload_bytes == 96 + 24 + 96 + 24 + 20);
     CHECK(log.traffic()[axis::group].wire_bytes == 72.0 + 36.0 + 72.0 + 24.0 + 20.0);

@@ -756,8 +756,8 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   /// What a collective k of count n of t (broadcast from root) moves on this rank: inproc's
   /// algorithms follow from the arguments alone.
   moved_bytes moved_by(collective k, std::int64_t n, dtype t, int root = 0) const {
-    return detail::moved_by(detail::make_call(fedshard::detail::kind_of(k), nullptr, nullptr, n,
-                                              t, reduce_op::sum, root),
+    return detail::moved_by(detail::make_call(fedshard::detail::kind_of(k), nullptr, nullptr, n, t,
+                                              reduce_op::sum, root),
                             size(), rank());
   }
   /// Every collective moves what a ring moves: chunks reduced where they belong, blocks copied

@@ -186,7 +186,8 @@ class traffic_counters {
 /// figures. Both counters must cover the same ranks: every rank of the communicators their
 /// calls ran on (traffic_counters::sum of every rank's tap, and of every rank's plan), where
 /// the plan's shares add up to whole bytes.
-inline std::string moved_mismatch(const traffic_counters& reported, const traffic_counters& planned) {
+inline std::string moved_mismatch(const traffic_counters& reported,
+                                  const traffic_counters& planned) {
   std::string out;
   for (axis a : all_axes) {
     const axis_traffic& r = reported[a];

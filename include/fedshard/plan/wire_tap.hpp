@@ -78,9 +78,7 @@ class wire_log {
     if (keep_) calls_.push_back(c);
   }
   /// Adds bytes a call moved without counting a call (a receive: its send is the call).
-  void add_moved(fedshard::axis a, moved_bytes m) {
-    traffic_.record_moved(a, m);
-  }
+  void add_moved(fedshard::axis a, moved_bytes m) { traffic_.record_moved(a, m); }
   /// Adds time spent waiting for a call already recorded.
   void add_time(fedshard::axis a, double seconds) { traffic_.add_time(a, seconds); }
 
