@@ -38,6 +38,8 @@ enum member : unsigned {
   m_broadcast_async = 1u << 13,
   m_send_async = 1u << 14,
   m_recv_async = 1u << 15,
+  m_moved = 1u << 16,
+  m_algorithm_of = 1u << 17,
 };
 
 /// A communicator-shaped type without the members named in Missing.
@@ -79,6 +81,11 @@ struct partial_comm {
   request recv_async(void*, std::int64_t, dtype, int, int) requires((Missing & m_recv_async) == 0) {
     return {};
   }
+  fedshard::moved_bytes moved() const requires((Missing & m_moved) == 0) { return {}; }
+  fedshard::wire_algorithm algorithm_of(fedshard::collective, std::int64_t, dtype) const
+      requires((Missing & m_algorithm_of) == 0) {
+    return fedshard::wire_algorithm::ring;
+  }
 };
 
 static_assert(fedshard::Communicator<fedshard::inproc::communicator>);
@@ -99,6 +106,8 @@ static_assert(!fedshard::Communicator<partial_comm<m_reduce_scatter_async>>);
 static_assert(!fedshard::Communicator<partial_comm<m_broadcast_async>>);
 static_assert(!fedshard::Communicator<partial_comm<m_send_async>>);
 static_assert(!fedshard::Communicator<partial_comm<m_recv_async>>);
+static_assert(!fedshard::Communicator<partial_comm<m_moved>>);
+static_assert(!fedshard::Communicator<partial_comm<m_algorithm_of>>);
 
 /// split must return the communicator type itself.
 struct split_returns_other : partial_comm<m_split> {
@@ -180,6 +189,10 @@ struct recording_comm {
   request recv_async(void* out, std::int64_t n, dtype t, int peer, int tag) {
     calls.push_back({"recv_async", nullptr, out, n, t, reduce_op::sum, peer, tag});
     return {};
+  }
+  fedshard::moved_bytes moved() const { return {}; }  // moves no data
+  fedshard::wire_algorithm algorithm_of(fedshard::collective, std::int64_t, dtype) const {
+    return fedshard::wire_algorithm::ring;
   }
 };
 static_assert(fedshard::Communicator<recording_comm>);

@@ -256,3 +256,36 @@ TEST_CASE("gloo: a peer process killed mid-run gives peer_failure at once, not a
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(waited < 30);  // far below the 60 s timeout: the closed socket is noticed
 }
+
+TEST_CASE("gloo: moved() counts what is handed to Gloo for the algorithm used (4 ranks)") {
+  for (std::int64_t small : {std::int64_t{256} * 1024, std::int64_t{0}}) {
+    CAPTURE(small);
+    const auto prefix = next_prefix();
+    auto got = ft::on_threads(4, [&](int r) {
+      gl::options o = ft::gloo_timeout(60);
+      o.small_all_reduce_bytes = small;
+      gl::communicator c(shared_store(), prefix, r, 4, o);
+      std::vector<float> x(1000, 1.0f);
+      std::vector<fedshard::moved_bytes> seen;
+      const bool gathers = c.algorithm_of(fedshard::collective::all_reduce, 1000, dtype::f32) ==
+                           fedshard::wire_algorithm::gather_all;
+      c.all_reduce(x.data(), x.data(), 1000, dtype::f32, reduce_op::sum);
+      seen.push_back(c.moved());
+      c.broadcast(x.data(), 1000, dtype::f32, 3);
+      seen.push_back(c.moved() - seen[0]);
+      return std::pair(gathers, seen);
+    });
+    for (int r = 0; r < 4; ++r) {
+      CAPTURE(r);
+      const auto& [gathers, seen] = got[static_cast<std::size_t>(r)];
+      // small: the all-gather of every 4000-B input, 3 x 4000 each way; large: chunks of 1000
+      // f32 / 4 = 250 rounded up to 256 f32 (1024 B) in an alltoall and a gather, 2 x 3 x 1024
+      // = 6144 each way: a ring's 6000 plus the padding of the chunks.
+      CHECK(gathers == (small > 0));
+      const std::int64_t b = small > 0 ? 12000 : 6144;
+      CHECK(seen[0] == fedshard::moved_bytes{b, b});
+      // broadcast from rank 3: its 4000 B reach 3 ranks
+      CHECK(seen[1] == (r == 3 ? fedshard::moved_bytes{12000, 0} : fedshard::moved_bytes{0, 4000}));
+    }
+  }
+}

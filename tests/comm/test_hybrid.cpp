@@ -135,3 +135,42 @@ TEST_CASE("hybrid: a trainer over groups and links ends where one inproc world e
     CHECK(split[r].traffic[fedshard::axis::federation].calls == 3);
   }
 }
+
+TEST_CASE("hybrid: both levels report what they move; the world's reductions gather all") {
+  // G = 2 groups of RS = 2 ranks; every world call of 100 f32 (S = 400 B), W = 4 ranks.
+  std::vector<fedshard::moved_bytes> ar(4), ag(4), bc(4);
+  ft::spawn_ranks(4, [&](communicator& inproc_world) {
+    world_t w = make_hybrid(inproc_world, 2);
+    const auto r = static_cast<std::size_t>(w.rank());
+    CHECK(w.algorithm_of(fedshard::collective::all_reduce, 100, dtype::f32) ==
+          fedshard::wire_algorithm::gather_all);
+    CHECK(w.algorithm_of(fedshard::collective::all_gather, 100, dtype::f32) ==
+          fedshard::wire_algorithm::ring);
+    std::vector<float> x(100, 1.0f), y(400);
+    auto before = w.moved();
+    w.all_reduce(x.data(), x.data(), 100, dtype::f32, reduce_op::sum);
+    ar[r] = w.moved() - before;
+    before = w.moved();
+    w.all_gather(x.data(), y.data(), 100, dtype::f32);
+    ag[r] = w.moved() - before;
+    before = w.moved();
+    w.broadcast(x.data(), 100, dtype::f32, 1);
+    bc[r] = w.moved() - before;
+    CHECK(x[0] == 4.0f);
+  });
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    // all_reduce and all_gather: the group's all_gather (400 B to and from the other rank),
+    // then the link's all_gather of the groups' 800-B blocks: 400 + 800 = 1200 B each way;
+    // for all_reduce that is (W-1) S, the gather-all's n (n-1) S = 4800 B over the 4 ranks.
+    CHECK(ar[static_cast<std::size_t>(r)] == fedshard::moved_bytes{1200, 1200});
+    CHECK(ag[static_cast<std::size_t>(r)] == fedshard::moved_bytes{1200, 1200});
+  }
+  // broadcast from world rank 1 (group 0, local 1): group 0 broadcasts (rank 1 -> rank 0),
+  // then each link from group 0 to group 1 (rank 0 -> 2, rank 1 -> 3): 3 x 400 B in all,
+  // (W-1) S as a ring.
+  CHECK(bc[0] == fedshard::moved_bytes{400, 400});
+  CHECK(bc[1] == fedshard::moved_bytes{800, 0});
+  CHECK(bc[2] == fedshard::moved_bytes{0, 400});
+  CHECK(bc[3] == fedshard::moved_bytes{0, 400});
+}

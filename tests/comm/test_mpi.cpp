@@ -180,6 +180,43 @@ TEST_CASE("mpi: both all_reduce algorithms, gather-all and reduce-scatter + all-
   }
 }
 
+TEST_CASE("mpi: moved() counts what is handed to MPI for the algorithm used (4 ranks)") {
+  if (ft::world_size() != 4) return;
+  const int me = ft::world_rank();
+  std::vector<float> x(1000, 1.0f), y(4000);
+  SUBCASE("a small all_reduce gathers every input") {
+    communicator world = communicator::world(ft::mpi_options());
+    CHECK(world.algorithm_of(fedshard::collective::all_reduce, 1000, dtype::f32) ==
+          fedshard::wire_algorithm::gather_all);  // 4 x 4000 B <= 64 KiB
+    const fedshard::moved_bytes before = world.moved();
+    world.all_reduce(x.data(), x.data(), 1000, dtype::f32, reduce_op::sum);
+    // its 4000 B to 3 ranks and theirs to it: 12000 B each way, not a ring's 6000
+    CHECK(world.moved() - before == fedshard::moved_bytes{12000, 12000});
+    CHECK(x[0] == 4.0f);
+  }
+  SUBCASE("a large one reduces chunks where they belong: a ring's bytes") {
+    auto opt = ft::mpi_options();
+    opt.small_all_reduce_bytes = 0;
+    communicator world = communicator::world(opt);
+    CHECK(world.algorithm_of(fedshard::collective::all_reduce, 1000, dtype::f32) ==
+          fedshard::wire_algorithm::ring);
+    world.all_reduce(x.data(), x.data(), 1000, dtype::f32, reduce_op::sum);
+    // chunks of 256, 256, 256, 232 f32: (4000 - c) + 3 c = 4000 + 2 c
+    const std::int64_t b = me < 3 ? 6048 : 5856;
+    CHECK(world.moved() == fedshard::moved_bytes{b, b});
+    // all_gather of 1000 f32 per rank and reduce_scatter of blocks of 1000: 3 x 4000 each way
+    world.all_gather(x.data(), y.data(), 1000, dtype::f32);
+    world.reduce_scatter(y.data(), x.data(), 1000, dtype::f32, reduce_op::sum);
+    // broadcast of 4000 B from rank 1, and a 40-B message from rank 0 to 2
+    world.broadcast(x.data(), 1000, dtype::f32, 1);
+    if (me == 0) world.send(x.data(), 10, dtype::f32, 2, 5);
+    if (me == 2) world.recv(x.data(), 10, dtype::f32, 0, 5);
+    const std::int64_t bs = me == 1 ? 12000 : 0, br = me == 1 ? 0 : 4000;
+    CHECK(world.moved() == fedshard::moved_bytes{b + 24000 + bs + (me == 0 ? 40 : 0),
+                                                 b + 24000 + br + (me == 2 ? 40 : 0)});
+  }
+}
+
 TEST_CASE("mpi: reduction::mpi reduces through MPI within rounding, min and max exactly") {
   for (std::int64_t max_bytes : {std::int64_t{1} << 30, std::int64_t{40}}) {
     CAPTURE(max_bytes);

@@ -88,12 +88,15 @@ TEST_CASE("the heal plan of donor 0 and joiner 2 of 3 groups, for a state of 100
   bystander.me = 1;
   CHECK(federation::heal_plan(bystander, 1000).ops.empty());
 
-  // Counted as the tap counts it: the donor sends 8 + 1000 B in 2 calls, the joiner nothing.
+  // Counted as the tap counts it: the donor sends 8 + 1000 B in 2 calls, the joiner makes no
+  // call and receives those 1008 B.
   const auto sent = traffic_counters::of(d)[axis::federation];
   CHECK(sent.calls == 2);
   CHECK(sent.payload_bytes == 1008);
   CHECK(sent.wire_bytes == 1008.0);
-  CHECK(traffic_counters::of(j).total() == axis_traffic{});
+  CHECK(sent.sent == 1008.0);
+  CHECK(sent.received == 0.0);
+  CHECK(traffic_counters::of(j).total() == axis_traffic{.received = 1008});
 }
 
 TEST_CASE("a state that is not whole words travels padded; two joiners, in the round's order") {
@@ -170,9 +173,15 @@ TEST_CASE(
       CHECK(fed.payload_bytes == 8 + padded);
       CHECK(fed.wire_bytes == static_cast<double>(8 + padded));
       CHECK(in.traffic().total().payload_bytes == 8 + padded);  // nothing on any other axis
+      // Below the backend: the donor's link moved the two messages, and received nothing.
+      CHECK(fed.sent == static_cast<double>(8 + padded));
+      CHECK(fed.received == 0.0);
     } else {
+      // A joiner makes no call; its link received the 8 + padded bytes. Group 1: nothing.
+      const std::int64_t padded = s == 0 ? 1000 : 1008;
       CHECK(in.wire().calls().empty());
-      CHECK(in.traffic().total() == axis_traffic{});
+      CHECK(in.traffic().total() ==
+            axis_traffic{.received = g == 2 ? static_cast<double>(8 + padded) : 0.0});
     }
     if (g == 2) {
       CHECK(h.received);
@@ -236,7 +245,7 @@ TEST_CASE("a joiner refuses an announced size outside its bound before receiving
       } catch (const invalid_argument& e) {
         error = e.what();
       }
-      CHECK(in.traffic().total() == axis_traffic{});
+      CHECK(in.traffic().total() == axis_traffic{.received = 8});  // the size, nothing else
     });
     CHECK(error.find(std::string("donor 0 announced a state of ") + text +
                      " bytes, expected a whole number of bytes in [1, 4096]") != std::string::npos);

@@ -38,7 +38,27 @@ struct run_result {
   traffic_counters traffic;
   plan step_plan;
   std::size_t padded_numel = 0;
+  traffic_counters planned;        // the step plan x kSteps, with the algorithms MPI runs
+  std::int64_t gathering_ops = 0;  // ops of the step plan that MPI runs as gather_all
 };
+
+/// Every rank's reported (or planned) bytes per axis, added up over MPI_COMM_WORLD.
+traffic_counters world_sum(const traffic_counters& mine) {
+  std::vector<double> v;
+  for (axis a : all_axes) {
+    v.push_back(mine[a].sent);
+    v.push_back(mine[a].received);
+  }
+  MPI_Allreduce(MPI_IN_PLACE, v.data(), static_cast<int>(v.size()), MPI_DOUBLE, MPI_SUM,
+                MPI_COMM_WORLD);
+  traffic_counters s;
+  std::size_t i = 0;
+  for (axis a : all_axes) {
+    s.record_moved(a, {std::llround(v[i]), std::llround(v[i + 1])});
+    i += 2;
+  }
+  return s;
+}
 
 /// Trains the MLP for kSteps with policy P on this rank of world (of shape.size() ranks).
 template <class P, class C>
@@ -68,6 +88,10 @@ run_result train_on(C& world, mesh_shape shape, shard::precision prec = {}) {
   out.traffic = e.traffic();  // the steps only
   for (std::size_t u = 0; u < e.layout().num_units(); ++u) out.units.push_back(e.gather_unit(u));
   out.step_plan = e.step_plan();
+  const auto algo = [&](const comm_op& op) { return e.interp().algorithm_of(op); };
+  out.planned = traffic_counters::of(out.step_plan, kSteps, algo);
+  for (const comm_op& op : out.step_plan.ops)
+    out.gathering_ops += algo(op) == wire_algorithm::gather_all ? 1 : 0;
   out.padded_numel = e.layout().total_padded_numel();
   return out;
 }
@@ -161,4 +185,21 @@ TEST_CASE("mpi engine: bytes per step read from the traffic counters equal the p
   CHECK(h.traffic.same_traffic(traffic_counters::of(h.step_plan, kSteps)));
   const double theta = static_cast<double>(h.padded_numel * sizeof(float));
   CHECK(h.traffic[axis::replica].wire_bytes == kSteps * 2.0 * (2 - 1) / 2 * theta / 2);
+}
+
+TEST_CASE("mpi engine: the bytes MPI is handed equal the step plans' closed forms") {
+  // ddp's gradient all_reduces of the tiny MLP's units are small (4 ranks x a unit <= 64 KiB):
+  // MPI gathers every input, n (n-1) S in all instead of a ring's 2 (n-1) S, and the plan
+  // says so through algorithm_of; fsdp's gathers and reduce-scatters are rings.
+  const run_result ddp = train_mpi<shard::replicate>({1, 4, 1});
+  CHECK(ddp.gathering_ops == static_cast<std::int64_t>(ddp.step_plan.ops.size()));
+  const traffic_counters moved = world_sum(ddp.traffic);
+  CHECK(moved_mismatch(moved, world_sum(ddp.planned)) == "");
+  CHECK(moved_mismatch(moved, world_sum(traffic_counters::of(ddp.step_plan, kSteps))) != "");
+  // 5 steps x 4 ranks x (4-1) x |theta| sent in all
+  const double theta = static_cast<double>(ddp.padded_numel * sizeof(float));
+  CHECK(moved[axis::group].sent == kSteps * 4 * 3 * theta);
+  const run_result fsdp = train_mpi<shard::full_shard>({1, 1, 4});
+  CHECK(fsdp.gathering_ops == 0);
+  CHECK(moved_mismatch(world_sum(fsdp.traffic), world_sum(fsdp.planned)) == "");
 }

@@ -3,6 +3,8 @@
 
 #include <doctest/doctest.h>
 
+#include <vector>
+
 using namespace fedshard;
 
 namespace {
@@ -83,10 +85,18 @@ TEST_CASE("of(plan, times) is what running the plan `times` times records") {
   //   shard: all_gather and reduce_scatter of 1024 B over 4: (4 - 1) / 4 x 1024 = 768 each;
   //   replica: all_reduce of 256 B over 2: 2 (2 - 1) / 2 x 256 = 256;
   //   federation: all_reduce of 512 B over 3: 2 (3 - 1) / 3 x 512 = 2048 / 3.
+  // The bytes each rank sends and receives (moved_share: ring, (n - 1) / n of the array for a
+  // gather or scatter, 2 (n - 1) / n for an all_reduce) are the same figures.
   // Three runs: 3x the calls, payloads and wire bytes.
   const traffic_counters c = traffic_counters::of(p, 3);
-  CHECK(c[axis::shard] == axis_traffic{.calls = 6, .payload_bytes = 3 * 2048, .wire_bytes = 4608});
-  CHECK(c[axis::replica] == axis_traffic{.calls = 3, .payload_bytes = 768, .wire_bytes = 768});
+  CHECK(c[axis::shard] == axis_traffic{.calls = 6,
+                                       .payload_bytes = 3 * 2048,
+                                       .wire_bytes = 4608,
+                                       .sent = 4608,
+                                       .received = 4608});
+  CHECK(c[axis::replica] ==
+        axis_traffic{
+            .calls = 3, .payload_bytes = 768, .wire_bytes = 768, .sent = 768, .received = 768});
   CHECK(c[axis::federation].calls == 3);
   CHECK(c[axis::federation].payload_bytes == 1536);
   CHECK(c[axis::federation].wire_bytes == doctest::Approx(2048.0));
@@ -94,7 +104,8 @@ TEST_CASE("of(plan, times) is what running the plan `times` times records") {
   CHECK(c[axis::world] == axis_traffic{});
   CHECK(c.total().seconds == 0.0);  // plans carry no time
   CHECK(traffic_counters::of(p)[axis::shard] ==
-        axis_traffic{.calls = 2, .payload_bytes = 2048, .wire_bytes = 1536});
+        axis_traffic{
+            .calls = 2, .payload_bytes = 2048, .wire_bytes = 1536, .sent = 1536, .received = 1536});
   CHECK(traffic_counters::of(p, 0).total() == axis_traffic{});
   CHECK(traffic_counters::of(plan{}, 5).total() == axis_traffic{});
 }
@@ -136,4 +147,56 @@ TEST_CASE("same_traffic compares calls, payload and wire bytes per axis, not tim
     q.ops = {p.ops[1], p.ops[0]};
     CHECK(traffic_counters::of(p).same_traffic(traffic_counters::of(q)));
   }
+}
+
+TEST_CASE("moved_total: the bytes all ranks of an op send together, by algorithm") {
+  // S = 4000 B over n = 4 ranks
+  const comm_op ar = make(comm_kind::all_reduce, axis::replica, 4000, 4);
+  CHECK(moved_total(ar) == 24000);                                // 2 (4-1) x 4000
+  CHECK(moved_total(ar, wire_algorithm::gather_all) == 48000);    // 4 x 3 x 4000
+  CHECK(moved_share(ar) == 6000.0);                               // 2 (4-1)/4 x 4000
+  CHECK(moved_share(ar, wire_algorithm::gather_all) == 12000.0);  // (4-1) x 4000
+  const comm_op ag = make(comm_kind::all_gather, axis::shard, 4000, 4);
+  CHECK(moved_total(ag) == 12000);                              // (4-1) x 4000
+  CHECK(moved_total(ag, wire_algorithm::gather_all) == 12000);  // gathering is gathering
+  const comm_op rs = make(comm_kind::reduce_scatter, axis::shard, 4000, 4);
+  CHECK(moved_total(rs) == 12000);
+  CHECK(moved_total(rs, wire_algorithm::gather_all) == 48000);  // every whole input to 3
+  const comm_op bc = make(comm_kind::broadcast, axis::world, 4000, 4);
+  CHECK(moved_total(bc) == 12000);  // 3 ranks receive 4000 B each
+  CHECK(moved_share(bc) == 3000.0);
+  comm_op ex = make(comm_kind::send_recv, axis::federation, 64, 8);
+  ex.root = 3;
+  CHECK(moved_total(ex) == 128);  // 64 B each way between the pair
+  CHECK(moved_share(ex) == 64.0);
+  CHECK(moved_total(make(comm_kind::all_reduce, axis::group, 4000, 1)) == 0);
+}
+
+TEST_CASE("of(plan) counts each op's share; sum adds ranks; moved_mismatch compares bytes") {
+  const comm_op ar = make(comm_kind::all_reduce, axis::replica, 4000, 4);
+  const algorithm_for gather = [](const comm_op&) { return wire_algorithm::gather_all; };
+  CHECK(traffic_counters::of(plan{{ar}}, 2)[axis::replica].sent == 12000.0);
+  CHECK(traffic_counters::of(plan{{ar}}, 2, gather)[axis::replica].received == 24000.0);
+  // the algorithm changes the bytes moved, not the call as issued
+  CHECK(traffic_counters::of(plan{{ar}}, 1, gather).same_traffic(traffic_counters::of(plan{{ar}})));
+
+  traffic_counters reported;
+  reported.record(axis::replica, comm_kind::all_reduce, 4000, 4, 0, moved_bytes{6048, 6048});
+  reported.record_moved(axis::shard, moved_bytes{0, 20});
+  CHECK(reported[axis::replica].calls == 1);
+  CHECK(reported[axis::shard].calls == 0);
+  CHECK(reported[axis::shard].received == 20.0);
+  const std::vector<traffic_counters> four(4, reported);
+  const traffic_counters all = traffic_counters::sum(four);
+  CHECK(all[axis::replica].calls == 4);
+  CHECK(all[axis::replica].sent == 4 * 6048.0);
+
+  traffic_counters plan_sum;
+  for (int r = 0; r < 4; ++r) plan_sum += traffic_counters::of(plan{{ar}});
+  CHECK(plan_sum[axis::replica].sent == 24000.0);
+  CHECK(moved_mismatch(all, plan_sum) ==
+        "shard: the backends moved 0 B sent / 80 B received, the plan 0 B / 0 B\n"
+        "replica: the backends moved 24192 B sent / 24192 B received, the plan 24000 B / "
+        "24000 B");
+  CHECK(moved_mismatch(plan_sum, plan_sum).empty());
 }

@@ -29,6 +29,7 @@
 #include "fedshard/shard/hybrid_shard.hpp"
 #include "fedshard/shard/replicate.hpp"
 #include "fedshard/shard/shard_grad_op.hpp"
+#include "support/extra_copy_comm.hpp"
 #include "support/spaces.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
@@ -51,6 +52,8 @@ struct run_result {
   traffic_counters read_traffic;          // ... reading the units at the end
   plan step_plan, setup_plan, read_plan;
   std::size_t padded_numel = 0;
+  std::vector<traffic_counters> rank_traffic;  // every rank's counters over the steps
+  std::vector<plan> rank_step_plans;           // every rank's step plan
 };
 
 /// p -= lr * g, queued on the engine's compute stream like an optimizer step.
@@ -66,6 +69,8 @@ template <class P, class Sp = test::on_host>
 run_result train(mesh_shape shape, shard::precision prec = {}, int batch_per_rank = kBatchPerRank) {
   run_result out;
   tiny_mlp model;
+  out.rank_traffic.resize(static_cast<std::size_t>(shape.size()));
+  out.rank_step_plans.resize(static_cast<std::size_t>(shape.size()));
   test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
     auto comm = Sp::wrap(world);
     mesh m(comm, shape);
@@ -91,6 +96,8 @@ run_result train(mesh_shape shape, shard::precision prec = {}, int batch_per_ran
     }
     const traffic_counters steps = e.traffic();
     e.traffic().reset();
+    out.rank_traffic[static_cast<std::size_t>(world.rank())] = steps;
+    out.rank_step_plans[static_cast<std::size_t>(world.rank())] = e.step_plan();
     std::vector<std::vector<float>> units;
     for (std::size_t u = 0; u < e.layout().num_units(); ++u) units.push_back(e.gather_unit(u));
     if (world.rank() == 0) {
@@ -222,6 +229,51 @@ TEST_CASE("bytes per step read from the traffic counters equal the plan and the 
     CHECK(r.traffic.same_traffic(traffic_counters::of(r.step_plan, kSteps)));
     const double theta = static_cast<double>(r.padded_numel * sizeof(float));
     CHECK(r.traffic[axis::shard].wire_bytes == kSteps * 2.0 * (S - 1) / S * theta);
+  }
+}
+
+namespace {
+
+/// An inproc world whose communicators each send one extra copy of every collective's input
+/// (support/extra_copy_comm.hpp), on host memory.
+struct on_extra_copy {
+  using comm = test::extra_copy<inproc::communicator>;
+  using space = fedshard::space::host_space;
+  static comm wrap(inproc::communicator& world) { return comm(world.split(0, world.rank())); }
+};
+
+/// The wire-equals-plan check of a run: every rank's reported bytes against every rank's
+/// step plan run kSteps times ("" when they agree).
+std::string step_mismatch(const run_result& r) {
+  std::vector<traffic_counters> planned;
+  for (const plan& p : r.rank_step_plans) planned.push_back(traffic_counters::of(p, kSteps));
+  return moved_mismatch(traffic_counters::sum(r.rank_traffic), traffic_counters::sum(planned));
+}
+
+}  // namespace
+
+TEST_CASE("the bytes the backend reports moving equal the step plans' closed forms") {
+  SUBCASE("ddp (replicate over 4) and fsdp (full_shard over 4), on host and queued") {
+    CHECK(step_mismatch(train<shard::replicate>({1, 4, 1})) == "");
+    CHECK(step_mismatch(train<shard::full_shard>({1, 1, 4})) == "");
+    CHECK(step_mismatch(train<shard::hybrid_shard>({1, 2, 2})) == "");
+    CHECK(step_mismatch(train<shard::full_shard, test::on_queued>({1, 1, 4})) == "");
+    // ddp: 5 steps x 4 ranks x 2 (4-1)/4 |theta|, every byte of it reported
+    const run_result d = train<shard::replicate>({1, 4, 1});
+    const double theta = static_cast<double>(d.padded_numel * sizeof(float));
+    CHECK(traffic_counters::sum(d.rank_traffic)[axis::group].sent == kSteps * 4 * 1.5 * theta);
+  }
+  SUBCASE("a communicator that moves one extra copy of every input fails it") {
+    const run_result r = train<shard::full_shard, on_extra_copy>({1, 1, 4});
+    CHECK(bit_equal(r, train<shard::full_shard>({1, 1, 4})));  // same results, same calls
+    CHECK(r.traffic.same_traffic(traffic_counters::of(r.step_plan, kSteps)));
+    const std::string why = step_mismatch(r);
+    CHECK(why.find("shard: the backends moved ") == 0);
+    // Each gather copies its shard (|theta|/4) and each reduce-scatter its whole gradient
+    // (|theta|) once more per rank: 5 steps x 4 ranks x (2 x |theta|/4 + |theta|) = 30 |theta|
+    // on top of the plan's 5 x 4 x 3 (4-1)/4 |theta| = 45 |theta|.
+    const double theta = static_cast<double>(r.padded_numel * sizeof(float));
+    CHECK(traffic_counters::sum(r.rank_traffic)[axis::shard].sent == (45 + 30) * theta);
   }
 }
 

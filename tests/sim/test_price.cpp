@@ -702,3 +702,30 @@ TEST_CASE("a heal of S bytes between two sites is priced as one message: L + S /
           price_chain(federation::heal_plan(r, 8), where, 0, c);
         }).find("has 4 ranks but rank 0's communicator has 3") != std::string::npos);
 }
+
+TEST_CASE("a backend that gathers small all_reduces is priced as a gather, not a ring") {
+  // ddp on 4 ranks: every gradient all_reduce of S bytes is, as a ring, 2 (4-1)/4 S = 1.5 S
+  // sent per rank; gathered (mpi's and gloo's small all_reduce), (4-1) S = 3 S: twice as many.
+  const cluster c = a100_4gpu_node();
+  const workload w = small_gpt();
+  const algorithm_desc ddp = algorithm_by_name("ddp");
+  price_options gather;
+  gather.gather_all_bytes = std::int64_t{1} << 50;  // every all_reduce is "small"
+  const step_price ring = price(ddp, w, {1, 1, 4}, c);
+  const step_price gathered = price(ddp, w, {1, 1, 4}, c, gather);
+  double ring_bytes = 0, gathered_bytes = 0;
+  for (axis a : all_axes) {
+    ring_bytes += ring[a].step_bytes;
+    gathered_bytes += gathered[a].step_bytes;
+    CHECK(gathered[a].step_calls == ring[a].step_calls);
+  }
+  CHECK(ring_bytes > 0);
+  CHECK(gathered_bytes == doctest::Approx(2.0 * ring_bytes));
+  CHECK(gathered.step > ring.step);  // the same links carry twice the bytes
+  // a threshold below every all_reduce changes nothing
+  price_options tiny;
+  tiny.gather_all_bytes = 1;
+  double tiny_bytes = 0;
+  for (axis a : all_axes) tiny_bytes += price(ddp, w, {1, 1, 4}, c, tiny)[a].step_bytes;
+  CHECK(tiny_bytes == ring_bytes);
+}

@@ -22,6 +22,7 @@
 
 #include "fedshard/comm/blocking.hpp"
 #include "fedshard/comm/communicator.hpp"
+#include "fedshard/comm/detail/call.hpp"
 #include "fedshard/comm/request.hpp"
 #include "fedshard/space/checked_space.hpp"
 
@@ -39,6 +40,14 @@ class queued : public blocking_calls<queued<C>> {
 
   int rank() const { return inner_->rank(); }
   int size() const { return inner_->size(); }
+  /// Bytes moved by the calls queued so far: each counted when queued, as inner's moved_by
+  /// says it will move when the stream runs it (NCCL's and gpu_inproc's figures are known at
+  /// issue too).
+  moved_bytes moved() const { return moved_; }
+  /// The wrapped communicator's algorithm.
+  wire_algorithm algorithm_of(collective k, std::int64_t n, dtype t) const {
+    return inner_->algorithm_of(k, n, t);
+  }
 
   /// A space for the buffers of this communicator's user, with the same settings.
   std::unique_ptr<space::checked_space> make_space() const {
@@ -50,26 +59,32 @@ class queued : public blocking_calls<queued<C>> {
   space::checked_space::event record() { return space_->record(*stream_); }
 
   request all_reduce_async(const void* in, void* out, std::int64_t n, dtype t, reduce_op op) {
+    moved_ += inner_->moved_by(collective::all_reduce, n, t);
     return enqueue("all_reduce",
                    [c = inner_.get(), in, out, n, t, op] { c->all_reduce(in, out, n, t, op); });
   }
   request all_gather_async(const void* in, void* out, std::int64_t n, dtype t) {
+    moved_ += inner_->moved_by(collective::all_gather, n, t);
     return enqueue("all_gather",
                    [c = inner_.get(), in, out, n, t] { c->all_gather(in, out, n, t); });
   }
   request reduce_scatter_async(const void* in, void* out, std::int64_t n, dtype t, reduce_op op) {
+    moved_ += inner_->moved_by(collective::reduce_scatter, n, t);
     return enqueue("reduce_scatter",
                    [c = inner_.get(), in, out, n, t, op] { c->reduce_scatter(in, out, n, t, op); });
   }
   request broadcast_async(void* buf, std::int64_t n, dtype t, int root) {
+    moved_ += inner_->moved_by(collective::broadcast, n, t, root);
     return enqueue("broadcast",
                    [c = inner_.get(), buf, n, t, root] { c->broadcast(buf, n, t, root); });
   }
   request send_async(const void* buf, std::int64_t n, dtype t, int peer, int tag = 0) {
+    moved_ += fedshard::detail::p2p_moved(true, n, t, rank(), peer);
     return enqueue("send",
                    [c = inner_.get(), buf, n, t, peer, tag] { c->send(buf, n, t, peer, tag); });
   }
   request recv_async(void* buf, std::int64_t n, dtype t, int peer, int tag = 0) {
+    moved_ += fedshard::detail::p2p_moved(false, n, t, rank(), peer);
     return enqueue("recv",
                    [c = inner_.get(), buf, n, t, peer, tag] { c->recv(buf, n, t, peer, tag); });
   }
@@ -111,6 +126,7 @@ class queued : public blocking_calls<queued<C>> {
   }
 
   space::checked_options opts_;
+  moved_bytes moved_{};
   std::shared_ptr<space::checked_space> space_;           // shared with the split children
   std::unique_ptr<C> inner_;                              // stable address for the queued calls
   std::unique_ptr<space::checked_space::stream> stream_;  // last: joined before inner_ goes

@@ -20,21 +20,63 @@
 ///  6. Async variants `*_async` with the same arguments returning a fedshard::request.
 ///  7. Errors: fedshard::invalid_argument for bad arguments, collective_mismatch when ranks
 ///     disagree, peer_failure when a peer failed, timeout_error instead of a hang.
+///  8. `moved()` (const): a moved_bytes, the bytes of data this rank has sent to other ranks
+///     and received from them through this communicator object so far, for the algorithm
+///     the backend really runs (what it copies between ranks, or the counts it hands to its
+///     library). A call is counted when it is issued (an async one too: the algorithm is
+///     chosen then), so the difference of moved() around a call is what that call moves (the
+///     wire tap, plan/wire_tap.hpp, records it). Barriers, splits, argument checks and
+///     control messages move no data and are not counted; a message to oneself neither.
+///  9. `algorithm_of(k, n, t)` (const): the wire_algorithm a collective k of count n of
+///     dtype t runs with on this communicator (the plan's closed forms and the simulator
+///     follow it: plan/traffic.hpp).
 /// Counts are std::int64_t so that a negative count is reported, not wrapped.
 
-#include <chrono>
 #include <concepts>
 #include <cstdint>
-#include <cstdlib>
 #include <span>
 
 #include "fedshard/comm/request.hpp"
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
+#include "fedshard/core/timeout.hpp"
 #include "fedshard/error.hpp"
 
 namespace fedshard {
+
+/// Bytes one rank moved: sent to other ranks and received from them.
+struct moved_bytes {
+  std::int64_t sent = 0;
+  std::int64_t received = 0;
+
+  moved_bytes& operator+=(const moved_bytes& o) noexcept {
+    sent += o.sent;
+    received += o.received;
+    return *this;
+  }
+  friend moved_bytes operator+(moved_bytes a, const moved_bytes& b) noexcept { return a += b; }
+  friend moved_bytes operator-(const moved_bytes& a, const moved_bytes& b) noexcept {
+    return {a.sent - b.sent, a.received - b.received};
+  }
+  friend bool operator==(const moved_bytes&, const moved_bytes&) = default;
+};
+
+/// The collectives, as algorithm_of names them.
+enum class collective : std::uint8_t { all_reduce, all_gather, reduce_scatter, broadcast };
+
+/// How a backend moves a collective's data. With S the whole array (the buffer of all_reduce
+/// and broadcast, the gathered buffer of all_gather, the input of reduce_scatter) and n
+/// ranks, the bytes all ranks send together (and receive together) are:
+enum class wire_algorithm : std::uint8_t {
+  /// bandwidth-optimal (a ring, or reduce-scatter then all-gather, or a pipelined broadcast):
+  /// 2 (n-1) S for all_reduce, (n-1) S for all_gather, reduce_scatter and broadcast;
+  ring,
+  /// every rank's whole input to every other rank, combined locally (a small all_reduce, or
+  /// a reduction over a world made of levels): n (n-1) S for all_reduce and reduce_scatter
+  /// (all_gather and broadcast move what a ring moves).
+  gather_all,
+};
 
 /// What every communication backend (inproc, mpi, nccl) provides; see the list above.
 template <class C>
@@ -56,21 +98,13 @@ concept Communicator = std::movable<C> && requires(C& c, const C& cc, const void
   { c.broadcast_async(out, n, t, r) } -> std::same_as<request>;
   { c.send_async(in, n, t, r, r) } -> std::same_as<request>;
   { c.recv_async(out, n, t, r, r) } -> std::same_as<request>;
+  { cc.moved() } -> std::same_as<moved_bytes>;
+  { cc.algorithm_of(collective::all_reduce, n, t) } -> std::same_as<wire_algorithm>;
 };
 
 namespace detail {
 inline std::int64_t checked_count(std::size_t n) {
   return static_cast<std::int64_t>(n);
-}
-
-/// The backends' default timeout: FEDSHARD_TIMEOUT_S from the environment, else 300 seconds.
-inline std::chrono::duration<double> default_timeout() {
-  if (const char* s = std::getenv("FEDSHARD_TIMEOUT_S")) {
-    char* end = nullptr;
-    const double v = std::strtod(s, &end);
-    if (end != s && v > 0) return std::chrono::duration<double>(v);
-  }
-  return std::chrono::duration<double>(300.0);
 }
 
 /// True when the byte ranges [a, a + an) and [b, b + bn) share a byte.

@@ -34,6 +34,11 @@
 ///  - broadcast from a member; send and recv between members; barrier.
 /// Outside a round (before the first) the link is the group alone (a communicator of one).
 ///
+/// Bytes moved (moved()): what the round's Gloo contexts moved for the link's calls, retries
+/// included: an all_reduce gathers every member's whole input (algorithm_of: gather_all; a
+/// reduce_scatter is an all_reduce of the whole input), so it moves what the members
+/// actually combined, and nothing alone.
+///
 /// Failures. A member that dies (peer_failure) or hangs (timeout_error) in a round's
 /// collective: the surviving ranks of the link retry the op among themselves (they meet
 /// under `<job>/r<e>/op<k>/l<l>/a<attempt>`, waiting at most join_timeout for each other),
@@ -233,6 +238,13 @@ class link : public blocking_calls<link> {
 
   int rank() const noexcept { return group_; }
   int size() const noexcept { return groups_; }
+  /// The bytes the round's contexts moved for this link so far (see the file comment).
+  moved_bytes moved() const noexcept { return moved_; }
+  /// Reductions gather every member's input; gathers and broadcasts are Gloo's.
+  wire_algorithm algorithm_of(collective k, std::int64_t, dtype) const noexcept {
+    const bool reduces = k == collective::all_reduce || k == collective::reduce_scatter;
+    return reduces && groups_ > 1 ? wire_algorithm::gather_all : wire_algorithm::ring;
+  }
   const options& settings() const noexcept { return o_; }
 
   /// Collective over the members of the round: arrive, read the decision, connect (see the
@@ -360,14 +372,16 @@ class link : public blocking_calls<link> {
                      ", which is not in ", round_.text());
     if (!ctx_) retrying("connect", [](gloo::communicator&) {});
     FEDSHARD_EXPECTS(ctx_.has_value(), "elastic::link: send: group ", peer, " left the round");
-    ctx_->send(in, n, t, index_in(round_.members, peer), tag);
+    counted(*ctx_,
+            [&](gloo::communicator& c) { c.send(in, n, t, index_in(round_.members, peer), tag); });
   }
   void recv(void* out, std::int64_t n, dtype t, int peer, int tag = 0) {
     FEDSHARD_EXPECTS(round_.has(round_.members, peer), "elastic::link: recv from group ", peer,
                      ", which is not in ", round_.text());
     if (!ctx_) retrying("connect", [](gloo::communicator&) {});
     FEDSHARD_EXPECTS(ctx_.has_value(), "elastic::link: recv: group ", peer, " left the round");
-    ctx_->recv(out, n, t, index_in(round_.members, peer), tag);
+    counted(*ctx_,
+            [&](gloo::communicator& c) { c.recv(out, n, t, index_in(round_.members, peer), tag); });
   }
   request all_reduce_async(const void* in, void* out, std::int64_t n, dtype t, reduce_op op) {
     return eager([&] { all_reduce(in, out, n, t, op); });
@@ -511,7 +525,7 @@ class link : public blocking_calls<link> {
         if (!ctx_)
           ctx_.emplace(st_, prefix_, index_in(round_.members, group_),
                        static_cast<int>(round_.members.size()), o_.transport);
-        f(*ctx_);
+        counted(*ctx_, f);
         return;
       } catch (const peer_failure& e) {
         regroup(what, k, attempt, e.what());
@@ -521,6 +535,20 @@ class link : public blocking_calls<link> {
         regroup(what, k, attempt, e.what());
       }
     }
+  }
+
+  /// Runs f(c) and adds what c moved meanwhile to moved_, also when f throws (the bytes of a
+  /// failed attempt moved too).
+  template <class F>
+  void counted(gloo::communicator& c, F&& f) {
+    const moved_bytes before = c.moved();
+    try {
+      f(c);
+    } catch (...) {
+      moved_ += c.moved() - before;
+      throw;
+    }
+    moved_ += c.moved() - before;
   }
 
   /// After op k failed: the link's survivors say they are here, the first to see all (or the
@@ -570,14 +598,46 @@ class link : public blocking_calls<link> {
   void screen(const std::byte* all, std::size_t bytes, std::int64_t n, dtype t) {
     const std::int64_t k = ops_ - 1;  // the gather just done
     const auto M = round_.members.size();
-    // Per member: non-finite count and squared distance from the coordinate-wise median.
-    std::vector<double> nonfinite(M, 0), dist2(M, 0);
     std::vector<std::size_t> live;
     for (std::size_t i = 0; i < M; ++i)
       if (round_.has(round_.participants, round_.members[i]) &&
           !round_.has(rejected_, round_.members[i]))
         live.push_back(i);
     if (live.empty() || M < 2) return;
+    // Per member: non-finite count and squared distance from the coordinate-wise median.
+    std::vector<double> nonfinite(M, 0), dist2(M, 0);
+    member_stats(all, bytes, n, t, live, nonfinite, dist2);
+    // This link's statistics, written by its lowest member; summed over the group's links.
+    const auto base = key(detail::concat("r", round_.round, "/op", k, "/stats/"));
+    if (group_ == round_.members.front()) {
+      std::ostringstream os;
+      os.precision(17);
+      for (std::size_t i = 0; i < M; ++i)
+        os << round_.members[i] << ' ' << nonfinite[i] << ' ' << dist2[i] << '\n';
+      st_->set(base + std::to_string(local_), gloo::bytes_of(os.str()));
+    }
+    std::vector<double> nf(static_cast<std::size_t>(groups_), 0),
+        d2(static_cast<std::size_t>(groups_), 0);
+    for (int l = 0; l < group_size_; ++l) {
+      std::istringstream is(st_->get_string(
+          base + std::to_string(l), gloo::detail::to_ms(o_.join_timeout + o_.transport.timeout)));
+      int g = 0;
+      double a = 0, b = 0;
+      while (is >> g >> a >> b) {
+        if (g < 0 || g >= groups_) continue;
+        nf[static_cast<std::size_t>(g)] += a;
+        d2[static_cast<std::size_t>(g)] += b;
+      }
+    }
+    judge(live, nf, d2);
+  }
+
+  /// For each live member i of this link's gathered blocks `all`: its non-finite values
+  /// (nonfinite[i]) and, with clip_ratio, its squared distance from the coordinate-wise
+  /// median of the live members (dist2[i]).
+  void member_stats(const std::byte* all, std::size_t bytes, std::int64_t n, dtype t,
+                    const std::vector<std::size_t>& live, std::vector<double>& nonfinite,
+                    std::vector<double>& dist2) const {
     std::vector<double> column(live.size());
     visit(t, [&](auto tag) {
       using T = typename decltype(tag)::type;
@@ -603,28 +663,12 @@ class link : public blocking_calls<link> {
         }
       }
     });
-    // This link's statistics, written by its lowest member; summed over the group's links.
-    const auto base = key(detail::concat("r", round_.round, "/op", k, "/stats/"));
-    if (group_ == round_.members.front()) {
-      std::ostringstream os;
-      os.precision(17);
-      for (std::size_t i = 0; i < M; ++i)
-        os << round_.members[i] << ' ' << nonfinite[i] << ' ' << dist2[i] << '\n';
-      st_->set(base + std::to_string(local_), gloo::bytes_of(os.str()));
-    }
-    std::vector<double> nf(static_cast<std::size_t>(groups_), 0),
-        d2(static_cast<std::size_t>(groups_), 0);
-    for (int l = 0; l < group_size_; ++l) {
-      std::istringstream is(st_->get_string(
-          base + std::to_string(l), gloo::detail::to_ms(o_.join_timeout + o_.transport.timeout)));
-      int g = 0;
-      double a = 0, b = 0;
-      while (is >> g >> a >> b) {
-        if (g < 0 || g >= groups_) continue;
-        nf[static_cast<std::size_t>(g)] += a;
-        d2[static_cast<std::size_t>(g)] += b;
-      }
-    }
+  }
+
+  /// Rejects the live members whose group-wide statistics (nf: non-finite values, d2:
+  /// squared distance, indexed by group) fail the options, logging each once.
+  void judge(const std::vector<std::size_t>& live, const std::vector<double>& nf,
+             const std::vector<double>& d2) {
     std::vector<double> norms;
     for (std::size_t i : live)
       if (nf[static_cast<std::size_t>(round_.members[i])] == 0)
@@ -666,6 +710,7 @@ class link : public blocking_calls<link> {
   std::int64_t ops_ = 0;
   std::int64_t rounds_seen_ = 0;
   bool ever_member_ = false;
+  moved_bytes moved_{};
 };
 
 static_assert(Communicator<link>);

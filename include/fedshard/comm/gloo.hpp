@@ -18,6 +18,13 @@
 ///    alltoall of the blocks and a local reduction;
 ///  - all_gather, broadcast and barrier are Gloo's; send and recv are Gloo unbound buffers
 ///    (slots derived from the tag, matched in order per sender, receiver and tag);
+///  - moved(): the bytes handed to Gloo for the data of each call (argument exchanges are not
+///    counted): all_gather and reduce_scatter's alltoall (n-1) blocks each way; a small
+///    all_reduce's all-gather (n-1) inputs each way (algorithm_of: gather_all); a large one's
+///    alltoall and all-gather of chunks padded to whole cache lines, 2 (n-1) padded chunks
+///    each way, which is a ring's bytes plus the padding; a broadcast S received by every
+///    other rank, counted as sent by the root (Gloo may forward through other ranks; the
+///    total is the same). A call is counted once it succeeded;
 ///  - collectives run when they are called (the *_async variants return a completed request,
 ///    or one that rethrows the call's error); send and recv are posted and complete in wait();
 ///  - checked mode (options::checked: on unless FEDSHARD_GLOO_CHECKED=0, in every build)
@@ -358,6 +365,16 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
 
   int rank() const noexcept { return s_->rank; }
   int size() const noexcept { return s_->size; }
+  /// The bytes handed to Gloo for the data of the calls so far (see the file comment).
+  moved_bytes moved() const noexcept { return s_->moved; }
+  /// A small all_reduce (n ranks x count x element size up to small_all_reduce_bytes)
+  /// gathers every input; everything else moves a ring's bytes (plus chunk padding).
+  wire_algorithm algorithm_of(collective k, std::int64_t n, dtype t) const {
+    const bool small = is_valid(t) && n * s_->size * static_cast<std::int64_t>(size_of(t)) <=
+                                          s_->opts.small_all_reduce_bytes;
+    return k == collective::all_reduce && s_->size > 1 && small ? wire_algorithm::gather_all
+                                                                : wire_algorithm::ring;
+  }
   /// The context's key prefix in the store.
   const std::string& prefix() const noexcept { return s_->prefix; }
   /// The store the ranks met through.
@@ -416,6 +433,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     std::uint64_t seq = 0;
     int splits = 0;
     std::string broken;               // why the communicator is unusable, empty while it is fine
+    moved_bytes moved;                // the data handed to Gloo so far (see the file comment)
     std::map<int, self_box> mailbox;  // messages to itself, per tag
   };
 
@@ -555,6 +573,8 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
           o.setRoot(a.root);
           o.setTimeout(timeout());
           ::gloo::broadcast(o);
+          const auto b = static_cast<std::int64_t>(bytes);
+          s_->moved += s_->rank == a.root ? moved_bytes{(n - 1) * b, 0} : moved_bytes{0, b};
           return;
         }
         case op_kind::all_gather: {
@@ -567,6 +587,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
             return;
           }
           gather_bytes(in.data(), out, bytes);
+          count_both((n - 1) * bytes);
           return;
         }
         case op_kind::reduce_scatter: {
@@ -576,6 +597,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
             std::memcpy(blocks.data(), a.in, bytes);
           else
             alltoall_bytes(a.in, blocks.data(), bytes);
+          count_both((n - 1) * bytes);
           fedshard::detail::reduce_blocks(a.type, a.op, blocks.data(), bytes, n, a.out, a.count);
           return;
         }
@@ -599,6 +621,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
         std::memcpy(all.data(), a.in, bytes);
       else
         gather_bytes(a.in, all.data(), bytes);
+      count_both((un - 1) * bytes);
       fedshard::detail::reduce_blocks(a.type, a.op, all.data(), bytes, n, a.out, a.count);
       return;
     }
@@ -612,6 +635,12 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     fedshard::detail::reduce_blocks(a.type, a.op, recv.data(), cb, n, mine.data(), r.end - r.begin);
     gather_bytes(mine.data(), gathered.data(), cb);
     std::memcpy(a.out, gathered.data(), bytes);
+    count_both(2 * (un - 1) * cb);  // the alltoall's chunks out and in, then the gather's
+  }
+
+  /// Counts `bytes` sent and as many received.
+  void count_both(std::size_t bytes) {
+    s_->moved += moved_bytes{static_cast<std::int64_t>(bytes), static_cast<std::int64_t>(bytes)};
   }
 
   /// A posted send or receive; wait() blocks until it completed or timed out.
@@ -648,6 +677,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     const auto bytes = static_cast<std::size_t>(count) * size_of(t);
     if (bytes == 0) return {};
     if (peer == s_->rank) return to_self(is_send, sbuf, rbuf, bytes, tag);
+    s_->moved += fedshard::detail::p2p_moved(is_send, count, t, s_->rank, peer);
     const std::uint64_t slot = (std::uint64_t{0x7f} << 56) | static_cast<std::uint32_t>(tag);
     std::unique_ptr<::gloo::transport::UnboundBuffer> buf;
     guarded(is_send ? "send" : "recv", [&] {

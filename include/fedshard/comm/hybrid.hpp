@@ -16,13 +16,20 @@
 /// world rank's input in world-rank order; all_reduce and reduce_scatter reduce that in rank
 /// order (comm/detail/reduction.hpp), bit-identical to one inproc world of G*R*S ranks (meant
 /// for the world's small collectives: the trainer's means and checkpoint agreement; it moves
-/// G*R*S inputs to every rank). broadcast goes through the root's group, then every link.
+/// G*R*S inputs to every rank: algorithm_of says gather_all). broadcast goes through the
+/// root's group, then every link (what a ring moves: the root's group gets it once, every
+/// other group once per local rank).
+///
+/// Bytes moved (moved()): each side's communicator's; the world's are its group's and its
+/// link's together, both levels of its collectives.
 /// send and recv reach ranks of the same group (over C) or the same local rank (over F).
 /// With a link whose groups come and go (elastic::link), the world's reductions combine
 /// the groups the link includes at the time (the group alone outside its rounds).
 ///
-/// A mesh over a hybrid world makes its axes with mesh_split: the group's splits and the link,
-/// no exchange across groups (so it works before a link's groups have met).
+/// A mesh over a hybrid world makes its axes with group_split (the group, shard and replica
+/// axes: splits of the group's communicator by color and key) and federation_link (the
+/// federation axis), no exchange across groups (so it works before a link's groups have met);
+/// the hybrid knows colors and keys, the mesh maps its axes to them (mesh/mesh.hpp).
 /// split on the world (other uses): the ranks exchange (color, key) over the world; a color whose
 /// ranks all lie in one group becomes a split of the group's C, a color made of local rank l of
 /// every group (ordered by group) is the link itself (shared); any other color is refused on
@@ -42,7 +49,6 @@
 #include "fedshard/comm/request.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
-#include "fedshard/mesh/axis.hpp"
 #include "fedshard/space/space_of.hpp"
 
 namespace fedshard {
@@ -82,6 +88,26 @@ class hybrid {
       if (side_ == side::federation) return link_->included();
     }
     return {};
+  }
+
+  /// Bytes moved: the side's communicator's; the world's group and link together.
+  moved_bytes moved() const {
+    switch (side_) {
+      case side::group: return group_->moved();
+      case side::federation: return link_->moved();
+      case side::world: break;
+    }
+    return group_->moved() + link_->moved();
+  }
+  /// The side's communicator's algorithm; the world's reductions gather every input.
+  wire_algorithm algorithm_of(collective k, std::int64_t n, dtype t) const {
+    switch (side_) {
+      case side::group: return group_->algorithm_of(k, n, t);
+      case side::federation: return link_->algorithm_of(k, n, t);
+      case side::world: break;
+    }
+    const bool reduces = k == collective::all_reduce || k == collective::reduce_scatter;
+    return reduces && size() > 1 ? wire_algorithm::gather_all : wire_algorithm::ring;
   }
 
   int rank() const {
@@ -144,8 +170,9 @@ class hybrid {
     FEDSHARD_EXPECTS(root >= 0 && root < size(), "hybrid: broadcast root must be in [0, ", size(),
                      "), found ", root);
     const int rs = group_->size();
-    group_->broadcast(buf, n, t, root % rs);  // the root's group has its value everywhere
-    link_->broadcast(buf, n, t, root / rs);   // every link carries it to the other groups
+    if (link_->rank() == root / rs)
+      group_->broadcast(buf, n, t, root % rs);  // the root's group has its value everywhere
+    link_->broadcast(buf, n, t, root / rs);     // every link carries it to the other groups
   }
   void barrier() {
     if (side_ == side::group) return group_->barrier();
@@ -204,14 +231,19 @@ class hybrid {
     return r;
   }
 
-  /// A mesh's axis of the world (mesh/mesh.hpp calls it instead of split): the group,
-  /// shard and replica axes are splits of the group's communicator with the mesh's color
-  /// and key, the federation axis is the link. Collective over the group only.
-  hybrid mesh_split(axis a, int color, int key) {
+  /// A split of the world's group communicator by color and key, collective over the group
+  /// only (a mesh's group, shard and replica axes); on another side, split(color, key).
+  hybrid group_split(int color, int key) {
     if (side_ != side::world) return split(color, key);
-    if (a == axis::federation) return hybrid(federation_tag{}, link_);
-    FEDSHARD_EXPECTS(a != axis::world, "hybrid::mesh_split: the world is not split");
     return hybrid(group_->split(color, key));
+  }
+  /// The federation side over the world's link (shared, not collective): a mesh's federation
+  /// axis. invalid_argument on another side.
+  hybrid federation_link() {
+    FEDSHARD_EXPECTS(side_ == side::world,
+                     "hybrid::federation_link: only the world has a link; this is its ",
+                     side_ == side::group ? "group" : "federation", " side");
+    return hybrid(federation_tag{}, link_);
   }
 
   /// See the file comment.

@@ -330,6 +330,34 @@ inline void execute(const std::vector<call_args>& d, int me, int n) {
   }
 }
 
+/// The bytes member me of n moves in the collective a, as execute() copies them: a copy from
+/// one rank's buffer into another's is sent by the first and received by the second, whichever
+/// rank's thread makes it. gpu_inproc (cuda/gpu_inproc.cuh) copies the same way.
+inline moved_bytes moved_by(const call_args& a, int n, int me) {
+  if (n <= 1 || a.count <= 0 || !is_valid(a.type)) return {};
+  const auto esz = static_cast<std::int64_t>(size_of(a.type));
+  const std::int64_t s = a.count * esz;  // the buffer, or one rank's block (gather, scatter)
+  switch (a.kind) {
+    case op_kind::all_reduce: {
+      // Chunk me of every peer's input is read here and chunk p of this rank's input by p;
+      // then this rank writes its reduced chunk into every peer's output, and each peer its
+      // chunk into this rank's output.
+      const auto [lo, hi] = fedshard::detail::chunk_of(a.count, n, size_of(a.type), me);
+      const std::int64_t mine = (hi - lo) * esz;
+      const std::int64_t b = (s - mine) + (n - 1) * mine;
+      return {b, b};
+    }
+    case op_kind::all_gather:      // this rank's input into n-1 outputs, theirs into its own
+    case op_kind::reduce_scatter:  // block me of n-1 inputs read here, block p of its own by p
+      return {(n - 1) * s, (n - 1) * s};
+    case op_kind::broadcast:  // the root's buffer into every other rank's
+      return me == a.root ? moved_bytes{(n - 1) * s, 0} : moved_bytes{0, s};
+    case op_kind::barrier:
+    case op_kind::split: break;
+  }
+  return {};
+}
+
 /// Where the members of one collective, call number seq, meet: the slot it takes in the ring
 /// and its generation there, and the deadline of member me. A collective is meet(), the
 /// member's share of the work, then leave(); gpu_inproc's are as well.
@@ -651,10 +679,17 @@ struct rank_handle {
   /// Async collectives posted whose run_collective has not returned yet.
   std::shared_ptr<std::atomic<int>> running = std::make_shared<std::atomic<int>>(0);
 
+  /// Bytes moved so far (moved_by of each call: blocking ones once they succeeded, async
+  /// ones when issued).
+  moved_bytes moved;
+
   std::shared_ptr<group_state> collective(const call_args& a) {
-    return run_collective(*group, me, next_seq++, a);
+    auto result = run_collective(*group, me, next_seq++, a);
+    moved += moved_by(a, group->size, me);
+    return result;
   }
   request collective_async(const call_args& a) {
+    moved += moved_by(a, group->size, me);
     const std::uint64_t seq = next_seq++;
     auto done = std::make_shared<completion>();
     if (!worker) worker = std::make_unique<progress_thread>();
@@ -716,6 +751,21 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     h_->collective(detail::make_call(detail::op_kind::barrier, nullptr, nullptr, 0, dtype::f32));
   }
 
+  /// Bytes this rank moved through this communicator so far (detail::moved_by per call).
+  moved_bytes moved() const noexcept { return h_->moved; }
+  /// What a collective k of count n of t (broadcast from root) moves on this rank: inproc's
+  /// algorithms follow from the arguments alone.
+  moved_bytes moved_by(collective k, std::int64_t n, dtype t, int root = 0) const {
+    return detail::moved_by(detail::make_call(fedshard::detail::kind_of(k), nullptr, nullptr, n, t,
+                                              reduce_op::sum, root),
+                            size(), rank());
+  }
+  /// Every collective moves what a ring moves: chunks reduced where they belong, blocks copied
+  /// once.
+  wire_algorithm algorithm_of(collective, std::int64_t, dtype) const noexcept {
+    return wire_algorithm::ring;
+  }
+
   /// Collective: the communicator of the ranks that passed the same color (>= 0), ordered by
   /// key, then by rank. Sub-communicators run concurrently with each other and the parent.
   communicator split(int color, int key) {
@@ -736,6 +786,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   request p2p(bool is_send, const void* sbuf, void* rbuf, std::int64_t count, dtype t, int peer,
               int tag) {
     auto op = detail::make_p2p(is_send, sbuf, rbuf, count, t, h_->me, peer, tag, size());
+    h_->moved += fedshard::detail::p2p_moved(is_send, count, t, h_->me, peer);
     detail::p2p_post(*h_->group, *op);
     return request(std::make_unique<detail::p2p_request>(h_->group, h_->me, std::move(op)));
   }

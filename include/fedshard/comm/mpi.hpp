@@ -19,6 +19,17 @@
 /// all_gather, broadcast, send and recv are MPI_Iallgather, MPI_Ibcast, MPI_Isend and
 /// MPI_Irecv on bytes. Messages above options::max_message_bytes are cut into pieces.
 ///
+/// Bytes moved (moved(), counted when a call is issued; detail::moved_by): the counts handed
+/// to MPI for the call's data, for the algorithm above: a small all_reduce's all-gather sends
+/// its input to, and receives one from, each of n-1 ranks (algorithm_of: gather_all); a
+/// larger one's all-to-all and all-gather move a ring's bytes: (S - c) + (n-1) c each way, c
+/// this rank's chunk; all_gather and reduce_scatter (n-1) blocks each way; a broadcast S
+/// received by every other rank, counted as sent by the root (MPI may forward it through
+/// other ranks; the total is the same). reduction::mpi hands the reduction to MPI, whose
+/// algorithm is its own: counted as the ring of a large rank_order all_reduce (that is what
+/// the algorithm would move, not measured). The checked mode's exchanges and headers are not
+/// counted.
+///
 /// Async operations are MPI nonblocking calls. An operation that needs a second MPI call
 /// (rank_order all_reduce's all-gather, checked mode's exchange before the data, a checked
 /// receive's ack) is advanced by whichever fedshard call polls next: every wait and test polls
@@ -301,7 +312,50 @@ struct comm_state {
   std::deque<std::shared_ptr<p2p_op>> p2ps;    // pending point-to-point operations
   std::map<std::pair<int, int>, std::weak_ptr<p2p_op>> last_recv;  // (peer, tag) -> newest
   std::string broken;  // why the communicator is unusable (after a timeout)
+  moved_bytes moved;   // the data handed to MPI so far (moved_by of each call)
 };
+
+/// True when a rank_order all_reduce of n elements of esz bytes over `ranks` ranks gathers
+/// every input (the small all_reduce) instead of reducing chunks where they belong.
+inline bool gathers_all(const options& o, std::int64_t n, std::size_t esz, int ranks) {
+  return n * ranks * static_cast<std::int64_t>(esz) <=
+         std::min(o.small_all_reduce_bytes, o.max_message_bytes);
+}
+
+/// What rank me of n sends and receives in an all_reduce of count elements of esz bytes that
+/// reduces chunk p of every piece on rank p, then gathers the chunks (pieces of at most
+/// max_message_bytes): per piece of s bytes, (s - c) + (n-1) c each way.
+inline moved_bytes chunked_all_reduce(const options& o, std::int64_t count, std::size_t esz, int n,
+                                      int me) {
+  const auto e = static_cast<std::int64_t>(esz);
+  const std::int64_t step = std::max<std::int64_t>(1, o.max_message_bytes / e);
+  std::int64_t b = 0;
+  for (std::int64_t at = 0; at < count; at += step) {
+    const std::int64_t len = std::min(step, count - at);
+    const auto [lo, hi] = chunk_of(len, n, esz, me);
+    b += (len - (hi - lo)) * e + (n - 1) * (hi - lo) * e;
+  }
+  return {b, b};
+}
+
+/// The bytes rank me of n hands to MPI for the data of collective a (see the file comment).
+inline moved_bytes moved_by(const call_args& a, const options& o, int n, int me) {
+  if (n <= 1 || a.count <= 0 || !is_valid(a.type)) return {};
+  const std::size_t esz = size_of(a.type);
+  const std::int64_t s = a.count * static_cast<std::int64_t>(esz);  // or one rank's block
+  switch (a.kind) {
+    case op_kind::all_reduce:
+      if (o.reduce == reduction::rank_order && gathers_all(o, a.count, esz, n))
+        return {(n - 1) * s, (n - 1) * s};
+      return chunked_all_reduce(o, a.count, esz, n, me);
+    case op_kind::all_gather:
+    case op_kind::reduce_scatter: return {(n - 1) * s, (n - 1) * s};
+    case op_kind::broadcast: return me == a.root ? moved_bytes{(n - 1) * s, 0} : moved_bytes{0, s};
+    case op_kind::barrier:
+    case op_kind::split: break;
+  }
+  return {};
+}
 
 /// Every live comm_state of the process and the mutex serialising fedshard's MPI calls.
 struct registry {
@@ -596,7 +650,7 @@ struct coll_op final : op_base {
     const std::int64_t n = a.count;
     const auto e = static_cast<std::int64_t>(esz());
     const std::int64_t total = n * size * e;
-    gather_all = total <= std::min(cs->opt.small_all_reduce_bytes, cs->opt.max_message_bytes);
+    gather_all = gathers_all(cs->opt, n, esz(), size);
     if (gather_all) {
       tmp.resize(static_cast<std::size_t>(total));
       reqs.push_back(MPI_REQUEST_NULL);
@@ -1197,6 +1251,16 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   int world_rank() const noexcept { return (*h_)->world_rank; }
   /// The options the communicator runs with.
   const options& settings() const noexcept { return (*h_)->opt; }
+  /// The bytes handed to MPI for the data of the calls issued so far (see the file comment).
+  moved_bytes moved() const noexcept { return (*h_)->moved; }
+  /// A small rank_order all_reduce gathers every input; everything else moves a ring's bytes.
+  wire_algorithm algorithm_of(collective k, std::int64_t n, dtype t) const {
+    const detail::comm_state& cs = **h_;
+    const bool small = cs.opt.reduce == reduction::rank_order && is_valid(t) &&
+                       detail::gathers_all(cs.opt, n, size_of(t), cs.size);
+    return k == collective::all_reduce && cs.size > 1 && small ? wire_algorithm::gather_all
+                                                               : wire_algorithm::ring;
+  }
 
   /// Collective: the communicator of the ranks that passed the same color (>= 0), ordered by
   /// key, then by rank (MPI_Comm_split, after an exchange of the arguments in every mode).
@@ -1247,6 +1311,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
         throw fedshard::detail::invalid_call(a.kind, cs.rank, cs.size, op->seq, why);
       op->ph = detail::coll_op::phase::first_pending;
     }
+    cs.moved += detail::moved_by(a, cs.opt, cs.size, cs.rank);
     cs.colls.push_back(op);
     detail::step_colls(cs);
     return op;
@@ -1279,6 +1344,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     op->type = t;
     op->peer = peer;
     op->tag = tag;
+    cs.moved += fedshard::detail::p2p_moved(is_send, n, t, cs.rank, peer);
     if (!is_send && op->checked) {
       auto& last = cs.last_recv[{peer, tag}];
       op->prev = last.lock();

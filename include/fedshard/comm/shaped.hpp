@@ -283,6 +283,12 @@ class communicator : public blocking_calls<communicator<C>> {
 
   int rank() const { return inner_.rank(); }
   int size() const { return inner_.size(); }
+  /// What the wrapped communicator moved: the emulation only adds waiting.
+  moved_bytes moved() const { return inner_.moved(); }
+  /// The wrapped communicator's algorithm.
+  wire_algorithm algorithm_of(collective k, std::int64_t n, dtype t) const {
+    return inner_.algorithm_of(k, n, t);
+  }
   /// True when this communicator's members span more than one site.
   bool crosses_sites() const noexcept { return crosses_; }
   /// What this rank spent on the link through this communicator.

@@ -73,6 +73,7 @@
 #include "fedshard/comm/request.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
+#include "fedshard/core/timeout.hpp"
 #include "fedshard/cuda/cuda_space.cuh"
 #include "fedshard/cuda/device_buffer.cuh"
 #include "fedshard/cuda/error.cuh"
@@ -283,9 +284,11 @@ struct rank_device {
   }
 };
 
-/// Queues member me's share of a validated, non-empty collective on its stream (the device
-/// is current).
-inline void execute(const gpu_group& g, const std::vector<call_args>& d, int me, rank_device& rd) {
+/// Queues member me's share of a validated, non-empty all_reduce or reduce_scatter on its
+/// stream: chunk (block) me of every input, staged first from peers not reachable directly,
+/// reduced into every output (into its own).
+inline void execute_reduction(const gpu_group& g, const std::vector<call_args>& d, int me,
+                              rank_device& rd) {
   const int n = g.host.size;
   const call_args& mine = d[static_cast<std::size_t>(me)];
   const std::int64_t count = mine.count;
@@ -297,55 +300,68 @@ inline void execute(const gpu_group& g, const std::vector<call_args>& d, int me,
     if (bytes != 0 && to != from)
       FEDSHARD_CUDA_TRY(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, s));
   };
+  visit(mine.type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const bool all = mine.kind == op_kind::all_reduce;
+    const auto part = all ? fedshard::detail::chunk_of(count, n, esz, me)
+                          : fedshard::detail::elem_range{count * me, count * (me + 1)};
+    const auto len = static_cast<std::size_t>(part.end - part.begin);
+    if (len == 0) return;
+    const std::size_t bytes = len * sizeof(T);
+    // Staging: one block per peer not reachable directly, plus one for the result.
+    int staged_in = 0;
+    bool staged_out = false;
+    for (int p = 0; p < n; ++p)
+      if (!direct(p)) {
+        ++staged_in;
+        staged_out = staged_out || all;
+      }
+    std::byte* scratch = nullptr;
+    if (staged_in > 0)
+      scratch = rd.reserve(bytes * static_cast<std::size_t>(staged_in + (staged_out ? 1 : 0)));
+    reduce_args<T> a{};
+    a.n = n;
+    a.len = len;
+    int next = 0;
+    for (int p = 0; p < n; ++p) {
+      const T* in = static_cast<const T*>(d[p].in) + part.begin;
+      if (!direct(p)) {
+        T* st = reinterpret_cast<T*>(scratch + bytes * static_cast<std::size_t>(next++));
+        copy(st, in, bytes);
+        in = st;
+      }
+      a.ins[p] = in;
+    }
+    T* staged_result = staged_out ? reinterpret_cast<T*>(scratch + bytes * staged_in) : nullptr;
+    if (all) {
+      for (int p = 0; p < n; ++p)
+        if (direct(p)) a.outs[a.nout++] = static_cast<T*>(d[p].out) + part.begin;
+      if (staged_out) a.outs[a.nout++] = staged_result;
+    } else {
+      a.outs[a.nout++] = static_cast<T*>(mine.out);
+    }
+    launch_reduce(a, mine.op, s);
+    if (staged_out)
+      for (int p = 0; p < n; ++p)
+        if (!direct(p)) copy(static_cast<T*>(d[p].out) + part.begin, staged_result, bytes);
+  });
+}
+
+/// Queues member me's share of a validated, non-empty collective on its stream (the device
+/// is current). It copies between ranks what inproc's execute does (inproc::detail::moved_by).
+inline void execute(const gpu_group& g, const std::vector<call_args>& d, int me, rank_device& rd) {
+  const int n = g.host.size;
+  const call_args& mine = d[static_cast<std::size_t>(me)];
+  const std::int64_t count = mine.count;
+  const std::size_t esz = size_of(mine.type);
+  const cudaStream_t s = rd.stream.get();
+  const auto copy = [&](void* to, const void* from, std::size_t bytes) {
+    if (bytes != 0 && to != from)
+      FEDSHARD_CUDA_TRY(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, s));
+  };
   switch (mine.kind) {
     case op_kind::all_reduce:
-    case op_kind::reduce_scatter:
-      visit(mine.type, [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        const bool all = mine.kind == op_kind::all_reduce;
-        const auto part = all ? fedshard::detail::chunk_of(count, n, esz, me)
-                              : fedshard::detail::elem_range{count * me, count * (me + 1)};
-        const auto len = static_cast<std::size_t>(part.end - part.begin);
-        if (len == 0) return;
-        const std::size_t bytes = len * sizeof(T);
-        // Staging: one block per peer not reachable directly, plus one for the result.
-        int staged_in = 0;
-        bool staged_out = false;
-        for (int p = 0; p < n; ++p)
-          if (!direct(p)) {
-            ++staged_in;
-            staged_out = staged_out || all;
-          }
-        std::byte* scratch = nullptr;
-        if (staged_in > 0)
-          scratch = rd.reserve(bytes * static_cast<std::size_t>(staged_in + (staged_out ? 1 : 0)));
-        reduce_args<T> a{};
-        a.n = n;
-        a.len = len;
-        int next = 0;
-        for (int p = 0; p < n; ++p) {
-          const T* in = static_cast<const T*>(d[p].in) + part.begin;
-          if (!direct(p)) {
-            T* st = reinterpret_cast<T*>(scratch + bytes * static_cast<std::size_t>(next++));
-            copy(st, in, bytes);
-            in = st;
-          }
-          a.ins[p] = in;
-        }
-        T* staged_result = staged_out ? reinterpret_cast<T*>(scratch + bytes * staged_in) : nullptr;
-        if (all) {
-          for (int p = 0; p < n; ++p)
-            if (direct(p)) a.outs[a.nout++] = static_cast<T*>(d[p].out) + part.begin;
-          if (staged_out) a.outs[a.nout++] = staged_result;
-        } else {
-          a.outs[a.nout++] = static_cast<T*>(mine.out);
-        }
-        launch_reduce(a, mine.op, s);
-        if (staged_out)
-          for (int p = 0; p < n; ++p)
-            if (!direct(p)) copy(static_cast<T*>(d[p].out) + part.begin, staged_result, bytes);
-      });
-      return;
+    case op_kind::reduce_scatter: execute_reduction(g, d, me, rd); return;
     case op_kind::all_gather: {
       const std::size_t bytes = static_cast<std::size_t>(count) * esz;
       for (int p = 0; p < n; ++p)
@@ -479,6 +495,13 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   int device() const noexcept { return rd_->device; }
   /// The stream every call is queued on.
   cudaStream_t stream() const noexcept { return rd_->stream.get(); }
+  /// Bytes copied between ranks by the calls queued so far, counted when queued: the copies
+  /// are inproc's (inproc::detail::moved_by).
+  moved_bytes moved() const noexcept { return moved_; }
+  /// Every collective moves what a ring moves, as inproc's.
+  wire_algorithm algorithm_of(collective, std::int64_t, dtype) const noexcept {
+    return wire_algorithm::ring;
+  }
 
   /// A cuda_space on this rank's device, for the buffers of this communicator's user.
   std::unique_ptr<gpu::cuda_space> make_space() const {
@@ -513,14 +536,15 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
 
   request collective(const detail::call_args& a) {
     detail::run_collective(*g_, me_, next_seq_++, a, *rd_);
+    moved_ += inproc::detail::moved_by(a, size(), me_);
     return request(std::make_unique<detail::event_request>(record()));
   }
 
   request p2p(bool is_send, const void* sbuf, void* rbuf, std::int64_t n, dtype t, int peer,
               int tag) {
-    using namespace inproc::detail;
-    group_state& h = g_->host;
+    inproc::detail::group_state& h = g_->host;
     fedshard::detail::check_p2p_args(is_send, is_send ? sbuf : rbuf, n, t, peer, size());
+    moved_ += fedshard::detail::p2p_moved(is_send, n, t, me_, peer);
     gpu::device_guard guard(rd_->device);
     auto op = std::make_shared<detail::p2p_op>();
     op->is_send = is_send;
@@ -546,44 +570,55 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
         pending_p2p().erase(it);
       }
     }
-    if (other) {  // arrived second: copy on this rank's stream
-      detail::p2p_op& s = op->is_send ? *op : *other;
-      detail::p2p_op& r = op->is_send ? *other : *op;
-      std::string err;
-      gpu::cuda_event copied;
-      try {
-        if (s.count != r.count || s.type != r.type) {
-          err =
-              fedshard::detail::p2p_mismatch(s.src, s.dst, s.tag, s.count, s.type, r.count, r.type);
-        } else {
-          other->posted.wait_on(rd_->stream.get());
-          if (s.count > 0)
-            FEDSHARD_CUDA_TRY(cudaMemcpyAsync(r.rbuf, s.sbuf,
-                                              static_cast<std::size_t>(s.count) * size_of(s.type),
-                                              cudaMemcpyDefault, rd_->stream.get()));
-        }
-        copied = gpu::cuda_event::record(rd_->events, rd_->stream.get());
-      } catch (...) {
-        err = "the copy failed on the matching rank";
-        {
-          std::lock_guard lock(h.p2p_mu);
-          other->error = err;
-          other->done = true;
-        }
-        h.p2p_cv.notify_all();
-        throw;
+    if (other) return copy_matched(*op, *other);
+    return await_match(op, peer);
+  }
+
+  /// op arrived second and matches `other`: copies the message on this rank's stream and
+  /// completes other (with the copy's event, or the error).
+  request copy_matched(detail::p2p_op& op, detail::p2p_op& other) {
+    inproc::detail::group_state& h = g_->host;
+    detail::p2p_op& s = op.is_send ? op : other;
+    detail::p2p_op& r = op.is_send ? other : op;
+    std::string err;
+    gpu::cuda_event copied;
+    try {
+      if (s.count != r.count || s.type != r.type) {
+        err = fedshard::detail::p2p_mismatch(s.src, s.dst, s.tag, s.count, s.type, r.count, r.type);
+      } else {
+        other.posted.wait_on(rd_->stream.get());
+        if (s.count > 0)
+          FEDSHARD_CUDA_TRY(cudaMemcpyAsync(r.rbuf, s.sbuf,
+                                            static_cast<std::size_t>(s.count) * size_of(s.type),
+                                            cudaMemcpyDefault, rd_->stream.get()));
       }
+      copied = gpu::cuda_event::record(rd_->events, rd_->stream.get());
+    } catch (...) {
+      err = "the copy failed on the matching rank";
       {
         std::lock_guard lock(h.p2p_mu);
-        other->copied = copied;
-        other->error = err;
-        other->done = true;
+        other.error = err;
+        other.done = true;
       }
       h.p2p_cv.notify_all();
-      if (!err.empty()) throw collective_mismatch(err);
-      return request(std::make_unique<detail::event_request>(std::move(copied)));
+      throw;
     }
-    // arrived first: wait on the host for the match, then order this stream after the copy
+    {
+      std::lock_guard lock(h.p2p_mu);
+      other.copied = copied;
+      other.error = err;
+      other.done = true;
+    }
+    h.p2p_cv.notify_all();
+    if (!err.empty()) throw collective_mismatch(err);
+    return request(std::make_unique<detail::event_request>(std::move(copied)));
+  }
+
+  /// op arrived first: waits on the host for the peer's match, then orders this stream after
+  /// the copy.
+  request await_match(const std::shared_ptr<detail::p2p_op>& op, int peer) {
+    using namespace inproc::detail;
+    group_state& h = g_->host;
     const auto deadline =
         clock::now() + std::chrono::duration_cast<clock::duration>(h.world->timeout);
     std::unique_lock lock(h.p2p_mu);
@@ -592,7 +627,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
       if (it != pending_p2p().end()) {
         try {
           // still pending under p2p_mu: the peer has not matched op
-          check_progress(h, me_, is_send ? "send" : "recv", 0, {peer}, deadline,
+          check_progress(h, me_, op->is_send ? "send" : "recv", 0, {peer}, deadline,
                          [](int) { return false; });
         } catch (...) {
           pending_p2p().erase(it);
@@ -615,6 +650,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   int me_;
   std::uint64_t next_seq_ = 0;
   std::unique_ptr<detail::rank_device> rd_;
+  moved_bytes moved_{};
 };
 
 static_assert(Communicator<communicator>);

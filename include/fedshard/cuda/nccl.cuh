@@ -62,9 +62,11 @@
 
 #include "fedshard/comm/blocking.hpp"
 #include "fedshard/comm/communicator.hpp"
+#include "fedshard/comm/detail/call.hpp"
 #include "fedshard/comm/request.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
+#include "fedshard/core/timeout.hpp"
 #include "fedshard/cuda/cuda_space.cuh"
 #include "fedshard/cuda/error.cuh"
 #include "fedshard/cuda/stream.cuh"
@@ -117,6 +119,28 @@ inline bool is_peer_failure(ncclResult_t r) noexcept {
                                      int line) {
   throw_for(r, ::fedshard::detail::concat("fedshard: NCCL error ", describe(r), " from '",
                                           expression, "' at ", file, ":", line));
+}
+
+/// What NCCL's ring algorithms move for rank me of n (not measured: the bytes of the ring
+/// algorithm as NCCL's documentation states them, its bus bandwidth being busbw = algbw x
+/// bus factor): S = count x element size (one rank's block for all_gather and
+/// reduce_scatter). all_reduce: a reduce-scatter then an all-gather around the ring, each
+/// rank sending all chunks but one in each, 2 (S - c) with S cut evenly by bytes into n
+/// chunks c (together 2 (n-1) S); all_gather and reduce_scatter: (n-1) blocks; broadcast: S
+/// from the root along the ring, forwarded by every rank but the last before the root.
+/// Every figure is sent and received alike but the broadcast's ends.
+inline moved_bytes ring_moved(bool reduce_all, bool gather_or_scatter, bool bcast,
+                              std::int64_t count, dtype t, int n, int me, int root) {
+  if (n <= 1 || count <= 0 || !is_valid(t)) return {};
+  const std::int64_t s = count * static_cast<std::int64_t>(size_of(t));
+  if (reduce_all) {
+    const std::int64_t c = s / n + (me < s % n ? 1 : 0);
+    return {2 * (s - c), 2 * (s - c)};
+  }
+  if (gather_or_scatter) return {(n - 1) * s, (n - 1) * s};
+  if (!bcast) return {};
+  const bool last = me == (root + n - 1) % n;
+  return {last ? 0 : s, me == root ? 0 : s};
 }
 
 }  // namespace detail
@@ -474,6 +498,13 @@ class communicator : public blocking_calls<communicator> {
   bool aborted() const noexcept { return s_->aborted(); }
   /// The settings (timeout).
   const options& settings() const noexcept { return s_->settings(); }
+  /// The bytes NCCL's ring algorithms move for the operations enqueued so far (counted when
+  /// enqueued: detail::ring_moved; what NCCL's algorithm moves, not measured).
+  moved_bytes moved() const noexcept { return moved_; }
+  /// NCCL runs rings (or trees of the same bytes); every collective counts a ring's bytes.
+  wire_algorithm algorithm_of(collective, std::int64_t, dtype) const noexcept {
+    return wire_algorithm::ring;
+  }
 
   /// A cuda_space on this rank's device, for the buffers of this communicator's user.
   std::unique_ptr<gpu::cuda_space> make_space() const {
@@ -509,6 +540,7 @@ class communicator : public blocking_calls<communicator> {
     check_op("all_reduce", op);
     check({"all_reduce", in, out, count, t, true, true});
     check_in_place_or_disjoint("all_reduce", in, out, count, t);
+    moved_ += detail::ring_moved(true, false, false, count, t, size(), rank(), 0);
     return enqueue("all_reduce", count, [&](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(in, out, static_cast<std::size_t>(count), detail::to_nccl(t),
                            detail::to_nccl(op), c, s);
@@ -523,6 +555,7 @@ class communicator : public blocking_calls<communicator> {
       invalid("all_gather", ::fedshard::detail::concat(
                                 "input overlaps the output (only in == out + rank * count = out + ",
                                 rank(), " * ", count, " is allowed)"));
+    moved_ += detail::ring_moved(false, true, false, count, t, size(), rank(), 0);
     return enqueue("all_gather", count, [&](ncclComm_t c, cudaStream_t s) {
       return ncclAllGather(in, out, static_cast<std::size_t>(count), detail::to_nccl(t), c, s);
     });
@@ -533,6 +566,7 @@ class communicator : public blocking_calls<communicator> {
     check_op("reduce_scatter", op);
     check({"reduce_scatter", in, out, count, t, true, true});
     check_scatter_overlap("reduce_scatter", in, out, count, t);
+    moved_ += detail::ring_moved(false, true, false, count, t, size(), rank(), 0);
     return enqueue("reduce_scatter", count, [&](ncclComm_t c, cudaStream_t s) {
       return ncclReduceScatter(in, out, static_cast<std::size_t>(count), detail::to_nccl(t),
                                detail::to_nccl(op), c, s);
@@ -544,6 +578,7 @@ class communicator : public blocking_calls<communicator> {
     if (root < 0 || root >= size())
       invalid("broadcast",
               ::fedshard::detail::concat("root must be in [0, ", size(), "), found ", root));
+    moved_ += detail::ring_moved(false, false, true, count, t, size(), rank(), root);
     return enqueue("broadcast", count, [&](ncclComm_t c, cudaStream_t s) {
       return ncclBroadcast(buf, buf, static_cast<std::size_t>(count), detail::to_nccl(t), root, c,
                            s);
@@ -553,6 +588,7 @@ class communicator : public blocking_calls<communicator> {
   request send_async(const void* buf, std::int64_t count, dtype t, int peer, int /*tag*/ = 0) {
     check({"send", buf, nullptr, count, t, true, false});
     check_peer("send", peer);
+    moved_ += ::fedshard::detail::p2p_moved(true, count, t, rank(), peer);
     return enqueue("send", count, [&](ncclComm_t c, cudaStream_t s) {
       return ncclSend(buf, static_cast<std::size_t>(count), detail::to_nccl(t), peer, c, s);
     });
@@ -561,6 +597,7 @@ class communicator : public blocking_calls<communicator> {
   request recv_async(void* buf, std::int64_t count, dtype t, int peer, int /*tag*/ = 0) {
     check({"recv", nullptr, buf, count, t, false, true});
     check_peer("recv", peer);
+    moved_ += ::fedshard::detail::p2p_moved(false, count, t, rank(), peer);
     return enqueue("recv", count, [&](ncclComm_t c, cudaStream_t s) {
       return ncclRecv(buf, static_cast<std::size_t>(count), detail::to_nccl(t), peer, c, s);
     });
@@ -579,6 +616,7 @@ class communicator : public blocking_calls<communicator> {
                                     double weight) {
     check({"all_reduce_weighted", in, out, count, t, true, true});
     check_in_place_or_disjoint("all_reduce_weighted", in, out, count, t);
+    moved_ += detail::ring_moved(true, false, false, count, t, size(), rank(), 0);
     return enqueue_weighted("all_reduce_weighted", count, t, weight,
                             [&](ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
                               return ncclAllReduce(in, out, static_cast<std::size_t>(count),
@@ -590,6 +628,7 @@ class communicator : public blocking_calls<communicator> {
                                         double weight) {
     check({"reduce_scatter_weighted", in, out, count, t, true, true});
     check_scatter_overlap("reduce_scatter_weighted", in, out, count, t);
+    moved_ += detail::ring_moved(false, true, false, count, t, size(), rank(), 0);
     return enqueue_weighted("reduce_scatter_weighted", count, t, weight,
                             [&](ncclRedOp_t op, ncclComm_t c, cudaStream_t s) {
                               return ncclReduceScatter(in, out, static_cast<std::size_t>(count),
@@ -716,6 +755,7 @@ class communicator : public blocking_calls<communicator> {
   }
 
   std::shared_ptr<detail::comm_state> s_;
+  moved_bytes moved_{};
 };
 
 static_assert(Communicator<communicator>);

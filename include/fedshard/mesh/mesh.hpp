@@ -18,6 +18,7 @@
 /// replica-0 ranks whose shards overlap, on sub-communicators of that axis.
 
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -193,6 +194,14 @@ constexpr int rank_of(const mesh_shape& shape, mesh_coords c) {
   return (c.group * shape.replicas + c.replica) * shape.shards + c.shard;
 }
 
+/// A world that makes its axes itself (a hybrid world, comm/hybrid.hpp): splits of its
+/// group's communicator by color and key, and its federation link.
+template <class C>
+concept makes_axes = requires(C& c, int color, int key) {
+  { c.group_split(color, key) } -> std::same_as<C>;
+  { c.federation_link() } -> std::same_as<C>;
+};
+
 /// One rank's view of a G x R x S mesh over a world communicator: its coordinates and the
 /// communicator of each axis. The world is borrowed (the caller keeps it alive for the
 /// mesh's lifetime); the axis communicators are split from it and owned by the mesh.
@@ -321,7 +330,7 @@ class mesh {
   /// checked_group_shapes; a world that makes its axes itself takes one shape only.
   static std::vector<group_shape> checked_for(C& world, std::vector<group_shape> groups) {
     groups = detail::checked_group_shapes(std::move(groups), world.size());
-    if constexpr (requires { world.mesh_split(axis::group, 0, 0); })
+    if constexpr (makes_axes<C>)
       FEDSHARD_EXPECTS(std::all_of(groups.begin(), groups.end(),
                                    [&](const group_shape& g) { return g == groups.front(); }),
                        "mesh: a world that makes its axes itself (a hybrid world) takes groups of "
@@ -353,14 +362,18 @@ class mesh {
 
   int local_index() const noexcept { return coords_.replica * shape_.shards + coords_.shard; }
 
-  /// The communicator of axis a: world.split(color, key), or world.mesh_split(a, color, key)
-  /// for a world that makes its axes itself (a hybrid world: its groups' axes are splits of
-  /// the group's communicator, its federation axis is its link, nothing crosses the groups).
+  /// The communicator of axis a: world.split(color, key), or for a world that makes its axes
+  /// itself (a hybrid world: its groups' axes are splits of the group's communicator, its
+  /// federation axis is its link, nothing crosses the groups) world.federation_link() for the
+  /// federation axis and world.group_split(color, key) for the others.
   static C split(C& world, axis a, int color, int key) {
-    if constexpr (requires { world.mesh_split(a, color, key); })
-      return world.mesh_split(a, color, key);
-    else
+    if constexpr (makes_axes<C>) {
+      if (a == axis::federation) return world.federation_link();
+      FEDSHARD_EXPECTS(a != axis::world, "mesh: the world of a hybrid is not split");
+      return world.group_split(color, key);
+    } else {
       return world.split(color, key);
+    }
   }
 
   /// A backend whose split does not order by key would break every plan: fail loudly.

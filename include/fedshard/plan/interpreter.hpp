@@ -265,6 +265,14 @@ class interpreter {
   const wire_log& wire() const noexcept { return log_; }
   /// The per-axis totals of wire().
   traffic_counters& traffic() noexcept { return log_.traffic(); }
+  /// The algorithm op runs with on this rank's communicator of its axis (of its members):
+  /// what the plan's closed forms follow, traffic_counters::of(p, times, algo) with
+  /// algo = [&](const comm_op& op) { return in.algorithm_of(op); }.
+  wire_algorithm algorithm_of(const comm_op& op) const {
+    if (op.members == 0) return algorithm_on(*taps_[index(op.axis)], op);
+    const auto m = members_.find(op.members);
+    return m == members_.end() ? wire_algorithm::ring : algorithm_on(*m->second.tap, op);
+  }
   /// The mesh the interpreter runs on.
   mesh<C>& topology() noexcept { return *mesh_; }
   const mesh<C>& topology() const noexcept { return *mesh_; }

@@ -2,15 +2,19 @@
 /// The wire tap: a Communicator decorator that records what each call actually moved.
 ///
 /// A wire_tap<C> forwards every call to the communicator it wraps and records, into a
-/// wire_log, the call as the wire saw it: kind, axis, dtype, array bytes (element count x
-/// dtype size, nccl-tests S: count x size() for all_gather and reduce_scatter) and the ranks,
-/// plus the time spent in the call or waiting for it. It knows nothing of plans: tests compare
-/// what it recorded with the plan the policies emitted. Point-to-point messages are counted by
-/// the sender; barriers and splits move no data and are not counted.
+/// wire_log, the call as issued: kind, axis, dtype, array bytes (element count x dtype size,
+/// nccl-tests S: count x size() for all_gather and reduce_scatter) and the ranks; what the
+/// backend reports the call moved (the difference of C's moved() around the call: bytes this
+/// rank sent and received, for the algorithm C really runs); and the time spent in the call or
+/// waiting for it. It knows nothing of plans: tests compare what it recorded with the plan the
+/// policies emitted (plan/traffic.hpp, moved_mismatch). Point-to-point messages are counted as
+/// calls by the sender (the receiver's bytes are added to its received bytes); barriers and
+/// splits move no data and are not counted.
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -25,13 +29,17 @@
 
 namespace fedshard {
 
-/// One call as the wire saw it.
+/// One call as issued, and what the backend reported it moved.
 struct wire_call {
   comm_kind kind = comm_kind::all_reduce;
   fedshard::axis axis = fedshard::axis::world;
   fedshard::dtype dtype = fedshard::dtype::f32;
   std::int64_t bytes = 0;  ///< array bytes (nccl-tests S)
   int ranks = 1;
+  /// What this rank sent and received in the call, as the backend reported it. Not part of
+  /// the comparisons below, which say whether the call is the one a plan's op makes
+  /// (wire_call::of); the bytes are checked against the plan's closed forms on their own.
+  moved_bytes moved{};
 
   /// The call a plan's op makes (for an encoded op, the all_gather of its wires: carried; for
   /// a send_recv or a send, the message it sends: a send_recv call of 2 ranks). A recv op's
@@ -42,8 +50,16 @@ struct wire_call {
     return {message ? comm_kind::send_recv : c.kind, c.axis, c.dtype, c.bytes,
             message ? 2 : c.ranks};
   }
-  friend bool operator==(const wire_call&, const wire_call&) = default;
-  friend auto operator<=>(const wire_call&, const wire_call&) = default;
+  /// The call as issued, as one value (what the comparisons compare).
+  std::tuple<comm_kind, fedshard::axis, fedshard::dtype, std::int64_t, int> issued() const {
+    return {kind, axis, dtype, bytes, ranks};
+  }
+  friend bool operator==(const wire_call& a, const wire_call& b) {
+    return a.issued() == b.issued();
+  }
+  friend auto operator<=>(const wire_call& a, const wire_call& b) {
+    return a.issued() <=> b.issued();
+  }
 };
 
 /// What one rank's taps recorded: per-axis counters and, when asked for, every call.
@@ -59,11 +75,13 @@ class wire_log {
   /// Returns the recorded calls and starts a new list.
   std::vector<wire_call> take_calls() { return std::exchange(calls_, {}); }
 
-  /// Records one call and the time spent in it.
+  /// Records one call, what it moved and the time spent in it.
   void record(const wire_call& c, double seconds) {
-    traffic_.record(c.axis, c.kind, c.bytes, c.ranks, seconds);
+    traffic_.record(c.axis, c.kind, c.bytes, c.ranks, seconds, c.moved);
     if (keep_) calls_.push_back(c);
   }
+  /// Adds bytes a call moved without counting a call (a receive: its send is the call).
+  void add_moved(fedshard::axis a, moved_bytes m) { traffic_.record_moved(a, m); }
   /// Adds time spent waiting for a call already recorded.
   void add_time(fedshard::axis a, double seconds) { traffic_.add_time(a, seconds); }
 
@@ -124,6 +142,12 @@ class wire_tap {
 
   int rank() const { return c_->rank(); }
   int size() const { return c_->size(); }
+  /// The wrapped communicator's bytes moved (so a tap of a tap counts once per log).
+  moved_bytes moved() const { return c_->moved(); }
+  /// The wrapped communicator's algorithm.
+  wire_algorithm algorithm_of(collective k, std::int64_t n, dtype t) const {
+    return c_->algorithm_of(k, n, t);
+  }
   /// The axis the tap records on.
   fedshard::axis on() const noexcept { return axis_; }
   /// The wrapped communicator.
@@ -145,7 +169,9 @@ class wire_tap {
     timed(comm_kind::send_recv, t, n, [&] { c_->send(buf, n, t, peer, tag); });
   }
   void recv(void* buf, std::int64_t n, dtype t, int peer, int tag = 0) {
+    const moved_bytes before = c_->moved();
     c_->recv(buf, n, t, peer, tag);
+    log_->add_moved(axis_, c_->moved() - before);
   }
   void barrier() { c_->barrier(); }
 
@@ -170,7 +196,10 @@ class wire_tap {
                    [&] { return c_->send_async(buf, n, t, peer, tag); });
   }
   request recv_async(void* buf, std::int64_t n, dtype t, int peer, int tag = 0) {
-    return c_->recv_async(buf, n, t, peer, tag);
+    const moved_bytes before = c_->moved();
+    request r = c_->recv_async(buf, n, t, peer, tag);
+    log_->add_moved(axis_, c_->moved() - before);
+    return r;
   }
 
   /// A tap on the communicator split from the wrapped one (same axis and log).
@@ -183,21 +212,23 @@ class wire_tap {
   wire_tap(std::unique_ptr<C> owned, axis a, wire_log& log)
       : owned_(std::move(owned)), c_(owned_.get()), axis_(a), log_(&log) {}
 
-  wire_call call(comm_kind k, dtype t, std::int64_t elems) const {
+  wire_call call(comm_kind k, dtype t, std::int64_t elems, moved_bytes moved) const {
     const std::int64_t bytes = is_valid(t) ? elems * static_cast<std::int64_t>(size_of(t)) : 0;
-    return {k, axis_, t, bytes, k == comm_kind::send_recv ? 2 : size()};
+    return {k, axis_, t, bytes, k == comm_kind::send_recv ? 2 : size(), moved};
   }
   template <class F>
   void timed(comm_kind k, dtype t, std::int64_t elems, F&& f) {
     const auto t0 = detail::tap_clock::now();
+    const moved_bytes before = c_->moved();
     f();
-    log_->record(call(k, t, elems), detail::seconds_since(t0));
+    log_->record(call(k, t, elems, c_->moved() - before), detail::seconds_since(t0));
   }
   template <class F>
   request started(comm_kind k, dtype t, std::int64_t elems, F&& f) {
     const auto t0 = detail::tap_clock::now();
+    const moved_bytes before = c_->moved();
     request r = f();
-    log_->record(call(k, t, elems), detail::seconds_since(t0));
+    log_->record(call(k, t, elems, c_->moved() - before), detail::seconds_since(t0));
     return request(std::make_unique<detail::timed_request>(std::move(r), log_, axis_));
   }
 

@@ -577,6 +577,12 @@ struct price_options {
   /// Per-rank compute variability (straggler.hpp); cv = 0 (the default) prices exactly as
   /// without it.
   straggler_model stragglers{};
+  /// The backend's small all_reduce: one whose ranks x S is at most this many bytes gathers
+  /// every input and reduces locally (wire_algorithm::gather_all, comm/communicator.hpp), as
+  /// mpi (mpi::options::small_all_reduce_bytes, 64 KiB) and gloo (256 KiB) run it, and is
+  /// priced so: as the all_gather of the ranks' whole inputs, (n-1) S sent per rank instead of
+  /// a ring's 2 (n-1)/n S. 0 (the default): every all_reduce a ring, as NCCL runs it.
+  std::int64_t gather_all_bytes = 0;
 };
 
 /// The price of one axis for one rank.
@@ -652,6 +658,22 @@ using op_key = std::tuple<comm_kind, axis, std::int64_t, phase, trigger, int, in
 
 inline op_key key_of(const comm_op& op) {
   return {op.kind, op.axis, op.bytes, op.phase, op.trigger, op.unit, op.fragment};
+}
+
+/// The ops of p as the modelled backend runs them: a plain all_reduce that gathers every
+/// input (price_options::gather_all_bytes) becomes the all_gather of the ranks' whole inputs
+/// (ranks x S, the same bytes: moved_total(op, gather_all)), so it is priced, and its bytes
+/// counted, as that algorithm moves them, not as a ring.
+inline plan as_run(plan p, const price_options& o) {
+  for (comm_op& op : p.ops) {
+    const bool gathers = op.kind == comm_kind::all_reduce && !encoded(op) && op.ranks > 1 &&
+                         op.bytes * op.ranks <= o.gather_all_bytes;
+    if (!gathers) continue;
+    op.kind = comm_kind::all_gather;
+    op.bytes *= op.ranks;
+    op.reduce.reset();
+  }
+  return p;
 }
 
 /// Seconds one rank's codec kernels take for encoded op `op` on cluster c: encoding its
@@ -840,7 +862,7 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
                    o.stragglers.cv);
   const placement place(shape, c);
   const flat_layout layout = a.layout(std::move(units), shape);
-  const plan step_ops = a.step_plan(layout, shape, o.precision);
+  const plan step_ops = detail::as_run(a.step_plan(layout, shape, o.precision), o);
   const int W = shape.size();
   const bool syncs = a.syncs();
   const sync_cadence& cadence = a.cadence();
@@ -849,7 +871,8 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
   std::vector<std::vector<plan>> sync_ops(static_cast<std::size_t>(W));
   if (syncs)
     for (int r = 0; r < W; ++r)
-      sync_ops[static_cast<std::size_t>(r)] = a.sync_plans(layout, shape, r);
+      for (const plan& p : a.sync_plans(layout, shape, r))
+        sync_ops[static_cast<std::size_t>(r)].push_back(detail::as_run(p, o));
 
   detail::span_cache spans(place);
   // NIC sharing per rank: every rank runs every step op, so it depends on the axis alone; the

@@ -54,9 +54,9 @@
 #include <utility>
 #include <vector>
 
-#include "fedshard/comm/communicator.hpp"
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
+#include "fedshard/core/timeout.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/kernels/cast.hpp"
 #include "fedshard/kernels/for_each.hpp"

@@ -62,6 +62,25 @@ inline const char* to_string(op_kind k) {
   return "unknown";
 }
 
+/// The op_kind of a collective.
+constexpr op_kind kind_of(collective k) noexcept {
+  switch (k) {
+    case collective::all_reduce: return op_kind::all_reduce;
+    case collective::all_gather: return op_kind::all_gather;
+    case collective::reduce_scatter: return op_kind::reduce_scatter;
+    case collective::broadcast: return op_kind::broadcast;
+  }
+  return op_kind::barrier;
+}
+
+/// What a send (is_send) or a receive of n elements of t between this rank `me` and `peer`
+/// moves between ranks: the message, or nothing for a message to oneself or a bad argument.
+inline moved_bytes p2p_moved(bool is_send, std::int64_t n, dtype t, int me, int peer) {
+  if (peer == me || n <= 0 || !is_valid(t)) return {};
+  const std::int64_t b = n * static_cast<std::int64_t>(size_of(t));
+  return is_send ? moved_bytes{b, 0} : moved_bytes{0, b};
+}
+
 /// True for the collectives that take a reduce_op.
 inline bool is_reduction(op_kind k) {
   return k == op_kind::all_reduce || k == op_kind::reduce_scatter;
