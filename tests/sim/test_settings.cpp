@@ -22,7 +22,7 @@ using fedshard::test::small_gpt;
 namespace {
 
 constexpr double inf = std::numeric_limits<double>::infinity();
-const double nan = std::nan("");
+const double not_a_number = std::numeric_limits<double>::quiet_NaN();
 
 /// True when f throws invalid_argument whose message holds every one of parts.
 template <class F>
@@ -50,7 +50,7 @@ TEST_CASE("the presets and a cluster whose links are free pass the checks") {
 }
 
 TEST_CASE("negative, zero and NaN bandwidths are refused, naming the level") {
-  for (const double bad : {-1.0, 0.0, nan}) {
+  for (const double bad : {-1.0, 0.0, not_a_number}) {
     CAPTURE(bad);
     cluster c = a100_4gpu_node();
     c.intra.bandwidth = bad;
@@ -75,7 +75,7 @@ TEST_CASE("negative, zero and NaN bandwidths are refused, naming the level") {
 }
 
 TEST_CASE("negative, infinite and NaN latencies are refused") {
-  for (const double bad : {-1e-6, inf, nan}) {
+  for (const double bad : {-1e-6, inf, not_a_number}) {
     CAPTURE(bad);
     cluster c = a100_4gpu_node();
     c.intra.alpha = bad;
@@ -106,17 +106,17 @@ TEST_CASE("counts, FLOP rates, MFU and oversubscription out of range are refused
     c.nics_per_node = bad;
     CHECK(refused_with([&] { c.check(); }, {"nics_per_node"}));
   }
-  for (const double bad : {-312e12, inf, nan}) {
+  for (const double bad : {-312e12, inf, not_a_number}) {
     c = a100_4gpu_node();
     c.peak_flops = bad;
     CHECK(refused_with([&] { c.check(); }, {"peak_flops: expected a finite FLOP rate >= 0"}));
   }
-  for (const double bad : {0.0, -0.5, 1.5, nan}) {
+  for (const double bad : {0.0, -0.5, 1.5, not_a_number}) {
     c = a100_4gpu_node();
     c.default_mfu = bad;
     CHECK(refused_with([&] { c.check(); }, {"default_mfu: expected a fraction in (0, 1]"}));
   }
-  for (const double bad : {0.5, 0.0, -2.0, inf, nan}) {
+  for (const double bad : {0.5, 0.0, -2.0, inf, not_a_number}) {
     c = a100_4gpu_node();
     c.inter.oversubscription = bad;
     CHECK(refused_with([&] { c.check(); },
@@ -131,7 +131,11 @@ TEST_CASE("counts, FLOP rates, MFU and oversubscription out of range are refused
         compute_model{0, 0.5}.seconds(gpt2_small(), 1, 8);
       },
       {"peak_flops > 0"}));
-  CHECK(refused_with([] { compute_model{nan, 0.5}.seconds(gpt2_small(), 1, 8); }, {"peak_flops"}));
+  CHECK(refused_with(
+      [] {
+        compute_model{not_a_number, 0.5}.seconds(gpt2_small(), 1, 8);
+      },
+      {"peak_flops"}));
   CHECK(refused_with([] { compute_model{inf, 0.5}.seconds(gpt2_small(), 1, 8); }, {"peak_flops"}));
 }
 
@@ -145,7 +149,7 @@ TEST_CASE("pricing refuses a bad cluster before it prices anything") {
       },
       {"nic_bandwidth"}));
   c = a100_4gpu_node();
-  c.wan.bandwidth = nan;
+  c.wan.bandwidth = not_a_number;
   c.sites = 2;
   CHECK(refused_with(
       [&] {
@@ -167,12 +171,12 @@ TEST_CASE("a workload out of range is refused, naming the setting") {
   w = small_gpt();
   w.seq = -1;
   CHECK(refused_with([&] { w.check(); }, {"micro_batch and seq"}));
-  for (const double bad : {-0.1, 1.5, nan}) {
+  for (const double bad : {-0.1, 1.5, not_a_number}) {
     w = small_gpt();
     w.mfu = bad;
     CHECK(refused_with([&] { w.check(); }, {"mfu must be in [0, 1]"}));
   }
-  for (const double bad : {-1e-3, inf, nan}) {
+  for (const double bad : {-1e-3, inf, not_a_number}) {
     w = small_gpt();
     w.seconds_per_token = bad;
     CHECK(refused_with([&] { w.check(); }, {"seconds_per_token must be a finite number >= 0"}));
