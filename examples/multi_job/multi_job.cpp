@@ -646,7 +646,10 @@ int run_launcher(const settings& s, int argc, char** argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (redis) {
+  if (redis && redis->exited()) {  // died after the groups (which it made fail): never signalled
+    say(tag + "redis-server died (" + redis->process().describe() + ")");
+    failed = true;
+  } else if (redis) {
     redis->stop();
     say(tag + "redis-server stopped");
   }
