@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "charlm/charlm.hpp"
+#include "common/cli.hpp"
 #include "fedshard/comm/inproc.hpp"
 #include "fedshard/comm/shaped.hpp"
 #include "fedshard/mesh/mesh.hpp"
@@ -87,11 +89,10 @@ struct result {
   std::vector<curve_point> curve;
 };
 
-[[noreturn]] inline void usage(const char* msg, std::string_view program = "fedshard-demo") {
-  std::cerr
-      << program << ": " << msg << "\n"
-      << "usage: " << program
-      << " [--corpus PATH] [--steps N] [--batch N] [--hidden N]\n"
+/// The --help text of the demo's options (fedshard-demo, fedshard-sim --predict-demo).
+inline std::string usage_text(std::string_view program = "fedshard-demo") {
+  return std::string("usage: ") + std::string(program) +
+         " [--corpus PATH] [--steps N] [--batch N] [--hidden N]\n"
          "       [--experts X] [--expert-hidden F] [--expert-copies C]\n"
          "       [--ranks N] [--groups G] [--group-shapes RxS,RxS,...]\n"
          "       [--slow-site S] [--slow-factor F]\n"
@@ -124,121 +125,11 @@ struct result {
          "  shards each, one site each; sets --ranks and --groups); rows whose policy cannot\n"
          "  sync such groups are skipped\n"
          "  --slow-site S: site S's link is --slow-factor times slower (default 10; bandwidth\n"
-         "  / F, latency x F); a pair of sites talks at the slower of its two links\n";
-  std::exit(2);
-}
-
-/// The demo settings of args[first, argc); usage(program) on a bad one.
-inline settings parse(int argc, char** argv, int first = 1,
-                      std::string_view program = "fedshard-demo") {
-  settings s;
-  for (int i = first; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(("missing value after " + a).c_str(), program);
-      return argv[++i];
-    };
-    auto number = [&](double lo) {
-      const std::string v = value();
-      char* end = nullptr;
-      const double d = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || !(d >= lo))
-        usage((a + " expects a number >= " + std::to_string(lo) + ", found '" + v + "'").c_str(),
-              program);
-      return d;
-    };
-    if (a == "--corpus")
-      s.corpus = value();
-    else if (a == "--steps")
-      s.steps = static_cast<int>(number(1));
-    else if (a == "--batch")
-      s.batch = static_cast<int>(number(1));
-    else if (a == "--hidden")
-      s.hidden = static_cast<int>(number(1));
-    else if (a == "--experts")
-      s.experts = static_cast<int>(number(0));
-    else if (a == "--expert-hidden")
-      s.expert_hidden = static_cast<int>(number(1));
-    else if (a == "--expert-copies")
-      s.expert_copies = static_cast<int>(number(1));
-    else if (a == "--ranks")
-      s.ranks = static_cast<int>(number(1));
-    else if (a == "--groups")
-      s.groups = static_cast<int>(number(1));
-    else if (a == "--group-shapes") {
-      try {
-        s.group_shapes = fedshard::parse_group_shapes(value());
-      } catch (const fedshard::invalid_argument& e) {
-        usage(e.what(), program);
-      }
-    } else if (a == "--slow-site")
-      s.slow_site = static_cast<int>(number(0));
-    else if (a == "--slow-factor")
-      s.slow_factor = number(1);
-    else if (a == "--eval-every")
-      s.eval_every = static_cast<int>(number(1));
-    else if (a == "--eval-examples")
-      s.eval_examples = static_cast<int>(number(8));
-    else if (a == "--bandwidth-gbit")
-      s.bandwidth_gbit = number(1e-6);
-    else if (a == "--latency-ms")
-      s.latency_ms = number(0);
-    else if (a == "--lr")
-      s.lr = static_cast<float>(number(0));
-    else if (a == "--seed")
-      s.seed = static_cast<std::uint64_t>(number(0));
-    else if (a == "--out")
-      s.out = value();
-    else if (a == "--k")
-      s.k = static_cast<int>(number(1));
-    else if (a == "--h")
-      s.h = static_cast<int>(number(1));
-    else if (a == "--fragments")
-      s.fragments = static_cast<int>(number(1));
-    else if (a == "--delay")
-      s.delay = static_cast<int>(number(0));
-    else if (a == "--scape-density")
-      s.scape_density = number(1e-9);
-    else if (a == "--scape-refresh")
-      s.scape_refresh = static_cast<int>(number(1));
-    else if (a == "--scape-dense-steps")
-      s.scape_dense_steps = static_cast<int>(number(1));
-    else if (a == "--scape-dense-every")
-      s.scape_dense_every = static_cast<int>(number(0));
-    else if (a == "--scape-per-tensor")
-      s.scape_per_tensor = number(0) != 0;
-    else if (a == "--scape-dense-below")
-      s.scape_dense_below = static_cast<std::int64_t>(number(0));
-    else if (a == "--algorithms") {
-      s.algorithms.clear();
-      std::stringstream ss(value());
-      for (std::string x; std::getline(ss, x, ',');) s.algorithms.push_back(x);
-    } else if (a == "--help" || a == "-h")
-      usage("help", program);
-    else
-      usage(("unknown option " + a).c_str(), program);
-  }
-  if (!s.group_shapes.empty()) {
-    s.groups = static_cast<int>(s.group_shapes.size());
-    s.ranks = 0;
-    for (const auto& g : s.group_shapes) s.ranks += g.size();
-  }
-  if (s.group_shapes.empty() && s.ranks % s.groups != 0)
-    usage(("--ranks " + std::to_string(s.ranks) + " do not split into --groups " +
-           std::to_string(s.groups))
-              .c_str(),
-          program);
-  if (s.expert_copies > s.groups)
-    usage(("--expert-copies " + std::to_string(s.expert_copies) + " is more than the " +
-           std::to_string(s.groups) + " groups")
-              .c_str(),
-          program);
-  if (s.slow_site >= s.groups)
-    usage(("--slow-site " + std::to_string(s.slow_site) + " is not one of the " +
-           std::to_string(s.groups) + " sites (0 .. groups - 1)")
-              .c_str(),
-          program);
-  return s;
+         "  / F, latency x F); a pair of sites talks at the slower of its two links\n"
+         "  --hidden and --expert-hidden at most 4096, --ranks at most 256, --batch at most\n"
+         "  4096, --eval-examples at most 65536. A bad value (out of its range, not a number,\n"
+         "  an unknown option or algorithm) is refused with a message and exit status 2\n"
+         "  before anything runs.\n";
 }
 
 /// Groups holding each expert in the fomoe row: --expert-copies, by default G - 1 (at least
@@ -494,12 +385,136 @@ inline fedshard::trainer_options<fedshard::fl_scape_fsdp> scape_options(const se
   return o;
 }
 
+/// Upper limits of the demo's settings (larger values are refused): a charlm of width 4096
+/// has 17.7 M parameters, about 3 GB of training state over 8 ranks; more ranks than 256
+/// threads, or wider batches, would not run in any reasonable time on one machine.
+inline constexpr int max_hidden = 4096;
+inline constexpr int max_ranks = 256;
+inline constexpr int max_batch = 4096;
+inline constexpr int max_eval_examples = 65536;
+inline constexpr int max_experts = 64;
+inline constexpr int max_steps = 10'000'000;
+
+/// True when `name` is a row the demo can train: an alias of fedshard::for_each_algorithm or
+/// one of rows().
+inline bool known_algorithm(std::string_view name) {
+  bool known =
+      std::any_of(rows().begin(), rows().end(), [&](const row_spec& r) { return r.name == name; });
+  fedshard::for_each_algorithm([&]<class A>(std::string_view alias) { known |= alias == name; });
+  return known;
+}
+
+/// Every row name known_algorithm accepts, comma-separated.
+inline std::string known_algorithms() {
+  std::vector<std::string> names;
+  auto add = [&](std::string_view n) {
+    if (std::find(names.begin(), names.end(), n) == names.end()) names.emplace_back(n);
+  };
+  for (const auto& r : rows()) add(r.name);
+  fedshard::for_each_algorithm([&]<class A>(std::string_view alias) { add(alias); });
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ",") + n;
+  return out;
+}
+
+/// Declares the demo's options on p, writing into s.
+inline void declare_options(cli::parser& p, settings& s) {
+  const cli::bounds positive_time = cli::closed(0, 1e6);
+  p.text("--corpus", s.corpus)
+      .integer("--steps", s.steps, 1, max_steps)
+      .integer("--batch", s.batch, 1, max_batch)
+      .integer("--hidden", s.hidden, 1, max_hidden)
+      .integer("--experts", s.experts, 0, max_experts)
+      .integer("--expert-hidden", s.expert_hidden, 1, max_hidden)
+      .integer("--expert-copies", s.expert_copies, 1, max_ranks)
+      .integer("--ranks", s.ranks, 1, max_ranks)
+      .integer("--groups", s.groups, 1, max_ranks)
+      .custom("--group-shapes",
+              [&s](const std::string&, const std::string& v) {
+                s.group_shapes = fedshard::parse_group_shapes(v);
+              })
+      .integer("--slow-site", s.slow_site, 0, max_ranks - 1)
+      .real("--slow-factor", s.slow_factor, cli::closed(1, 1e6))
+      .integer("--eval-every", s.eval_every, 1, max_steps)
+      .integer("--eval-examples", s.eval_examples, 8, max_eval_examples)
+      .real("--bandwidth-gbit", s.bandwidth_gbit, cli::closed(1e-6, 1e6))
+      .real("--latency-ms", s.latency_ms, positive_time)
+      .real("--lr", s.lr, cli::closed(0, 10))
+      .integer("--seed", s.seed, 0, std::numeric_limits<std::uint64_t>::max())
+      .text("--out", s.out)
+      .integer("--k", s.k, 1, max_steps)
+      .integer("--h", s.h, 1, max_steps)
+      .integer("--fragments", s.fragments, 1, 1024)
+      .integer("--delay", s.delay, 0, max_steps)
+      .real("--scape-density", s.scape_density, cli::above(0, 1))
+      .integer("--scape-refresh", s.scape_refresh, 1, max_steps)
+      .integer("--scape-dense-steps", s.scape_dense_steps, 1, max_steps)
+      .integer("--scape-dense-every", s.scape_dense_every, 0, max_steps)
+      .custom("--scape-per-tensor",
+              [&s](const std::string& o, const std::string& v) {
+                s.scape_per_tensor = cli::parse_integer<int>(o, v, 0, 1) == 1;
+              })
+      .integer("--scape-dense-below", s.scape_dense_below, 0, std::int64_t{1} << 40)
+      .custom("--algorithms", [&s](const std::string& o, const std::string& v) {
+        s.algorithms = cli::parse_items(o, v);
+        for (const auto& a : s.algorithms)
+          if (!known_algorithm(a))
+            cli::fail(o + " expects names from " + known_algorithms() + ", found '" + a + "'");
+      });
+}
+
+/// The checks between settings, after every option is read.
+inline void check_settings(settings& s) {
+  using fedshard::detail::concat;
+  if (!s.group_shapes.empty()) {
+    s.groups = static_cast<int>(s.group_shapes.size());
+    std::int64_t ranks = 0;
+    for (const auto& g : s.group_shapes) ranks += std::int64_t{g.replicas} * g.shards;
+    if (ranks > max_ranks)
+      cli::fail(concat("--group-shapes expects at most ", max_ranks, " ranks in all, found ", ranks,
+                       " in '", fedshard::to_string(s.group_shapes), "'"));
+    s.ranks = static_cast<int>(ranks);
+  }
+  if (s.group_shapes.empty() && s.ranks % s.groups != 0)
+    cli::fail(concat("--ranks ", s.ranks, " do not split into --groups ", s.groups));
+  if (s.expert_copies > s.groups)
+    cli::fail(
+        concat("--expert-copies ", s.expert_copies, " is more than the ", s.groups, " groups"));
+  if (s.slow_site >= s.groups)
+    cli::fail(concat("--slow-site ", s.slow_site, " is not one of the ", s.groups,
+                     " sites (0 .. groups - 1)"));
+  if (s.eval_examples < s.ranks)
+    cli::fail(concat("--eval-examples expects at least one example per rank (>= ", s.ranks,
+                     "), found ", s.eval_examples));
+  for (const auto& a : s.algorithms)
+    if (row_of(a).needs_experts && s.experts == 0)
+      cli::fail("--algorithms " + a +
+                " needs the model's experts: expected --experts >= 1, "
+                "found 0");
+}
+
+/// The demo settings of args[first, argc); fedshard::invalid_argument naming the option for
+/// a bad one (cli.hpp's rules); --help prints usage_text(program) and exits 0.
+inline settings parse(int argc, char** argv, int first = 1,
+                      std::string_view program = "fedshard-demo") {
+  settings s;
+  cli::parser p;
+  declare_options(p, s);
+  p.flag("--help", [program] {
+     std::fputs(usage_text(program).c_str(), stdout);
+     std::exit(0);
+   }).alias("-h", "--help");
+  p.parse(argc, argv, first);
+  check_settings(s);
+  return s;
+}
+
 /// Trains the alias `name` of fedshard::for_each_algorithm on its demo mesh with its demo
 /// settings; nullopt for a name that is not an alias.
 inline std::optional<result> train_named(const std::string& name, const settings& s,
                                          const charlm::corpus& data) {
   if (row_of(name).needs_experts && s.experts == 0)
-    usage(("the row " + name + " needs the model's experts (--experts X)").c_str());
+    cli::fail("the row " + name + " needs the model's experts (--experts X)");
   // The rows whose aliases are not in for_each_algorithm's list: fomoe places expert e on
   // groups e, e + 1, ... mod G (charlm::model::ownership; dense units everywhere), gasloc
   // gossips with one random peer per round, scape is fl_fsdp with SCAPE inside each group

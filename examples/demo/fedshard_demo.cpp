@@ -7,6 +7,10 @@
 // the link is emulated, the training is real). The output is a table of tokens/s, eval
 // perplexity, bytes per rank on each mesh axis and time in communication, and CSV curves of
 // eval perplexity against time and tokens (examples/plot_curves.py renders them).
+//
+// Bad input (an option out of its range or not a number, an unknown option or algorithm, an
+// --out that cannot be written, a corpus that cannot be read) is refused before any training
+// with one line on stderr and exit status 2 (common/cli.hpp); a failure while running exits 1.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +28,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/cli.hpp"
 #include "demo/demo_run.hpp"
 
 namespace {
@@ -43,16 +48,15 @@ std::string human_bytes(double b) {
   return buf;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+/// The demo: every check of its input (options, --out, the corpus) before any training.
+int run(int argc, char** argv) {
   const demo::settings s = demo::parse(argc, argv);
+  cli::check_writable_dir("--out", s.out);
   charlm::corpus data;
   try {
     data = charlm::corpus::load(s.corpus);
-  } catch (const std::exception& e) {
-    std::cerr << "fedshard-demo: " << e.what() << "\n";
-    return 1;
+  } catch (const fedshard::invalid_argument& e) {
+    cli::fail(std::string("--corpus: ") + e.what());
   }
   std::printf("fedshard-demo: %zu characters of %s (alphabet %d), %d inproc ranks on %d sites\n",
               data.ids.size(), s.corpus.c_str(), data.vocab(), s.ranks, s.groups);
@@ -95,7 +99,7 @@ int main(int argc, char** argv) {
       std::printf("  skipped: %s\n", e.what());
       continue;
     }
-    if (!r) demo::usage(("unknown algorithm '" + a + "'").c_str());
+    if (!r) cli::fail("--algorithms: unknown algorithm '" + a + "'");
     results.push_back(std::move(*r));
   }
 
@@ -123,14 +127,21 @@ int main(int argc, char** argv) {
         r.comm_seconds, speed);
   }
 
-  std::filesystem::create_directories(s.out);
   const auto csv = std::filesystem::path(s.out) / "curves.csv";
   std::ofstream f(csv);
   f << "algorithm,step,tokens,seconds,eval_ppl\n";
   for (const auto& r : results)
     for (const auto& p : r.curve)
       f << r.name << "," << p.step << "," << p.tokens << "," << p.seconds << "," << p.ppl << "\n";
+  if (!f.flush())  // writable when checked up front, so a failure while running: exit 1
+    throw fedshard::backend_error("cannot write " + csv.string());
   std::printf("\nCurves written to %s (render: python3 examples/plot_curves.py %s)\n",
               csv.string().c_str(), csv.string().c_str());
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return cli::run_main("fedshard-demo", [&] { return run(argc, argv); });
 }

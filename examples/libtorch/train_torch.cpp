@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include <fedshard/comm/inproc.hpp>
@@ -20,6 +21,7 @@
 #include <fedshard/trainer/algorithm.hpp>
 #include <fedshard/trainer/trainer.hpp>
 
+#include "../common/cli.hpp"
 #include "torch_model.hpp"
 
 namespace {
@@ -37,15 +39,8 @@ torch::Tensor mse(net_t& net, const fedshard_torch::batch& b) {
   return torch::mse_loss(net->forward(b.input), b.target);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 300;
-  const int period = argc > 2 ? std::atoi(argv[2]) : 4;
-  if (argc > 3 || steps < 1 || period < 1) {
-    std::fprintf(stderr, "usage: train_torch [steps >= 1] [K >= 1]\n");
-    return 2;
-  }
+/// Trains for `steps` steps, averaging every `period`.
+int train(int steps, int period) {
   constexpr int kRanks = 4;
   torch::set_num_threads(1);  // the ranks are threads: one torch thread each
 
@@ -93,5 +88,19 @@ int main(int argc, char** argv) {
           t.traffic()[fedshard::axis::federation].wire_bytes,
           t.traffic()[fedshard::axis::shard].wire_bytes, t.engine().peak_live_units(),
           t.engine().max_live_units());
+  });
+  return 0;
+}
+
+}  // namespace
+
+// Bad arguments ("2.5", "8x", 0, more than two) exit 2 with one line on stderr (common/cli.hpp).
+int main(int argc, char** argv) {
+  return cli::run_main("train_torch", [&] {
+    if (argc > 3)
+      cli::fail("expected at most 2 arguments, [steps] [K], found " + std::to_string(argc - 1));
+    const int steps = argc > 1 ? cli::parse_integer<int>("steps", argv[1], 1, 1000000) : 300;
+    const int period = argc > 2 ? cli::parse_integer<int>("K", argv[2], 1, 1000000) : 4;
+    return train(steps, period);
   });
 }

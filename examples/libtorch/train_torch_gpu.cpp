@@ -10,8 +10,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "../common/cli.hpp"
 #include "torch_device_model.hpp"
 
 namespace {
@@ -25,15 +27,8 @@ fedshard_torch::batch make_batch(at::Generator& gen, std::int64_t n) {
   return {x, y};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 300;
-  const int period = argc > 2 ? std::atoi(argv[2]) : 4;
-  if (argc > 3 || steps < 1 || period < 1) {
-    std::fprintf(stderr, "usage: train_torch_gpu [steps >= 1] [K >= 1]\n");
-    return 2;
-  }
+/// Trains for `steps` steps, averaging every `period`.
+int train(int steps, int period) {
   if (fedshard_torch::bridge::cuda_device_count() == 0) {
     std::printf("train_torch_gpu: no CUDA device, nothing to do\n");
     return 77;
@@ -94,4 +89,17 @@ int main(int argc, char** argv) {
       "gathered units live\n",
       before, after, res.peak_live_units[0]);
   return after < before ? 0 : 1;
+}
+
+}  // namespace
+
+// Bad arguments ("2.5", "8x", 0, more than two) exit 2 with one line on stderr (common/cli.hpp).
+int main(int argc, char** argv) {
+  return cli::run_main("train_torch_gpu", [&] {
+    if (argc > 3)
+      cli::fail("expected at most 2 arguments, [steps] [K], found " + std::to_string(argc - 1));
+    const int steps = argc > 1 ? cli::parse_integer<int>("steps", argv[1], 1, 1000000) : 300;
+    const int period = argc > 2 ? cli::parse_integer<int>("K", argv[2], 1, 1000000) : 4;
+    return train(steps, period);
+  });
 }

@@ -42,6 +42,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -50,6 +51,7 @@
 #include <vector>
 
 #include "charlm/charlm.hpp"
+#include "common/cli.hpp"
 #include "fedshard/comm/elastic.hpp"
 #include "fedshard/comm/gloo.hpp"
 #include "fedshard/comm/hybrid.hpp"
@@ -99,94 +101,82 @@ struct settings {
   int life = 0;  // 0: first start, 1: restarted by the launcher
 };
 
-[[noreturn]] void usage(const std::string& msg) {
-  std::fprintf(
-      stderr,
-      "fedshard-multi-job: %s\n"
-      "usage: fedshard-multi-job [--groups G] [--replicas R] [--shards S] [--steps N] [--k K]\n"
-      "       [--hidden H] [--batch B] [--eval-examples N] [--lr LR] [--seed S] [--corpus PATH]\n"
-      "       [--join-timeout SECONDS] [--op-timeout SECONDS]\n"
-      "       [--kill-group g --kill-at-step s [--restart-after SECONDS]]\n"
-      "       [--redis-server PATH] [--timeout SECONDS]\n"
-      "  launcher (default): starts redis-server on 127.0.0.1 and G group processes of R x S\n"
-      "  thread ranks (default 3 x 1 x 2) training a char-level LM with fl_hsdp (sync every K\n"
-      "  steps); --kill-group/--kill-at-step make group g SIGKILL itself at step s,\n"
-      "  --restart-after restarts it that many seconds after it died.\n"
-      "  group role (started by the launcher): --group g --store redis://HOST:PORT | file://DIR\n"
-      "  [--life 1]\n",
-      msg.c_str());
-  std::exit(2);
+/// The --help text.
+std::string usage_text() {
+  return "usage: fedshard-multi-job [--groups G] [--replicas R] [--shards S] [--steps N] [--k K]\n"
+         "       [--hidden H] [--batch B] [--eval-examples N] [--lr LR] [--seed S] [--corpus "
+         "PATH]\n"
+         "       [--join-timeout SECONDS] [--op-timeout SECONDS]\n"
+         "       [--kill-group g --kill-at-step s [--restart-after SECONDS]]\n"
+         "       [--redis-server PATH] [--timeout SECONDS]\n"
+         "  launcher (default): starts redis-server on 127.0.0.1 and G group processes of R x S\n"
+         "  thread ranks (default 3 x 1 x 2) training a char-level LM with fl_hsdp (sync every K\n"
+         "  steps); --kill-group/--kill-at-step make group g SIGKILL itself at step s,\n"
+         "  --restart-after restarts it that many seconds after it died.\n"
+         "  group role (started by the launcher): --group g --store redis://HOST:PORT | "
+         "file://DIR\n"
+         "  [--life 1]\n"
+         "  Limits: G <= 64, R x S <= 64 ranks, --hidden <= 4096, --batch <= 4096,\n"
+         "  --eval-examples <= 65536. A bad value exits 2 with a message before anything starts.\n";
 }
 
+constexpr int max_groups = 64;
+constexpr int max_ranks = 64;  // thread ranks of one group, R x S
+constexpr int max_steps = 10'000'000;
+
+/// Declares the options on p, writing into s.
+void declare_options(cli::parser& p, settings& s) {
+  const cli::bounds seconds_bounds = cli::closed(1e-3, 86400);
+  p.integer("--groups", s.groups, 1, max_groups)
+      .integer("--replicas", s.replicas, 1, max_ranks)
+      .integer("--shards", s.shards, 1, max_ranks)
+      .integer("--steps", s.steps, 1, max_steps)
+      .integer("--k", s.k, 1, max_steps)
+      .integer("--hidden", s.hidden, 1, 4096)
+      .integer("--batch", s.batch, 1, 4096)
+      .integer("--eval-examples", s.eval_examples, 8, 65536)
+      .real("--lr", s.lr, cli::closed(0, 10))
+      .integer("--seed", s.seed, 0, std::numeric_limits<std::uint64_t>::max())
+      .text("--corpus", s.corpus)
+      .real("--join-timeout", s.join_timeout, seconds_bounds)
+      .real("--op-timeout", s.op_timeout, seconds_bounds)
+      .integer("--kill-group", s.kill_group, 0, max_groups - 1)
+      .integer("--kill-at-step", s.kill_at_step, 0, max_steps)
+      .real("--restart-after", s.restart_after, cli::closed(0, 86400))
+      .text("--redis-server", s.redis_server)
+      .real("--timeout", s.timeout, cli::closed(1, 7 * 86400))
+      .integer("--group", s.group, 0, max_groups - 1)
+      .text("--store", s.store)
+      .integer("--life", s.life, 0, 1)
+      .flag("--help",
+            [] {
+              std::fputs(usage_text().c_str(), stdout);
+              std::exit(0);
+            })
+      .alias("-h", "--help");
+}
+
+/// The settings of the command line; fedshard::invalid_argument naming the option for a bad
+/// one (common/cli.hpp's rules) or for settings that do not go together.
 settings parse(int argc, char** argv) {
   settings s;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage("missing value after " + a);
-      return argv[++i];
-    };
-    auto number = [&](double lo) {
-      const std::string v = value();
-      char* end = nullptr;
-      const double d = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || !(d >= lo))
-        usage(concat(a, " expects a number >= ", lo, ", found '", v, "'"));
-      return d;
-    };
-    auto integer = [&](double lo) { return static_cast<int>(number(lo)); };
-    if (a == "--groups")
-      s.groups = integer(1);
-    else if (a == "--replicas")
-      s.replicas = integer(1);
-    else if (a == "--shards")
-      s.shards = integer(1);
-    else if (a == "--steps")
-      s.steps = integer(1);
-    else if (a == "--k")
-      s.k = integer(1);
-    else if (a == "--hidden")
-      s.hidden = integer(1);
-    else if (a == "--batch")
-      s.batch = integer(1);
-    else if (a == "--eval-examples")
-      s.eval_examples = integer(8);
-    else if (a == "--lr")
-      s.lr = static_cast<float>(number(0));
-    else if (a == "--seed")
-      s.seed = static_cast<std::uint64_t>(number(0));
-    else if (a == "--corpus")
-      s.corpus = value();
-    else if (a == "--join-timeout")
-      s.join_timeout = number(1e-3);
-    else if (a == "--op-timeout")
-      s.op_timeout = number(1e-3);
-    else if (a == "--kill-group")
-      s.kill_group = integer(0);
-    else if (a == "--kill-at-step")
-      s.kill_at_step = integer(0);
-    else if (a == "--restart-after")
-      s.restart_after = number(0);
-    else if (a == "--redis-server")
-      s.redis_server = value();
-    else if (a == "--timeout")
-      s.timeout = number(1);
-    else if (a == "--group")
-      s.group = integer(0);
-    else if (a == "--store")
-      s.store = value();
-    else if (a == "--life")
-      s.life = integer(0);
-    else if (a == "--help" || a == "-h")
-      usage("help");
-    else
-      usage("unknown option " + a);
-  }
+  cli::parser p;
+  declare_options(p, s);
+  p.parse(argc, argv);
   if ((s.kill_group >= 0) != (s.kill_at_step >= 0))
-    usage("--kill-group and --kill-at-step go together");
-  if (s.kill_group >= s.groups) usage(concat("--kill-group must be < --groups (", s.groups, ")"));
-  if (s.group >= s.groups) usage(concat("--group must be < --groups (", s.groups, ")"));
-  if (s.group >= 0 && s.store.empty()) usage("--group needs --store");
+    cli::fail("--kill-group and --kill-at-step go together: expected both or neither, found one");
+  if (s.kill_group >= s.groups)
+    cli::fail(
+        concat("--kill-group expects a group < --groups (", s.groups, "), found ", s.kill_group));
+  if (s.group >= s.groups)
+    cli::fail(concat("--group expects a group < --groups (", s.groups, "), found ", s.group));
+  if (s.group >= 0 && s.store.empty()) cli::fail("--group needs --store: found no --store");
+  if (s.replicas * s.shards > max_ranks)
+    cli::fail(concat("--replicas x --shards expects at most ", max_ranks,
+                     " thread ranks per group, found ", s.replicas, " x ", s.shards));
+  if (s.eval_examples < s.replicas * s.shards)
+    cli::fail(concat("--eval-examples expects at least one example per rank of a group (>= ",
+                     s.replicas * s.shards, "), found ", s.eval_examples));
   return s;
 }
 
@@ -229,13 +219,14 @@ std::shared_ptr<gl::store> open_store(const std::string& url) {
   if (url.rfind("redis://", 0) == 0) {
     const std::string rest = url.substr(8);
     const auto colon = rest.rfind(':');
-    if (colon == std::string::npos) throw fedshard::invalid_argument("bad store URL '" + url + "'");
-    return std::make_shared<gl::redis_store>(rest.substr(0, colon),
-                                             std::stoi(rest.substr(colon + 1)));
+    if (colon == std::string::npos || colon == 0)
+      cli::fail("--store expects redis://HOST:PORT or file://DIR, found '" + url + "'");
+    return std::make_shared<gl::redis_store>(
+        rest.substr(0, colon),
+        cli::parse_integer<int>("--store (port)", rest.substr(colon + 1), 1, 65535));
   }
   if (url.rfind("file://", 0) == 0) return std::make_shared<gl::file_store>(url.substr(7));
-  throw fedshard::invalid_argument("bad store URL '" + url +
-                                   "' (expected redis://HOST:PORT or file://DIR)");
+  cli::fail("--store expects redis://HOST:PORT or file://DIR, found '" + url + "'");
 }
 
 using world_type = fedshard::hybrid<fedshard::inproc::communicator, el::link>;
@@ -355,20 +346,69 @@ class temp_dir {
   std::filesystem::path path_;
 };
 
-/// Sends sig to pid, waits up to `grace` seconds for it, then SIGKILLs it. Returns its status.
-int stop_process(pid_t pid, int sig, double grace) {
-  int status = 0;
-  if (::waitpid(pid, &status, WNOHANG) == pid) return status;
-  ::kill(pid, sig);
-  const auto deadline = clock_type::now() + seconds(grace);
-  while (clock_type::now() < deadline) {
-    if (::waitpid(pid, &status, WNOHANG) == pid) return status;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+/// A child process of the launcher. It is reaped at most once, and signalled only while it
+/// has not been reaped: once reaped (or found not to be our child), its pid may already name
+/// another process.
+class child_process {
+ public:
+  child_process() = default;
+  explicit child_process(pid_t pid) : pid_(pid) {}
+
+  pid_t pid() const { return pid_; }
+  /// True once it has exited and been reaped (or waitpid says it is not our child).
+  bool reaped() const { return reaped_; }
+  /// Its wait status, once reaped; known() is false when waitpid could not tell it.
+  int status() const { return status_; }
+  bool known() const { return known_; }
+  /// "exit code 0", "signal 9 (Killed)", once reaped.
+  std::string describe() const {
+    if (!known_) return "unknown status (not a child of the launcher)";
+    if (WIFEXITED(status_)) return concat("exit code ", WEXITSTATUS(status_));
+    if (WIFSIGNALED(status_))
+      return concat("signal ", WTERMSIG(status_), " (", ::strsignal(WTERMSIG(status_)), ")");
+    return "unknown status";
   }
-  ::kill(pid, SIGKILL);
-  ::waitpid(pid, &status, 0);
-  return status;
-}
+
+  /// Reaps it when it has exited; true once reaped. Never blocks.
+  bool poll() {
+    if (reaped_ || pid_ <= 0) return true;
+    int st = 0;
+    const pid_t r = ::waitpid(pid_, &st, WNOHANG);
+    if (r == pid_) {
+      reaped_ = known_ = true;
+      status_ = st;
+    } else if (r < 0 && errno == ECHILD) {
+      reaped_ = true;  // not (or no longer) ours: never signal it
+    }
+    return reaped_;
+  }
+
+  /// Unless it is already reaped: sends sig, waits up to `grace` seconds for it to exit, then
+  /// SIGKILLs it and reaps it. True when a signal was sent.
+  bool stop(int sig, double grace) {
+    if (poll()) return false;
+    ::kill(pid_, sig);
+    const auto deadline = clock_type::now() + seconds(grace);
+    while (clock_type::now() < deadline) {
+      if (poll()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (poll()) return true;
+    ::kill(pid_, SIGKILL);
+    int st = 0;
+    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+    reaped_ = known_ = true;
+    status_ = st;
+    return true;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  bool known_ = false;
+  int status_ = 0;
+};
 
 /// Forks and execs argv; the child dies with the launcher (PR_SET_PDEATHSIG), starts in
 /// `cwd` when given and writes its output to `log` when given.
@@ -432,50 +472,59 @@ int free_port() {
 class redis_server {
  public:
   redis_server(const std::string& binary, const std::filesystem::path& dir) {
-    for (int attempt = 0; attempt < 10 && pid_ <= 0; ++attempt) {
+    for (int attempt = 0; attempt < 10 && !running_; ++attempt) {
       port_ = free_port();
       if (port_ == 0) continue;
       const std::string log = (dir / "redis.log").string();
-      const pid_t pid = start_process(
+      child_process p(start_process(
           {binary, "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "",
            "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning"},
-          dir.string(), log);
+          dir.string(), log));
       // Up when a store connects; a port taken meanwhile makes the server exit.
-      for (int i = 0; i < 400; ++i) {
-        int status = 0;
-        if (::waitpid(pid, &status, WNOHANG) == pid) break;
+      for (int i = 0; i < 400 && !p.poll(); ++i) {
         try {
           gl::redis_store probe("127.0.0.1", port_);
-          pid_ = pid;
+          running_ = true;
           break;
         } catch (const fedshard::backend_error&) {
           std::this_thread::sleep_for(std::chrono::milliseconds(25));
         }
       }
-      if (pid_ <= 0) stop_process(pid, SIGKILL, 0);
+      if (running_)
+        process_ = p;
+      else
+        p.stop(SIGKILL, 0);  // signals it only when it has not exited (and been reaped)
     }
   }
   redis_server(const redis_server&) = delete;
   redis_server& operator=(const redis_server&) = delete;
   ~redis_server() { stop(); }
+  /// Stops the server: SIGTERM, then SIGKILL after 5 s; nothing when it already exited.
   void stop() {
-    if (pid_ > 0) stop_process(pid_, SIGTERM, 5);
-    pid_ = -1;
+    if (running_) process_.stop(SIGTERM, 5);
+    running_ = false;
   }
-  bool running() const { return pid_ > 0; }
-  pid_t pid() const { return pid_; }
+  bool running() const { return running_; }
+  /// True when the server has exited on its own (it is reaped: stop() will not signal it).
+  bool exited() { return running_ && process_.poll(); }
+  const child_process& process() const { return process_; }
+  pid_t pid() const { return process_.pid(); }
   int port() const { return port_; }
 
  private:
-  pid_t pid_ = -1;
+  child_process process_;
+  bool running_ = false;
   int port_ = 0;
 };
 
-std::string describe(int status) {
-  if (WIFEXITED(status)) return concat("exit code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status))
-    return concat("signal ", WTERMSIG(status), " (", ::strsignal(WTERMSIG(status)), ")");
-  return "unknown status";
+/// The corpus every group trains on, read once by the launcher before anything starts:
+/// fedshard::invalid_argument naming --corpus when it cannot be read or is too short.
+void check_corpus(const settings& s) {
+  try {
+    (void)charlm::corpus::load(s.corpus);
+  } catch (const fedshard::invalid_argument& e) {
+    cli::fail(std::string("--corpus: ") + e.what());
+  }
 }
 
 int run_launcher(const settings& s, int argc, char** argv) {
@@ -522,8 +571,7 @@ int run_launcher(const settings& s, int argc, char** argv) {
   struct child {
     int group;
     int life;
-    pid_t pid;
-    bool running = true;
+    child_process process;
   };
   std::vector<child> children;
   auto start_group = [&](int g, int life) {
@@ -532,9 +580,9 @@ int run_launcher(const settings& s, int argc, char** argv) {
     for (const auto& a : {std::string("--group"), std::to_string(g), std::string("--store"), store,
                           std::string("--life"), std::to_string(life)})
       args.push_back(a);
-    children.push_back({g, life, start_process(args)});
+    children.push_back({g, life, child_process(start_process(args))});
     say(tag + concat(life == 0 ? "started" : "restarted", " group ", g, " (pid ",
-                     children.back().pid, ")"));
+                     children.back().process.pid(), ")"));
   };
   const auto t0 = clock_type::now();
   for (int g = 0; g < s.groups; ++g) start_group(g, 0);
@@ -547,16 +595,16 @@ int run_launcher(const settings& s, int argc, char** argv) {
   for (;;) {
     bool any = false;
     for (auto& ch : children) {
-      if (!ch.running) continue;
-      int status = 0;
-      if (::waitpid(ch.pid, &status, WNOHANG) != ch.pid) {
+      if (ch.process.reaped()) continue;
+      if (!ch.process.poll()) {
         any = true;
         continue;
       }
-      ch.running = false;
-      const bool asked = ch.group == s.kill_group && ch.life == 0 && WIFSIGNALED(status) &&
+      const int status = ch.process.status();
+      const bool known = ch.process.known();
+      const bool asked = known && ch.group == s.kill_group && ch.life == 0 && WIFSIGNALED(status) &&
                          WTERMSIG(status) == SIGKILL;
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+      if (known && WIFEXITED(status) && WEXITSTATUS(status) == 0) {
         say(tag + concat("group ", ch.group, " finished"));
       } else if (asked) {
         say(tag + concat("group ", ch.group, " died (SIGKILL, as asked)"));
@@ -566,7 +614,7 @@ int run_launcher(const settings& s, int argc, char** argv) {
                        std::chrono::duration_cast<clock_type::duration>(seconds(s.restart_after));
         }
       } else {
-        say(tag + concat("group ", ch.group, " FAILED: ", describe(status)));
+        say(tag + concat("group ", ch.group, " FAILED: ", ch.process.describe()));
         failed = true;
       }
     }
@@ -580,26 +628,28 @@ int run_launcher(const settings& s, int argc, char** argv) {
       }
     }
     if (!any && !restart_pending) break;
-    if (redis && ::waitpid(redis->pid(), nullptr, WNOHANG) == redis->pid()) {
-      say(tag + "redis-server died; stopping the groups");
+    // Why the run stops early, if it does: a signal only when one was delivered.
+    std::string stop_why;
+    if (redis && redis->exited()) {  // reaped: redis.reset() below will not signal it
+      stop_why = "redis-server died (" + redis->process().describe() + ")";
       redis.reset();
-      stop_signal = SIGTERM;
+    } else if (const int sig = stop_signal; sig != 0) {
+      stop_why = concat("stopped by signal ", sig, " (", ::strsignal(sig), ")");
+    } else if (clock_type::now() - t0 > seconds(s.timeout)) {
+      stop_why = concat("the run took longer than ", s.timeout, " s");
     }
-    const bool late = clock_type::now() - t0 > seconds(s.timeout);
-    if (late || stop_signal != 0) {
-      say(tag + (late ? concat("the run took longer than ", s.timeout, " s; stopping the groups")
-                      : std::string("stopped by a signal; stopping the groups")));
-      for (auto& ch : children)
-        if (ch.running) {
-          stop_process(ch.pid, SIGKILL, 0);
-          ch.running = false;
-        }
+    if (!stop_why.empty()) {
+      say(tag + stop_why + "; stopping the groups");
+      for (auto& ch : children) ch.process.stop(SIGKILL, 0);  // only those not reaped
       failed = true;
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  if (redis) {
+  if (redis && redis->exited()) {  // died after the groups (which it made fail): never signalled
+    say(tag + "redis-server died (" + redis->process().describe() + ")");
+    failed = true;
+  } else if (redis) {
     redis->stop();
     say(tag + "redis-server stopped");
   }
@@ -611,19 +661,27 @@ int run_launcher(const settings& s, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const settings s = parse(argc, argv);
-  if (s.group < 0) {
+  // Bad input (an option, the store URL, the corpus) exits 2 with one line on stderr before
+  // anything starts (common/cli.hpp); a failure while running is reported with the role's tag
+  // and exits 1.
+  return cli::run_main("fedshard-multi-job", [&] {
+    const settings s = parse(argc, argv);
+    if (s.group < 0) {
+      check_corpus(s);
+      try {
+        return run_launcher(s, argc, argv);
+      } catch (const std::exception& e) {
+        say(concat("[launcher] failed: ", e.what()));
+        return 1;
+      }
+    }
     try {
-      return run_launcher(s, argc, argv);
+      return run_group(s);
+    } catch (const fedshard::invalid_argument&) {
+      throw;  // bad input (the store URL): exit 2
     } catch (const std::exception& e) {
-      say(concat("[launcher] failed: ", e.what()));
+      say(concat("[group ", s.group, "] failed: ", e.what()));
       return 1;
     }
-  }
-  try {
-    return run_group(s);
-  } catch (const std::exception& e) {
-    say(concat("[group ", s.group, "] failed: ", e.what()));
-    return 1;
-  }
+  });
 }

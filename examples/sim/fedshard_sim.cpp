@@ -7,11 +7,16 @@
 // groups and inter-group bandwidth (plot it with plot_sweep.py); --paper reproduces the
 // 512-GPU setting of the FL+FSDP paper. scape_fsdp and fl_scape_fsdp (shard::sparse, whose
 // settings are not for_each_algorithm's) are priced over a run by sim::price_sparse.
+//
+// Options are parsed strictly (common/cli.hpp) and the cluster they make is checked
+// (sim::cluster::check): a bad value exits 2 with one line on stderr before anything is
+// priced; a failure while running exits 1.
 #include <fedshard/sim/calibrate.hpp>
 #include <fedshard/sim/hetero.hpp>
 #include <fedshard/sim/price.hpp>
 #include <fedshard/sim/sparse.hpp>
 
+#include "common/cli.hpp"
 #include "predict_demo.hpp"
 
 #include <algorithm>
@@ -200,33 +205,18 @@ struct options {
 };
 
 [[noreturn]] void fail(const std::string& msg) {
-  throw invalid_argument("fedshard-sim: " + msg + " (see --help)");
+  cli::fail(msg + " (see --help)");
 }
 
-double to_double(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const double d = std::strtod(v.c_str(), &end);
-  if (v.empty() || *end != '\0') fail(flag + " expects a number, found '" + v + "'");
-  return d;
-}
+/// Upper limits of the settings (larger values are refused): a world of 2^20 GPUs, 2^16 of
+/// them on a heterogeneous mesh (priced rank by rank), sync periods the cadence scan covers.
+constexpr int max_gpus = 1 << 20;
+constexpr int max_hetero_ranks = 1 << 16;
+constexpr int max_period = static_cast<int>(max_cadence_window);
+/// Bandwidths in Gb/s or GB/s: (0, 1e9].
+constexpr cli::bounds bandwidth_bounds = cli::above(0, 1e9);
 
-int to_int(const std::string& flag, const std::string& v) {
-  const double d = to_double(flag, v);
-  if (d != std::floor(d) || d < 0 || d > 1e9)
-    fail(flag + " expects a whole number, found '" + v + "'");
-  return static_cast<int>(d);
-}
-
-template <class T, class F>
-std::vector<T> to_list(const std::string& flag, const std::string& v, F convert) {
-  std::vector<T> out;
-  std::stringstream ss(v);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(convert(flag, item));
-  if (out.empty()) fail(flag + " expects a comma-separated list, found '" + v + "'");
-  return out;
-}
-
+/// "bf16", "f16" or "f32".
 dtype to_dtype(const std::string& flag, const std::string& v) {
   if (v == "bf16") return dtype::bf16;
   if (v == "f16") return dtype::f16;
@@ -234,183 +224,216 @@ dtype to_dtype(const std::string& flag, const std::string& v) {
   fail(flag + " expects bf16, f16 or f32, found '" + v + "'");
 }
 
-mesh_shape to_mesh(const std::string& v) {
-  mesh_shape s;
-  char x1 = 0, x2 = 0;
-  std::istringstream is(v);
-  if (!(is >> s.groups >> x1 >> s.replicas >> x2 >> s.shards) || x1 != 'x' || x2 != 'x' ||
-      !is.eof())
-    fail("--mesh expects GxRxS, e.g. 16x8x4, found '" + v + "'");
-  return s;
+/// GxRxS, each in [1, max_gpus].
+mesh_shape to_mesh(const std::string& flag, const std::string& v) {
+  std::vector<int> d;
+  std::size_t at = 0;
+  for (int i = 0; i < 3; ++i) {
+    const std::size_t x = i < 2 ? v.find('x', at) : v.size();
+    if (x == std::string::npos) fail(flag + " expects GxRxS, e.g. 16x8x4, found '" + v + "'");
+    d.push_back(cli::parse_integer<int>(flag + " (GxRxS)", v.substr(at, x - at), 1, max_gpus));
+    at = x + 1;
+  }
+  if (std::int64_t{d[0]} * d[1] * d[2] > max_gpus)
+    fail(flag + " expects at most " + std::to_string(max_gpus) + " GPUs in all, found '" + v + "'");
+  return {d[0], d[1], d[2]};
 }
 
-options parse(int argc, char** argv) {
-  options o;
+/// The comma-separated whole numbers of v, each in [lo, hi].
+std::vector<int> to_ints(const std::string& flag, const std::string& v, int lo, int hi) {
+  std::vector<int> out;
+  for (const auto& item : cli::parse_items(flag, v))
+    out.push_back(cli::parse_integer<int>(flag, item, lo, hi));
+  return out;
+}
+
+/// What to train: --model and its dimensions, the workload.
+void declare_workload(cli::parser& p, options& o, bool& custom) {
+  auto& m = o.work.model;
+  auto dim = [&](const std::string& name, int& target, int hi) {
+    p.custom(name, [&target, &custom, hi](const std::string& f, const std::string& v) {
+      target = cli::parse_integer<int>(f, v, 1, hi);
+      custom = true;
+    });
+  };
+  p.custom("--model", [&m](const std::string&, const std::string& v) { m = model_preset(v); });
+  dim("--layers", m.layers, 10000);
+  dim("--d-model", m.d_model, 1 << 20);
+  dim("--heads", m.heads, 1 << 16);
+  dim("--kv-heads", m.kv_heads, 1 << 16);
+  dim("--ffn", m.ffn, 1 << 24);
+  dim("--vocab", m.vocab, 1 << 24);
+  p.flag("--plain-mlp", [&] { custom = true, m.gated_mlp = false; })
+      .flag("--tied", [&] { custom = true, m.tied_embeddings = true; })
+      .integer("--micro-batch", o.work.micro_batch, 1, 1 << 20)
+      .integer("--seq", o.work.seq, 1, 1 << 24)
+      .real("--mfu", o.work.mfu, cli::above(0, 1))
+      .flag("--recompute", o.work.recompute)
+      .real("--seconds-per-token", o.work.seconds_per_token, cli::above(0, 1e6));
+}
+
+/// Settings of the cluster given on the command line, applied after --cluster.
+struct cluster_overrides {
   std::optional<double> node_gbps, nvlink_gbs, wan_gbps, wan_ms;
-  measurement_overrides measured_as;  // --calibrate-level / -ranks for the files that follow
-  std::map<std::string, double> oversubscription;  // by level name, applied after --cluster
-  bool custom = false;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= args.size()) fail(a + " needs a value");
-      return args[++i];
-    };
-    auto& m = o.work.model;
-    if (a == "--help" || a == "-h") {
-      std::fputs(usage().c_str(), stdout);
-      std::exit(0);
-    } else if (a == "--model")
-      m = model_preset(value());
-    else if (a == "--layers")
-      custom = true, m.layers = to_int(a, value());
-    else if (a == "--d-model")
-      custom = true, m.d_model = to_int(a, value());
-    else if (a == "--heads")
-      custom = true, m.heads = to_int(a, value());
-    else if (a == "--kv-heads")
-      custom = true, m.kv_heads = to_int(a, value());
-    else if (a == "--ffn")
-      custom = true, m.ffn = to_int(a, value());
-    else if (a == "--vocab")
-      custom = true, m.vocab = to_int(a, value());
-    else if (a == "--plain-mlp")
-      custom = true, m.gated_mlp = false;
-    else if (a == "--tied")
-      custom = true, m.tied_embeddings = true;
-    else if (a == "--micro-batch")
-      o.work.micro_batch = to_int(a, value());
-    else if (a == "--seq")
-      o.work.seq = to_int(a, value());
-    else if (a == "--mfu")
-      o.work.mfu = to_double(a, value());
-    else if (a == "--recompute")
-      o.work.recompute = true;
-    else if (a == "--cluster")
-      o.where = cluster_preset(value());
-    else if (a == "--gpus")
-      o.gpus = to_int(a, value());
-    else if (a == "--node-gbps")
-      node_gbps = to_double(a, value());
-    else if (a == "--nvlink-gbs")
-      nvlink_gbs = to_double(a, value());
-    else if (a == "--sites")
-      o.where.sites = to_int(a, value());
-    else if (a == "--wan-gbps")
-      wan_gbps = to_double(a, value());
-    else if (a == "--wan-latency-ms")
-      wan_ms = to_double(a, value());
-    else if (a == "--algo")
-      o.algo = value(), o.algo_given = true;
-    else if (a == "--groups")
-      o.groups = to_int(a, value());
-    else if (a == "--hsdp")
-      o.hsdp = to_int(a, value());
-    else if (a == "--mesh")
-      o.mesh = to_mesh(value());
-    else if (a == "--group-shapes")
-      o.group_shapes = parse_group_shapes(value());
-    else if (a == "--K" || a == "-K" || a == "--k")
-      o.k = to_int(a, value());
-    else if (a == "--fragments")
-      o.fragments = to_int(a, value());
-    else if (a == "--delay")
-      o.delay = to_int(a, value());
-    else if (a == "--alpha")
-      o.alpha = static_cast<float>(to_double(a, value()));
-    else if (a == "--sync") {
-      const std::string v = value();
-      if (v == "hierarchical")
-        o.sync = federation::sync_mode::hierarchical;
-      else if (v == "reference")
-        o.sync = federation::sync_mode::reference;
-      else
-        fail("--sync expects hierarchical or reference, found '" + v + "'");
-    } else if (a == "--param-dtype")
-      o.pricing.precision.param = to_dtype(a, value());
-    else if (a == "--reduce-dtype")
-      o.pricing.precision.reduce = to_dtype(a, value());
-    else if (a == "--collectives")
-      o.pricing.collectives = parse_collective_algorithm(value());
-    else if (a == "--overlap") {
-      const std::string v = value();
-      if (v == "channel")
-        o.pricing.overlap = step_overlap::channel;
-      else if (v == "timeline")
-        o.pricing.overlap = step_overlap::timeline;
-      else
-        fail("--overlap expects channel or timeline, found '" + v + "'");
-    } else if (a == "--straggler-cv")
-      o.pricing.stragglers.cv = to_double(a, value());
-    else if (a == "--seconds-per-token")
-      o.work.seconds_per_token = to_double(a, value());
-    else if (a == "--sync-dtype") {
-      const std::string v = value();
-      if (v != "f32" && v != "bf16") fail("--sync-dtype expects f32 or bf16, found '" + v + "'");
-      o.sync_dtype = v == "bf16" ? dtype::bf16 : dtype::f32;
-    } else if (a == "--oversubscription") {
-      const std::string v = value();
-      const auto eq = v.find('=');
-      const std::string level = v.substr(0, eq);
-      if (eq == std::string::npos || (level != "nvlink" && level != "network" && level != "wan"))
-        fail("--oversubscription expects LEVEL=F with LEVEL nvlink, network or wan, found '" + v +
-             "'");
-      oversubscription[level] = to_double(a, v.substr(eq + 1));
-    } else if (a == "--paper")
-      o.paper = true;
-    else if (a == "--sweep")
-      o.sweep = true;
-    else if (a == "--csv")
-      o.csv = value();
-    else if (a == "--sweep-k")
-      o.sweep_k = to_list<int>(a, value(), to_int);
-    else if (a == "--sweep-groups")
-      o.sweep_groups = to_list<int>(a, value(), to_int);
-    else if (a == "--sweep-gbps")
-      o.sweep_gbps = to_list<double>(a, value(), to_double);
-    else if (a == "--calibrate")
-      o.calibrate.emplace_back(value(), measured_as);
-    else if (a == "--calibrate-level")
-      measured_as.level = parse_level_kind(value());
-    else if (a == "--calibrate-ranks")
-      measured_as.ranks = to_int(a, value());
-    else if (a == "--calibrate-kind")
-      measured_as.kind = parse_measured_kind(value());
-    else if (a == "--calibrate-points")
-      o.calibrate_points = true;
-    else if (a == "--scape-density")
-      o.scape.density = to_double(a, value());
-    else if (a == "--scape-refresh")
-      o.scape.refresh_period = to_int(a, value());
-    else if (a == "--scape-dense-steps")
-      o.scape.dense_steps = to_int(a, value());
-    else if (a == "--scape-dense-every")
-      o.scape.dense_every = to_int(a, value());
-    else if (a == "--scape-steps")
-      o.scape_steps = to_int(a, value());
-    else
-      fail("unknown option '" + a + "'");
-  }
+  std::map<std::string, double> oversubscription;  ///< by level name
+};
+
+/// Where: the cluster, its links, the stragglers.
+void declare_cluster(cli::parser& p, options& o, cluster_overrides& x) {
+  p.custom("--cluster",
+           [&o](const std::string&, const std::string& v) { o.where = cluster_preset(v); })
+      .integer("--gpus", o.gpus, 1, max_gpus)
+      .real("--node-gbps", x.node_gbps, bandwidth_bounds)
+      .real("--nvlink-gbs", x.nvlink_gbs, bandwidth_bounds)
+      .integer("--sites", o.where.sites, 1, max_gpus)
+      .real("--wan-gbps", x.wan_gbps, bandwidth_bounds)
+      .real("--wan-latency-ms", x.wan_ms, cli::closed(0, 1e7))
+      .custom("--oversubscription",
+              [&x](const std::string& f, const std::string& v) {
+                const auto eq = v.find('=');
+                const std::string level = v.substr(0, eq);
+                if (eq == std::string::npos ||
+                    (level != "nvlink" && level != "network" && level != "wan"))
+                  fail(f + " expects LEVEL=F with LEVEL nvlink, network or wan, found '" + v + "'");
+                x.oversubscription[level] =
+                    cli::parse_real(f + " " + level + "=F", v.substr(eq + 1), cli::closed(1, 1e6));
+              })
+      .real("--straggler-cv", o.pricing.stragglers.cv, cli::closed(0, 1));
+}
+
+/// One of `names` (value of `flag`), as its index.
+std::size_t choice(const std::string& flag, const std::string& v,
+                   const std::vector<std::string>& names) {
+  for (std::size_t i = 0; i < names.size(); ++i)
+    if (v == names[i]) return i;
+  std::string known;
+  for (const auto& n : names) known += (known.empty() ? "" : " or ") + n;
+  fail(flag + " expects " + known + ", found '" + v + "'");
+}
+
+/// How: the algorithm, its mesh and cadence, wire dtypes, collectives, SCAPE.
+void declare_how(cli::parser& p, options& o) {
+  p.custom("--algo",
+           [&o](const std::string&, const std::string& v) { o.algo = v, o.algo_given = true; })
+      .integer("--groups", o.groups, 1, max_gpus)
+      .integer("--hsdp", o.hsdp, 1, max_gpus)
+      .custom("--mesh",
+              [&o](const std::string& f, const std::string& v) { o.mesh = to_mesh(f, v); })
+      .custom("--group-shapes",
+              [&o](const std::string&, const std::string& v) {
+                o.group_shapes = parse_group_shapes(v);
+              })
+      .integer("--K", o.k, 1, max_period)
+      .alias("-K", "--K")
+      .alias("--k", "--K")
+      .integer("--fragments", o.fragments, 1, 1 << 16)
+      .integer("--delay", o.delay, 0, max_period)
+      .real("--alpha", o.alpha, cli::above(0, 1))
+      .custom("--sync",
+              [&o](const std::string& f, const std::string& v) {
+                o.sync = choice(f, v, {"hierarchical", "reference"}) == 0
+                             ? federation::sync_mode::hierarchical
+                             : federation::sync_mode::reference;
+              })
+      .custom("--param-dtype", [&o](const std::string& f, const std::string& v) {
+        o.pricing.precision.param = to_dtype(f, v);
+      });
+  p.custom("--reduce-dtype",
+           [&o](const std::string& f, const std::string& v) {
+             o.pricing.precision.reduce = to_dtype(f, v);
+           })
+      .custom("--collectives",
+              [&o](const std::string&, const std::string& v) {
+                o.pricing.collectives = parse_collective_algorithm(v);
+              })
+      .custom("--overlap",
+              [&o](const std::string& f, const std::string& v) {
+                o.pricing.overlap = choice(f, v, {"channel", "timeline"}) == 0
+                                        ? step_overlap::channel
+                                        : step_overlap::timeline;
+              })
+      .custom("--sync-dtype",
+              [&o](const std::string& f, const std::string& v) {
+                o.sync_dtype = choice(f, v, {"f32", "bf16"}) == 0 ? dtype::f32 : dtype::bf16;
+              })
+      .real("--scape-density", o.scape.density, cli::above(0, 1))
+      .integer("--scape-refresh", o.scape.refresh_period, 1, max_period)
+      .integer("--scape-dense-steps", o.scape.dense_steps, 1, max_period)
+      .integer("--scape-dense-every", o.scape.dense_every, 0, max_period)
+      .integer("--scape-steps", o.scape_steps, 1, 10'000'000);
+}
+
+/// Modes (--paper, --sweep) and measured constants (--calibrate).
+void declare_modes(cli::parser& p, options& o, measurement_overrides& measured_as) {
+  p.flag("--paper", o.paper)
+      .flag("--sweep", o.sweep)
+      .text("--csv", o.csv)
+      .custom("--sweep-k", [&o](const std::string& f,
+                                const std::string& v) { o.sweep_k = to_ints(f, v, 1, max_period); })
+      .custom("--sweep-groups",
+              [&o](const std::string& f, const std::string& v) {
+                o.sweep_groups = to_ints(f, v, 1, max_gpus);
+              })
+      .custom("--sweep-gbps",
+              [&o](const std::string& f, const std::string& v) {
+                o.sweep_gbps.clear();
+                for (const auto& item : cli::parse_items(f, v))
+                  o.sweep_gbps.push_back(cli::parse_real(f, item, bandwidth_bounds));
+              })
+      .custom("--calibrate",
+              [&o, &measured_as](const std::string&, const std::string& v) {
+                o.calibrate.emplace_back(v, measured_as);
+              })
+      .custom("--calibrate-level",
+              [&measured_as](const std::string&, const std::string& v) {
+                measured_as.level = parse_level_kind(v);
+              })
+      .integer("--calibrate-ranks", measured_as.ranks, 2, max_gpus)
+      .custom("--calibrate-kind",
+              [&measured_as](const std::string&, const std::string& v) {
+                measured_as.kind = parse_measured_kind(v);
+              })
+      .flag("--calibrate-points", o.calibrate_points);
+}
+
+/// The cluster overrides applied to o.where, then the checks between settings.
+void finish(options& o, const cluster_overrides& x, bool custom) {
   if (custom) o.work.model.name = "custom";
-  o.work.model.check();
-  if (node_gbps) o.where.nic_bandwidth = gbit_per_s(*node_gbps) / o.where.nics_per_node;
-  if (nvlink_gbs) o.where.intra.bandwidth = gbyte_per_s(*nvlink_gbs);
-  if (wan_gbps) o.where.wan.bandwidth = gbit_per_s(*wan_gbps);
-  if (wan_ms) o.where.wan.alpha = *wan_ms * 1e-3;
-  for (const auto& [level, f] : oversubscription) {
-    if (!(f >= 1) || !std::isfinite(f))
-      fail("--oversubscription " + level + "=F expects F >= 1, found " + std::to_string(f));
+  if (x.node_gbps) o.where.nic_bandwidth = gbit_per_s(*x.node_gbps) / o.where.nics_per_node;
+  if (x.nvlink_gbs) o.where.intra.bandwidth = gbyte_per_s(*x.nvlink_gbs);
+  if (x.wan_gbps) o.where.wan.bandwidth = gbit_per_s(*x.wan_gbps);
+  if (x.wan_ms) o.where.wan.alpha = *x.wan_ms * 1e-3;
+  for (const auto& [level, f] : x.oversubscription)
     (level == "nvlink"    ? o.where.intra
      : level == "network" ? o.where.inter
                           : o.where.wan)
         .oversubscription = f;
-  }
-  if (o.pricing.stragglers.cv < 0 || o.pricing.stragglers.cv > 1)
-    fail("--straggler-cv expects a fraction in [0, 1], e.g. 0.05");
-  if (o.work.seconds_per_token < 0) fail("--seconds-per-token must be >= 0");
+  o.work.check();   // invalid_argument naming the model's bad dimensions
+  o.where.check();  // and the cluster's
   if (o.hsdp == 0) o.hsdp = o.where.gpus_per_node;
-  if (o.gpus < 1) fail("--gpus must be >= 1");
+  std::int64_t hetero = 0;
+  for (const auto& g : o.group_shapes) hetero += std::int64_t{g.replicas} * g.shards;
+  if (hetero > max_hetero_ranks)
+    fail("--group-shapes expects at most " + std::to_string(max_hetero_ranks) +
+         " ranks in all, found " + std::to_string(hetero));
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  cluster_overrides x;
+  measurement_overrides measured_as;  // --calibrate-level / -ranks for the files that follow
+  bool custom = false;
+  cli::parser p;
+  p.flag("--help", [] {
+     std::fputs(usage().c_str(), stdout);
+     std::exit(0);
+   }).alias("-h", "--help");
+  declare_workload(p, o, custom);
+  declare_cluster(p, o, x);
+  declare_how(p, o);
+  declare_modes(p, o, measured_as);
+  p.parse(argc, argv);
+  finish(o, x, custom);
   return o;
 }
 
@@ -788,7 +811,7 @@ void sweep(const options& o) {
   std::ofstream file;
   if (!o.csv.empty()) {
     file.open(o.csv);
-    if (!file) fail("cannot write " + o.csv);
+    if (!file) fail("--csv expects a file it can write, found '" + o.csv + "'");
   }
   std::ostream& out = o.csv.empty() ? std::cout : file;
   out << "model,cluster,gpus,algo,groups,replicas,shards,K,inter_group_gbps,node_gbps,sites,"
@@ -860,14 +883,13 @@ int predict_demo_main(int argc, char** argv, int first) {
   std::optional<double> fail_above;
   int rounds = 4;
   for (int i = first; i < argc; ++i) {
-    if (std::string_view(argv[i]) == "--fail-above") {
-      if (i + 1 >= argc) fail("--fail-above needs a value");
-      fail_above = to_double("--fail-above", argv[++i]);
-      if (!(*fail_above >= 1)) fail("--fail-above expects a ratio >= 1");
-    } else if (std::string_view(argv[i]) == "--rounds") {
-      if (i + 1 >= argc) fail("--rounds needs a value");
-      rounds = to_int("--rounds", argv[++i]);
-      if (rounds < 1) fail("--rounds expects a whole number >= 1");
+    const std::string a = argv[i];
+    if (a == "--fail-above" || a == "--rounds") {
+      if (i + 1 >= argc) fail(a + " expects a value, found nothing");
+      if (a == "--fail-above")
+        fail_above = cli::parse_real(a, argv[++i], cli::closed(1, 1e6));
+      else
+        rounds = cli::parse_integer<int>(a, argv[++i], 1, 1 << 20);
     } else {
       args.push_back(argv[i]);
     }
@@ -956,7 +978,7 @@ void print_scape(options o, const std::string& name, const std::string& base) {
   const mesh_shape shape = o.mesh ? *o.mesh : mesh_for(b, o.gpus, o.groups, o.hsdp);
   if (shape.size() != o.gpus) o.gpus = shape.size();
   o.scape.check();  // invalid_argument naming the bad setting
-  if (o.scape_steps < 1) fail("--scape-steps must be >= 1");
+  (void)placement(shape, o.where);
   print_setting(o, o.where);
   const step_price d = run(o, b, shape, o.where);
   const sparse_run_price p =
@@ -1005,42 +1027,41 @@ void price_scape(const options& o) {
     print_scape<fl_scape_fsdp>(o, "fl_scape_fsdp", "fl_fsdp");
 }
 
-int main(int argc, char** argv) {
-  try {
-    for (int i = 1; i < argc; ++i)
-      if (std::string_view(argv[i]) == "--predict-demo")
-        return predict_demo_main(argc, argv, i + 1);
-    options o = parse(argc, argv);
-    if (!o.calibrate.empty()) install_calibration(o);
-    if (o.paper) {
-      paper(o);
-      return 0;
-    }
-    if (o.sweep) {
-      sweep(o);
-      return 0;
-    }
-    if (!o.group_shapes.empty()) {
-      price_group_shapes(o);
-      return 0;
-    }
-    if (o.algo == "scape_fsdp" || o.algo == "fl_scape_fsdp") {
-      price_scape(o);
-      return 0;
-    }
-    const algorithm_desc a = described(o, o.algo, settings_of(o, o.k));
-    const mesh_shape shape = o.mesh ? *o.mesh : mesh_for(a, o.gpus, o.groups, o.hsdp);
-    if (shape.size() != o.gpus) o.gpus = shape.size();
-    print_setting(o, o.where);
-    const step_price p = run(o, a, shape, o.where);
-    std::optional<step_price> base;
-    if (o.algo != "fsdp")
-      base =
-          run(o, algorithm_by_name("fsdp", plain_settings(o, {})), {1, 1, shape.size()}, o.where);
-    print_price(p, base ? &*base : nullptr);
+/// fedshard-sim's modes, after their settings are checked.
+int run_sim(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string_view(argv[i]) == "--predict-demo") return predict_demo_main(argc, argv, i + 1);
+  options o = parse(argc, argv);
+  if (!o.calibrate.empty()) install_calibration(o);
+  if (o.paper) {
+    paper(o);
     return 0;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
   }
+  if (o.sweep) {
+    sweep(o);
+    return 0;
+  }
+  if (!o.group_shapes.empty()) {
+    price_group_shapes(o);
+    return 0;
+  }
+  if (o.algo == "scape_fsdp" || o.algo == "fl_scape_fsdp") {
+    price_scape(o);
+    return 0;
+  }
+  const algorithm_desc a = described(o, o.algo, settings_of(o, o.k));
+  const mesh_shape shape = o.mesh ? *o.mesh : mesh_for(a, o.gpus, o.groups, o.hsdp);
+  if (shape.size() != o.gpus) o.gpus = shape.size();
+  (void)placement(shape, o.where);  // the mesh on the cluster (sites), before any output
+  print_setting(o, o.where);
+  const step_price p = run(o, a, shape, o.where);
+  std::optional<step_price> base;
+  if (o.algo != "fsdp")
+    base = run(o, algorithm_by_name("fsdp", plain_settings(o, {})), {1, 1, shape.size()}, o.where);
+  print_price(p, base ? &*base : nullptr);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  return cli::run_main("fedshard-sim", [&] { return run_sim(argc, argv); });
 }

@@ -80,7 +80,11 @@ inline std::vector<entry> entries(const demo::settings& s, const charlm::corpus&
           {name, demo::mesh_of(name), sim::describe<A>(name, ao), o.precision,
            [&s, &data](int n) { return time_local_steps<typename A::shard_policy>(s, data, n); }});
     });
-    if (!known) demo::usage(("unknown algorithm '" + name + "'").c_str(), "fedshard-sim");
+    if (!known)
+      cli::fail(
+          "--predict-demo --algorithms: expected aliases of fedshard::for_each_algorithm, "
+          "found '" +
+          name + "'");
   }
   return out;
 }
@@ -122,6 +126,10 @@ inline sim::cluster local_cluster(const demo::settings& s, const local_calibrati
   c.wan = {s.latency_ms * 1e-3, s.bandwidth_gbit * 1e9 / 8};
   c.wan.pipelined_latency = true;  // shaped::communicator: collectives overlap their latencies
   c.intra.on_compute = true;       // inproc: the rank threads copy and reduce themselves
+  // The fits of `fitted` price every op inside a node (calibrate covers each (kind, ranks) the
+  // plans run); the model's own figure, should one be missing, is the rate a copying thread
+  // gets.
+  c.intra.bandwidth = cal.memory_bandwidth;
   c.nic_bandwidth = c.wan.bandwidth;
   c.memory_bandwidth = cal.memory_bandwidth;
   c.measured = std::move(fitted);

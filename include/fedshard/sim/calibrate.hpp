@@ -446,9 +446,11 @@ inline calibration fit_collectives(const std::vector<measured_point>& points) {
   using key = std::tuple<level_kind, comm_kind, int>;
   std::vector<key> keys;
   for (const auto& p : points) {
-    FEDSHARD_EXPECTS(p.ranks >= 2 && p.bytes >= 0 && p.seconds > 0, "sim: ", p.source,
-                     ": expected ranks >= 2, bytes >= 0 and seconds > 0, found ", p.ranks, ", ",
-                     p.bytes, ", ", p.seconds);
+    FEDSHARD_EXPECTS(p.ranks >= 2 && p.bytes >= 0 && std::isfinite(p.bytes) && p.seconds > 0 &&
+                         std::isfinite(p.seconds),
+                     "sim: ", p.source,
+                     ": expected ranks >= 2, finite bytes >= 0 and finite seconds > 0, found ",
+                     p.ranks, ", ", p.bytes, ", ", p.seconds);
     FEDSHARD_EXPECTS(!point_to_point(p.kind), "sim: ", p.source, ": ", to_string(p.kind),
                      " cannot be calibrated, expected a collective");
     keys.emplace_back(p.level, p.kind, p.ranks);

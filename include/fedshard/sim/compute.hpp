@@ -11,6 +11,7 @@
 /// AV over the whole T x T matrix (no causal discount), as the MFU convention does. With
 /// activation recomputation the forward runs twice: 8 N + 16 L H Q T.
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -139,9 +140,9 @@ struct compute_model {
 
   /// Seconds of compute for `tokens` tokens of model m at sequence length seq.
   double seconds(const transformer_dims& m, double tokens, int seq) const {
-    FEDSHARD_EXPECTS(peak_flops > 0 && mfu > 0 && mfu <= 1,
-                     "sim::compute_model: need peak_flops > 0 and 0 < mfu <= 1, found ", peak_flops,
-                     " and ", mfu);
+    FEDSHARD_EXPECTS(peak_flops > 0 && std::isfinite(peak_flops) && mfu > 0 && mfu <= 1,
+                     "sim::compute_model: need a finite peak_flops > 0 and 0 < mfu <= 1, found ",
+                     peak_flops, " and ", mfu);
     return tokens * train_flops_per_token(m, seq, recompute) / (peak_flops * mfu);
   }
 };

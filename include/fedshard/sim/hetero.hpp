@@ -77,6 +77,7 @@ inline hetero_sync_price price_hetero_sync(const std::vector<unit_spec>& units,
                                            bool weights = false) {
   FEDSHARD_EXPECTS(groups.size() >= 2, "sim::price_hetero_sync: expected at least 2 groups, ",
                    "found ", groups.size());
+  c.check();
   hetero_sync_price out;
   out.groups = groups;
   const auto at = fedshard::detail::group_starts(groups);

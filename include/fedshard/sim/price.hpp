@@ -1128,6 +1128,23 @@ struct workload {
 
   /// micro_batch x seq.
   double tokens_per_gpu() const noexcept { return double(micro_batch) * seq; }
+
+  /// Throws invalid_argument naming the first setting out of range: the model's dimensions
+  /// (transformer_dims::check), micro_batch and seq >= 1, mfu in [0, 1] (0: the cluster's),
+  /// seconds_per_token finite and >= 0 (0: the FLOP model).
+  void check() const {
+    model.check();
+    FEDSHARD_EXPECTS(micro_batch >= 1 && seq >= 1,
+                     "sim::workload: micro_batch and seq must be >= 1, found ", micro_batch,
+                     " and ", seq);
+    FEDSHARD_EXPECTS(mfu >= 0 && mfu <= 1,
+                     "sim::workload: mfu must be in [0, 1] (0: the cluster's default), found ",
+                     mfu);
+    FEDSHARD_EXPECTS(seconds_per_token >= 0 && std::isfinite(seconds_per_token),
+                     "sim::workload: seconds_per_token must be a finite number >= 0 (0: the FLOP "
+                     "model), found ",
+                     seconds_per_token);
+  }
 };
 
 /// One GPU's compute seconds for a step of w on cluster c: w.seconds_per_token when it is set,
@@ -1141,16 +1158,11 @@ inline double compute_seconds_of(const workload& w, const cluster& c) {
 
 /// Prices algorithm a training workload w on a G x R x S mesh of cluster c: the model's
 /// units (sim::transformer_units, bf16) planned by a's policies, compute from
-/// w.seconds_per_token when it is set, else from sim::compute_model.
+/// w.seconds_per_token when it is set, else from sim::compute_model. invalid_argument for a
+/// workload or cluster that is not physical (workload::check, cluster::check).
 inline step_price price(const algorithm_desc& a, const workload& w, const mesh_shape& shape,
                         const cluster& c, const price_options& o = {}) {
-  FEDSHARD_EXPECTS(w.micro_batch >= 1 && w.seq >= 1,
-                   "sim::price: micro_batch and seq must be >= 1, found ", w.micro_batch, " and ",
-                   w.seq);
-  FEDSHARD_EXPECTS(w.seconds_per_token >= 0 && std::isfinite(w.seconds_per_token),
-                   "sim::price: seconds_per_token must be a finite number >= 0 (0: the FLOP "
-                   "model), found ",
-                   w.seconds_per_token);
+  w.check();
   return price_plans(a, transformer_units(w.model, dtype::bf16), shape, c, compute_seconds_of(w, c),
                      w.tokens_per_gpu(), o);
 }

@@ -222,12 +222,7 @@ sparse_run_price price_sparse(const std::string& name, const algorithm_options<A
                               const shard::sparse_settings& settings, const workload& w,
                               const mesh_shape& shape, const cluster& c, std::int64_t steps,
                               const price_options& po = {}) {
-  FEDSHARD_EXPECTS(w.micro_batch >= 1 && w.seq >= 1,
-                   "sim::price_sparse: micro_batch and seq must be >= 1, found ", w.micro_batch,
-                   " and ", w.seq);
-  FEDSHARD_EXPECTS(w.seconds_per_token >= 0 && std::isfinite(w.seconds_per_token),
-                   "sim::price_sparse: seconds_per_token must be a finite number >= 0, found ",
-                   w.seconds_per_token);
+  w.check();
   return price_sparse<A>(name, o, settings, transformer_units(w.model, dtype::bf16), shape, c,
                          compute_seconds_of(w, c), w.tokens_per_gpu(), steps, po);
 }

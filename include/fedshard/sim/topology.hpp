@@ -19,6 +19,7 @@
 /// All bandwidths are bytes per second, all latencies seconds.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -50,6 +51,19 @@ struct link_level {
   /// nodes or sites what the op would cost inside one node (the threads still copy and
   /// reduce; the outer links carry the bytes meanwhile).
   bool on_compute = false;
+
+  /// Throws invalid_argument unless the level is physical: alpha finite and >= 0, bandwidth
+  /// > 0 (+infinity: free transfers), oversubscription finite and >= 1. `what` names the
+  /// level in the message ("sim::cluster 'x': wan").
+  void check(std::string_view what) const {
+    FEDSHARD_EXPECTS(alpha >= 0 && std::isfinite(alpha), what,
+                     ".alpha: expected a finite latency >= 0 s per ring step, found ", alpha);
+    FEDSHARD_EXPECTS(bandwidth > 0, what,
+                     ".bandwidth: expected a bandwidth > 0 bytes/s (inf: free), found ", bandwidth);
+    FEDSHARD_EXPECTS(oversubscription >= 1 && std::isfinite(oversubscription), what,
+                     ".oversubscription: expected a finite factor >= 1 (1: none), found ",
+                     oversubscription);
+  }
 };
 
 /// A cluster of identical nodes.
@@ -74,6 +88,38 @@ struct cluster {
 
   /// Bytes/s a node can send to the network: nics_per_node x nic_bandwidth.
   double node_bandwidth() const noexcept { return nics_per_node * nic_bandwidth; }
+
+  /// Throws invalid_argument naming the first setting that is not physical: counts >= 1;
+  /// nic_bandwidth > 0; every level that exists checked by link_level::check (intra when
+  /// nodes hold more than one GPU, wan when there is more than one site; inter's latency
+  /// and oversubscription, its bandwidth being unused); op_latency finite and >= 0;
+  /// peak_flops and memory_bandwidth >= 0 (0: unknown, priced at nothing), peak_flops
+  /// finite; default_mfu in (0, 1]. Pricing runs it where a cluster enters (sim::placement,
+  /// price_hetero_sync).
+  void check() const {
+    const std::string me = "sim::cluster '" + name + "': ";
+    FEDSHARD_EXPECTS(gpus_per_node >= 1 && nics_per_node >= 1 && sites >= 1, me,
+                     "expected gpus_per_node, nics_per_node and sites >= 1, found ", gpus_per_node,
+                     ", ", nics_per_node, " and ", sites);
+    FEDSHARD_EXPECTS(nic_bandwidth > 0, me,
+                     "nic_bandwidth: expected a bandwidth > 0 bytes/s (inf: free), found ",
+                     nic_bandwidth);
+    if (gpus_per_node > 1) intra.check(me + "intra");
+    link_level network = inter;
+    network.bandwidth = nic_bandwidth;  // inter's own bandwidth is unused
+    network.check(me + "inter");
+    if (sites > 1) wan.check(me + "wan");
+    FEDSHARD_EXPECTS(op_latency >= 0 && std::isfinite(op_latency), me,
+                     "op_latency: expected a finite latency >= 0 s, found ", op_latency);
+    FEDSHARD_EXPECTS(peak_flops >= 0 && std::isfinite(peak_flops), me,
+                     "peak_flops: expected a finite FLOP rate >= 0 (0: unknown), found ",
+                     peak_flops);
+    FEDSHARD_EXPECTS(default_mfu > 0 && default_mfu <= 1, me,
+                     "default_mfu: expected a fraction in (0, 1], found ", default_mfu);
+    FEDSHARD_EXPECTS(memory_bandwidth >= 0, me,
+                     "memory_bandwidth: expected a bandwidth >= 0 bytes/s (0: free), found ",
+                     memory_bandwidth);
+  }
 };
 
 /// Gb/s (network units) to bytes/s.
@@ -244,14 +290,13 @@ struct comm_span {
 /// Where the ranks of a G x R x S mesh sit on a cluster (see the file comment).
 class placement {
  public:
-  /// Throws invalid_argument for an invalid shape or cluster, or when sites do not split the
-  /// world into whole nodes.
+  /// Throws invalid_argument for an invalid shape or cluster (cluster::check), or when sites
+  /// do not split the world into whole nodes.
   placement(mesh_shape shape, const cluster& c)
       : shape_(shape), gpus_per_node_(c.gpus_per_node), sites_(c.sites) {
     FEDSHARD_EXPECTS(shape.groups >= 1 && shape.replicas >= 1 && shape.shards >= 1,
                      "sim::placement: every mesh dimension must be >= 1, found ", to_string(shape));
-    FEDSHARD_EXPECTS(c.gpus_per_node >= 1, "sim::placement: gpus_per_node must be >= 1, found ",
-                     c.gpus_per_node);
+    c.check();
     FEDSHARD_EXPECTS(c.sites >= 1 && shape.size() % c.sites == 0,
                      "sim::placement: sites must be >= 1 and divide the ", shape.size(),
                      " ranks, found ", c.sites);
