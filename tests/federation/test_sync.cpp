@@ -179,7 +179,7 @@ struct gathers_fragments : average {
                      .axis = axis::federation,
                      .bytes = static_cast<std::int64_t>(ctx.numel * sizeof(float)) * G,
                      .ranks = G,
-                     .trigger = trigger::sync_start,
+                     .trigger = trigger::sync_exchange,
                      .phase = phase::sync,
                      .fragment = ctx.fragment,
                      .in = {.role = role::fragment},

@@ -20,8 +20,8 @@
 ///  - step ops: those the plan marks overlappable (FSDP's gathers and reduce_scatters, HSDP's
 ///    replica all_reduce), O seconds in all, run behind compute and only what exceeds C is
 ///    exposed; the others are exposed;
-///  - sync ops: the ops of the triggers sync_begin, sync_finish and sync_after block training
-///    and are exposed. The sync_start ops (the averaging) of a sync that stays in flight τ > 0
+///  - sync ops: the ops of the triggers sync_prepare, sync_finish and sync_after block training
+///    and are exposed. The sync_exchange ops (the averaging) of a sync that stays in flight τ > 0
 ///    steps run on the one communication channel while those τ inner steps compute, in the
 ///    compute time the steps' own overlappable ops leave free (slack = max(0, C - O) per
 ///    step): of their S seconds, min(S, τ x slack) are hidden and the rest exposed when the
@@ -195,10 +195,10 @@ inline std::string message_of(const std::exception& e) {
   return m;
 }
 
-/// True for the sync ops that run when a sync starts (sync_begin, sync_start); the others run
+/// True for the sync ops that run when a sync starts (sync_prepare, sync_exchange); the others run
 /// when it is applied (sync_finish, sync_after).
 inline bool at_sync_start(const comm_op& op) {
-  return op.trigger == trigger::sync_begin || op.trigger == trigger::sync_start;
+  return op.trigger == trigger::sync_prepare || op.trigger == trigger::sync_exchange;
 }
 
 /// What algorithm_desc asks of the algorithm it describes.
@@ -521,8 +521,8 @@ inline std::vector<plan> sync_plans_of(const algorithm_desc& a, const flat_layou
 /// What world rank `rank` puts on the wire over `steps` steps of algorithm a, as the trainer
 /// fires the plans in a run of `total_steps` planned steps (trainer_options::total_steps; 0 =
 /// unknown, so no final-step sync): the step plan every step and, for each fragment the
-/// schedule starts after a step (action(f, step, total_steps)), its sync_begin and
-/// sync_start ops, for each one it applies, its sync_finish and sync_after ops (nothing when
+/// schedule starts after a step (action(f, step, total_steps)), its sync_prepare and
+/// sync_exchange ops, for each one it applies, its sync_finish and sync_after ops (nothing when
 /// the federation never communicates). Times are left at zero.
 inline traffic_counters run_traffic(const algorithm_desc& a, std::vector<unit_spec> units,
                                     const mesh_shape& shape, int rank, std::int64_t steps,
@@ -961,7 +961,7 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
     for (std::size_t f = 0; f < fragments.size(); ++f) {
       const fragment_cadence& fc = cadence.fragments[f];
       // One sync of fragment f: the seconds of its blocking ops per start and per apply, and
-      // of its sync_start ops (which may stay in flight), in all and by axis.
+      // of its sync_exchange ops (which may stay in flight), in all and by axis.
       double at_start = 0, at_apply = 0, in_flight = 0;
       std::array<double, 5> in_flight_by_axis{};
       for (const auto& op : fragments[f].ops) {
@@ -979,7 +979,7 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
         ax.node_bytes_per_step += runs * node_bytes / window;
         ax.sync_seconds_per_step += runs * sec / window;
         t.sync += sec;
-        if (op.trigger == trigger::sync_start) {
+        if (op.trigger == trigger::sync_exchange) {
           in_flight += sec;
           in_flight_by_axis[ai] += sec;
         } else {
