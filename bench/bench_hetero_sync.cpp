@@ -52,7 +52,7 @@ void run(benchmark::State& state, what w) {
       std::vector<float> buf(mine.total_shard_numel(), 1.0f);
       const plan p =
           federation::overlap_average_ops(*map, all, 0, buf.size(), {.role = role::fragment},
-                                          trigger::sync_start, trigger::sync_finish);
+                                          trigger::sync_exchange, trigger::sync_finish);
       world.barrier();
       if (w != what::create && leader) interp.split_members(axis::federation, member_sets);
       world.barrier();
@@ -60,7 +60,7 @@ void run(benchmark::State& state, what w) {
       if (leader) {
         if (w == what::exchange)
           interp.wait(interp.fire(
-              p, {.trigger = trigger::sync_start, .phase = phase::sync, .fragment = 0},
+              p, {.trigger = trigger::sync_exchange, .phase = phase::sync, .fragment = 0},
               [&](const comm_op&, const operand&) { return view(std::span<float>(buf)); }));
         else
           interp.split_members(axis::federation, member_sets);

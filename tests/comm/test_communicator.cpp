@@ -385,3 +385,18 @@ TEST_CASE("front-ends: typed collectives on an inproc world") {
     CHECK(got[i] == std::vector<float>{left, 10 * left});
   }
 }
+
+TEST_CASE("checked_count: a span's size as a count, refused when it does not fit in int64") {
+  using fedshard::detail::checked_count;
+  CHECK(checked_count(0) == 0);
+  CHECK(checked_count(12345) == 12345);
+  CHECK(checked_count(std::size_t{9223372036854775807u}) == INT64_MAX);  // 2^63 - 1 fits
+  try {
+    (void)checked_count(std::size_t{9223372036854775808u});  // 2^63 does not
+    FAIL("a count of 2^63 was accepted");
+  } catch (const fedshard::invalid_argument& e) {
+    const std::string m = e.what();
+    CHECK(m.find("at most 9223372036854775807") != std::string::npos);
+    CHECK(m.find("found 9223372036854775808") != std::string::npos);
+  }
+}

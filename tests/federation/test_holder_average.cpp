@@ -122,7 +122,7 @@ TEST_CASE("holder_average models FederationPolicy; fomoe is HSDP + holder_averag
 TEST_CASE("with every group holding everything the plan is average's") {
   // G = 3 groups of R = 2 replicas x S = 2 shards; this rank is replica 1 of group 1; a
   // fragment of 64 f32 = 256 B, whole on every group, so no members and no ranges:
-  //  - hierarchical: its half (128 B) all-reduced over the 3 groups at sync_start, the 256 B
+  //  - hierarchical: its half (128 B) all-reduced over the 3 groups at sync_exchange, the 256 B
   //    all-gathered over the 2 replicas at sync_finish;
   //  - reference: replica 1 only receives replica 0's broadcast of the 256 B.
   const operand whole{.role = role::fragment};
@@ -144,7 +144,7 @@ TEST_CASE("with every group holding everything the plan is average's") {
                                            .bytes = 128,
                                            .ranks = 3,
                                            .reduce = reduce_op::avg,
-                                           .trigger = trigger::sync_start,
+                                           .trigger = trigger::sync_exchange,
                                            .phase = phase::sync,
                                            .fragment = 0,
                                            .in = half,

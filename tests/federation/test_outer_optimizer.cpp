@@ -172,7 +172,7 @@ TEST_CASE("the sync plan averages inner moments when the config says so; outer s
                                  .overlappable = false}};
   };
   std::vector<comm_op> want =
-      average_of({.role = role::fragment}, trigger::sync_start, trigger::sync_finish);
+      average_of({.role = role::fragment}, trigger::sync_exchange, trigger::sync_finish);
   const plan params_only = outer_optimizer<fedadam>(c, {}).sync_plan(ctx);
   CHECK(test::compare_ops(params_only.ops, want) == "");
   CHECK(params_only.wire_bytes_on(axis::federation) == 128.0);

@@ -173,7 +173,7 @@ TEST_CASE("the plan is one all_gather of the whole fragment per replica, in eith
                              .dtype = dtype::f32,
                              .bytes = 3 * 64 * 4,
                              .ranks = 3,
-                             .trigger = trigger::sync_start,
+                             .trigger = trigger::sync_exchange,
                              .phase = phase::sync,
                              .fragment = 2,
                              .in = {.role = role::fragment},

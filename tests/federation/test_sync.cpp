@@ -77,7 +77,7 @@ TEST_CASE("fragments_of cuts strided fragments with padded buffers; sync_plans_o
   // G = 2 groups of R = 3 replicas; each fragment's buffer is padded to 48 f32 = 192 B. The
   // rank (replica 2) averages its third, 16 f32 = 64 B, over the 2 groups (sending
   // 2 (2 - 1) / 2 x 64 = 64 B), then the 3 replicas all-gather the 192 B (sending
-  // (3 - 1) / 3 x 192 = 128 B): for the parameters at sync_start / sync_finish, then for each
+  // (3 - 1) / 3 x 192 = 128 B): for the parameters at sync_exchange / sync_finish, then for each
   // of the 2 inner-optimizer buffers at sync_after.
   for (int f = 0; f < 2; ++f) {
     CAPTURE(f);
@@ -109,7 +109,7 @@ TEST_CASE("fragments_of cuts strided fragments with padded buffers; sync_plans_o
                                    .overlappable = false}};
     };
     std::vector<comm_op> want =
-        average_of({.role = role::fragment}, trigger::sync_start, trigger::sync_finish);
+        average_of({.role = role::fragment}, trigger::sync_exchange, trigger::sync_finish);
     for (int k : {0, 1})
       for (const comm_op& op :
            average_of({.role = role::moment, .index = k}, trigger::sync_after, trigger::sync_after))
@@ -225,7 +225,7 @@ struct gathers_fragments : average {
                      .axis = axis::federation,
                      .bytes = static_cast<std::int64_t>(ctx.numel * sizeof(float)) * G,
                      .ranks = G,
-                     .trigger = trigger::sync_start,
+                     .trigger = trigger::sync_exchange,
                      .phase = phase::sync,
                      .fragment = ctx.fragment,
                      .in = {.role = role::fragment},

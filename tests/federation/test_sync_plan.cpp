@@ -74,7 +74,7 @@ TEST_CASE("hierarchical: every replica all-reduces its 1/R over the groups, then
         const plan p =
             parameter_average_ops(ctx_of(shape, {1, r, s}, numel), sync_mode::hierarchical);
         std::vector<comm_op> expected{sync_op(comm_kind::all_reduce, axis::federation, bytes / R, G,
-                                              trigger::sync_start, piece, piece)};
+                                              trigger::sync_exchange, piece, piece)};
         if (R > 1)
           expected.push_back(sync_op(comm_kind::all_gather, axis::replica, bytes, R,
                                      trigger::sync_finish, piece, whole));
@@ -95,7 +95,7 @@ TEST_CASE("reference: replica 0 all-reduces the whole buffer and broadcasts it t
     std::vector<comm_op> expected;
     if (r == 0)
       expected.push_back(sync_op(comm_kind::all_reduce, axis::federation, bytes, 3,
-                                 trigger::sync_start, whole, whole));
+                                 trigger::sync_exchange, whole, whole));
     expected.push_back(
         sync_op(comm_kind::broadcast, axis::replica, bytes, 2, trigger::sync_finish, {}, whole));
     CHECK(p.ops == expected);
@@ -142,7 +142,7 @@ TEST_CASE("weights_ops: the group's token sum, then every group's over the feder
   CHECK(p.ops[1].in.role == role::tokens);
   CHECK(p.ops[1].out.role == role::group_tokens);
   for (const comm_op& op : p.ops) {
-    CHECK(op.trigger == trigger::sync_begin);
+    CHECK(op.trigger == trigger::sync_prepare);
     CHECK(op.fragment == 2);
   }
 }
@@ -174,8 +174,8 @@ TEST_CASE("both modes run on the interpreter and give every replica the mean ove
       auto bind = [&](const comm_op&, const operand&) {
         return buffer_view{buf.data(), buf.size(), dtype::f32};
       };
-      in.wait(
-          in.fire(p, {.trigger = trigger::sync_start, .phase = phase::sync, .fragment = 2}, bind));
+      in.wait(in.fire(p, {.trigger = trigger::sync_exchange, .phase = phase::sync, .fragment = 2},
+                      bind));
       in.wait(
           in.fire(p, {.trigger = trigger::sync_finish, .phase = phase::sync, .fragment = 2}, bind));
       for (std::size_t i = 0; i < numel; ++i)

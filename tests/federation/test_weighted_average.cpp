@@ -35,7 +35,7 @@ TEST_CASE("weighted_average models FederationPolicy and exchanges the weights fi
   weighted_average w({}, {8});
   CHECK(w.state().empty());
   // G = 3 groups of R = 2 replicas x S = 2 shards; this rank is replica 1, shard 0 of group 1;
-  // a fragment of 48 f32 = 192 B. At sync_begin the 4 ranks of the group sum their token
+  // a fragment of 48 f32 = 192 B. At sync_prepare the 4 ranks of the group sum their token
   // counts (one f64: all_reduce of 8 B, each sends 2 (4 - 1) / 4 x 8 = 12 B), then the groups
   // gather their sums (3 x 8 = 24 B, each sends (3 - 1) / 3 x 24 = 16 B). Then the hierarchical
   // average: each replica all-reduces its half (24 f32 = 96 B) over the 3 groups, sending
@@ -49,7 +49,7 @@ TEST_CASE("weighted_average models FederationPolicy and exchanges the weights fi
                                    .bytes = 8,
                                    .ranks = 4,
                                    .reduce = reduce_op::sum,
-                                   .trigger = trigger::sync_begin,
+                                   .trigger = trigger::sync_prepare,
                                    .phase = phase::sync,
                                    .fragment = 0,
                                    .in = tokens,
@@ -60,7 +60,7 @@ TEST_CASE("weighted_average models FederationPolicy and exchanges the weights fi
                                    .dtype = dtype::f64,
                                    .bytes = 24,
                                    .ranks = 3,
-                                   .trigger = trigger::sync_begin,
+                                   .trigger = trigger::sync_prepare,
                                    .phase = phase::sync,
                                    .fragment = 0,
                                    .in = tokens,
@@ -72,7 +72,7 @@ TEST_CASE("weighted_average models FederationPolicy and exchanges the weights fi
                                    .bytes = 96,
                                    .ranks = 3,
                                    .reduce = reduce_op::avg,
-                                   .trigger = trigger::sync_start,
+                                   .trigger = trigger::sync_exchange,
                                    .phase = phase::sync,
                                    .fragment = 0,
                                    .in = half,

@@ -229,6 +229,33 @@ TEST_CASE(
                        doctest::Contains("missing.safetensors': cannot be read"), invalid_argument);
 }
 
+TEST_CASE("read_info reads a header of 80,000 tensors (parsing is not quadratic in them)") {
+  // Tensor "t<i>" is one F32 at data bytes [4 (n - 1 - i), 4 (n - i)): the header lists them
+  // in the reverse order of their data, with the metadata among them.
+  constexpr int n = 80'000;
+  std::string text = "{";
+  for (int i = 0; i < n; ++i) {
+    const int at = 4 * (n - 1 - i);
+    text += "\"t" + std::to_string(i) + "\": {\"dtype\": \"F32\", \"shape\": [1], " +
+            "\"data_offsets\": [" + std::to_string(at) + ", " + std::to_string(at + 4) + "]}, ";
+    if (i == n / 2) text += "\"__metadata__\": {\"format\": \"pt\"}, ";
+  }
+  text.resize(text.size() - 2);
+  text += "}";
+  temp_dir dir;
+  const auto path = dir.path / "many.safetensors";
+  write_all(path, join(std::string_view(text), std::string(4 * n, '\0')));
+  const st::file_info info = st::read_info(path);
+  REQUIRE(info.tensors.size() == 80'000);
+  CHECK(info.metadata.at("format") == "pt");
+  CHECK(info.tensors.front().name == "t79999");  // by data offset: the last one listed first
+  CHECK(info.tensors.front().begin == 0);
+  CHECK(info.tensors.back().name == "t0");
+  CHECK(info.tensors.back().end == 320'000);
+  CHECK(info.tensors[40'000].name == "t39999");
+  CHECK(info.tensors[40'000].begin == 160'000);
+}
+
 // ---- export and import --------------------------------------------------------------------
 
 namespace {

@@ -50,8 +50,8 @@ TEST_CASE("kinds, phases, triggers and roles have distinct names") {
   CHECK(to_string(trigger::acquire) == "acquire");
   CHECK(to_string(trigger::grads_ready) == "grads_ready");
   CHECK(to_string(trigger::end_of_backward) == "end_of_backward");
-  CHECK(to_string(trigger::sync_begin) == "sync_begin");
-  CHECK(to_string(trigger::sync_start) == "sync_start");
+  CHECK(to_string(trigger::sync_prepare) == "sync_prepare");
+  CHECK(to_string(trigger::sync_exchange) == "sync_exchange");
   CHECK(to_string(trigger::sync_finish) == "sync_finish");
   CHECK(to_string(trigger::sync_after) == "sync_after");
   CHECK(to_string(trigger::on_demand) == "on_demand");
@@ -176,6 +176,13 @@ TEST_CASE(
         "broadcast on replica (2 ranks), 8 B of f32, fragment 3, sync_finish in sync -> fragment");
   CHECK(describe(operand{.role = role::moment, .index = 1, .piece = axis::replica}) ==
         "moment 1 (piece on replica)");
+  // A packed operand names whose masked elements it holds; an index naming none shows as is.
+  CHECK(packed_operand(packed_of::grad) == operand{.role = role::packed, .index = 2});
+  CHECK(describe(packed_operand(packed_of::param_shard)) == "packed param_shard");
+  CHECK(describe(packed_operand(packed_of::params)) == "packed params");
+  CHECK(describe(packed_operand(packed_of::grad)) == "packed grad");
+  CHECK(describe(packed_operand(packed_of::grad_shard)) == "packed grad_shard");
+  CHECK(describe(operand{.role = role::packed, .index = 7}) == "packed 7");
 }
 
 TEST_CASE("describe names a point-to-point op's peer and only the operands its kind has") {
@@ -184,14 +191,14 @@ TEST_CASE("describe names a point-to-point op's peer and only the operands its k
             .bytes = 64,
             .ranks = 4,
             .peer = 3,
-            .trigger = trigger::sync_start,
+            .trigger = trigger::sync_exchange,
             .phase = phase::sync,
             .fragment = 0,
             .in = {.role = role::fragment},
             .out = {.role = role::gathered}};
   CHECK(describe(x) ==
         "send_recv on federation (4 ranks), 64 B of f32, with axis rank 3, "
-        "fragment 0, sync_start in sync, fragment -> gathered");
+        "fragment 0, sync_exchange in sync, fragment -> gathered");
   const comm_op send{.kind = comm_kind::send,
                      .axis = axis::federation,
                      .dtype = dtype::f64,
@@ -318,8 +325,8 @@ TEST_CASE("check accepts consistent ops and names what is wrong with the others"
   c.phase = phase::sync;
   fails(c, "acquire ops run in forward or backward");
   c = ok;
-  c.trigger = trigger::sync_start;
-  fails(c, "a sync_start op needs a fragment");
+  c.trigger = trigger::sync_exchange;
+  fails(c, "a sync_exchange op needs a fragment");
   c = make(comm_kind::broadcast, axis::replica, 8, 2);
   c.reduce.reset();
   c.root = 2;
@@ -339,11 +346,14 @@ TEST_CASE("trigger points select the ops of one event; writes and reads look at 
   comm_op other = rs;
   other.unit = 0;
   p.ops = {fwd, bwd, rs, other};
-  CHECK(p.at({trigger::acquire, phase::forward, 1}).ops == std::vector<comm_op>{fwd});
-  CHECK(p.at({trigger::acquire, phase::backward, 1}).ops == std::vector<comm_op>{bwd});
-  CHECK(p.at({trigger::grads_ready, phase::backward, 1}).ops == std::vector<comm_op>{rs});
-  CHECK(p.at({trigger::acquire, phase::forward, 0}).ops.empty());
-  CHECK(p.at({.trigger = trigger::sync_start, .phase = phase::sync, .fragment = 0}).ops.empty());
+  CHECK(p.at({.trigger = trigger::acquire, .phase = phase::forward, .unit = 1}).ops ==
+        std::vector<comm_op>{fwd});
+  CHECK(p.at({.trigger = trigger::acquire, .phase = phase::backward, .unit = 1}).ops ==
+        std::vector<comm_op>{bwd});
+  CHECK(p.at({.trigger = trigger::grads_ready, .phase = phase::backward, .unit = 1}).ops ==
+        std::vector<comm_op>{rs});
+  CHECK(p.at({.trigger = trigger::acquire, .phase = phase::forward, .unit = 0}).ops.empty());
+  CHECK(p.at({.trigger = trigger::sync_exchange, .phase = phase::sync, .fragment = 0}).ops.empty());
   CHECK(p.writes(role::params, 1));
   CHECK_FALSE(p.writes(role::params, 0));
   CHECK(p.reads(role::grad, 0));

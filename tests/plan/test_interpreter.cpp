@@ -284,7 +284,8 @@ TEST_CASE("a chain runs its ops in order, each after the previous, and ranks agr
         if (o.index == 1) return buffer_view{shard.data(), shard.size(), dtype::f32};
         return buffer_view{other.data(), other.size(), dtype::f32};
       };
-      const ticket t = in.fire(p, {trigger::grads_ready, phase::backward, 0}, bind);
+      const ticket t =
+          in.fire(p, {.trigger = trigger::grads_ready, .phase = phase::backward, .unit = 0}, bind);
       if ((round + world.rank()) % 2 == 0) {  // let the reduce_scatter finish here first
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
         in.progress();
@@ -423,7 +424,7 @@ TEST_CASE("exchanges in a chain with different peers each round run in order on 
     plan p;
     for (int k = 0; k < 3; ++k) {
       comm_op op = make(comm_kind::send_recv, axis::federation, 16, 4);
-      op.trigger = trigger::sync_start;
+      op.trigger = trigger::sync_exchange;
       op.phase = phase::sync;
       op.fragment = 0;
       op.peer = me ^ (k + 1);
@@ -435,7 +436,7 @@ TEST_CASE("exchanges in a chain with different peers each round run in order on 
       return buffer_view{v.data(), v.size(), dtype::f32};
     };
     in.wait(
-        in.fire(p, {.trigger = trigger::sync_start, .phase = phase::sync, .fragment = 0}, bind));
+        in.fire(p, {.trigger = trigger::sync_exchange, .phase = phase::sync, .fragment = 0}, bind));
     for (int k = 0; k < 3; ++k)
       for (float v : got[static_cast<std::size_t>(k)]) CHECK(v == static_cast<float>(me ^ (k + 1)));
     CHECK(in.traffic().same_traffic(traffic_counters::of(p)));

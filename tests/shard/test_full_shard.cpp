@@ -32,9 +32,10 @@ TEST_CASE("full_shard: name, one shard per rank of a replica, gathered again for
   const flat_layout l(test::tiny_mlp{}.units(), 4);
   const plan p = full_shard::step_plan(l, {1, 1, 4}, {});
   for (int u = 0; u < 3; ++u) {
-    CHECK(p.at({trigger::acquire, phase::forward, u}).ops.size() == 1);
-    CHECK(p.at({trigger::acquire, phase::backward, u}).ops.size() == 1);
-    CHECK(p.at({trigger::grads_ready, phase::backward, u}).ops.size() == 1);
+    CHECK(p.at({.trigger = trigger::acquire, .phase = phase::forward, .unit = u}).ops.size() == 1);
+    CHECK(p.at({.trigger = trigger::acquire, .phase = phase::backward, .unit = u}).ops.size() == 1);
+    CHECK(p.at({.trigger = trigger::grads_ready, .phase = phase::backward, .unit = u}).ops.size() ==
+          1);
   }
   CHECK(full_shard::layout_shards({1, 1, 4}) == 4);
   CHECK(full_shard::layout_shards({8, 1, 2}) == 2);

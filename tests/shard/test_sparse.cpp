@@ -151,6 +151,15 @@ TEST_CASE("the sparse plan is the base plan op for op, packed to k_u per shard")
       CHECK(sp.ops[i].bytes * 10 == base.ops[i].bytes);  // shards of 80, k = 8
       CHECK(sp.ops[i].in.role == role::packed);
       CHECK_NOTHROW(check(sp.ops[i]));
+      // gather: param_shard -> params; reduce_scatter: grad -> grad_shard; the replica
+      // average of the gradient shard: grad_shard -> grad_shard, each packed.
+      const auto [from, to] = sp.ops[i].kind == comm_kind::all_gather
+                                  ? std::pair{packed_of::param_shard, packed_of::params}
+                              : sp.ops[i].kind == comm_kind::reduce_scatter
+                                  ? std::pair{packed_of::grad, packed_of::grad_shard}
+                                  : std::pair{packed_of::grad_shard, packed_of::grad_shard};
+      CHECK(sp.ops[i].in == packed_operand(from));
+      CHECK(sp.ops[i].out == packed_operand(to));
     }
   }
   // DDP's group all_reduce has no packed counterpart.

@@ -144,7 +144,7 @@ void check_against_wire(std::string_view name, const algorithm_desc& a,
   }
 }
 
-/// fl_hsdp's sync with token weights and Photon's averaged inner moments (sync_begin and
+/// fl_hsdp's sync with token weights and Photon's averaged inner moments (sync_prepare and
 /// sync_after ops), on ZeRO-2 inside groups and a post-local schedule: a custom algorithm.
 using weighted_post_local =
     algorithm<shard::shard_grad_op, federation::weighted_average, schedule::post_local>;
@@ -494,7 +494,7 @@ TEST_CASE("streaming_diloco: each fragment once per H steps, and a delay hides i
   CHECK(p2.step < p0.step);
   CHECK(p2.sync_per_step + p2.sync_hidden == doctest::Approx(p0.sync_per_step));
   // Here compute leaves enough slack for the whole all_reduce: the federation axis (the
-  // sync_start ops) is fully hidden; the replicas' all_gather (sync_finish) still blocks.
+  // sync_exchange ops) is fully hidden; the replicas' all_gather (sync_finish) still blocks.
   CHECK(p2[axis::federation].exposed == 0);
   CHECK(p0[axis::federation].exposed > 0);
   CHECK(p2[axis::replica].exposed == doctest::Approx(p0[axis::replica].exposed));

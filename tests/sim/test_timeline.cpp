@@ -108,7 +108,7 @@ TEST_CASE("bad timelines are refused with a clear message") {
                        doctest::Contains("names unit 1 of a model of 1 units"), invalid_argument);
   CHECK_THROWS_WITH_AS(time_step(ops, std::vector<op_time>(ops.size()), {1, 1}, -1),
                        doctest::Contains("compute seconds must be >= 0"), invalid_argument);
-  std::vector<comm_op> sync{op_at(comm_kind::all_reduce, trigger::sync_start, phase::sync, -1)};
+  std::vector<comm_op> sync{op_at(comm_kind::all_reduce, trigger::sync_exchange, phase::sync, -1)};
   CHECK_THROWS_WITH_AS(time_step(sync, {{1, 0, 0}}, {1}, 1),
                        doctest::Contains("has a trigger no inner step fires"), invalid_argument);
 }

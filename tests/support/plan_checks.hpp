@@ -3,7 +3,7 @@
 /// step-by-step comparison with what the wire taps recorded.
 ///
 /// A step runs every op of the step plan once, plus, for each fragment whose schedule action
-/// starts a sync, the sync plan's sync_begin and sync_start ops, and for each one that
+/// starts a sync, the sync plan's sync_prepare and sync_exchange ops, and for each one that
 /// applies, its sync_finish and sync_after ops. The comparison is op by op: the recorded
 /// calls and the expected ones, each (kind, axis, dtype, array bytes, ranks), are equal as
 /// sorted lists (prefetching may change the order in which a step issues its ops, never
@@ -44,7 +44,8 @@ std::vector<wire_call> expected_step_calls(Trainer& t, std::int64_t step, std::i
     const auto a = t.schedule().action(f, step, total);
     const bool starts = schedule::starts(a), applies = schedule::applies(a);
     const auto sync = calls_of(t.sync_plan(f), [&](const comm_op& op) {
-      const bool at_start = op.trigger == trigger::sync_begin || op.trigger == trigger::sync_start;
+      const bool at_start =
+          op.trigger == trigger::sync_prepare || op.trigger == trigger::sync_exchange;
       const bool at_apply = op.trigger == trigger::sync_finish || op.trigger == trigger::sync_after;
       return (starts && at_start) || (applies && at_apply);
     });

@@ -103,7 +103,11 @@ concept Communicator = std::movable<C> && requires(C& c, const C& cc, const void
 };
 
 namespace detail {
+/// n as a backend's element count (std::int64_t); invalid_argument when it does not fit.
 inline std::int64_t checked_count(std::size_t n) {
+  constexpr auto max = static_cast<std::size_t>(INT64_MAX);
+  FEDSHARD_EXPECTS(n <= max, "communicator: a count of at most ", max,
+                   " elements (std::int64_t) was expected, found ", n);
   return static_cast<std::int64_t>(n);
 }
 

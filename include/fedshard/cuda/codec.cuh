@@ -228,23 +228,158 @@ constexpr topk_sections topk_layout(std::size_t n) noexcept {
 template <class C>
 inline constexpr std::size_t topk_code_words = C::quantised ? (C::k* C::bits + 31) / 32 : 1;
 
+/// The shared memory of a block of topk_encode_kernel.
+template <class C>
+struct topk_shared {
+  typename cub::BlockScan<std::uint32_t, block_threads>::TempStorage scan;
+  std::uint32_t histogram[256];
+  std::uint32_t prefix, remaining, scale_bits;
+  std::uint32_t code_words[topk_code_words<C>];
+};
+
+/// Where a chunk's selection stops: elements whose |e| bits are above `threshold` are taken,
+/// and the first `need` (in index order) of those equal to it.
+struct topk_cut {
+  std::uint32_t threshold = 0;
+  std::uint32_t need = 0;
+};
+
+/// Step 1 of a chunk of m elements: fold delta into the residual (as the host: e + delta
+/// when beta is 1).
+__device__ __forceinline__ void topk_fold(float* ec, const float* dc, std::uint32_t m, float beta) {
+  for (std::uint32_t i = threadIdx.x; i < m; i += block_threads)
+    ec[i] = beta == 1.0f ? __fadd_rn(ec[i], dc[i]) : __fadd_rn(__fmul_rn(beta, ec[i]), dc[i]);
+  __syncthreads();
+}
+
+/// One radix pass of topk_threshold on the byte at `shift`: among the elements whose bits
+/// under `mask` equal `prefix`, the digit of the remaining-th largest, appended to prefix;
+/// remaining becomes its rank among the elements of that digit.
+template <class C>
+__device__ __forceinline__ void topk_radix_pass(const float* ec, std::uint32_t m, int shift,
+                                                std::uint32_t& prefix, std::uint32_t mask,
+                                                std::uint32_t& remaining, topk_shared<C>& sh) {
+  const unsigned t = threadIdx.x;
+  for (unsigned b = t; b < 256; b += block_threads) sh.histogram[b] = 0;
+  __syncthreads();
+  for (std::uint32_t i = t; i < m; i += block_threads) {
+    const std::uint32_t key = abs_bits(ec[i]);
+    if ((key & mask) == prefix) atomicAdd(&sh.histogram[(key >> shift) & 0xffu], 1u);
+  }
+  __syncthreads();
+  if (t == 0) {
+    // The digit of the remaining-th largest candidate: bins above it hold fewer.
+    std::uint32_t above = 0;
+    unsigned b = 255;
+    for (; b > 0; --b) {
+      if (above + sh.histogram[b] >= remaining) break;
+      above += sh.histogram[b];
+    }
+    sh.prefix = prefix | (static_cast<std::uint32_t>(b) << shift);
+    sh.remaining = remaining - above;
+  }
+  __syncthreads();
+  prefix = sh.prefix;
+  remaining = sh.remaining;
+}
+
+/// Step 2 (k < m): the k-th largest |e| bits (threshold) and how many elements equal to it
+/// are taken (need), by four 8-bit radix passes from the top byte.
+template <class C>
+__device__ __forceinline__ topk_cut topk_threshold(const float* ec, std::uint32_t m,
+                                                   std::uint32_t k, topk_shared<C>& sh) {
+  std::uint32_t prefix = 0, mask = 0, remaining = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    topk_radix_pass<C>(ec, m, shift, prefix, mask, remaining, sh);
+    mask |= 0xffu << shift;
+  }
+  return {.threshold = prefix, .need = remaining};
+}
+
+/// Step 3: the selection in index order: above the threshold, or equal to it and among the
+/// first `need` such (every element when take_all); position j = selected elements before
+/// it. Writes the indices (idx), and f32 values (values) with their residual updates; a
+/// quantised C takes the largest selected |e| bits (NaN ignored, as the host's max) into
+/// sh.scale_bits.
+template <class C>
+__device__ __forceinline__ void topk_select(float* ec, std::uint32_t m, bool take_all, topk_cut cut,
+                                            typename C::index_t* idx, float* values,
+                                            topk_shared<C>& sh) {
+  using index_t = typename C::index_t;
+  using scan = cub::BlockScan<std::uint32_t, block_threads>;
+  const unsigned t = threadIdx.x;
+  std::uint32_t equal_before_tile = 0, selected_before_tile = 0;
+  for (std::uint32_t tile = 0; tile < m; tile += block_threads) {
+    const std::uint32_t i = tile + t;
+    const bool inside = i < m;
+    const float v = inside ? ec[i] : 0.0f;
+    const std::uint32_t key = abs_bits(v);
+    const std::uint32_t equal = inside && !take_all && key == cut.threshold ? 1u : 0u;
+    std::uint32_t equal_before = 0, equal_total = 0;
+    scan(sh.scan).ExclusiveSum(equal, equal_before, equal_total);
+    __syncthreads();
+    const bool selected = inside && (take_all || key > cut.threshold ||
+                                     (equal != 0 && equal_before_tile + equal_before < cut.need));
+    std::uint32_t position = 0, selected_total = 0;
+    scan(sh.scan).ExclusiveSum(selected ? 1u : 0u, position, selected_total);
+    __syncthreads();
+    if (selected) {
+      const std::uint32_t j = selected_before_tile + position;
+      idx[j] = static_cast<index_t>(i);
+      if constexpr (C::quantised) {
+        if (key <= infinity_bits) atomicMax(&sh.scale_bits, key);
+      } else {
+        values[j] = v;
+        ec[i] = __fsub_rn(v, v);
+      }
+    }
+    equal_before_tile += equal_total;
+    selected_before_tile += selected_total;
+  }
+}
+
+/// Step 4 (quantised C): the scale (into *scale), each of the k selected elements' code
+/// (packed in shared memory, then written to codes), and the residual minus the value sent.
+template <class C>
+__device__ __forceinline__ void topk_quantise(float* ec, std::uint32_t k,
+                                              const typename C::index_t* idx, float* scale,
+                                              std::uint8_t* codes, topk_shared<C>& sh) {
+  using quantiser = topk_device_quantiser<C::bits>;
+  constexpr unsigned bits = C::bits;
+  const unsigned t = threadIdx.x;
+  for (unsigned w = t; w < topk_code_words<C>; w += block_threads) sh.code_words[w] = 0;
+  __syncthreads();  // also makes the indices written by topk_select visible to the block
+  const float s = ::fedshard::detail::bit_cast<float>(sh.scale_bits);
+  if (t == 0) *scale = s;
+  for (std::uint32_t j = t; j < k; j += block_threads) {
+    const std::uint32_t i = idx[j];
+    const float v = ec[i];
+    const std::uint32_t code = quantiser::encode(v, s);
+    const std::uint32_t bit = j * bits;
+    const std::uint32_t word = bit / 32, off = bit % 32;
+    atomicOr(&sh.code_words[word], code << off);
+    if (off + bits > 32) atomicOr(&sh.code_words[word + 1], code >> (32 - off));
+    ec[i] = __fsub_rn(v, quantiser::decode(code, s));
+  }
+  __syncthreads();
+  const std::uint32_t bytes = (k * bits + 7) / 8;  // topk::code_bytes(k)
+  for (std::uint32_t b = t; b < bytes; b += block_threads)
+    codes[b] = static_cast<std::uint8_t>((sh.code_words[b / 4] >> (8 * (b % 4))) & 0xffu);
+}
+
 /// One block per chunk (grid-stride): e <- beta e + delta, radix select of the k-th largest
 /// |e| bits, selection in index order (block scans), indices written, then the scale, codes
-/// and residual updates (quantised) or values and residual updates (f32).
+/// and residual updates (quantised) or values and residual updates (f32). The steps are the
+/// __forceinline__ helpers above.
 template <class C>
 __global__ void __launch_bounds__(block_threads)
     topk_encode_kernel(const float* delta, float* e, std::uint64_t n, float beta, std::byte* wire,
                        topk_sections at) {
   using index_t = typename C::index_t;
-  using scan = cub::BlockScan<std::uint32_t, block_threads>;
   constexpr std::uint64_t chunk = C::chunk;
   constexpr std::uint64_t K = C::k;
-  __shared__ typename scan::TempStorage scan_storage;
-  __shared__ std::uint32_t histogram[256];
-  __shared__ std::uint32_t shared_prefix, shared_remaining, scale_bits;
-  __shared__ std::uint32_t code_words[topk_code_words<C>];
+  __shared__ topk_shared<C> sh;
 
-  const unsigned t = threadIdx.x;
   const std::uint64_t chunks = (n + chunk - 1) / chunk;
   float* const scales_or_values = reinterpret_cast<float*>(wire);
   index_t* const indices = reinterpret_cast<index_t*>(wire + at.indices);
@@ -255,107 +390,17 @@ __global__ void __launch_bounds__(block_threads)
     const std::uint32_t m = static_cast<std::uint32_t>(n - base < chunk ? n - base : chunk);
     const std::uint32_t k = static_cast<std::uint32_t>(K < m ? K : m);
     float* const ec = e + base;
-    const float* const dc = delta + base;
     index_t* const idx = indices + c * K;
 
-    // 1. Fold delta into the residual (as the host: e + delta when beta is 1).
-    for (std::uint32_t i = t; i < m; i += block_threads)
-      ec[i] = beta == 1.0f ? __fadd_rn(ec[i], dc[i]) : __fadd_rn(__fmul_rn(beta, ec[i]), dc[i]);
-    __syncthreads();
-
-    // 2. The k-th largest |e| bits (threshold) and how many elements equal to it are taken
-    // (need), by four 8-bit radix passes from the top byte; all of them when k == m.
+    topk_fold(ec, delta + base, m, beta);
     const bool take_all = k == m;
-    std::uint32_t threshold = 0, need = 0;
-    if (!take_all) {
-      std::uint32_t prefix = 0, mask = 0, remaining = k;
-      for (int shift = 24; shift >= 0; shift -= 8) {
-        for (unsigned b = t; b < 256; b += block_threads) histogram[b] = 0;
-        __syncthreads();
-        for (std::uint32_t i = t; i < m; i += block_threads) {
-          const std::uint32_t key = abs_bits(ec[i]);
-          if ((key & mask) == prefix) atomicAdd(&histogram[(key >> shift) & 0xffu], 1u);
-        }
-        __syncthreads();
-        if (t == 0) {
-          // The digit of the remaining-th largest candidate: bins above it hold fewer.
-          std::uint32_t above = 0;
-          unsigned b = 255;
-          for (; b > 0; --b) {
-            if (above + histogram[b] >= remaining) break;
-            above += histogram[b];
-          }
-          shared_prefix = prefix | (static_cast<std::uint32_t>(b) << shift);
-          shared_remaining = remaining - above;
-        }
-        __syncthreads();
-        prefix = shared_prefix;
-        remaining = shared_remaining;
-        mask |= 0xffu << shift;
-      }
-      threshold = prefix;
-      need = remaining;
-    }
-    if (t == 0) scale_bits = 0;
+    topk_cut cut{};
+    if (!take_all) cut = topk_threshold<C>(ec, m, k, sh);
+    if (threadIdx.x == 0) sh.scale_bits = 0;
     __syncthreads();
-
-    // 3. The selection in index order: above the threshold, or equal to it and among the
-    // first `need` such; position j = selected elements before it. Indices are written here,
-    // and f32 values with their residual updates.
-    std::uint32_t equal_before_tile = 0, selected_before_tile = 0;
-    for (std::uint32_t tile = 0; tile < m; tile += block_threads) {
-      const std::uint32_t i = tile + t;
-      const bool inside = i < m;
-      const float v = inside ? ec[i] : 0.0f;
-      const std::uint32_t key = abs_bits(v);
-      const std::uint32_t equal = inside && !take_all && key == threshold ? 1u : 0u;
-      std::uint32_t equal_before = 0, equal_total = 0;
-      scan(scan_storage).ExclusiveSum(equal, equal_before, equal_total);
-      __syncthreads();
-      const bool selected = inside && (take_all || key > threshold ||
-                                       (equal != 0 && equal_before_tile + equal_before < need));
-      std::uint32_t position = 0, selected_total = 0;
-      scan(scan_storage).ExclusiveSum(selected ? 1u : 0u, position, selected_total);
-      __syncthreads();
-      if (selected) {
-        const std::uint32_t j = selected_before_tile + position;
-        idx[j] = static_cast<index_t>(i);
-        if constexpr (C::quantised) {
-          if (key <= infinity_bits) atomicMax(&scale_bits, key);  // the host's max ignores NaN
-        } else {
-          scales_or_values[c * K + j] = v;
-          ec[i] = __fsub_rn(v, v);
-        }
-      }
-      equal_before_tile += equal_total;
-      selected_before_tile += selected_total;
-    }
-
-    // 4. Quantised: the scale, each selected element's code (packed in shared memory), and
-    // the residual minus the value sent.
-    if constexpr (C::quantised) {
-      using quantiser = topk_device_quantiser<C::bits>;
-      constexpr unsigned bits = C::bits;
-      for (unsigned w = t; w < topk_code_words<C>; w += block_threads) code_words[w] = 0;
-      __syncthreads();  // also makes the indices written above visible to the block
-      const float s = ::fedshard::detail::bit_cast<float>(scale_bits);
-      if (t == 0) scales_or_values[c] = s;
-      for (std::uint32_t j = t; j < k; j += block_threads) {
-        const std::uint32_t i = idx[j];
-        const float v = ec[i];
-        const std::uint32_t code = quantiser::encode(v, s);
-        const std::uint32_t bit = j * bits;
-        const std::uint32_t word = bit / 32, off = bit % 32;
-        atomicOr(&code_words[word], code << off);
-        if (off + bits > 32) atomicOr(&code_words[word + 1], code >> (32 - off));
-        ec[i] = __fsub_rn(v, quantiser::decode(code, s));
-      }
-      __syncthreads();
-      std::uint8_t* const codes = all_codes + c * at.code_stride;
-      const std::uint32_t bytes = (k * bits + 7) / 8;  // topk::code_bytes(k)
-      for (std::uint32_t b = t; b < bytes; b += block_threads)
-        codes[b] = static_cast<std::uint8_t>((code_words[b / 4] >> (8 * (b % 4))) & 0xffu);
-    }
+    topk_select<C>(ec, m, take_all, cut, idx, scales_or_values + c * K, sh);
+    if constexpr (C::quantised)
+      topk_quantise<C>(ec, k, idx, scales_or_values + c, all_codes + c * at.code_stride, sh);
     __syncthreads();  // shared state is reset for the next chunk
   }
 }

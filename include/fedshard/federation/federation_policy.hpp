@@ -5,7 +5,7 @@
 /// sync state machine (federation/sync.hpp) packs the rank's master parameters of the
 /// fragment into one buffer (role `fragment`), runs the policy's sync plan around the
 /// policy's transforms, and mixes the result into the local parameters:
-///   sync_begin ops (e.g. the groups' token counts) -> begin() -> sync_start ops (the
+///   sync_prepare ops (e.g. the groups' token counts) -> begin() -> sync_exchange ops (the
 ///   averaging; may stay in flight across steps) ... sync_finish ops (finish it inside the
 ///   group) -> end() -> mix in -> sync_after ops (e.g. inner-optimizer moments).
 ///
@@ -15,7 +15,7 @@
 ///  3. `F::syncs` (bool): false for a policy that never communicates (none);
 ///  4. `F(config, fragment_sizes)`: per-fragment state for buffers of those sizes;
 ///  5. `sync_plan(ctx)` (const): the executable ops of one sync of fragment ctx.fragment for
-///     this rank (triggers sync_begin, sync_start, sync_finish, sync_after; roles fragment,
+///     this rank (triggers sync_prepare, sync_exchange, sync_finish, sync_after; roles fragment,
 ///     moment, tokens, group_tokens); it depends on the config and ctx alone (a policy built
 ///     for no fragments gives the same plan); sync_plan.hpp has the builders. A policy whose
 ///     plan changes from one sync to the next (gossip's matchings) reads ctx.round and says

@@ -35,7 +35,7 @@
 /// matching: nothing waits in a cycle.
 ///
 /// The sync plan (sync_plan, a new plan every round: plan_per_round), for group g:
-///  - sync_start: one send_recv over the federation axis per peer of g this round (in
+///  - sync_exchange: one send_recv over the federation axis per peer of g this round (in
 ///    matching order), role fragment (y_g) -> role gathered, index k (the k-th peer's y);
 ///    hierarchical: every replica exchanges its 1/R piece, and the replicas all-gather each
 ///    gathered k at sync_finish; reference: replica 0 exchanges the whole fragment and
@@ -238,7 +238,7 @@ inline plan gossip_ops(const gossip_config& cfg, const sync_context& ctx) {
               .bytes = hierarchical ? bytes / R : bytes,
               .ranks = G,
               .peer = peers[k],
-              .trigger = trigger::sync_start,
+              .trigger = trigger::sync_exchange,
               .phase = phase::sync,
               .fragment = ctx.fragment,
               .in = {.role = role::fragment},

@@ -235,7 +235,7 @@ class basic_holder_average : public detail::stateless {
                          .bytes = bytes,
                          .ranks = std::popcount(h),
                          .reduce = reduce_op::avg,
-                         .trigger = trigger::sync_start,
+                         .trigger = trigger::sync_exchange,
                          .phase = phase::sync,
                          .fragment = ctx.fragment,
                          .in = range,

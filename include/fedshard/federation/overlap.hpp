@@ -242,7 +242,7 @@ inline plan overlap_weights_ops(const overlap_map& m, int fragment) {
               .bytes = 8,
               .ranks = group_ranks,
               .reduce = reduce_op::sum,
-              .trigger = trigger::sync_begin,
+              .trigger = trigger::sync_prepare,
               .phase = phase::sync,
               .fragment = fragment,
               .in = {.role = role::tokens},

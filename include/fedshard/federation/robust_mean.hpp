@@ -5,7 +5,7 @@
 ///
 /// The sync plan (fragment_gather_ops) gathers every group's copy of the fragment on every
 /// replica: one all_gather over the federation axis, role fragment -> role gathered (G x
-/// numel f32, by group), at sync_start. end() then writes into the fragment buffer, element
+/// numel f32, by group), at sync_exchange. end() then writes into the fragment buffer, element
 /// by element, the median (or trimmed mean) over the included groups (sync_info::included;
 /// the groups left out are ignored) of gathered[g * numel + i]:
 ///  - the included values are sorted in a total order: -0 before +0, NaN after +inf (NaNs
@@ -34,7 +34,7 @@
 ///
 /// State. The gathered buffer of fragment f holds G x numel elements, and G is not known
 /// when the policy is built (F(config, fragment_sizes): the synchronizer passes no mesh).
-/// begin(), which the synchronizer calls on every sync before it fires sync_start, sizes it
+/// begin(), which the synchronizer calls on every sync before it fires sync_exchange, sizes it
 /// from sync_info::groups (prepare()): allocated from the space at the first sync and kept
 /// afterwards (a sync with the same G allocates nothing). state() is empty: nothing is
 /// carried from one sync to the next. A sync in flight or communicated cannot be resumed

@@ -4,8 +4,8 @@
 ///
 /// A fragment is a set of units (the schedule's fragment_units). After each inner step the
 /// schedule's action for each fragment says whether a sync starts (snapshot the fragment's
-/// part of the master into its buffer, exchange what sync_begin moves, let the policy's
-/// begin() transform it, fire sync_start: the averaging may stay in flight for the
+/// part of the master into its buffer, exchange what sync_prepare moves, let the policy's
+/// begin() transform it, fire sync_exchange: the averaging may stay in flight for the
 /// schedule's delay) and whether it applies (finish the averaging: sync_finish; the policy's
 /// end(); mix the result into the master with the schedule's α; then sync_after, e.g. the
 /// inner-optimizer moments). Every collective is an op of the policy's sync_plan, run by the
@@ -366,7 +366,7 @@ class synchronizer {
     typename S::template buffer<double> group_tokens_buf;  // role group_tokens
     fedshard::plan plan;
     sync_stage stage = sync_stage::idle;
-    ticket start;                      // the sync_start firing in flight
+    ticket start;                      // the sync_exchange firing in flight
     ticket finish;                     // the sync_finish firing
     std::int64_t tokens = 0;           // this rank's tokens since the last sync started
     std::vector<double> group_tokens;  // every group's, on the host
@@ -743,12 +743,12 @@ class synchronizer {
     if (fr.exchanges_tokens) {  // the weights, on the host for the policy's begin()
       const double mine = static_cast<double>(fr.tokens);
       space_->from_host(sync_, const_buffer_view{&mine, 1, dtype::f64}, fr.tokens_buf.view());
-      interp.wait(interp.fire(fr.plan, point(trigger::sync_begin, f), binder(f), sync_));
+      interp.wait(interp.fire(fr.plan, point(trigger::sync_prepare, f), binder(f), sync_));
       space_->to_host(sync_, const_buffer_view(fr.group_tokens_buf.view()),
                       view(std::span<double>(fr.group_tokens)));
       space_->synchronize(sync_);
     } else {
-      interp.join(interp.fire(fr.plan, point(trigger::sync_begin, f), binder(f), sync_), sync_);
+      interp.join(interp.fire(fr.plan, point(trigger::sync_prepare, f), binder(f), sync_), sync_);
     }
     fr.tokens = 0;
     pack(fr, master, fr.buf.span());
@@ -756,7 +756,7 @@ class synchronizer {
     // snapshot has read it; it does not wait for the averaging, which stays in flight.
     space_->wait(compute, space_->record(sync_));
     policy_.begin(f, fr.buf.span(), info(f), sync_);
-    fr.start = interp.fire(fr.plan, point(trigger::sync_start, f), binder(f), sync_);
+    fr.start = interp.fire(fr.plan, point(trigger::sync_exchange, f), binder(f), sync_);
     fr.stage = sync_stage::in_flight;
   }
 

@@ -78,7 +78,7 @@ inline plan average_ops(const sync_context& ctx, sync_mode mode, operand what, t
 }
 
 /// The ops that exchange the groups' weights (tokens since the fragment's last sync) at
-/// sync_begin: this rank's tokens summed over the group, then every group's sum gathered
+/// sync_prepare: this rank's tokens summed over the group, then every group's sum gathered
 /// over the federation axis (role group_tokens, ordered by group). On a heterogeneous mesh
 /// (ctx.overlap): overlap_weights_ops.
 inline plan weights_ops(const sync_context& ctx) {
@@ -91,7 +91,7 @@ inline plan weights_ops(const sync_context& ctx) {
                    .bytes = 8,
                    .ranks = s.replicas * s.shards,
                    .reduce = reduce_op::sum,
-                   .trigger = trigger::sync_begin,
+                   .trigger = trigger::sync_prepare,
                    .phase = phase::sync,
                    .fragment = ctx.fragment,
                    .in = {.role = role::tokens},
@@ -102,7 +102,7 @@ inline plan weights_ops(const sync_context& ctx) {
                    .dtype = dtype::f64,
                    .bytes = 8 * static_cast<std::int64_t>(s.groups),
                    .ranks = s.groups,
-                   .trigger = trigger::sync_begin,
+                   .trigger = trigger::sync_prepare,
                    .phase = phase::sync,
                    .fragment = ctx.fragment,
                    .in = {.role = role::tokens},
@@ -112,16 +112,16 @@ inline plan weights_ops(const sync_context& ctx) {
 }
 
 /// The ops that average the fragment's parameters: average_ops on role fragment, started
-/// at sync_start and finished at sync_finish.
+/// at sync_exchange and finished at sync_finish.
 inline plan parameter_average_ops(const sync_context& ctx, sync_mode mode) {
-  return average_ops(ctx, mode, {.role = role::fragment}, trigger::sync_start,
+  return average_ops(ctx, mode, {.role = role::fragment}, trigger::sync_exchange,
                      trigger::sync_finish);
 }
 
 /// The op that gathers every group's copy of the fragment, on every replica, for a policy
 /// that combines the copies itself in end() (robust_mean.hpp): an all_gather over the
 /// federation axis from role fragment into role gathered (G x ctx.numel f32, ordered by
-/// group) at sync_start. Nothing is shared inside the group afterwards: see robust_mean.hpp
+/// group) at sync_exchange. Nothing is shared inside the group afterwards: see robust_mean.hpp
 /// for why, and for what it costs.
 inline plan fragment_gather_ops(const sync_context& ctx) {
   plan p;
@@ -131,7 +131,7 @@ inline plan fragment_gather_ops(const sync_context& ctx) {
                    .dtype = dtype::f32,
                    .bytes = static_cast<std::int64_t>(ctx.numel * sizeof(float)) * G,
                    .ranks = G,
-                   .trigger = trigger::sync_start,
+                   .trigger = trigger::sync_exchange,
                    .phase = phase::sync,
                    .fragment = ctx.fragment,
                    .in = {.role = role::fragment},

@@ -179,28 +179,39 @@ inline std::string kind_of(const nlohmann::ordered_json& j) {
   return concat("a JSON ", j.type_name());
 }
 
-/// Parses and validates the header text of a file of file_size bytes.
-inline file_info parse_header(const std::filesystem::path& path, std::string_view text,
-                              std::uint64_t file_size) {
-  file_info info;
-  info.path = path;
-  info.file_size = file_size;
-  info.header_size = text.size();
-  const std::uint64_t data_size = file_size - info.data_start();
+/// The entries of a header, in the file's order: (name, value) of each top-level key.
+using header_entries = std::vector<std::pair<std::string, nlohmann::ordered_json>>;
 
+/// Parses the header text into its entries, refusing text that is not JSON, is not an
+/// object, or names a key twice. Each entry is moved out of the parser as soon as it is
+/// complete, so the top-level object stays empty: an ordered_json object finds a key by
+/// scanning its keys, which made parsing quadratic in the number of tensors.
+inline header_entries parse_entries(const std::filesystem::path& path, std::string_view text) {
+  using event = nlohmann::ordered_json::parse_event_t;
+  header_entries entries;
+  bool object_root = false;
   // The callback sees every key; the parser itself would keep the last of two equal ones.
   std::set<std::string> keys;
   std::string duplicate;
-  const auto watch_keys = [&](int depth, nlohmann::ordered_json::parse_event_t event,
-                              nlohmann::ordered_json& parsed) {
-    if (event == nlohmann::ordered_json::parse_event_t::key && depth == 1 && duplicate.empty() &&
-        !keys.insert(parsed.get<std::string>()).second)
-      duplicate = parsed.get<std::string>();
-    return true;
+  const auto take_entries = [&](int depth, event e, nlohmann::ordered_json& parsed) {
+    if (depth == 0) {
+      object_root = object_root || e == event::object_start;
+      return true;
+    }
+    if (depth != 1 || !object_root) return true;
+    if (e == event::key) {
+      entries.emplace_back(parsed.get<std::string>(), nlohmann::ordered_json{});
+      if (duplicate.empty() && !keys.insert(entries.back().first).second)
+        duplicate = entries.back().first;
+      return true;
+    }
+    if (e != event::object_end && e != event::array_end && e != event::value) return true;
+    entries.back().second = std::move(parsed);  // an entry is complete: keep it here
+    return false;
   };
   nlohmann::ordered_json header;
   try {
-    header = nlohmann::ordered_json::parse(text.begin(), text.end(), watch_keys);
+    header = nlohmann::ordered_json::parse(text.begin(), text.end(), take_entries);
   } catch (const nlohmann::json::exception& e) {
     refuse(path, "the header (", text.size(),
            " bytes after the length) is not valid JSON: ", e.what());
@@ -209,84 +220,114 @@ inline file_info parse_header(const std::filesystem::path& path, std::string_vie
     refuse(path, "the header must be a JSON object of tensors, found ", kind_of(header));
   if (!duplicate.empty())
     refuse(path, "the header names '", duplicate, "' twice, expected each key once");
+  return entries;
+}
 
-  for (const auto& [name, entry] : header.items()) {
-    if (name == "__metadata__") {
-      if (!entry.is_object())
-        refuse(path, "'__metadata__' must be an object of strings, found ", kind_of(entry));
-      for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string())
-          refuse(path, "'__metadata__' entry '", key, "' must be a string, found ", kind_of(value));
-        info.metadata.emplace(key, value.get<std::string>());
-      }
-      continue;
-    }
-    const auto bad = [&](auto&&... what) {
-      refuse(path, "tensor '", name, "': ", std::forward<decltype(what)>(what)...);
-    };
-    if (!entry.is_object())
-      bad("expected an object {\"dtype\", \"shape\", \"data_offsets\"}, found ", kind_of(entry));
-    for (const auto& [key, value] : entry.items())
-      if (key != "dtype" && key != "shape" && key != "data_offsets")
-        bad("unexpected key '", key, "', expected only dtype, shape and data_offsets");
-    for (const char* key : {"dtype", "shape", "data_offsets"})
-      if (!entry.contains(key)) bad("has no '", key, "'");
-
-    tensor_info t;
-    t.name = name;
-    const auto& dt = entry["dtype"];
-    if (!dt.is_string()) bad("dtype must be a string, found ", kind_of(dt));
-    t.dtype = dt.get<std::string>();
-    const auto known = find_dtype(t.dtype);
-    if (!known) {
-      std::string names;
-      for (const dtype_info& d : known_dtypes) names += concat(names.empty() ? "" : ", ", d.name);
-      bad("unknown dtype '", t.dtype, "', expected one of ", names);
-    }
-    t.element_size = known->size;
-    t.type = known->type;
-
-    const auto& shape = entry["shape"];
-    if (!shape.is_array()) bad("shape must be an array of integers >= 0, found ", kind_of(shape));
-    std::uint64_t numel = 1;
-    bool overflow = false;
-    for (const auto& d : shape) {
-      if (!d.is_number_unsigned() ||
-          d.get<std::uint64_t>() >
-              static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        bad("every dimension of shape must be an integer >= 0, found ", kind_of(d));
-      const auto n = d.get<std::uint64_t>();
-      if (n != 0 && numel > std::numeric_limits<std::uint64_t>::max() / n) overflow = true;
-      numel *= n;
-      t.shape.push_back(static_cast<std::int64_t>(n));
-    }
-    if (overflow ||
-        (numel != 0 && numel > std::numeric_limits<std::uint64_t>::max() / t.element_size))
-      bad("shape ", shape_string(t.shape), " of ", t.dtype,
-          " holds more bytes than fit in 64 bits");
-
-    const auto& offsets = entry["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
-        !offsets[1].is_number_unsigned())
-      bad("data_offsets must be [begin, end], two integers >= 0, found ", offsets.dump());
-    t.begin = offsets[0].get<std::uint64_t>();
-    t.end = offsets[1].get<std::uint64_t>();
-    if (t.end < t.begin) bad("data_offsets [", t.begin, ", ", t.end, "] end before they begin");
-    const std::uint64_t bytes = numel * t.element_size;
-    if (t.end - t.begin != bytes)
-      bad("shape ", shape_string(t.shape), " of ", t.dtype, " needs ", bytes,
-          " bytes, data_offsets [", t.begin, ", ", t.end, "] hold ", t.end - t.begin);
-    if (t.end > data_size)
-      bad("data_offsets [", t.begin, ", ", t.end, "] run past the end of the data: the file has ",
-          data_size, " data bytes after its ", info.header_size, "-byte header (", file_size,
-          " bytes in all; truncated?)");
-    info.tensors.push_back(std::move(t));
+/// The "__metadata__" entry into info.metadata: an object of strings.
+inline void read_metadata(const std::filesystem::path& path, const nlohmann::ordered_json& entry,
+                          file_info& info) {
+  if (!entry.is_object())
+    refuse(path, "'__metadata__' must be an object of strings, found ", kind_of(entry));
+  for (const auto& [key, value] : entry.items()) {
+    if (!value.is_string())
+      refuse(path, "'__metadata__' entry '", key, "' must be a string, found ", kind_of(value));
+    info.metadata.emplace(key, value.get<std::string>());
   }
+}
 
-  std::stable_sort(info.tensors.begin(), info.tensors.end(),
+/// invalid_argument "... tensor '<name>': <what>" for the tensor entry being read.
+struct tensor_refusal {
+  const std::filesystem::path& path;
+  const std::string& name;
+
+  template <class... A>
+  [[noreturn]] void operator()(A&&... what) const {
+    refuse(path, "tensor '", name, "': ", std::forward<A>(what)...);
+  }
+};
+
+/// t.dtype, element_size and type from a tensor entry's "dtype".
+inline void read_dtype(const tensor_refusal& bad, const nlohmann::ordered_json& dt,
+                       tensor_info& t) {
+  if (!dt.is_string()) bad("dtype must be a string, found ", kind_of(dt));
+  t.dtype = dt.get<std::string>();
+  const auto known = find_dtype(t.dtype);
+  if (!known) {
+    std::string names;
+    for (const dtype_info& d : known_dtypes) names += concat(names.empty() ? "" : ", ", d.name);
+    bad("unknown dtype '", t.dtype, "', expected one of ", names);
+  }
+  t.element_size = known->size;
+  t.type = known->type;
+}
+
+/// t.shape from a tensor entry's "shape"; returns its bytes (t.dtype set).
+inline std::uint64_t read_shape(const tensor_refusal& bad, const nlohmann::ordered_json& shape,
+                                tensor_info& t) {
+  if (!shape.is_array()) bad("shape must be an array of integers >= 0, found ", kind_of(shape));
+  std::uint64_t numel = 1;
+  bool overflow = false;
+  for (const auto& d : shape) {
+    if (!d.is_number_unsigned() ||
+        d.get<std::uint64_t>() >
+            static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      bad("every dimension of shape must be an integer >= 0, found ", kind_of(d));
+    const auto n = d.get<std::uint64_t>();
+    if (n != 0 && numel > std::numeric_limits<std::uint64_t>::max() / n) overflow = true;
+    numel *= n;
+    t.shape.push_back(static_cast<std::int64_t>(n));
+  }
+  if (overflow ||
+      (numel != 0 && numel > std::numeric_limits<std::uint64_t>::max() / t.element_size))
+    bad("shape ", shape_string(t.shape), " of ", t.dtype, " holds more bytes than fit in 64 bits");
+  return numel * t.element_size;
+}
+
+/// t.begin and t.end from a tensor entry's "data_offsets", which must hold `bytes` bytes
+/// inside info's data.
+inline void read_offsets(const tensor_refusal& bad, const nlohmann::ordered_json& offsets,
+                         std::uint64_t bytes, const file_info& info, tensor_info& t) {
+  if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+      !offsets[1].is_number_unsigned())
+    bad("data_offsets must be [begin, end], two integers >= 0, found ", offsets.dump());
+  t.begin = offsets[0].get<std::uint64_t>();
+  t.end = offsets[1].get<std::uint64_t>();
+  if (t.end < t.begin) bad("data_offsets [", t.begin, ", ", t.end, "] end before they begin");
+  if (t.end - t.begin != bytes)
+    bad("shape ", shape_string(t.shape), " of ", t.dtype, " needs ", bytes,
+        " bytes, data_offsets [", t.begin, ", ", t.end, "] hold ", t.end - t.begin);
+  const std::uint64_t data_size = info.file_size - info.data_start();
+  if (t.end > data_size)
+    bad("data_offsets [", t.begin, ", ", t.end, "] run past the end of the data: the file has ",
+        data_size, " data bytes after its ", info.header_size, "-byte header (", info.file_size,
+        " bytes in all; truncated?)");
+}
+
+/// The tensor of header entry (name, entry) of a file described by info.
+inline tensor_info read_tensor(const std::string& name, const nlohmann::ordered_json& entry,
+                               const file_info& info) {
+  const tensor_refusal bad{info.path, name};
+  if (!entry.is_object())
+    bad("expected an object {\"dtype\", \"shape\", \"data_offsets\"}, found ", kind_of(entry));
+  for (const auto& [key, value] : entry.items())
+    if (key != "dtype" && key != "shape" && key != "data_offsets")
+      bad("unexpected key '", key, "', expected only dtype, shape and data_offsets");
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    if (!entry.contains(key)) bad("has no '", key, "'");
+  tensor_info t;
+  t.name = name;
+  read_dtype(bad, entry["dtype"], t);
+  const std::uint64_t bytes = read_shape(bad, entry["shape"], t);
+  read_offsets(bad, entry["data_offsets"], bytes, info, t);
+  return t;
+}
+
+/// Sorts the tensors by where their data begins and refuses two whose data overlap.
+inline void sort_disjoint(const std::filesystem::path& path, std::vector<tensor_info>& tensors) {
+  std::stable_sort(tensors.begin(), tensors.end(),
                    [](const tensor_info& a, const tensor_info& b) { return a.begin < b.begin; });
   const tensor_info* last = nullptr;  // the non-empty tensor ending last so far
-  for (const tensor_info& t : info.tensors) {
+  for (const tensor_info& t : tensors) {
     if (t.begin == t.end) continue;
     if (last != nullptr && t.begin < last->end)
       refuse(path, "tensor '", t.name, "': data_offsets [", t.begin, ", ", t.end,
@@ -294,6 +335,22 @@ inline file_info parse_header(const std::filesystem::path& path, std::string_vie
              "], expected disjoint ranges");
     if (last == nullptr || t.end > last->end) last = &t;
   }
+}
+
+/// Parses and validates the header text of a file of file_size bytes.
+inline file_info parse_header(const std::filesystem::path& path, std::string_view text,
+                              std::uint64_t file_size) {
+  file_info info;
+  info.path = path;
+  info.file_size = file_size;
+  info.header_size = text.size();
+  for (const auto& [name, entry] : parse_entries(path, text)) {
+    if (name == "__metadata__")
+      read_metadata(path, entry, info);
+    else
+      info.tensors.push_back(read_tensor(name, entry, info));
+  }
+  sort_disjoint(path, info.tensors);
   return info;
 }
 

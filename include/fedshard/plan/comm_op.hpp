@@ -70,13 +70,21 @@ enum class comm_kind : std::uint8_t {
 enum class phase : std::uint8_t { forward, backward, optimizer, sync, setup };
 
 /// The event that runs an op.
+///
+/// A sync of a fragment fires four events, in this order (federation/sync.hpp):
+/// sync_prepare, then the policy's begin() transforms the packed buffer, then sync_exchange
+/// (which may stay in flight across steps), and when the sync is applied sync_finish, the
+/// policy's end(), the mix into the master, sync_after. sync_prepare and sync_exchange are two
+/// moments, not synonyms: what begin() needs (the groups' token counts for weights) must
+/// have arrived before it runs, and what is averaged exists only after it ran.
 enum class trigger : std::uint8_t {
   acquire,          ///< the model acquires `unit` for `phase` (forward or backward)
   grads_ready,      ///< the model's gradients of `unit` are complete
   end_of_backward,  ///< backward is over, before the optimizer step
-  sync_begin,       ///< a sync of `fragment` starts, before the policy transforms the buffer
-  sync_start,       ///< the policy transformed the buffer: the averaging starts (may stay in
-                    ///< flight across steps)
+  sync_prepare,     ///< a sync of `fragment` starts: what the policy's begin() needs (token
+                    ///< counts), before the fragment is packed and transformed; blocks
+  sync_exchange,    ///< begin() transformed the buffer: the exchange (the averaging) starts;
+                    ///< may stay in flight across steps until sync_finish
   sync_finish,      ///< the sync of `fragment` is applied: finish it inside the group
   sync_after,       ///< after the policy's end(): what else the sync moves (inner moments)
   on_demand,        ///< a library call asks for it (layout check, means, checkpoints, reads)
@@ -96,12 +104,14 @@ enum class role : std::uint8_t {
   value,         ///< a buffer the caller of an on-demand op passes
   gathered,      ///< the policy's buffer holding every group's copy of the sync `fragment`
                  ///< (G x its f32 elements, ordered by group)
-  packed,        ///< shard::sparse: the masked elements of `unit`, packed in element order
-                 ///< (index 0: of its param_shard, 1: of its params, 2: of its grad, 3: of
-                 ///< its grad_shard); last: the codes above stay
+  packed,        ///< shard::sparse: the masked elements of `unit`, packed in element order,
+                 ///< of the buffer its index names (a packed_of)
   state_size,    ///< the size in bytes of a serialized state (one f64; federation/heal.hpp)
   state,         ///< a serialized state, as f64 words (its bytes, zero-padded to whole words)
 };
+
+/// Whose masked elements a role::packed operand holds: its operand::index (packed_operand).
+enum class packed_of : int { param_shard, params, grad, grad_shard };
 
 /// A buffer reference: a role, which instance of it (index: the inner-optimizer state of a
 /// `moment`), optionally only the element range [offset, offset + count) of it (count -1:
@@ -116,6 +126,11 @@ struct operand {
 
   friend bool operator==(const operand&, const operand&) = default;
 };
+
+/// The role::packed operand holding the masked elements of `of`.
+constexpr operand packed_operand(packed_of of) noexcept {
+  return {.role = role::packed, .index = static_cast<int>(of)};
+}
 
 /// One collective of a plan: what moves, between which buffers, and when.
 struct comm_op {
@@ -205,13 +220,22 @@ constexpr std::string_view to_string(trigger t) noexcept {
     case trigger::acquire: return "acquire";
     case trigger::grads_ready: return "grads_ready";
     case trigger::end_of_backward: return "end_of_backward";
-    case trigger::sync_begin: return "sync_begin";
-    case trigger::sync_start: return "sync_start";
+    case trigger::sync_prepare: return "sync_prepare";
+    case trigger::sync_exchange: return "sync_exchange";
     case trigger::sync_finish: return "sync_finish";
     case trigger::sync_after: return "sync_after";
     case trigger::on_demand: return "on_demand";
   }
   return "unknown-trigger";
+}
+constexpr std::string_view to_string(packed_of p) noexcept {
+  switch (p) {
+    case packed_of::param_shard: return "param_shard";
+    case packed_of::params: return "params";
+    case packed_of::grad: return "grad";
+    case packed_of::grad_shard: return "grad_shard";
+  }
+  return "unknown-packed";
 }
 constexpr std::string_view to_string(role r) noexcept {
   switch (r) {
@@ -282,10 +306,15 @@ inline std::string group_list(std::uint64_t mask) {
   return s + "}";
 }
 
-/// "fragment 2", "param_shard", "moment 1 (piece on replica)".
+/// "fragment 2", "param_shard", "moment 1 (piece on replica)", "packed params" (an index
+/// that names no packed_of: "packed 7").
 inline std::string describe(const operand& o) {
   std::string s(to_string(o.role));
-  if (o.role == role::moment || o.role == role::packed) s += detail::concat(' ', o.index);
+  const bool named =
+      o.role == role::packed && o.index >= 0 && o.index <= static_cast<int>(packed_of::grad_shard);
+  if (named) s += detail::concat(' ', to_string(static_cast<packed_of>(o.index)));
+  if (o.role == role::moment || (o.role == role::packed && !named))
+    s += detail::concat(' ', o.index);
   if (o.count >= 0) s += detail::concat(" [", o.offset, ", ", o.offset + o.count, ')');
   if (o.piece) s += detail::concat(" (piece on ", to_string(*o.piece), ')');
   return s;
@@ -375,8 +404,8 @@ inline void check(const comm_op& op) {
     FEDSHARD_EXPECTS(!encoded(op), "plan: ", describe(op),
                      ": a codec runs on the whole axis, not among member groups");
   }
-  const bool sync_trigger = op.trigger == trigger::sync_begin ||
-                            op.trigger == trigger::sync_start ||
+  const bool sync_trigger = op.trigger == trigger::sync_prepare ||
+                            op.trigger == trigger::sync_exchange ||
                             op.trigger == trigger::sync_finish || op.trigger == trigger::sync_after;
   FEDSHARD_EXPECTS(!sync_trigger || op.fragment >= 0, "plan: ", describe(op), ": a ",
                    to_string(op.trigger), " op needs a fragment");

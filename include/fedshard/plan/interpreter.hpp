@@ -40,6 +40,7 @@
 /// f32 (then divided by the ranks for avg).
 
 #include <algorithm>
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -49,7 +50,6 @@
 #include <optional>
 #include <set>
 #include <span>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -555,17 +555,29 @@ class interpreter {
   /// Where an encoded op's codec object is kept: the op's place in the plans (its trigger,
   /// unit or fragment, axis, kind and input), so that later firings of it find the same
   /// object.
-  using site = std::tuple<int, int, int, int, int, int, int, int, int>;
+  struct site {
+    fedshard::trigger trigger = fedshard::trigger::on_demand;
+    fedshard::phase phase = fedshard::phase::setup;
+    int unit = -1;
+    int fragment = -1;
+    fedshard::axis axis = fedshard::axis::world;
+    comm_kind kind = comm_kind::all_reduce;
+    role in_role = role::none;
+    int in_index = 0;
+    std::optional<fedshard::axis> in_piece{};
+
+    friend auto operator<=>(const site&, const site&) = default;
+  };
   static site site_of(const comm_op& op) {
-    return {static_cast<int>(op.trigger),
-            static_cast<int>(op.phase),
-            op.unit,
-            op.fragment,
-            static_cast<int>(op.axis),
-            static_cast<int>(op.kind),
-            static_cast<int>(op.in.role),
-            op.in.index,
-            op.in.piece ? static_cast<int>(*op.in.piece) : -1};
+    return {.trigger = op.trigger,
+            .phase = op.phase,
+            .unit = op.unit,
+            .fragment = op.fragment,
+            .axis = op.axis,
+            .kind = op.kind,
+            .in_role = op.in.role,
+            .in_index = op.in.index,
+            .in_piece = op.in.piece};
   }
   struct coded {
     std::unique_ptr<codec::erased> object;

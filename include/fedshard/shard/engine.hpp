@@ -501,7 +501,9 @@ class engine {
     space_->wait(reduce_, space_->record(compute_));
     if constexpr (has_runtime) rt_->before_reduce(u, full_grad(u), interp_);
     s.reduction = interp_.fire(
-        fired(), {trigger::grads_ready, phase::backward, static_cast<int>(u)}, binder(), reduce_);
+        fired(),
+        {.trigger = trigger::grads_ready, .phase = phase::backward, .unit = static_cast<int>(u)},
+        binder(), reduce_);
     interp_.progress();
   }
 
@@ -707,8 +709,9 @@ class engine {
     gather_after_compute();
     s.gather_waited = false;
     if constexpr (has_runtime) rt_->before_gather(u, master_of(u));
-    s.gather =
-        interp_.fire(fired(), {trigger::acquire, ph, static_cast<int>(u)}, binder(), gather_);
+    s.gather = interp_.fire(fired(),
+                            {.trigger = trigger::acquire, .phase = ph, .unit = static_cast<int>(u)},
+                            binder(), gather_);
   }
 
   /// Starts the gather of the unit after u in phase ph's order, if the limit allows.

@@ -228,21 +228,21 @@ inline comm_op packed_op(const comm_op& op, std::size_t k) {
       op.trigger == trigger::acquire && op.in.role == role::param_shard &&
       op.out.role == role::params) {
     p.bytes = per * op.ranks * esz;
-    p.in = {.role = role::packed, .index = 0};
-    p.out = {.role = role::packed, .index = 1};
+    p.in = packed_operand(packed_of::param_shard);
+    p.out = packed_operand(packed_of::params);
     return p;
   }
   if (plain && op.kind == comm_kind::reduce_scatter && op.axis == axis::shard &&
       op.in.role == role::grad && op.out.role == role::grad_shard) {
     p.bytes = per * op.ranks * esz;
-    p.in = {.role = role::packed, .index = 2};
-    p.out = {.role = role::packed, .index = 3};
+    p.in = packed_operand(packed_of::grad);
+    p.out = packed_operand(packed_of::grad_shard);
     return p;
   }
   if (plain && op.kind == comm_kind::all_reduce && op.axis == axis::replica &&
       op.in.role == role::grad_shard && op.out.role == role::grad_shard) {
     p.bytes = per * esz;
-    p.in = p.out = {.role = role::packed, .index = 3};
+    p.in = p.out = packed_operand(packed_of::grad_shard);
     return p;
   }
   throw invalid_argument(fedshard::detail::concat(
@@ -417,11 +417,13 @@ class sparse_runtime {
   buffer_view bind(const comm_op& op, const operand& o) {
     const auto u = static_cast<std::size_t>(op.unit);
     const std::size_t n = static_cast<std::size_t>(shape_.shards), k = k_[u];
-    if (o.role == role::packed) switch (o.index) {
-        case 0: return view(std::span<float>(pshard_).subspan(poff_[u], k));
-        case 1: return view(std::span<float>(pgathered_).subspan(poff_[u] * n, k * n));
-        case 2: return view(std::span<float>(pgrad_).subspan(poff_[u] * n, k * n));
-        case 3: return view(std::span<float>(pgrad_shard_).subspan(poff_[u], k));
+    if (o.role == role::packed) switch (static_cast<packed_of>(o.index)) {
+        case packed_of::param_shard: return view(std::span<float>(pshard_).subspan(poff_[u], k));
+        case packed_of::params:
+          return view(std::span<float>(pgathered_).subspan(poff_[u] * n, k * n));
+        case packed_of::grad: return view(std::span<float>(pgrad_).subspan(poff_[u] * n, k * n));
+        case packed_of::grad_shard:
+          return view(std::span<float>(pgrad_shard_).subspan(poff_[u], k));
         default: break;
       }
     throw invalid_argument(fedshard::detail::concat(

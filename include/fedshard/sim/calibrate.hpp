@@ -210,6 +210,110 @@ inline std::string read_all(std::istream& in) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+/// What parse_nccl_tests gathers from nccl-tests' output line by line.
+struct nccl_tests_scan {
+  /// A data row: the size in bytes, the out-of-place seconds, and where it was read.
+  struct row {
+    double bytes, seconds;
+    int line;
+  };
+  std::optional<comm_kind> header_kind;  ///< from "# Collective test starting: <name>"
+  std::set<int> ranks_seen;              ///< from "#  Rank N ... on HOST device D"
+  std::set<std::string> hosts;
+  std::size_t time_column = 5;  ///< size count type redop root time
+  std::vector<row> rows;
+};
+
+/// Reads the comment line `line` (line number `number`; its '#' at `first`) into scan: the
+/// collective tested, a rank and its host, or the column header.
+inline void read_nccl_comment(nccl_tests_scan& scan, const std::string& line, std::size_t first,
+                              const std::string& source, int number,
+                              const measurement_overrides& o) {
+  const std::string body = line.substr(first + 1);
+  const auto words = split_words(body);
+  if (words.empty()) return;
+  const std::size_t starting = body.find("Collective test starting:");
+  if (starting != std::string::npos) {
+    scan.header_kind = kind_in_name(body.substr(starting));
+    FEDSHARD_EXPECTS(scan.header_kind || o.kind, "sim: ", source, ":", number,
+                     ": expected a test of all_reduce, all_gather, reduce_scatter or "
+                     "broadcast, found '",
+                     body.substr(starting + 25), "'");
+  } else if (words[0] == "Rank" && words.size() >= 2 && is_count(words[1])) {
+    scan.ranks_seen.insert(std::atoi(words[1].c_str()));
+    const auto on = std::find(words.begin(), words.end(), "on");
+    FEDSHARD_EXPECTS(on != words.end() && on + 1 != words.end(), "sim: ", source, ":", number,
+                     ": expected a rank line '#  Rank N ... on HOST device D ...', found '", line,
+                     "'");
+    scan.hosts.insert(*(on + 1));
+  } else if (words[0] == "size") {
+    const auto t = std::find(words.begin(), words.end(), "time");
+    FEDSHARD_EXPECTS(t != words.end(), "sim: ", source, ":", number,
+                     ": expected a 'time' column in the header, found '", line, "'");
+    scan.time_column = static_cast<std::size_t>(t - words.begin());
+  }
+}
+
+/// Reads the line `line` (not a comment) into scan's rows when it is a data row: its first
+/// word is a number.
+inline void read_nccl_row(nccl_tests_scan& scan, const std::string& line, const std::string& source,
+                          int number) {
+  const auto words = split_words(line);
+  if (!number_of(words[0])) return;  // a log line, not a data row
+  const std::size_t time_column = scan.time_column;
+  FEDSHARD_EXPECTS(is_count(words[0]), "sim: ", source, ":", number,
+                   ": expected the size in bytes (a whole number) in the first column, found '",
+                   words[0], "'");
+  FEDSHARD_EXPECTS(words.size() >= time_column + 3, "sim: ", source, ":", number,
+                   ": expected a data row of at least ", time_column + 3,
+                   " columns (size, count, type, redop, root, time(us), algbw, busbw, ...), "
+                   "found ",
+                   words.size(), ": '", line, "'");
+  const auto us = number_of(words[time_column]);
+  FEDSHARD_EXPECTS(us && *us > 0, "sim: ", source, ":", number,
+                   ": expected the out-of-place time in us (a positive number) in column ",
+                   time_column + 1, ", found '", words[time_column], "'");
+  scan.rows.push_back({std::strtod(words[0].c_str(), nullptr), *us * 1e-6, number});
+}
+
+/// The measured points of a whole scan: its rows with the kind, ranks and level the output
+/// says (or o sets).
+inline std::vector<measured_point> points_of(const nccl_tests_scan& scan, const std::string& source,
+                                             const measurement_overrides& o) {
+  FEDSHARD_EXPECTS(!scan.rows.empty(), "sim: ", source,
+                   ": expected nccl-tests data rows (size count type redop root time algbw "
+                   "busbw ...), found none");
+  const std::optional<comm_kind> kind =
+      o.kind             ? o.kind
+      : scan.header_kind ? scan.header_kind
+                         : kind_in_name(source.substr(source.find_last_of("/\\") + 1));
+  FEDSHARD_EXPECTS(kind.has_value(), "sim: ", source,
+                   ": cannot tell which collective was measured (no '# Collective test "
+                   "starting: <name>_perf' header, and the file name does not say all_reduce, "
+                   "all_gather, reduce_scatter or broadcast); say which explicitly "
+                   "(measurement_overrides::kind, "
+                   "fedshard-sim --calibrate-kind)");
+  const int ranks = o.ranks ? *o.ranks : static_cast<int>(scan.ranks_seen.size());
+  FEDSHARD_EXPECTS(ranks >= 2, "sim: ", source, ": expected ",
+                   o.ranks ? "a rank count >= 2" : "'#  Rank N ... on HOST device D' header lines",
+                   " for at least 2 ranks, found ", ranks,
+                   o.ranks ? ""
+                           : "; give the rank count explicitly (measurement_overrides::ranks, "
+                             "fedshard-sim --calibrate-ranks)");
+  const level_kind level = o.level                 ? *o.level
+                           : scan.hosts.size() > 1 ? level_kind::inter
+                                                   : level_kind::intra;
+  std::vector<measured_point> out;
+  for (const nccl_tests_scan::row& r : scan.rows)
+    out.push_back({.kind = *kind,
+                   .ranks = ranks,
+                   .level = level,
+                   .bytes = r.bytes,
+                   .seconds = r.seconds,
+                   .source = source + ":" + std::to_string(r.line)});
+  return out;
+}
+
 }  // namespace detail
 
 /// The measurements in nccl-tests' text output read from in (source names it in errors and
@@ -221,94 +325,18 @@ inline std::string read_all(std::istream& in) {
 /// malformed row, and when the kind or the ranks cannot be told (set them in o).
 inline std::vector<measured_point> parse_nccl_tests(std::istream& in, const std::string& source,
                                                     const measurement_overrides& o = {}) {
-  std::optional<comm_kind> header_kind;
-  std::set<int> ranks_seen;
-  std::set<std::string> hosts;
-  std::size_t time_column = 5;  // size count type redop root time
-  struct row {
-    double bytes, seconds;
-    int line;
-  };
-  std::vector<row> rows;
+  detail::nccl_tests_scan scan;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     const std::size_t first = line.find_first_not_of(" \t");
     if (first == std::string::npos) continue;
-    if (line[first] == '#') {
-      const std::string body = line.substr(first + 1);
-      const auto words = detail::split_words(body);
-      if (words.empty()) continue;
-      const std::size_t starting = body.find("Collective test starting:");
-      if (starting != std::string::npos) {
-        header_kind = detail::kind_in_name(body.substr(starting));
-        FEDSHARD_EXPECTS(header_kind || o.kind, "sim: ", source, ":", number,
-                         ": expected a test of all_reduce, all_gather, reduce_scatter or "
-                         "broadcast, found '",
-                         body.substr(starting + 25), "'");
-      } else if (words[0] == "Rank" && words.size() >= 2 && detail::is_count(words[1])) {
-        ranks_seen.insert(std::atoi(words[1].c_str()));
-        const auto on = std::find(words.begin(), words.end(), "on");
-        FEDSHARD_EXPECTS(on != words.end() && on + 1 != words.end(), "sim: ", source, ":", number,
-                         ": expected a rank line '#  Rank N ... on HOST device D ...', found '",
-                         line, "'");
-        hosts.insert(*(on + 1));
-      } else if (words[0] == "size") {
-        const auto t = std::find(words.begin(), words.end(), "time");
-        FEDSHARD_EXPECTS(t != words.end(), "sim: ", source, ":", number,
-                         ": expected a 'time' column in the header, found '", line, "'");
-        time_column = static_cast<std::size_t>(t - words.begin());
-      }
-      continue;
-    }
-    const auto words = detail::split_words(line);
-    if (!detail::number_of(words[0])) continue;  // a log line, not a data row
-    FEDSHARD_EXPECTS(detail::is_count(words[0]), "sim: ", source, ":", number,
-                     ": expected the size in bytes (a whole number) in the first column, found '",
-                     words[0], "'");
-    FEDSHARD_EXPECTS(words.size() >= time_column + 3, "sim: ", source, ":", number,
-                     ": expected a data row of at least ", time_column + 3,
-                     " columns (size, count, type, redop, root, time(us), algbw, busbw, ...), "
-                     "found ",
-                     words.size(), ": '", line, "'");
-    const auto us = detail::number_of(words[time_column]);
-    FEDSHARD_EXPECTS(us && *us > 0, "sim: ", source, ":", number,
-                     ": expected the out-of-place time in us (a positive number) in column ",
-                     time_column + 1, ", found '", words[time_column], "'");
-    rows.push_back({std::strtod(words[0].c_str(), nullptr), *us * 1e-6, number});
+    if (line[first] == '#')
+      detail::read_nccl_comment(scan, line, first, source, number, o);
+    else
+      detail::read_nccl_row(scan, line, source, number);
   }
-  FEDSHARD_EXPECTS(!rows.empty(), "sim: ", source,
-                   ": expected nccl-tests data rows (size count type redop root time algbw "
-                   "busbw ...), found none");
-  const std::optional<comm_kind> kind =
-      o.kind        ? o.kind
-      : header_kind ? header_kind
-                    : detail::kind_in_name(source.substr(source.find_last_of("/\\") + 1));
-  FEDSHARD_EXPECTS(kind.has_value(), "sim: ", source,
-                   ": cannot tell which collective was measured (no '# Collective test "
-                   "starting: <name>_perf' header, and the file name does not say all_reduce, "
-                   "all_gather, reduce_scatter or broadcast); say which explicitly "
-                   "(measurement_overrides::kind, "
-                   "fedshard-sim --calibrate-kind)");
-  const int ranks = o.ranks ? *o.ranks : static_cast<int>(ranks_seen.size());
-  FEDSHARD_EXPECTS(ranks >= 2, "sim: ", source, ": expected ",
-                   o.ranks ? "a rank count >= 2" : "'#  Rank N ... on HOST device D' header lines",
-                   " for at least 2 ranks, found ", ranks,
-                   o.ranks ? ""
-                           : "; give the rank count explicitly (measurement_overrides::ranks, "
-                             "fedshard-sim --calibrate-ranks)");
-  const level_kind level = o.level            ? *o.level
-                           : hosts.size() > 1 ? level_kind::inter
-                                              : level_kind::intra;
-  std::vector<measured_point> out;
-  for (const row& r : rows)
-    out.push_back({.kind = *kind,
-                   .ranks = ranks,
-                   .level = level,
-                   .bytes = r.bytes,
-                   .seconds = r.seconds,
-                   .source = source + ":" + std::to_string(r.line)});
-  return out;
+  return detail::points_of(scan, source, o);
 }
 
 /// The measurements in Google Benchmark JSON (--benchmark_out) read from in: every

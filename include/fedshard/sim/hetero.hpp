@@ -104,7 +104,7 @@ inline hetero_sync_price price_hetero_sync(const std::vector<unit_spec>& units,
     plan p;
     if (weights) p.append(federation::overlap_weights_ops(*map, 0));
     p.append(federation::overlap_average_ops(*map, all_units, 0, padded, {.role = role::fragment},
-                                             trigger::sync_start, trigger::sync_finish));
+                                             trigger::sync_exchange, trigger::sync_finish));
     const auto ww = static_cast<std::size_t>(w);
     for (const comm_op& op : p.ops) {
       comm_span span;

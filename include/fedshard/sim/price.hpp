@@ -21,8 +21,8 @@
 ///  - step ops: those the plan marks overlappable (FSDP's gathers and reduce_scatters, HSDP's
 ///    replica all_reduce), O seconds in all, run behind compute and only what exceeds C is
 ///    exposed; the others are exposed;
-///  - sync ops: the ops of the triggers sync_begin, sync_finish and sync_after block training
-///    and are exposed. The sync_start ops (the averaging) of a sync that stays in flight τ > 0
+///  - sync ops: the ops of the triggers sync_prepare, sync_finish and sync_after block training
+///    and are exposed. The sync_exchange ops (the averaging) of a sync that stays in flight τ > 0
 ///    steps run on the one communication channel while those τ inner steps compute, in the
 ///    compute time the steps' own overlappable ops leave free (slack = max(0, C - O) per
 ///    step): of their S seconds, min(S, τ x slack) are hidden and the rest exposed when the
@@ -196,10 +196,10 @@ inline std::string message_of(const std::exception& e) {
   return m;
 }
 
-/// True for the sync ops that run when a sync starts (sync_begin, sync_start); the others run
+/// True for the sync ops that run when a sync starts (sync_prepare, sync_exchange); the others run
 /// when it is applied (sync_finish, sync_after).
 inline bool at_sync_start(const comm_op& op) {
-  return op.trigger == trigger::sync_begin || op.trigger == trigger::sync_start;
+  return op.trigger == trigger::sync_prepare || op.trigger == trigger::sync_exchange;
 }
 
 /// What algorithm_desc asks of the algorithm it describes.
@@ -522,8 +522,8 @@ inline std::vector<plan> sync_plans_of(const algorithm_desc& a, const flat_layou
 /// What world rank `rank` puts on the wire over `steps` steps of algorithm a, as the trainer
 /// fires the plans in a run of `total_steps` planned steps (trainer_options::total_steps; 0 =
 /// unknown, so no final-step sync): the step plan every step and, for each fragment the
-/// schedule starts after a step (action(f, step, total_steps)), its sync_begin and
-/// sync_start ops, for each one it applies, its sync_finish and sync_after ops (nothing when
+/// schedule starts after a step (action(f, step, total_steps)), its sync_prepare and
+/// sync_exchange ops, for each one it applies, its sync_finish and sync_after ops (nothing when
 /// the federation never communicates). Times are left at zero.
 inline traffic_counters run_traffic(const algorithm_desc& a, std::vector<unit_spec> units,
                                     const mesh_shape& shape, int rank, std::int64_t steps,
@@ -820,6 +820,317 @@ inline int component_size(const mesh_shape& s, const std::array<bool, 3>& d) noe
   return (d[0] ? s.groups : 1) * (d[1] ? s.replicas : 1) * (d[2] ? s.shards : 1);
 }
 
+/// What price_plans adds up for one rank besides its rank_price.
+struct rank_totals {
+  double overlappable = 0, exposed_ops = 0, sync = 0, sync_exposed = 0, sync_hidden = 0;
+  double timeline_waiting = 0;  ///< step_overlap::timeline: seconds compute waited for ops
+  std::array<double, 5> overlappable_by_axis{};
+};
+
+/// The stragglers' part of a price (straggler.hpp).
+struct straggler_terms {
+  int n_step = 1;        ///< the ranks the step ops join every step
+  int g_sync = 1;        ///< the step components a sync joins
+  double step_wait = 0;  ///< straggler_step_wait
+  double sync_wait = 0;  ///< straggler_sync_wait
+};
+
+/// An algorithm's plans placed on a cluster, with what pricing their ops shares between
+/// ranks: each rank's sync plans, the spans of the axes' communicators, how many of them
+/// share a NIC for each op, the unit sizes the timeline splits compute by, and the prices
+/// computed so far.
+struct plan_pricing {
+  plan_pricing(const algorithm_desc& a, std::vector<unit_spec> units, const mesh_shape& shape,
+               const cluster& c, const price_options& o)
+      : c(c),
+        o(o),
+        shape(shape),
+        place(shape, c),
+        layout(a.layout(std::move(units), shape)),
+        step_ops(as_run(a.step_plan(layout, shape, o.precision), o)),
+        W(shape.size()),
+        syncs(a.syncs()),
+        cadence(a.cadence()),
+        window(static_cast<double>(cadence.window)),
+        sync_ops(static_cast<std::size_t>(W)),
+        spans(place) {
+    if (syncs)
+      for (int r = 0; r < W; ++r)
+        for (const plan& sp : a.sync_plans(layout, shape, r))
+          sync_ops[static_cast<std::size_t>(r)].push_back(as_run(sp, o));
+    share_links();
+    for (std::size_t u = 0; u < layout.num_units(); ++u)
+      unit_elements.push_back(static_cast<double>(layout.unit(u).numel));
+  }
+  plan_pricing(const plan_pricing&) = delete;
+  plan_pricing& operator=(const plan_pricing&) = delete;
+
+  /// The stragglers' terms for compute seconds C: the component the step ops join every
+  /// step, and how many of them a sync joins.
+  straggler_terms stragglers(double compute_seconds) const {
+    std::array<bool, 3> step_dims{}, sync_dims{};
+    for (const auto& op : step_ops.ops)
+      if (op.ranks > 1)
+        for (std::size_t d = 0; d < 3; ++d) step_dims[d] = step_dims[d] || dims_of(op.axis)[d];
+    sync_dims = step_dims;
+    for (const auto& [key, active] : sync_runs)
+      for (std::size_t d = 0; d < 3; ++d)
+        sync_dims[d] = sync_dims[d] || dims_of(std::get<1>(key))[d];
+    straggler_terms st;
+    st.n_step = component_size(shape, step_dims);
+    st.g_sync = syncs ? component_size(shape, sync_dims) / st.n_step : 1;
+    st.step_wait = straggler_step_wait(o.stragglers, compute_seconds, st.n_step);
+    st.sync_wait = straggler_sync_wait(o.stragglers, compute_seconds, st.n_step, st.g_sync,
+                                       syncs ? std::min(1.0, cadence.starts_per_step()) : 0.0);
+    return st;
+  }
+
+  const cluster& c;
+  const price_options& o;
+  mesh_shape shape;
+  placement place;
+  flat_layout layout;
+  plan step_ops;
+  int W;
+  bool syncs;
+  const sync_cadence& cadence;
+  double window;                            ///< the cadence's steps
+  std::vector<std::vector<plan>> sync_ops;  ///< [rank][fragment] (ranks differ in reference mode)
+  span_cache spans;
+  std::array<std::vector<link_sharing>, 5> step_sharing;     ///< [axis][rank]
+  std::map<op_key, std::vector<bool>> sync_runs;             ///< the ranks that run each sync op
+  std::map<op_key, std::vector<link_sharing>> sync_sharing;  ///< [rank] of each sync op
+  price_memo memo;  ///< ranks mostly see the same (span, sharing): priced once
+  std::vector<double> unit_elements;
+
+ private:
+  /// NIC sharing per rank: every rank runs every step op, so it depends on the axis alone;
+  /// the sync ops differ between ranks (reference mode), so there it depends on who runs
+  /// the op.
+  void share_links() {
+    const std::vector<bool> everyone(static_cast<std::size_t>(W), true);
+    for (const auto& op : step_ops.ops) {
+      auto& v = step_sharing[static_cast<std::size_t>(op.axis)];
+      if (v.empty()) v = sharing_of(place, spans, op.axis, everyone);
+    }
+    for (int r = 0; r < W; ++r)
+      for (const auto& frag : sync_ops[static_cast<std::size_t>(r)])
+        for (const auto& op : frag.ops) {
+          auto& v = sync_runs[key_of(op)];
+          if (v.empty()) v.assign(static_cast<std::size_t>(W), false);
+          v[static_cast<std::size_t>(r)] = true;
+        }
+    for (const auto& [key, active] : sync_runs)
+      sync_sharing.emplace(key, sharing_of(place, spans, std::get<1>(key), active));
+  }
+};
+
+/// Prices the step and sync ops of one rank r into its rank_price and totals (see the file
+/// comment for the model); window_compute is the compute of a step's slowest member.
+class rank_pricer {
+ public:
+  rank_pricer(plan_pricing& p, int r, double window_compute, rank_totals& t, rank_price& rp)
+      : p_(p), r_(r), window_compute_(window_compute), t_(t), rp_(rp) {}
+
+  /// Prices everything; rp.step is then the rank's step without the stragglers' sync wait.
+  void run() {
+    const std::vector<op_time> step_times = price_step_ops();
+    // Compute a step leaves free of its own overlappable ops: what an in-flight sync uses.
+    const double slack = std::max(0.0, window_compute_ - t_.overlappable);
+    const auto& fragments = p_.sync_ops[static_cast<std::size_t>(r_)];
+    for (std::size_t f = 0; f < fragments.size(); ++f)
+      price_fragment(fragments[f], p_.cadence.fragments[f], slack);
+    close_axes();
+    step_seconds(step_times);
+  }
+
+ private:
+  /// The span of op's communicator: its axis's, its member groups' (holder_average), or a
+  /// point-to-point op's pair's (gossip, healing).
+  comm_span span_of(const comm_op& op) const {
+    return op.members != 0 ? member_span(p_.place, op, r_)
+                           : op_span(p_.place, p_.spans.get(op.axis, r_), op, r_);
+  }
+  /// The collective price of op for the rank (without its codec passes).
+  const collective_cost& collective(const comm_op& op, const link_sharing& share) {
+    const comm_span s = span_of(op);
+    // A point-to-point op's span is its pair's; the plan counts the ranks of its axis.
+    const int ranks = point_to_point(op.kind) ? p_.spans.get(op.axis, r_).ranks : s.ranks;
+    FEDSHARD_EXPECTS(ranks == op.ranks, "sim::price_plans: the plan's ", describe(op), " has ",
+                     op.ranks, " ranks but the mesh's ", to_string(op.axis), " communicator has ",
+                     ranks);
+    const comm_op w = carried(op);  // an encoded op moves its wires
+    return p_.memo.get(w, s, share, [&] {
+      return price_collective(w.kind, static_cast<double>(w.bytes), s, share, p_.c,
+                              p_.o.collectives);
+    });
+  }
+  /// Prices op for the rank; adds the bytes it sends out of the rank's node to node_bytes.
+  double cost(const comm_op& op, const link_sharing& share, double& node_bytes) {
+    const comm_span s = span_of(op);
+    if (s.nodes > 1) node_bytes += wire_bytes(op) * share.per_node;
+    return codec_seconds(op, p_.c) + collective(op, share).seconds;
+  }
+  /// The timeline's view of step op op of `sec` seconds: the latency of a level whose
+  /// latency is propagation does not hold the channel.
+  op_time timeline_time(const comm_op& op, const link_sharing& share, double sec) {
+    const cluster& c = p_.c;
+    const level_kind level = p_.spans.get(op.axis, r_).level();
+    if (level_of(level, c).on_compute) return {0, 0, sec};
+    const double tail = level_of(level, c).pipelined_latency ? collective(op, share).latency : 0.0;
+    // Thread ranks copy and reduce every collective themselves, whichever links carry its
+    // bytes: an op across nodes or sites costs the compute what it costs inside one.
+    double cpu = 0;
+    if (c.intra.on_compute && op.ranks > 1) {
+      const comm_op w = carried(op);
+      cpu = price_collective(w.kind, static_cast<double>(w.bytes),
+                             comm_span{op.ranks, 1, op.ranks, 1}, {}, c, p_.o.collectives)
+                .seconds;
+    }
+    return {sec - tail, tail, cpu};
+  }
+  /// Prices the step ops; their times for the timeline (none under step_overlap::channel).
+  std::vector<op_time> price_step_ops() {
+    std::vector<op_time> step_times;
+    for (const auto& op : p_.step_ops.ops) {
+      auto& ax = rp_.axes[static_cast<std::size_t>(op.axis)];
+      const link_sharing& share =
+          p_.step_sharing[static_cast<std::size_t>(op.axis)][static_cast<std::size_t>(r_)];
+      const double sec = cost(op, share, ax.step_node_bytes);
+      if (p_.o.overlap == step_overlap::timeline)
+        step_times.push_back(timeline_time(op, share, sec));
+      ax.step_bytes += wire_bytes(op);
+      ++ax.step_calls;
+      ax.step_seconds += sec;
+      if (op.overlappable) {
+        t_.overlappable += sec;
+        t_.overlappable_by_axis[static_cast<std::size_t>(op.axis)] += sec;
+      } else {
+        t_.exposed_ops += sec;
+        if (p_.o.overlap == step_overlap::channel) ax.exposed += sec;
+      }
+    }
+    return step_times;
+  }
+  /// Prices one sync of a fragment (its plan `frag`, its cadence fc): the seconds of its
+  /// blocking ops per start and per apply, and of its sync_exchange ops (which may stay in
+  /// flight, hidden by up to `slack` per step in flight), in all and by axis.
+  void price_fragment(const plan& frag, const fragment_cadence& fc, double slack) {
+    const double window = p_.window;
+    double at_start = 0, at_apply = 0, in_flight = 0;
+    std::array<double, 5> in_flight_by_axis{};
+    for (const auto& op : frag.ops) {
+      const auto ai = static_cast<std::size_t>(op.axis);
+      auto& ax = rp_.axes[ai];
+      double node_bytes = 0;
+      const double sec =
+          cost(op, p_.sync_sharing.at(key_of(op))[static_cast<std::size_t>(r_)], node_bytes);
+      const double runs = static_cast<double>(at_sync_start(op) ? fc.starts : fc.applies);
+      ax.sync_bytes += wire_bytes(op);
+      ax.sync_node_bytes += node_bytes;
+      ++ax.sync_calls;
+      ax.sync_seconds += sec;
+      ax.bytes_per_step += runs * wire_bytes(op) / window;
+      ax.node_bytes_per_step += runs * node_bytes / window;
+      ax.sync_seconds_per_step += runs * sec / window;
+      t_.sync += sec;
+      if (op.trigger == trigger::sync_exchange) {
+        in_flight += sec;
+        in_flight_by_axis[ai] += sec;
+      } else {
+        (at_sync_start(op) ? at_start : at_apply) += sec;
+        ax.exposed += runs * sec / window;
+      }
+    }
+    double exposed =
+        static_cast<double>(fc.starts) * at_start + static_cast<double>(fc.applies) * at_apply;
+    double hidden = 0;
+    for (std::int64_t tau : fc.in_flight) {
+      const double h = std::min(in_flight, static_cast<double>(tau) * slack);
+      const double share = in_flight > 0 ? (in_flight - h) / in_flight : 0.0;
+      for (axis ax_id : all_axes) {
+        const auto ai = static_cast<std::size_t>(ax_id);
+        rp_.axes[ai].exposed += share * in_flight_by_axis[ai] / window;
+      }
+      exposed += in_flight - h;
+      hidden += h;
+    }
+    t_.sync_exposed += exposed / window;
+    t_.sync_hidden += hidden / window;
+  }
+  /// Each axis's level, ranks and per-step totals; under step_overlap::channel, the
+  /// overlappable seconds beyond the compute, shared among the axes as their seconds are.
+  void close_axes() {
+    const double spill = std::max(0.0, t_.overlappable - window_compute_);
+    for (axis ax_id : all_axes) {
+      auto& ax = rp_.axes[static_cast<std::size_t>(ax_id)];
+      const comm_span& s = p_.spans.get(ax_id, r_);
+      ax.level = s.level();
+      ax.ranks = s.ranks;
+      ax.bytes_per_step += ax.step_bytes;
+      ax.node_bytes_per_step += ax.step_node_bytes;
+      if (t_.overlappable > 0 && p_.o.overlap == step_overlap::channel)
+        ax.exposed +=
+            spill * t_.overlappable_by_axis[static_cast<std::size_t>(ax_id)] / t_.overlappable;
+    }
+  }
+  /// rp.step: under step_overlap::timeline the step ops' exposure from the engine's timeline
+  /// (shared among the axes as their seconds are), else max(C, O) + the exposed ops; plus
+  /// the exposed sync seconds per step.
+  void step_seconds(const std::vector<op_time>& step_times) {
+    if (p_.o.overlap != step_overlap::timeline) {
+      rp_.step = std::max(window_compute_, t_.overlappable) + t_.exposed_ops + t_.sync_exposed;
+      return;
+    }
+    const std::vector<comm_op>& ops = p_.step_ops.ops;
+    const step_timeline tl = time_step(ops, step_times, p_.unit_elements, window_compute_);
+    double all = 0;
+    std::array<double, 5> by_axis{};
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const double sec = step_times[i].occupancy + step_times[i].tail;
+      all += sec;
+      by_axis[static_cast<std::size_t>(ops[i].axis)] += sec;
+    }
+    if (all > 0)
+      for (axis ax_id : all_axes)
+        rp_.axes[static_cast<std::size_t>(ax_id)].exposed +=
+            tl.waiting * by_axis[static_cast<std::size_t>(ax_id)] / all;
+    t_.timeline_waiting = tl.waiting;
+    rp_.step = tl.step + t_.sync_exposed;
+  }
+
+  plan_pricing& p_;
+  int r_;
+  double window_compute_;
+  rank_totals& t_;
+  rank_price& rp_;
+};
+
+/// The job's figures in out from its critical rank's totals t and price rp.
+inline void report_critical(step_price& out, const rank_totals& t, const rank_price& rp,
+                            double window_compute, const straggler_terms& st,
+                            const price_options& o) {
+  out.axes = rp.axes;
+  out.overlappable = t.overlappable;
+  if (o.overlap == step_overlap::timeline) {
+    out.exposed_step = t.timeline_waiting;
+    out.hidden = std::max(0.0, t.overlappable + t.exposed_ops - t.timeline_waiting);
+  } else {
+    out.hidden = std::min(t.overlappable, window_compute);
+    out.exposed_step = (t.overlappable - out.hidden) + t.exposed_ops;
+  }
+  out.sync = t.sync;
+  out.sync_per_step = t.sync_exposed;
+  out.sync_hidden = t.sync_hidden;
+  out.straggler_wait = (window_compute - out.compute) + st.sync_wait;
+  out.straggler_sync = st.sync_wait;
+  out.step_component = st.n_step;
+  out.sync_components = st.g_sync;
+  out.step = rp.step;
+  out.tokens_per_s_per_gpu =
+      out.step > 0 ? out.tokens_per_gpu / out.step : std::numeric_limits<double>::infinity();
+}
+
 }  // namespace detail
 
 /// Seconds world rank `rank` of a mesh placed as p spends in the ops of q run one after
@@ -860,258 +1171,36 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
                    "sim::price_plans: the stragglers' coefficient of variation must be a finite "
                    "number >= 0, found ",
                    o.stragglers.cv);
-  const placement place(shape, c);
-  const flat_layout layout = a.layout(std::move(units), shape);
-  const plan step_ops = detail::as_run(a.step_plan(layout, shape, o.precision), o);
-  const int W = shape.size();
-  const bool syncs = a.syncs();
-  const sync_cadence& cadence = a.cadence();
-  const auto window = static_cast<double>(cadence.window);
-  // [rank][fragment]: each rank's sync plans (they differ between ranks in reference mode).
-  std::vector<std::vector<plan>> sync_ops(static_cast<std::size_t>(W));
-  if (syncs)
-    for (int r = 0; r < W; ++r)
-      for (const plan& p : a.sync_plans(layout, shape, r))
-        sync_ops[static_cast<std::size_t>(r)].push_back(detail::as_run(p, o));
-
-  detail::span_cache spans(place);
-  // NIC sharing per rank: every rank runs every step op, so it depends on the axis alone; the
-  // sync ops differ between ranks (reference mode), so there it depends on who runs the op.
-  std::array<std::vector<link_sharing>, 5> step_sharing;
-  const std::vector<bool> everyone(static_cast<std::size_t>(W), true);
-  for (const auto& op : step_ops.ops) {
-    auto& v = step_sharing[static_cast<std::size_t>(op.axis)];
-    if (v.empty()) v = detail::sharing_of(place, spans, op.axis, everyone);
-  }
-  std::map<detail::op_key, std::vector<bool>> sync_runs;
-  for (int r = 0; r < W; ++r)
-    for (const auto& frag : sync_ops[static_cast<std::size_t>(r)])
-      for (const auto& op : frag.ops) {
-        auto& v = sync_runs[detail::key_of(op)];
-        if (v.empty()) v.assign(static_cast<std::size_t>(W), false);
-        v[static_cast<std::size_t>(r)] = true;
-      }
-  std::map<detail::op_key, std::vector<link_sharing>> sync_sharing;
-  for (const auto& [key, active] : sync_runs)
-    sync_sharing.emplace(key, detail::sharing_of(place, spans, std::get<1>(key), active));
-  // Ranks mostly see the same (span, sharing) for an op: price each combination once.
-  detail::price_memo memo;
-
-  // Stragglers: the component the step ops join every step, and how many of them a sync
-  // joins (straggler.hpp).
-  std::array<bool, 3> step_dims{}, sync_dims{};
-  for (const auto& op : step_ops.ops)
-    if (op.ranks > 1)
-      for (std::size_t d = 0; d < 3; ++d)
-        step_dims[d] = step_dims[d] || detail::dims_of(op.axis)[d];
-  sync_dims = step_dims;
-  for (const auto& [key, active] : sync_runs)
-    for (std::size_t d = 0; d < 3; ++d)
-      sync_dims[d] = sync_dims[d] || detail::dims_of(std::get<1>(key))[d];
-  const int n_step = detail::component_size(shape, step_dims);
-  const int g_sync = syncs ? detail::component_size(shape, sync_dims) / n_step : 1;
-  const double straggler_step = straggler_step_wait(o.stragglers, compute_seconds, n_step);
-  const double straggler_sync =
-      straggler_sync_wait(o.stragglers, compute_seconds, n_step, g_sync,
-                          syncs ? std::min(1.0, cadence.starts_per_step()) : 0.0);
+  detail::plan_pricing pricing(a, std::move(units), shape, c, o);
+  const detail::straggler_terms st = pricing.stragglers(compute_seconds);
   // The compute window of a step: the slowest member's compute.
   const double window_compute =
-      o.stragglers.active() ? compute_seconds + straggler_step : compute_seconds;
+      o.stragglers.active() ? compute_seconds + st.step_wait : compute_seconds;
 
   step_price out;
   out.algorithm = a.name();
   out.shape = shape;
-  out.syncs = syncs;
-  out.period = syncs ? cadence.period() : 1;
+  out.syncs = pricing.syncs;
+  out.period = pricing.syncs ? pricing.cadence.period() : 1;
   out.fragments = a.fragments();
-  out.in_flight = syncs ? cadence.mean_in_flight() : 0;
+  out.in_flight = pricing.syncs ? pricing.cadence.mean_in_flight() : 0;
   out.compute = compute_seconds;
   out.tokens_per_gpu = tokens_per_gpu;
-  out.ranks.resize(static_cast<std::size_t>(W));
-
-  struct totals {
-    double overlappable = 0, exposed_ops = 0, sync = 0, sync_exposed = 0, sync_hidden = 0;
-    double timeline_waiting = 0;  ///< step_overlap::timeline: seconds compute waited for ops
-    std::array<double, 5> overlappable_by_axis{};
-  };
-  std::vector<totals> per_rank(static_cast<std::size_t>(W));
-  std::vector<double> unit_elements;  // the timeline splits compute by them
-  for (std::size_t u = 0; u < layout.num_units(); ++u)
-    unit_elements.push_back(static_cast<double>(layout.unit(u).numel));
+  out.ranks.resize(static_cast<std::size_t>(pricing.W));
+  std::vector<detail::rank_totals> per_rank(static_cast<std::size_t>(pricing.W));
   double worst = -1;
-  for (int r = 0; r < W; ++r) {
-    auto& t = per_rank[static_cast<std::size_t>(r)];
+  for (int r = 0; r < pricing.W; ++r) {
     auto& rp = out.ranks[static_cast<std::size_t>(r)];
-    // The collective price of op for rank r (without its codec passes).
-    // The span of op's communicator: its axis's, its member groups' (holder_average), or a
-    // point-to-point op's pair's (gossip).
-    auto span_of = [&](const comm_op& op) -> comm_span {
-      return op.members != 0 ? detail::member_span(place, op, r)
-                             : detail::op_span(place, spans.get(op.axis, r), op, r);
-    };
-    auto collective = [&](const comm_op& op, const link_sharing& share) -> const collective_cost& {
-      const comm_span s = span_of(op);
-      // A point-to-point op's span is its pair's; the plan counts the ranks of its axis.
-      const int ranks = point_to_point(op.kind) ? spans.get(op.axis, r).ranks : s.ranks;
-      FEDSHARD_EXPECTS(ranks == op.ranks, "sim::price_plans: the plan's ", describe(op), " has ",
-                       op.ranks, " ranks but the mesh's ", to_string(op.axis), " communicator has ",
-                       ranks);
-      const comm_op w = carried(op);  // an encoded op moves its wires
-      return memo.get(w, s, share, [&] {
-        return price_collective(w.kind, static_cast<double>(w.bytes), s, share, c, o.collectives);
-      });
-    };
-    // Prices op for rank r; adds the bytes it sends out of r's node to node_bytes.
-    auto cost = [&](const comm_op& op, const link_sharing& share, double& node_bytes) {
-      const comm_span s = span_of(op);
-      if (s.nodes > 1) node_bytes += wire_bytes(op) * share.per_node;
-      return detail::codec_seconds(op, c) + collective(op, share).seconds;
-    };
-    // The timeline's view of a step op: the latency of a level whose latency is propagation
-    // does not hold the channel.
-    std::vector<op_time> step_times;
-    for (const auto& op : step_ops.ops) {
-      auto& ax = rp.axes[static_cast<std::size_t>(op.axis)];
-      const link_sharing& share =
-          step_sharing[static_cast<std::size_t>(op.axis)][static_cast<std::size_t>(r)];
-      const double sec = cost(op, share, ax.step_node_bytes);
-      if (o.overlap == step_overlap::timeline) {
-        const level_kind level = spans.get(op.axis, r).level();
-        if (detail::level_of(level, c).on_compute) {
-          step_times.push_back({0, 0, sec});
-        } else {
-          const double tail =
-              detail::level_of(level, c).pipelined_latency ? collective(op, share).latency : 0.0;
-          // Thread ranks copy and reduce every collective themselves, whichever links carry
-          // its bytes: an op across nodes or sites costs the compute what it costs inside one.
-          double cpu = 0;
-          if (c.intra.on_compute && op.ranks > 1) {
-            const comm_op w = carried(op);
-            cpu = price_collective(w.kind, static_cast<double>(w.bytes),
-                                   comm_span{op.ranks, 1, op.ranks, 1}, {}, c, o.collectives)
-                      .seconds;
-          }
-          step_times.push_back({sec - tail, tail, cpu});
-        }
-      }
-      ax.step_bytes += wire_bytes(op);
-      ++ax.step_calls;
-      ax.step_seconds += sec;
-      if (op.overlappable) {
-        t.overlappable += sec;
-        t.overlappable_by_axis[static_cast<std::size_t>(op.axis)] += sec;
-      } else {
-        t.exposed_ops += sec;
-        if (o.overlap == step_overlap::channel) ax.exposed += sec;
-      }
-    }
-    // Compute a step leaves free of its own overlappable ops: what an in-flight sync uses.
-    const double slack = std::max(0.0, window_compute - t.overlappable);
-    const auto& fragments = sync_ops[static_cast<std::size_t>(r)];
-    for (std::size_t f = 0; f < fragments.size(); ++f) {
-      const fragment_cadence& fc = cadence.fragments[f];
-      // One sync of fragment f: the seconds of its blocking ops per start and per apply, and
-      // of its sync_start ops (which may stay in flight), in all and by axis.
-      double at_start = 0, at_apply = 0, in_flight = 0;
-      std::array<double, 5> in_flight_by_axis{};
-      for (const auto& op : fragments[f].ops) {
-        const auto ai = static_cast<std::size_t>(op.axis);
-        auto& ax = rp.axes[ai];
-        double node_bytes = 0;
-        const double sec =
-            cost(op, sync_sharing.at(detail::key_of(op))[static_cast<std::size_t>(r)], node_bytes);
-        const double runs = static_cast<double>(detail::at_sync_start(op) ? fc.starts : fc.applies);
-        ax.sync_bytes += wire_bytes(op);
-        ax.sync_node_bytes += node_bytes;
-        ++ax.sync_calls;
-        ax.sync_seconds += sec;
-        ax.bytes_per_step += runs * wire_bytes(op) / window;
-        ax.node_bytes_per_step += runs * node_bytes / window;
-        ax.sync_seconds_per_step += runs * sec / window;
-        t.sync += sec;
-        if (op.trigger == trigger::sync_start) {
-          in_flight += sec;
-          in_flight_by_axis[ai] += sec;
-        } else {
-          (detail::at_sync_start(op) ? at_start : at_apply) += sec;
-          ax.exposed += runs * sec / window;
-        }
-      }
-      double exposed =
-          static_cast<double>(fc.starts) * at_start + static_cast<double>(fc.applies) * at_apply;
-      double hidden = 0;
-      for (std::int64_t tau : fc.in_flight) {
-        const double h = std::min(in_flight, static_cast<double>(tau) * slack);
-        const double share = in_flight > 0 ? (in_flight - h) / in_flight : 0.0;
-        for (axis ax_id : all_axes) {
-          const auto ai = static_cast<std::size_t>(ax_id);
-          rp.axes[ai].exposed += share * in_flight_by_axis[ai] / window;
-        }
-        exposed += in_flight - h;
-        hidden += h;
-      }
-      t.sync_exposed += exposed / window;
-      t.sync_hidden += hidden / window;
-    }
-    const double spill = std::max(0.0, t.overlappable - window_compute);
-    for (axis ax_id : all_axes) {
-      auto& ax = rp.axes[static_cast<std::size_t>(ax_id)];
-      const comm_span& s = spans.get(ax_id, r);
-      ax.level = s.level();
-      ax.ranks = s.ranks;
-      ax.bytes_per_step += ax.step_bytes;
-      ax.node_bytes_per_step += ax.step_node_bytes;
-      if (t.overlappable > 0 && o.overlap == step_overlap::channel)
-        ax.exposed +=
-            spill * t.overlappable_by_axis[static_cast<std::size_t>(ax_id)] / t.overlappable;
-    }
-    if (o.overlap == step_overlap::timeline) {
-      // The step ops' exposure from the engine's timeline, shared among the axes as their
-      // seconds are.
-      const step_timeline tl = time_step(step_ops.ops, step_times, unit_elements, window_compute);
-      double all = 0;
-      std::array<double, 5> by_axis{};
-      for (std::size_t i = 0; i < step_ops.ops.size(); ++i) {
-        const double sec = step_times[i].occupancy + step_times[i].tail;
-        all += sec;
-        by_axis[static_cast<std::size_t>(step_ops.ops[i].axis)] += sec;
-      }
-      if (all > 0)
-        for (axis ax_id : all_axes)
-          rp.axes[static_cast<std::size_t>(ax_id)].exposed +=
-              tl.waiting * by_axis[static_cast<std::size_t>(ax_id)] / all;
-      t.timeline_waiting = tl.waiting;
-      rp.step = tl.step + t.sync_exposed;
-    } else {
-      rp.step = std::max(window_compute, t.overlappable) + t.exposed_ops + t.sync_exposed;
-    }
-    if (o.stragglers.active()) rp.step += straggler_sync;
+    detail::rank_pricer(pricing, r, window_compute, per_rank[static_cast<std::size_t>(r)], rp)
+        .run();
+    if (o.stragglers.active()) rp.step += st.sync_wait;
     if (rp.step > worst) {
       worst = rp.step;
       out.critical_rank = r;
     }
   }
-  const auto& t = per_rank[static_cast<std::size_t>(out.critical_rank)];
-  const auto& rp = out.ranks[static_cast<std::size_t>(out.critical_rank)];
-  out.axes = rp.axes;
-  out.overlappable = t.overlappable;
-  if (o.overlap == step_overlap::timeline) {
-    out.exposed_step = t.timeline_waiting;
-    out.hidden = std::max(0.0, t.overlappable + t.exposed_ops - t.timeline_waiting);
-  } else {
-    out.hidden = std::min(t.overlappable, window_compute);
-    out.exposed_step = (t.overlappable - out.hidden) + t.exposed_ops;
-  }
-  out.sync = t.sync;
-  out.sync_per_step = t.sync_exposed;
-  out.sync_hidden = t.sync_hidden;
-  out.straggler_wait = (window_compute - compute_seconds) + straggler_sync;
-  out.straggler_sync = straggler_sync;
-  out.step_component = n_step;
-  out.sync_components = g_sync;
-  out.step = rp.step;
-  out.tokens_per_s_per_gpu =
-      out.step > 0 ? tokens_per_gpu / out.step : std::numeric_limits<double>::infinity();
+  const auto critical = static_cast<std::size_t>(out.critical_rank);
+  detail::report_critical(out, per_rank[critical], out.ranks[critical], window_compute, st, o);
   return out;
 }
 

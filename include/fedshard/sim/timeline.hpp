@@ -53,6 +53,129 @@ struct step_timeline {
   double cpu = 0;      ///< seconds of on-compute ops
 };
 
+namespace detail {
+
+/// The event of an inner step that issues ops: a trigger, its phase (acquire's; setup for
+/// the others) and its unit (-1 for end_of_backward).
+using step_event = std::tuple<trigger, phase, int>;
+
+/// The state of time_step as it walks the engine's order: the compute stream's clock, the
+/// channel, and which events were issued when.
+class step_clock {
+ public:
+  step_clock(const std::vector<comm_op>& ops, const std::vector<op_time>& times,
+             const std::vector<double>& unit_elements, double compute)
+      : ops_(ops),
+        times_(times),
+        unit_elements_(unit_elements),
+        units_(static_cast<int>(unit_elements.size())) {
+    out_.compute = compute;
+    for (double e : unit_elements) total_ += e;
+    // The ops of each event, in plan order.
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const comm_op& op = ops[i];
+      FEDSHARD_EXPECTS(op.unit < units_, "sim::time_step: ", describe(op), " names unit ", op.unit,
+                       " of a model of ", units_, " units");
+      const phase ph = op.trigger == trigger::acquire ? op.phase : phase::setup;
+      by_event_[{op.trigger, ph, op.trigger == trigger::end_of_backward ? -1 : op.unit}].push_back(
+          i);
+    }
+  }
+
+  /// Forward, backward and end_of_backward in the engine's order; the step's timeline.
+  step_timeline run() {
+    for (int u = 0; u < units_; ++u) {
+      const double ready = issue({trigger::acquire, phase::forward, u}, t_);
+      if (u + 1 < units_) issue({trigger::acquire, phase::forward, u + 1}, t_);
+      wait_until(ready);
+      compute_segment(share(u) / 3, false);
+    }
+    for (int u = units_ - 1; u >= 0; --u) {
+      const double ready = issue({trigger::acquire, phase::backward, u}, t_);
+      if (u > 0) issue({trigger::acquire, phase::backward, u - 1}, t_);
+      wait_until(ready);
+      compute_segment(share(u) * 2 / 3, u == 0);
+      const step_event g{trigger::grads_ready, phase::setup, u};
+      const double reduced = issue(g, t_);
+      if (blocking(g)) wait_until(reduced);
+    }
+    if (units_ == 0) compute_segment(1, true);
+    issue({trigger::end_of_backward, phase::setup, -1}, t_);
+    for (const auto& [k, idx] : by_event_)
+      FEDSHARD_EXPECTS(issued_.count(k) == 1, "sim::time_step: ", describe(ops_[idx.front()]),
+                       " has a trigger no inner step fires (a step plan runs at acquire, "
+                       "grads_ready and end_of_backward)");
+    out_.step = std::max(t_, last_done_);
+    out_.waiting = out_.step - out_.compute;
+    return out_;
+  }
+
+ private:
+  /// Unit u's share of the compute.
+  double share(int u) const {
+    return total_ > 0 ? unit_elements_[static_cast<std::size_t>(u)] / total_
+                      : 1.0 / std::max(1, units_);
+  }
+  /// The compute stream waits until `ready`.
+  void wait_until(double ready) {
+    if (ready > t_) stalled_ += ready - t_, t_ = ready;
+  }
+  /// Issues the ops of event k at time `at` (once); returns when the last one completes. An
+  /// on-compute op first runs on the compute stream.
+  double issue(const step_event& k, double at) {
+    if (auto it = issued_.find(k); it != issued_.end()) return it->second;
+    double done = at;
+    if (auto it = by_event_.find(k); it != by_event_.end())
+      for (std::size_t i : it->second) {
+        const op_time& ot = times_[i];
+        if (ot.cpu > 0) {
+          wait_until(done);
+          stalled_ += ot.cpu, t_ += ot.cpu;
+          out_.cpu += ot.cpu;
+          done = t_;
+        }
+        if (ot.occupancy > 0 || ot.tail > 0) {
+          const double start = std::max({at, done, channel_free_});
+          channel_free_ = start + ot.occupancy;
+          out_.busy += ot.occupancy;
+          done = channel_free_ + ot.tail;
+        }
+      }
+    last_done_ = std::max(last_done_, done);
+    issued_.emplace(k, done);
+    return done;
+  }
+  /// True when some op of k may not run behind compute (the compute waits for it).
+  bool blocking(const step_event& k) const {
+    if (auto it = by_event_.find(k); it != by_event_.end())
+      for (std::size_t i : it->second)
+        if (!ops_[i].overlappable) return true;
+    return false;
+  }
+  /// Ends a compute segment `fraction` of C later (the last one at exactly C, so that a step
+  /// that never waits ends at exactly C).
+  void compute_segment(double fraction, bool last) {
+    done_fraction_ = last ? 1.0 : done_fraction_ + fraction;
+    t_ = out_.compute * done_fraction_ + stalled_;
+  }
+
+  const std::vector<comm_op>& ops_;
+  const std::vector<op_time>& times_;
+  const std::vector<double>& unit_elements_;
+  int units_;
+  double total_ = 0;  // the units' elements
+  std::map<step_event, std::vector<std::size_t>> by_event_;
+  step_timeline out_;
+  double t_ = 0;        // the compute stream: compute done so far + stalled_
+  double stalled_ = 0;  // waits and on-compute ops
+  double channel_free_ = 0;
+  double last_done_ = 0;
+  std::map<step_event, double> issued_;  // event -> completion of its last op
+  double done_fraction_ = 0;             // of C, by the compute segments so far
+};
+
+}  // namespace detail
+
 /// The timeline of plan `step` (ops in plan order, times[i] for ops[i]) with compute seconds
 /// C split over units by `unit_elements`. invalid_argument when the sizes disagree, or an op
 /// names a unit outside [0, units) or has a trigger no inner step fires.
@@ -61,100 +184,7 @@ inline step_timeline time_step(const std::vector<comm_op>& ops, const std::vecto
   FEDSHARD_EXPECTS(ops.size() == times.size(), "sim::time_step: ", ops.size(), " ops but ",
                    times.size(), " op times");
   FEDSHARD_EXPECTS(compute >= 0, "sim::time_step: compute seconds must be >= 0, found ", compute);
-  const int units = static_cast<int>(unit_elements.size());
-  double total = 0;
-  for (double e : unit_elements) total += e;
-  auto share = [&](int u) {
-    return total > 0 ? unit_elements[static_cast<std::size_t>(u)] / total
-                     : 1.0 / std::max(1, units);
-  };
-
-  // The ops of each (trigger, phase, unit), in plan order.
-  using key = std::tuple<trigger, phase, int>;
-  std::map<key, std::vector<std::size_t>> by_event;
-  for (std::size_t i = 0; i < ops.size(); ++i) {
-    const comm_op& op = ops[i];
-    FEDSHARD_EXPECTS(op.unit < units, "sim::time_step: ", describe(op), " names unit ", op.unit,
-                     " of a model of ", units, " units");
-    const phase ph = op.trigger == trigger::acquire ? op.phase : phase::setup;
-    by_event[{op.trigger, ph, op.trigger == trigger::end_of_backward ? -1 : op.unit}].push_back(i);
-  }
-
-  step_timeline out;
-  out.compute = compute;
-  // The compute stream: t = compute done so far + `stalled` (waits and on-compute ops), so
-  // that a step that never waits ends at exactly C.
-  double t = 0, stalled = 0;
-  auto wait_until = [&](double ready) {
-    if (ready > t) stalled += ready - t, t = ready;
-  };
-  double channel_free = 0;
-  double last_done = 0;
-  std::map<key, double> issued;  // event -> completion of its last op
-  // Issues the ops of event k at time `at` (once); returns when the last one completes. An
-  // on-compute op first runs on the compute stream.
-  auto issue = [&](const key& k, double at) {
-    if (auto it = issued.find(k); it != issued.end()) return it->second;
-    double done = at;
-    if (auto it = by_event.find(k); it != by_event.end())
-      for (std::size_t i : it->second) {
-        const op_time& ot = times[i];
-        if (ot.cpu > 0) {
-          wait_until(done);
-          stalled += ot.cpu, t += ot.cpu;
-          out.cpu += ot.cpu;
-          done = t;
-        }
-        if (ot.occupancy > 0 || ot.tail > 0) {
-          const double start = std::max({at, done, channel_free});
-          channel_free = start + ot.occupancy;
-          out.busy += ot.occupancy;
-          done = channel_free + ot.tail;
-        }
-      }
-    last_done = std::max(last_done, done);
-    issued.emplace(k, done);
-    return done;
-  };
-  // Waits for the ops of k the plan does not let run behind compute.
-  auto blocking = [&](const key& k) {
-    if (auto it = by_event.find(k); it != by_event.end())
-      for (std::size_t i : it->second)
-        if (!ops[i].overlappable) return true;
-    return false;
-  };
-  // Compute segments end at these fractions of C (forward a third, backward two), the last
-  // at exactly 1.
-  double done_fraction = 0;
-  auto compute_segment = [&](double fraction, bool last) {
-    done_fraction = last ? 1.0 : done_fraction + fraction;
-    t = compute * done_fraction + stalled;
-  };
-
-  for (int u = 0; u < units; ++u) {
-    const double ready = issue({trigger::acquire, phase::forward, u}, t);
-    if (u + 1 < units) issue({trigger::acquire, phase::forward, u + 1}, t);
-    wait_until(ready);
-    compute_segment(share(u) / 3, false);
-  }
-  for (int u = units - 1; u >= 0; --u) {
-    const double ready = issue({trigger::acquire, phase::backward, u}, t);
-    if (u > 0) issue({trigger::acquire, phase::backward, u - 1}, t);
-    wait_until(ready);
-    compute_segment(share(u) * 2 / 3, u == 0);
-    const key g{trigger::grads_ready, phase::setup, u};
-    const double reduced = issue(g, t);
-    if (blocking(g)) wait_until(reduced);
-  }
-  if (units == 0) compute_segment(1, true);
-  issue({trigger::end_of_backward, phase::setup, -1}, t);
-  for (const auto& [k, idx] : by_event)
-    FEDSHARD_EXPECTS(issued.count(k) == 1, "sim::time_step: ", describe(ops[idx.front()]),
-                     " has a trigger no inner step fires (a step plan runs at acquire, "
-                     "grads_ready and end_of_backward)");
-  out.step = std::max(t, last_done);
-  out.waiting = out.step - compute;
-  return out;
+  return detail::step_clock(ops, times, unit_elements, compute).run();
 }
 
 }  // namespace fedshard::sim
