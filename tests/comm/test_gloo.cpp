@@ -6,18 +6,23 @@
 
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/backend_tests.hpp"
+#include "fedshard/comm/detail/sigpipe.hpp"
 #include "fedshard/comm/gloo.hpp"
 #include "fedshard/comm/inproc.hpp"
 #include "support/collective_checks.hpp"
@@ -255,6 +260,78 @@ TEST_CASE("gloo: a peer process killed mid-run gives peer_failure at once, not a
   const double waited =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(waited < 30);  // far below the 60 s timeout: the closed socket is noticed
+}
+
+/// Runs body() in a child process whose SIGPIPE disposition is the default (the process
+/// ends); returns how the child ended: "exit N" or "signal N".
+template <class F>
+std::string in_child_with_default_sigpipe(F&& body) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::signal(SIGPIPE, SIG_DFL);
+    ::_exit(body());
+  }
+  REQUIRE(child > 0);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  if (WIFSIGNALED(status)) return concat("signal ", WTERMSIG(status));
+  return concat("exit ", WEXITSTATUS(status));
+}
+
+TEST_CASE("gloo: sigpipe_shield turns a write to a closed socket into EPIPE, and leaves no trace") {
+  const auto how = in_child_with_default_sigpipe([] {
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return 10;
+    ::close(fds[1]);
+    sigset_t before;
+    ::pthread_sigmask(SIG_SETMASK, nullptr, &before);
+    int err = 0;
+    {
+      const fedshard::detail::sigpipe_shield shield;
+      const char byte = 1;
+      if (::write(fds[0], &byte, 1) != -1) return 11;
+      err = errno;
+    }
+    if (err != EPIPE) return 12;
+    sigset_t after;
+    ::pthread_sigmask(SIG_SETMASK, nullptr, &after);
+    if (sigismember(&after, SIGPIPE) != sigismember(&before, SIGPIPE)) return 13;  // restored
+    sigset_t pending;
+    ::sigpending(&pending);
+    if (sigismember(&pending, SIGPIPE) == 1) return 14;  // taken back, not left to fire
+    return 0;
+  });
+  CHECK(how == "exit 0");  // "signal 13": the process died of SIGPIPE
+}
+
+TEST_CASE("gloo: a rank writing to a peer that closed its sockets gets peer_failure, not SIGPIPE") {
+  // The survivor is in the middle of a large send (the transport thread writes it as the
+  // socket drains) when its peer closes the link without reading, the way a killed group's
+  // links look to the others. Without the shield this child dies of SIGPIPE.
+  ft::temp_dir dir;
+  const auto how = in_child_with_default_sigpipe([&] {
+    try {
+      auto st = std::make_shared<gl::file_store>(dir.path());
+      std::jthread peer([&] {  // joined however this scope ends
+        gl::communicator c(st, "closed", 1, 2, ft::gloo_timeout(60));
+        double v = 1;
+        c.all_reduce(&v, &v, 1, dtype::f64, reduce_op::sum);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      });  // leaves without reading: the destructor closes its sockets
+      gl::communicator c(st, "closed", 0, 2, ft::gloo_timeout(60));
+      double v = 1;
+      c.all_reduce(&v, &v, 1, dtype::f64, reduce_op::sum);
+      std::vector<float> big(std::size_t{1} << 26, 1.0f);  // 256 MiB: far more than a socket holds
+      c.send(big.data(), static_cast<std::int64_t>(big.size()), dtype::f32, 1, 0);
+      return 20;  // the send completed into a closed peer
+    } catch (const fedshard::peer_failure&) {
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "unexpected: %s\n", e.what());
+      return 21;
+    }
+  });
+  CHECK(how == "exit 0");
 }
 
 TEST_CASE("gloo: moved() counts what is handed to Gloo for the algorithm used (4 ranks)") {

@@ -52,24 +52,32 @@ class temp_dir {
   std::filesystem::path path_;
 };
 
-/// Runs body(rank) on n threads; returns what each returned, rethrows the first failure.
+/// Runs body(rank) on n threads; returns what each returned. When ranks fail, throws
+/// backend_error naming every failed rank with its message, so the rank that failed first
+/// (whose closed sockets the others then report) is never hidden behind rank 0's error.
 template <class F>
 auto on_threads(int n, F&& body) {
   using R = decltype(body(0));
   std::vector<R> results(static_cast<std::size_t>(n));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::string> errors(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
         results[static_cast<std::size_t>(r)] = body(r);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
       } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        errors[static_cast<std::size_t>(r)] = "a non-standard exception";
       }
     });
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  std::string all;
+  for (int r = 0; r < n; ++r)
+    if (!errors[static_cast<std::size_t>(r)].empty())
+      all += fedshard::detail::concat(all.empty() ? "" : "\n", "rank ", r, " of ", n, ": ",
+                                      errors[static_cast<std::size_t>(r)]);
+  if (!all.empty()) throw backend_error(all);
   return results;
 }
 

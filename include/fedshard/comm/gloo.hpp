@@ -36,7 +36,11 @@
 ///    that does not answer in time gives timeout_error, a peer whose process died (its sockets
 ///    closed) gives peer_failure, as soon as the transport notices. After either the
 ///    communicator is unusable (later calls throw backend_error saying why); the processes of
-///    the other ranks go on (this is what cross-job federation relies on).
+///    the other ranks go on (this is what cross-job federation relies on). Every call into
+///    Gloo or hiredis runs with SIGPIPE blocked in the calling thread (and Gloo's transport
+///    thread starts with it blocked), so a write into the socket of a peer that died is
+///    EPIPE, reported as peer_failure, and never ends this process (comm/detail/sigpipe.hpp;
+///    the process's own SIGPIPE disposition is left alone).
 ///
 /// Listening addresses: options::hostname (default 127.0.0.1, the loopback).
 ///
@@ -87,6 +91,7 @@
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/comm/detail/call.hpp"
 #include "fedshard/comm/detail/reduction.hpp"
+#include "fedshard/comm/detail/sigpipe.hpp"
 #include "fedshard/comm/request.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
@@ -289,6 +294,7 @@ class redis_store final : public store {
   redisReply* command(const char* verb, const std::string& key, const std::vector<char>* value,
                       bool nx) {
     std::lock_guard lock(mu_);
+    const fedshard::detail::sigpipe_shield shield;  // a Redis server that went away is an error
     void* reply = nullptr;
     if (value == nullptr)
       reply = redisCommand(ctx_, "%s %b", verb, key.data(), key.size());
@@ -351,6 +357,8 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     ::gloo::transport::tcp::attr attr;
     attr.hostname = s_->opts.hostname;
     try {
+      const fedshard::detail::sigpipe_shield
+          shield;  // the transport thread starts with SIGPIPE blocked
       s_->device = ::gloo::transport::tcp::CreateDevice(attr);
     } catch (const std::exception& e) {
       throw backend_error(detail::concat("fedshard: gloo::communicator: cannot listen on ",
@@ -459,6 +467,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     s_->ctx->setTimeout(timeout());
     if (s_->size == 1) return;  // nobody to connect to
     ::gloo::rendezvous::PrefixStore prefixed(s_->prefix, *s_->kv);
+    const fedshard::detail::sigpipe_shield shield;
     try {
       s_->ctx->connectFullMesh(prefixed, s_->device);
     } catch (const fedshard::error& e) {
@@ -484,6 +493,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
       throw backend_error(detail::concat("fedshard: gloo::communicator (rank ", s_->rank, " of ",
                                          s_->size,
                                          ") is unusable after an earlier failure: ", s_->broken));
+    const fedshard::detail::sigpipe_shield shield;  // a closed peer is an error, not the end of us
     try {
       f();
     } catch (const fedshard::error&) {
