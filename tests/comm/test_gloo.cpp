@@ -334,6 +334,46 @@ TEST_CASE("gloo: a rank writing to a peer that closed its sockets gets peer_fail
   CHECK(how == "exit 0");
 }
 
+/// A store in front of another that makes every lookup of one rank late by `delay`.
+class late_store final : public gl::store {
+ public:
+  late_store(std::shared_ptr<gl::store> inner, std::chrono::milliseconds delay)
+      : inner_(std::move(inner)), delay_(delay) {}
+  void set(const std::string& key, const std::vector<char>& value) override {
+    inner_->set(key, value);
+  }
+  bool try_set(const std::string& key, const std::vector<char>& value) override {
+    return inner_->try_set(key, value);
+  }
+  std::vector<char> try_get(const std::string& key, bool& found) override {
+    std::this_thread::sleep_for(delay_);
+    return inner_->try_get(key, found);
+  }
+  std::string name() const override { return inner_->name(); }
+
+ private:
+  std::shared_ptr<gl::store> inner_;
+  std::chrono::milliseconds delay_;
+};
+
+TEST_CASE("gloo: a communicator dropped as soon as it is made leaves no peer half-connected") {
+  // The constructor returns on a rank only once every rank has connected, so the ranks that
+  // finish first may close the context at once (a split used and dropped, an abandoned
+  // elastic round) without failing a slower peer's connect. Rank r looks keys up r x 7 ms
+  // late, which orders the ranks differently in every round.
+  for (int round = 0; round < 12; ++round) {
+    CAPTURE(round);
+    const auto prefix = next_prefix();
+    const auto made = ft::on_threads(3, [&](int r) {
+      const auto lateness = std::chrono::milliseconds(((r + round) % 3) * 7);
+      auto st = std::make_shared<late_store>(shared_store(), lateness);
+      gl::communicator c(st, prefix, r, 3, ft::gloo_timeout(60));
+      return c.size();
+    });
+    CHECK(made == std::vector<int>{3, 3, 3});
+  }
+}
+
 TEST_CASE("gloo: moved() counts what is handed to Gloo for the algorithm used (4 ranks)") {
   for (std::int64_t small : {std::int64_t{256} * 1024, std::int64_t{0}}) {
     CAPTURE(small);

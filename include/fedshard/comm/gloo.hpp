@@ -470,6 +470,13 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     const fedshard::detail::sigpipe_shield shield;
     try {
       s_->ctx->connectFullMesh(prefixed, s_->device);
+      // connectFullMesh can return on one rank while a peer still completes its side of their
+      // pair; a rank that then closed the context at once (a split used and dropped, an
+      // elastic round abandoned) would fail that peer's connect. The barrier makes the
+      // constructor's promise symmetric: when it returns anywhere, every rank has connected.
+      ::gloo::BarrierOptions all_connected(s_->ctx);
+      all_connected.setTimeout(timeout());
+      ::gloo::barrier(all_connected);
     } catch (const fedshard::error& e) {
       throw timeout_error(detail::concat("fedshard: gloo::communicator: rank ", s_->rank, " of ",
                                          s_->size, " ('", s_->prefix,
