@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -166,6 +167,26 @@ TEST_CASE("gloo: file_store keys are created once, read whole, and missing ones 
     return 0;
   });
   CHECK(wins == 1);
+}
+
+TEST_CASE("gloo: a file_store whose directory vanished says so, on every kind of call") {
+  ft::temp_dir parent;
+  const auto dir = parent.path() / "store";
+  gl::file_store st(dir);
+  st.set("k", gl::bytes_of("v"));
+  std::filesystem::remove_all(dir);
+  const std::string expected = "the store's directory '" + dir.string() + "' no longer exists";
+  CHECK_THROWS_WITH_AS(st.set("k", gl::bytes_of("w")), doctest::Contains(expected.c_str()),
+                       fedshard::backend_error);
+  CHECK_THROWS_WITH_AS((void)st.try_set("n", gl::bytes_of("w")),
+                       doctest::Contains(expected.c_str()), fedshard::backend_error);
+  CHECK_THROWS_WITH_AS((void)st.has("k"), doctest::Contains(expected.c_str()),
+                       fedshard::backend_error);
+  // a wait ends at once with the cause, not after its timeout with the key's name
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS((void)st.get("k", std::chrono::milliseconds(5000)),
+                       doctest::Contains(expected.c_str()), fedshard::backend_error);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
 }
 
 TEST_CASE("gloo: ranks meet through a Redis server on the loopback") {

@@ -196,6 +196,7 @@ class file_store final : public store {
     if (std::rename(tmp.c_str(), path(key).c_str()) != 0) {
       const int e = errno;
       std::remove(tmp.c_str());
+      check_directory("cannot set key '" + key + "'");
       throw backend_error(
           detail::concat("fedshard: ", name(), ": cannot set key '", key, "': ", std::strerror(e)));
     }
@@ -207,13 +208,17 @@ class file_store final : public store {
     std::remove(tmp.c_str());
     if (rc == 0) return true;
     if (e == EEXIST) return false;
+    check_directory("cannot create key '" + key + "'");
     throw backend_error(detail::concat("fedshard: ", name(), ": cannot create key '", key,
                                        "': ", std::strerror(e)));
   }
   std::vector<char> try_get(const std::string& key, bool& found) override {
     std::ifstream in(path(key), std::ios::binary);
     found = static_cast<bool>(in);
-    if (!found) return {};
+    if (!found) {
+      check_directory("cannot read key '" + key + "'");
+      return {};
+    }
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   }
   std::string name() const override { return "file_store(" + dir_.string() + ")"; }
@@ -241,10 +246,23 @@ class file_store final : public store {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
       out.write(value.data(), static_cast<std::streamsize>(value.size()));
       out.flush();
-      if (!out)
+      if (!out) {
+        check_directory("cannot write a value");
         throw backend_error(detail::concat("fedshard: ", name(), ": cannot write '", tmp, "'"));
+      }
     }
     return tmp;
+  }
+  /// Throws backend_error naming the store's directory when it is gone (removed, or its
+  /// file system unmounted, while the store was in use): every key would be missing, and
+  /// waiting for one would only end in a timeout that names the key, not the cause.
+  void check_directory(const std::string& doing) const {
+    std::error_code ec;
+    if (std::filesystem::is_directory(dir_, ec)) return;
+    throw backend_error(detail::concat(
+        "fedshard: ", name(), ": ", doing, ": the store's directory '", dir_.string(),
+        "' no longer exists", ec ? " (" + ec.message() + ")" : std::string(),
+        "; was it removed while groups were using it?"));
   }
   std::filesystem::path dir_;
 };
