@@ -215,6 +215,42 @@ TEST_CASE("gloo: ranks meet through a Redis server on the loopback") {
                        fedshard::backend_error);
 }
 
+TEST_CASE("gloo: redis_store makes a lost connection again, and says so when it cannot") {
+  ft::redis_server server(FEDSHARD_REDIS_SERVER, ft::redis_server::own_t{});
+  if (!server.available()) {
+    MESSAGE("redis-server not found (install redis-server): reconnection is not tested");
+    return;
+  }
+  gl::redis_store st("127.0.0.1", server.port(), std::chrono::milliseconds(10000));
+  CHECK(st.try_set("before", gl::bytes_of("1")));
+  // Killed, and started again on the same port 300 ms later (empty: no persistence); the
+  // calls made meanwhile wait for it and succeed.
+  server.kill();
+  std::thread restart([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CHECK(server.start_again());
+  });
+  st.set("after", gl::bytes_of("2"));
+  restart.join();
+  CHECK(st.reconnects() == 1);
+  CHECK(st.get_string("after", std::chrono::milliseconds(10)) == "2");
+  CHECK(st.try_set("created", gl::bytes_of("3")));
+  CHECK_FALSE(st.try_set("created", gl::bytes_of("4")));
+  CHECK_FALSE(st.has("before"));  // what the killed server held is gone
+  // Killed for good: a call fails once reconnect_for has passed, naming the server.
+  gl::redis_store quick("127.0.0.1", server.port(), std::chrono::milliseconds(400));
+  server.kill();
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(quick.set("k", gl::bytes_of("v")),
+                       doctest::Contains(concat("redis_store(127.0.0.1:", server.port(),
+                                                "): SET 'k' failed: the server is unreachable")
+                                             .c_str()),
+                       fedshard::backend_error);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(waited >= std::chrono::milliseconds(400));
+  CHECK(waited < std::chrono::seconds(5));
+}
+
 TEST_CASE("gloo: a silent peer gives timeout_error, and the communicator says so afterwards") {
   const auto prefix = next_prefix();
   std::atomic<bool> done{false};

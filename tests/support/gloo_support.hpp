@@ -94,62 +94,85 @@ inline gloo::options gloo_timeout(double seconds) {
 /// neither is there.
 class redis_server {
  public:
-  explicit redis_server(std::string binary) {
+  /// The server a test may share (FEDSHARD_TEST_REDIS's when set), or one of its own.
+  explicit redis_server(std::string binary) : binary_(std::move(binary)) {
     if (const char* env = std::getenv("FEDSHARD_TEST_REDIS"); env != nullptr && *env != '\0') {
       port_ = std::atoi(env);
       shared_ = port_ > 0;
       return;
     }
-    if (binary.empty() || !std::filesystem::exists(binary)) return;
+    start_anywhere();
+  }
+  /// A server of the test's own even when a shared one exists: for tests that kill it.
+  struct own_t {};
+  redis_server(std::string binary, own_t) : binary_(std::move(binary)) { start_anywhere(); }
+  redis_server(const redis_server&) = delete;
+  redis_server& operator=(const redis_server&) = delete;
+  ~redis_server() { stop(SIGTERM); }
+  bool available() const noexcept { return shared_ || pid_ > 0; }
+  int port() const noexcept { return port_; }
+  /// Kills the server at once (SIGKILL), as a crash would (its own server only).
+  void kill() { stop(SIGKILL); }
+  /// Starts it again on the same port, empty; true when it is up.
+  bool start_again() {
+    if (shared_ || port_ <= 0) return false;
+    return launch();
+  }
+
+ private:
+  void start_anywhere() {
+    if (binary_.empty() || !std::filesystem::exists(binary_)) return;
     std::random_device rd;
     for (int attempt = 0; attempt < 20 && pid_ <= 0; ++attempt) {
       port_ = 20000 + static_cast<int>(rd() % 30000);
-      const std::string port = std::to_string(port_);
-      const pid_t pid = ::fork();
-      if (pid == 0) {
-        if (FILE* quiet = std::fopen("/dev/null", "w")) {  // the server's banner stays out of logs
-          ::dup2(::fileno(quiet), 1);
-          ::dup2(::fileno(quiet), 2);
-        }
-        ::execl(binary.c_str(), binary.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--protected-mode", "yes", "--loglevel",
-                "warning", static_cast<char*>(nullptr));
-        ::_exit(127);
-      }
-      // Up when a store can connect; a port taken by someone else makes the server exit.
-      for (int i = 0; i < 200; ++i) {
-        int status = 0;
-        if (::waitpid(pid, &status, WNOHANG) == pid) break;
-        try {
-          gloo::redis_store probe("127.0.0.1", port_);
-          pid_ = pid;
-          break;
-        } catch (const backend_error&) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(25));
-        }
-      }
-      if (pid_ <= 0) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, nullptr, 0);
-      }
+      (void)launch();
     }
   }
-  redis_server(const redis_server&) = delete;
-  redis_server& operator=(const redis_server&) = delete;
-  ~redis_server() {
-    if (shared_ || pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
+  /// Starts redis-server on port_; up when a store can connect (a port taken by someone else
+  /// makes the server exit).
+  bool launch() {
+    const std::string port = std::to_string(port_);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      if (FILE* quiet = std::fopen("/dev/null", "w")) {  // the server's banner stays out of logs
+        ::dup2(::fileno(quiet), 1);
+        ::dup2(::fileno(quiet), 2);
+      }
+      ::execl(binary_.c_str(), binary_.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
+              "--save", "", "--appendonly", "no", "--protected-mode", "yes", "--loglevel",
+              "warning", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
     for (int i = 0; i < 200; ++i) {
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) return;
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) break;
+      try {
+        gloo::redis_store probe("127.0.0.1", port_);
+        pid_ = pid;
+        return true;
+      } catch (const backend_error&) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(25));
+      }
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    return false;
+  }
+  void stop(int sig) {
+    if (shared_ || pid_ <= 0) return;
+    ::kill(pid_, sig);
+    for (int i = 0; i < 200; ++i) {
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
   }
-  bool available() const noexcept { return shared_ || pid_ > 0; }
-  int port() const noexcept { return port_; }
-
- private:
+  std::string binary_;
   pid_t pid_ = -1;
   int port_ = 0;
   bool shared_ = false;  // .ci/run's server: not ours to stop

@@ -6,7 +6,8 @@
 ///  - file_store: a directory several jobs on one machine (or on a shared file system) can
 ///    reach; every key is a file, written to a temporary name and renamed (or linked, for
 ///    try_set) into place, so a reader never sees half a value;
-///  - redis_store: a Redis server (Debian's redis-server), through hiredis.
+///  - redis_store: a Redis server (Debian's redis-server), through hiredis; a lost
+///    connection is made again with back-off.
 /// Keys are never deleted: every context a communicator makes has its own key prefix.
 ///
 /// The communicator follows the Communicator concept (comm/communicator.hpp):
@@ -269,18 +270,30 @@ class file_store final : public store {
 
 /// A store on a Redis server (SET, SET NX and GET through hiredis). The connection is made
 /// at construction: backend_error naming host and port when the server cannot be reached.
+/// A connection lost later (the server restarted, a network blip, a server that does not
+/// answer a command within 5 s) is made again with back-off (50 ms, doubling to 1 s) for up
+/// to `reconnect_for` (30 s by default) per call, and the command sent again; past that the
+/// call throws backend_error saying the server is unreachable. SET and GET are idempotent; a
+/// SET NX whose first reply was lost checks whether the key now holds its own value.
+/// A restarted server without persistence comes back empty: keys written before are gone
+/// (run it with --appendonly yes if the groups must find them again).
 class redis_store final : public store {
  public:
-  explicit redis_store(std::string host = "127.0.0.1", int port = 6379)
-      : host_(std::move(host)), port_(port) {
-    const timeval tv{5, 0};
-    ctx_ = redisConnectWithTimeout(host_.c_str(), port_, tv);
+  /// Connects to the server at host:port (backend_error at once when nobody answers). A
+  /// connection lost later is retried for `reconnect_for` (see the class comment).
+  explicit redis_store(std::string host = "127.0.0.1", int port = 6379,
+                       std::chrono::milliseconds reconnect_for = std::chrono::seconds(30))
+      : host_(std::move(host)), port_(port), reconnect_for_(reconnect_for) {
+    FEDSHARD_EXPECTS(reconnect_for.count() >= 0,
+                     "redis_store: reconnect_for must be >= 0 ms, found ", reconnect_for.count());
+    ctx_ = redisConnectWithTimeout(host_.c_str(), port_, command_timeout());
     if (ctx_ == nullptr || ctx_->err != 0) {
       const std::string why = ctx_ ? ctx_->errstr : "out of memory";
       if (ctx_) redisFree(ctx_);
       throw backend_error(detail::concat("fedshard: redis_store: cannot connect to ", host_, ':',
                                          port_, ": ", why, " (is redis-server running there?)"));
     }
+    (void)redisSetTimeout(ctx_, command_timeout());
   }
   redis_store(const redis_store&) = delete;
   redis_store& operator=(const redis_store&) = delete;
@@ -288,31 +301,51 @@ class redis_store final : public store {
 
   void set(const std::string& key, const std::vector<char>& value) override {
     auto r = command("SET", key, &value, false);
-    freeReplyObject(r);
+    freeReplyObject(r.reply);
   }
   bool try_set(const std::string& key, const std::vector<char>& value) override {
-    auto* r = command("SET", key, &value, true);
-    const bool created = r->type == REDIS_REPLY_STATUS;
-    freeReplyObject(r);
+    auto r = command("SET", key, &value, true);
+    bool created = r.reply->type == REDIS_REPLY_STATUS;
+    freeReplyObject(r.reply);
+    if (!created && r.resent) {
+      // The first SET NX may have been applied before its reply was lost: the key then holds
+      // exactly our value. (A peer that created it with the very same bytes is taken for us;
+      // for create-if-absent decisions the outcome is the same.)
+      bool found = false;
+      created = try_get(key, found) == value && found;
+    }
     return created;
   }
   std::vector<char> try_get(const std::string& key, bool& found) override {
-    auto* r = command("GET", key, nullptr, false);
-    found = r->type == REDIS_REPLY_STRING;
+    auto r = command("GET", key, nullptr, false);
+    found = r.reply->type == REDIS_REPLY_STRING;
     std::vector<char> v;
-    if (found) v.assign(r->str, r->str + r->len);
-    freeReplyObject(r);
+    if (found) v.assign(r.reply->str, r.reply->str + r.reply->len);
+    freeReplyObject(r.reply);
     return v;
   }
   std::string name() const override {
     return detail::concat("redis_store(", host_, ':', port_, ")");
   }
+  /// How many times a lost connection was made again.
+  std::int64_t reconnects() const {
+    std::lock_guard lock(mu_);
+    return reconnects_;
+  }
 
  private:
-  redisReply* command(const char* verb, const std::string& key, const std::vector<char>* value,
-                      bool nx) {
-    std::lock_guard lock(mu_);
-    const fedshard::detail::sigpipe_shield shield;  // a Redis server that went away is an error
+  /// A reply, and whether the command was sent more than once (a connection was lost after
+  /// sending it, so the server may have applied the first one).
+  struct answer {
+    redisReply* reply = nullptr;
+    bool resent = false;
+  };
+  /// The bound of one command's round trip (and of a connect): a server that stops answering
+  /// counts as lost.
+  static timeval command_timeout() { return timeval{5, 0}; }
+
+  redisReply* issue(const char* verb, const std::string& key, const std::vector<char>* value,
+                    bool nx) {
     void* reply = nullptr;
     if (value == nullptr)
       reply = redisCommand(ctx_, "%s %b", verb, key.data(), key.size());
@@ -322,22 +355,59 @@ class redis_store final : public store {
     else
       reply = redisCommand(ctx_, "%s %b %b", verb, key.data(), key.size(), value->data(),
                            value->size());
-    auto* r = static_cast<redisReply*>(reply);
-    if (r == nullptr)
-      throw backend_error(
-          detail::concat("fedshard: ", name(), ": ", verb, " '", key, "' failed: ", ctx_->errstr));
-    if (r->type == REDIS_REPLY_ERROR) {
-      const std::string why(r->str, r->len);
-      freeReplyObject(r);
+    return static_cast<redisReply*>(reply);
+  }
+
+  answer command(const char* verb, const std::string& key, const std::vector<char>* value,
+                 bool nx) {
+    std::lock_guard lock(mu_);
+    const fedshard::detail::sigpipe_shield shield;  // a Redis server that went away is an error
+    using clock = std::chrono::steady_clock;
+    const auto deadline = clock::now() + reconnect_for_;
+    auto pause = std::chrono::milliseconds(50);
+    answer a;
+    bool sent = false;
+    std::string last;
+    for (;;) {
+      if (connected_) {
+        a.resent = sent;
+        a.reply = issue(verb, key, value, nx);
+        sent = true;
+        if (a.reply != nullptr) break;
+        last = ctx_->errstr;  // the connection is lost: hiredis cannot use this context again
+        connected_ = false;
+      }
+      const auto now = clock::now();
+      if (now >= deadline)
+        throw backend_error(detail::concat("fedshard: ", name(), ": ", verb, " '", key,
+                                           "' failed: the server is unreachable (", last,
+                                           "), retried for ", reconnect_for_.count(),
+                                           " ms; is redis-server still running there?"));
+      std::this_thread::sleep_for(std::min<clock::duration>(pause, deadline - now));
+      pause = std::min(pause * 2, std::chrono::milliseconds(1000));
+      if (redisReconnect(ctx_) == REDIS_OK) {
+        (void)redisSetTimeout(ctx_, command_timeout());
+        connected_ = true;
+        ++reconnects_;
+      } else {
+        last = ctx_->errstr;
+      }
+    }
+    if (a.reply->type == REDIS_REPLY_ERROR) {
+      const std::string why(a.reply->str, a.reply->len);
+      freeReplyObject(a.reply);
       throw backend_error(
           detail::concat("fedshard: ", name(), ": ", verb, " '", key, "' failed: ", why));
     }
-    return r;
+    return a;
   }
   std::string host_;
   int port_;
+  std::chrono::milliseconds reconnect_for_;
   redisContext* ctx_ = nullptr;
-  std::mutex mu_;
+  bool connected_ = true;
+  std::int64_t reconnects_ = 0;
+  mutable std::mutex mu_;
 };
 
 /// Settings of a Gloo communicator (the ranks must agree on all but timeout).
