@@ -107,8 +107,11 @@ struct options {
   /// Reject a participant whose input holds a NaN or an infinity.
   bool reject_nonfinite = true;
   /// Reject a participant whose distance from the coordinate-wise median exceeds clip_ratio
-  /// times the median distance (0 = off; needs 3 or more participants).
-  double clip_ratio = 0.0;
+  /// times the median distance (0 = off; needs 3 or more participants). On by default: one
+  /// group sending finite but wild values (x1e6) would otherwise be averaged into every
+  /// model. Honest groups trained on the same task sit at comparable distances (ratios near
+  /// 1); 3 leaves room for groups whose data differ.
+  double clip_ratio = 3.0;
   /// Where the link's log lines go (default: stderr).
   std::function<void(const std::string&)> log{};
 };
