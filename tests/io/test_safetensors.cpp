@@ -203,6 +203,20 @@ TEST_CASE(
          return f;
        },
        {"header length", "is larger than the file: expected at most"}},
+      {"a hole in the data",
+       [&] {
+         auto h = header;
+         h["ids"]["data_offsets"] = {40, 72};
+         return join(h, data.substr(0, 38) + std::string(2, '\0') + data.substr(38));
+       },
+       {"tensor 'ids': data_offsets [40, 72] leave bytes [38, 40) of the data unused", "no holes"}},
+      {"trailing bytes after the last tensor",
+       [&] { return join(header, data + "xyz"); },
+       {"the tensors cover 70 bytes of data but the file holds 73",
+        "3 trailing byte(s) belong to no tensor"}},
+      {"nesting deeper than a header has",
+       edited([](auto& h) { h["c"]["shape"] = {nlohmann::ordered_json::array({1})}; }),
+       {"the header nests deeper than 3 levels"}},
       {"shorter than the header length",
        [] { return std::string("\x10\0\0", 3); },
        {"is truncated: 3 bytes"}},
@@ -254,6 +268,35 @@ TEST_CASE("read_info reads a header of 80,000 tensors (parsing is not quadratic 
   CHECK(info.tensors.back().end == 320'000);
   CHECK(info.tensors[40'000].name == "t39999");
   CHECK(info.tensors[40'000].begin == 160'000);
+}
+
+TEST_CASE(
+    "read_info refuses a header nested 200,000 deep, of 1,000,001 entries, or of 300,000 "
+    "numbers, at once") {
+  temp_dir dir;
+  const auto path = dir.path / "hostile.safetensors";
+  const std::string deep =
+      "{\"a\": {\"shape\": " + std::string(200'000, '[') + std::string(200'000, ']') + "}}";
+  write_all(path, join(std::string_view(deep), ""));
+  CHECK_THROWS_WITH_AS(st::read_info(path), doctest::Contains("nests deeper than 3 levels"),
+                       invalid_argument);
+  std::string many = "{";
+  for (std::size_t i = 0; i <= st::max_tensors; ++i) many += "\"" + std::to_string(i) + "\":{},";
+  many.back() = '}';
+  write_all(path, join(std::string_view(many), ""));
+  CHECK_THROWS_WITH_AS(st::read_info(path),
+                       doctest::Contains("more than 1000000 entries, the limit"), invalid_argument);
+  // Entries that are not objects are refused at the first: kept, they would make every later
+  // key a scan over all of them (300,000 numbers took minutes before).
+  std::string numbers = "{";
+  for (int i = 0; i < 300'000; ++i) numbers += "\"" + std::to_string(i) + "\":0,";
+  numbers.back() = '}';
+  write_all(path, join(std::string_view(numbers), ""));
+  CHECK_THROWS_WITH_AS(
+      st::read_info(path),
+      doctest::Contains("tensor '0': expected an object {\"dtype\", \"shape\", \"data_offsets\"}, "
+                        "found the number 0"),
+      invalid_argument);
 }
 
 // ---- export and import --------------------------------------------------------------------
@@ -512,7 +555,10 @@ TEST_CASE(
   };
 
   SUBCASE("a tensor missing") {
-    with_header([](auto& h) { h.erase("layer1.b1"); });
+    with_header([](auto& h) {  // renamed: its bytes stay covered, so the file has no hole
+      h["layer1.bias"] = h["layer1.b1"];
+      h.erase("layer1.b1");
+    });
     check_refused_everywhere(failed_import(everyone),
                              {bad.string(), "tensor 'layer1.b1' of shape [16] is missing"});
   }
@@ -566,6 +612,26 @@ TEST_CASE(
     for (const auto& f : ok) {
       CHECK(f.message.empty());
       CHECK(f.trains);
+    }
+  }
+  SUBCASE("non-finite values, unless allowed (then imported, and said)") {
+    // layer1.w1's elements 5 (NaN) and 7 (+inf) are both in rank 0's shard of fsdp 1x1x3.
+    std::string d = data;
+    const auto at = header["layer1.w1"]["data_offsets"][0].get<std::size_t>();
+    const float nan = std::nanf(""), inf = INFINITY;
+    std::memcpy(d.data() + at + 5 * 4, &nan, 4);
+    std::memcpy(d.data() + at + 7 * 4, &inf, 4);
+    write_all(bad, join(header, d));
+    const auto got = failed_import(everyone);
+    check_refused_everywhere(
+        got, {bad.string(), "2 non-finite value(s) (NaN or infinity)",
+              "the first in tensor 'layer1.w1' at element 5", "import_options::allow_nonfinite"});
+    CHECK(contains(got[1].message, "raised on world rank 0"));
+    const auto allowed = failed_import(everyone, 0, {.allow_nonfinite = true});
+    for (const auto& f : allowed) {
+      CHECK(f.message.empty());
+      CHECK_FALSE(f.unchanged);
+      CHECK_FALSE(f.trains);  // the NaN reaches the loss: what the refusal protects from
     }
   }
   SUBCASE("after the first step") {

@@ -24,8 +24,10 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
@@ -34,6 +36,7 @@
 #include <optional>
 #include <set>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -59,6 +62,12 @@ static_assert(std::endian::native == std::endian::little,
 
 /// The largest JSON header accepted (the reference implementation's limit is 100 MB).
 inline constexpr std::uint64_t max_header_bytes = 100'000'000;
+/// The most entries a header may have, "__metadata__" included (a 405B-parameter model has
+/// under 2,000 tensors).
+inline constexpr std::size_t max_tensors = 1'000'000;
+/// The deepest nesting a header may have: the object of tensors (1), a tensor's entry or
+/// "__metadata__" (2), its shape and data_offsets arrays (3).
+inline constexpr int max_header_depth = 3;
 
 /// An element type of the format: its name in the header, its size in bytes, and the
 /// fedshard dtype that holds it when there is one (F64, F32, BF16, F16).
@@ -125,7 +134,9 @@ struct tensor_info {
 /// the file or above max_header_bytes, JSON that does not parse or is not an object, a key
 /// given twice, an entry without a string dtype, an array shape of integers >= 0 or two
 /// data_offsets, an unknown dtype, a byte size other than shape product * dtype size, data
-/// beyond the end of the file, and tensors whose data overlap.
+/// beyond the end of the file, tensors whose data overlap, holes (bytes of the data that no
+/// tensor covers, trailing bytes included: the format indexes the whole buffer), more than
+/// max_tensors entries, and nesting deeper than max_header_depth.
 struct file_info {
   std::filesystem::path path;
   std::uint64_t file_size = 0;
@@ -193,7 +204,29 @@ inline header_entries parse_entries(const std::filesystem::path& path, std::stri
   // The callback sees every key; the parser itself would keep the last of two equal ones.
   std::set<std::string> keys;
   std::string duplicate;
+  // Why parsing stopped early: nesting too deep, too many entries, or an entry that is not
+  // an object. The last is refused at once because the parser keeps a placeholder in the
+  // top-level object for every discarded value that is not an object, and finding keys
+  // among those placeholders would make parsing quadratic again.
+  std::string early;
+  const auto stop = [&](auto&&... why) {
+    early = fedshard::detail::concat(why...);
+    throw std::length_error(early);
+  };
   const auto take_entries = [&](int depth, event e, nlohmann::ordered_json& parsed) {
+    if (depth >= max_header_depth && (e == event::object_start || e == event::array_start))
+      stop("the header nests deeper than ", max_header_depth,
+           " levels (an object of tensors whose shape and data_offsets are arrays of numbers)");
+    if (depth == 1 && e == event::key && entries.size() >= max_tensors)
+      stop("the header has more than ", max_tensors,
+           " entries, the limit (safetensors::max_tensors)");
+    if (depth == 1 && object_root && (e == event::value || e == event::array_start)) {
+      const std::string found = e == event::value ? kind_of(parsed) : "a JSON array";
+      if (entries.back().first == "__metadata__")
+        stop("'__metadata__' must be an object of strings, found ", found);
+      stop("tensor '", entries.back().first,
+           "': expected an object {\"dtype\", \"shape\", \"data_offsets\"}, found ", found);
+    }
     if (depth == 0) {
       object_root = object_root || e == event::object_start;
       return true;
@@ -215,6 +248,9 @@ inline header_entries parse_entries(const std::filesystem::path& path, std::stri
   } catch (const nlohmann::json::exception& e) {
     refuse(path, "the header (", text.size(),
            " bytes after the length) is not valid JSON: ", e.what());
+  } catch (const std::length_error&) {
+    if (early.empty()) throw;
+    refuse(path, early);
   }
   if (!header.is_object())
     refuse(path, "the header must be a JSON object of tensors, found ", kind_of(header));
@@ -322,8 +358,10 @@ inline tensor_info read_tensor(const std::string& name, const nlohmann::ordered_
   return t;
 }
 
-/// Sorts the tensors by where their data begins and refuses two whose data overlap.
-inline void sort_disjoint(const std::filesystem::path& path, std::vector<tensor_info>& tensors) {
+/// Sorts the tensors by where their data begins and refuses two whose data overlap, and
+/// data bytes (of data_bytes) that no tensor covers.
+inline void sort_disjoint(const std::filesystem::path& path, std::vector<tensor_info>& tensors,
+                          std::uint64_t data_bytes) {
   std::stable_sort(tensors.begin(), tensors.end(),
                    [](const tensor_info& a, const tensor_info& b) { return a.begin < b.begin; });
   const tensor_info* last = nullptr;  // the non-empty tensor ending last so far
@@ -333,8 +371,18 @@ inline void sort_disjoint(const std::filesystem::path& path, std::vector<tensor_
       refuse(path, "tensor '", t.name, "': data_offsets [", t.begin, ", ", t.end,
              "] overlap those of tensor '", last->name, "' [", last->begin, ", ", last->end,
              "], expected disjoint ranges");
+    const std::uint64_t covered = last == nullptr ? 0 : last->end;
+    if (t.begin > covered)
+      refuse(path, "tensor '", t.name, "': data_offsets [", t.begin, ", ", t.end, "] leave bytes [",
+             covered, ", ", t.begin,
+             ") of the data unused, expected every byte to belong to a tensor (no holes)");
     if (last == nullptr || t.end > last->end) last = &t;
   }
+  const std::uint64_t covered = last == nullptr ? 0 : last->end;
+  if (covered != data_bytes)
+    refuse(path, "the tensors cover ", covered, " bytes of data but the file holds ", data_bytes,
+           " after its header: ", data_bytes - covered,
+           " trailing byte(s) belong to no tensor, expected none");
 }
 
 /// Parses and validates the header text of a file of file_size bytes.
@@ -350,7 +398,7 @@ inline file_info parse_header(const std::filesystem::path& path, std::string_vie
     else
       info.tensors.push_back(read_tensor(name, entry, info));
   }
-  sort_disjoint(path, info.tensors);
+  sort_disjoint(path, info.tensors, file_size - info.data_start());
   return info;
 }
 
@@ -402,6 +450,36 @@ inline void read_elements(std::ifstream& f, const file_info& info, const tensor_
   kernels::cast(const_buffer_view{scratch.data(), count, *t.type},
                 buffer_view{out.data(), count, dtype::f32});
 }
+
+/// The non-finite values met while importing: how many, and where the first was.
+struct nonfinite_count {
+  std::uint64_t n = 0;
+  std::string first_tensor;
+  std::uint64_t first_element = 0;
+
+  /// Counts the non-finite values of `values`, elements [from, from + size) of tensor t.
+  void add(const tensor_info& t, std::uint64_t from, std::span<const float> values) {
+    for (std::size_t i = 0; i < values.size(); ++i)
+      if (!std::isfinite(values[i]) && n++ == 0) {
+        first_tensor = t.name;
+        first_element = from + i;
+      }
+  }
+  /// Refuses them (invalid_argument naming the first), or with `allow` says on stderr how
+  /// many were imported.
+  void report(const std::filesystem::path& path, bool allow) const {
+    if (n == 0) return;
+    if (!allow)
+      refuse(path, n, " non-finite value(s) (NaN or infinity) in the part of the file this rank ",
+             "reads, the first in tensor '", first_tensor, "' at element ", first_element,
+             ", expected finite values (import_options::allow_nonfinite imports them)");
+    std::fprintf(stderr,
+                 "fedshard: import_safetensors: '%s': imported %llu non-finite value(s), the "
+                 "first in tensor '%s' at element %llu (import_options::allow_nonfinite)\n",
+                 path.string().c_str(), static_cast<unsigned long long>(n), first_tensor.c_str(),
+                 static_cast<unsigned long long>(first_element));
+  }
+};
 
 /// Refuses a tensor whose dtype fedshard cannot convert to f32.
 inline void require_float(const file_info& info, const tensor_info& t) {
@@ -569,6 +647,9 @@ struct import_options {
   /// Tensors of the file that the layout lacks are ignored instead of refused (e.g. the
   /// buffers or the head of a larger pretrained model).
   bool ignore_extra_tensors = false;
+  /// NaN and infinities in the file are imported (one line on stderr per rank that read any
+  /// says how many) instead of refused. A model that starts with them trains to NaN.
+  bool allow_nonfinite = false;
 };
 
 namespace detail {
@@ -799,6 +880,7 @@ void import_safetensors(Trainer& t, const std::filesystem::path& path, import_op
     std::ifstream f(path, std::ios::binary);
     if (!f) detail::io_failed(path, "cannot be opened for reading");
     std::vector<std::byte> scratch;
+    detail::nonfinite_count bad;
     std::size_t k = 0;
     for (std::size_t u = 0; u < l.num_units(); ++u) {
       const unit_layout& ul = l.unit(u);
@@ -807,13 +889,15 @@ void import_safetensors(Trainer& t, const std::filesystem::path& path, import_op
       const std::size_t first = detail::first_element(t, u);
       for (const tensor_slot& s : ul.tensors) {
         const auto [from, count] = detail::overlap(first, mine.size(), s);
-        if (count != 0)
-          detail::read_elements(f, info, *found[k], from, count,
-                                std::span<float>(mine).subspan(s.offset + from - first, count),
-                                scratch);
+        if (count != 0) {
+          const auto into = std::span<float>(mine).subspan(s.offset + from - first, count);
+          detail::read_elements(f, info, *found[k], from, count, into, scratch);
+          bad.add(*found[k], from, into);
+        }
         ++k;
       }
     }
+    bad.report(path, o.allow_nonfinite);
   });
   detail::all_ok(t, error);
   std::vector<float> master = detail::parameters_of(t);
