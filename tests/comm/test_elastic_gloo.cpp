@@ -191,7 +191,9 @@ TEST_CASE("elastic: a member that dies inside a round: the others retry without 
   CHECK(sink.has("dropped 1 group(s), going on with 2"));
 }
 
-TEST_CASE("elastic: NaN and outliers are rejected on all links of the group, with a log line, by default") {
+TEST_CASE(
+    "elastic: NaN and outliers are rejected on all links of the group, with a log line, by "
+    "default") {
   ft::temp_dir dir;
   auto st = std::make_shared<gl::file_store>(dir.path());
   log_sink sink;
