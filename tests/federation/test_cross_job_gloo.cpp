@@ -271,7 +271,7 @@ TEST_CASE("cross-job: a group killed mid-run is left out, the others finish; res
       CHECK(same_bits(read_floats(dir.path() / concat("again_sync", first, "_2_", l)),
                       read_floats(dir.path() / concat("sync", first, "_0_", l))));
     CHECK(same_bits(read_floats(dir.path() / "again_final_2_0"), a));
-    CHECK(text.find("joiners {2}") != std::string::npos);
+    CHECK(text.find("healed {2}") != std::string::npos);
     // The heal ran as a plan: each joiner rank took the state of its counterpart in group 0
     // (the donor: the lowest member that is not a joiner), and that rank's tap recorded it on
     // the federation axis: the size (8 B), then the state in whole 8-byte words. Group 1 ran

@@ -3,21 +3,67 @@
 /// crash, be pre-empted, start late or restart. It is the federation side of a hybrid world
 /// (comm/hybrid.hpp): hybrid<C, elastic::link>, C being the group's own communicator.
 ///
+/// Identity. Every link object is an incarnation with a random 64-bit token; a process that
+/// restarts is a new incarnation and never takes the place of its previous one. A rank that
+/// finds its own life key (`<job>/life/<g>/<l>`) already written is a restart: it comes
+/// back as a joiner. Each group's leader (local rank 0) beats: a thread writes
+/// `<job>/beat/<g>` = "<token> <count>" every options::beat_period (100 ms). An observer
+/// declares a group dead when its beat has not changed for options::missed_beats periods
+/// (3) of the observer's own polling, or carries another incarnation's token than the one
+/// the round recorded. A group that never beat is not known dead: only deadlines end waits
+/// for it.
+///
 /// Rounds. Every federation sync is a round (the trainer calls begin_round(step) on each rank
-/// where a sync starts). The groups meet through a store (gloo::store: a file store or Redis):
-///  1. arrive: rank (g, l) writes `<job>/r<e>/arrive/<g>/<l>`;
-///  2. decide: the group leaders (local rank 0) of the groups that took part in the previous
-///     round wait until every expected group has arrived (expected: the previous round's
-///     members and late arrivals, less the groups dropped by a failure), at most
-///     options::join_timeout, then the first of them writes the decision `<job>/r<e>/decision`
-///     (create-if-absent: one decision per round): the members (groups that arrived with all
-///     their ranks), the joiners among them (groups that take part for the first time after
-///     round 0: started late or restarted), the participants (members that are not joiners,
-///     sampled by options::participation), and the donor (the lowest member that is not a
-///     joiner). Every rank reads the same decision;
-///  3. connect: the members' ranks with local rank l make a Gloo context for the round
-///     (`<job>/r<e>/link<l>`), so each round runs over the groups that are there.
-/// A group that arrives after the decision, or is not a member, runs the round alone.
+/// where a sync starts, end_round() after it). The groups meet through a store (gloo::store:
+/// a file store or Redis; wrap it in gloo::signed_store so only holders of the secret take
+/// part). A rank goes through these states in round e:
+///
+///   ARRIVE   write `r<e>/arrive/<g>/<l>` = "<step> member|join <token>" (join: a restart,
+///            or a rank that was in no round yet while rounds before e exist);
+///   DECIDE   (leaders of non-joining groups) wait until every expected group has arrived
+///            with all its ranks, is dead, or options::join_timeout passed; expected: the
+///            previous round's members and arrivals, less the groups dropped there. The
+///            first leader to finish writes `r<e>/decision` (create-if-absent: one decision
+///            per round) and `latest` = e. Members: groups arrived with all ranks, with each
+///            rank's token; joiners among them: arrived as joiners, or dropped or marked
+///            unhealthy (rejected for non-finite values, or a failed heal) in round e-1;
+///            participants: the other members, sampled by options::participation; donor: the
+///            lowest participant candidate. With no candidate (every member a joiner: all
+///            restarted, or back after the store was away) the lowest joiner becomes the
+///            donor and the others heal from it;
+///   READ     every rank waits for the decision: a rank other than the leader as long as its
+///            leader beats; a joining leader as long as some other group beats (they may
+///            train long between syncs), and it decides the round itself when every live
+///            group arrived as a joiner, or none has beaten for join_timeout. A rank that is
+///            not in the decision under its own token missed the round: it waits as a
+///            joiner for round e+1 (never in e);
+///   CONNECT  the members' ranks with local rank l meet under `r<e>/link<l>`: each writes
+///            `ready/<g>`; all ready, a Gloo context connects within options::connect_timeout.
+///            A member not ready when it is dead, or at join_timeout, fails the connect;
+///   OPS      the sync's collectives (below);
+///   REGROUP  after a failed connect or op k (a member died: peer_failure; hung: the op's
+///            timeout; broke: backend_error) the link's survivors write
+///            `r<e>/op<k>/l<l>/a<attempt>/here/<g>` and wait until every member is here,
+///            dead, or join_timeout passed; the first to see that decides (create-if-absent)
+///            who goes on; the missing groups are marked `r<e>/dropped/<g>`, and the op runs
+///            again among the rest, under a fresh prefix. A rank the decision leaves out goes
+///            on alone. A group dropped by any of its links heals in its next round;
+///   END      end_round() (or the next begin_round) logs the outcome: who was combined, who
+///            was dropped, rejected, left out, healed.
+///
+/// Bounds (P = beat_period, D = missed_beats x P, J = join_timeout, C = connect_timeout,
+/// T = the transport's op timeout): a group killed between syncs delays the next round by
+/// at most D (+ the store's polling, 20 ms); killed after arrival or after the decision, by
+/// at most D (its ready key never comes); killed while connecting, by at most C + D; killed
+/// inside an op, by D (its sockets close: the op fails at once, then REGROUP); a group that
+/// hangs without dying (stopped, not killed) by T + J. A live group that is slow is waited
+/// for J in DECIDE and in REGROUP. No rank of a live group throws or hangs because another
+/// group died or restarted, and a store that stays away is not fatal either (below).
+///
+/// The store away. A store call that fails (after the Redis store's own reconnect attempts)
+/// ends the round for this group: it runs the sync alone, logs it, and comes back as a
+/// joiner at its next sync, so it is healed before it contributes again. Rounds missed while
+/// the store is away are not made up; each group trains on.
 ///
 /// Collectives of a round (the rank is the group g, the size the configured G):
 ///  - all_reduce combines the participants' inputs in group order with the rank-order
@@ -28,9 +74,12 @@
 ///    all_reduce combines, every participant's input is checked: a non-finite value, or a
 ///    distance from the round's coordinate-wise median above clip_ratio x the median of the
 ///    participants' distances, rejects the group for this op (and the rest of the round),
-///    with one log line naming group, round and reason. The groups' ranks agree on the
-///    verdict through the store (each link's lowest member writes its statistics), so a
-///    group is rejected on all its shards or on none; a rejected input is never combined;
+///    with one log line naming group, round and reason; a group rejected for non-finite
+///    values is marked unhealthy and heals in its next round. The groups' ranks agree on the
+///    verdict through the store: each link's lowest member creates its statistics' key; a
+///    reader that waited join_timeout for one creates it empty instead, so whichever came
+///    first counts for every reader, and a group is rejected on all its shards or on none;
+///    a rejected input is never combined;
 ///  - broadcast from a member; send and recv between members; barrier.
 /// Outside a round (before the first) the link is the group alone (a communicator of one).
 ///
@@ -39,36 +88,39 @@
 /// reduce_scatter is an all_reduce of the whole input), so it moves what the members
 /// actually combined, and nothing alone.
 ///
-/// Failures. A member that dies (peer_failure) or hangs (timeout_error) in a round's
-/// collective: the surviving ranks of the link retry the op among themselves (they meet
-/// under `<job>/r<e>/op<k>/l<l>/a<attempt>`, waiting at most join_timeout for each other),
-/// mark the missing groups dropped, and go on; later rounds no longer wait for them. No rank
-/// of a live group throws, hangs or has its group's state touched.
-///
 /// Limits: screening judges all_reduce inputs (an encoded op's all_gather of wires is not
 /// screened; use median / trimmed_mean for coordinate-wise robustness there); a group
 /// rejected inside an op leaves weighted_average's scales, computed before the op, as they
 /// were (plain averages and outer optimizers stay exact); a round ends when the next begins,
 /// so a schedule whose federation ops outlive the step they start in (a delayed sync that
-/// averages inner moments after the next fragment's round began) is not supported; store keys
-/// are never deleted (a few per rank and round).
+/// averages inner moments after the next fragment's round began) is not supported; links of
+/// one group that see different failures inside a round may drop a group on one shard and
+/// not on another: that group heals in its next round, and the survivors agree on every
+/// shard; store keys are never deleted (a few per rank and round).
 ///
 /// Healing: in a round with joiners, the trainer sends the donor's state (global model,
-/// outer-optimizer state, step) to the joiners with send and recv over the round's context
-/// before the sync (the heal plan of federation/heal.hpp, run by the interpreter), and the
-/// joiners take part in the sync without contributing: after it their parameters equal the
-/// others'.
+/// optimizer and outer-optimizer state, step) to the joiners with send and recv over the
+/// round's context before the sync (the heal plan of federation/heal.hpp, run by the
+/// interpreter), and the joiners take part in the sync without contributing: after it their
+/// parameters equal the others'. A heal that fails (the donor or a joiner died, a blob
+/// refused) is not fatal: heal_failed() marks a joiner unhealthy, so it heals next round.
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <random>
 #include <sstream>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <utility>
@@ -114,6 +166,14 @@ struct options {
   double clip_ratio = 3.0;
   /// Where the link's log lines go (default: stderr).
   std::function<void(const std::string&)> log{};
+  /// How often each group's leader beats (see the file comment).
+  std::chrono::duration<double> beat_period{0.1};
+  /// Beats an observer misses before it declares a group dead.
+  int missed_beats = 3;
+  /// How long a round's Gloo context may take to connect once every member is ready: a
+  /// member that dies in between fails the connect by then (not at Gloo's own connect
+  /// timeout, 5 x the op timeout).
+  std::chrono::duration<double> connect_timeout{10.0};
 };
 
 /// What a round decided.
@@ -125,6 +185,9 @@ struct round_info {
   std::vector<int> joiners;       ///< members that heal in this round
   std::vector<int> left_out;      ///< expected groups that did not arrive in time
   int donor = -1;                 ///< the member joiners receive state from (-1: none)
+  /// The incarnation of each member's ranks: members.size() x ranks per group tokens, in
+  /// member order (see the file comment).
+  std::vector<std::uint64_t> incarnations;
 
   bool has(const std::vector<int>& v, int g) const {
     return std::find(v.begin(), v.end(), g) != v.end();
@@ -160,6 +223,9 @@ inline std::string serialize(const round_info& r) {
   put(r.participants);
   put(r.joiners);
   put(r.left_out);
+  os << r.incarnations.size() << std::hex;
+  for (auto t : r.incarnations) os << ' ' << t;
+  os << '\n';
   return os.str();
 }
 inline round_info parse(const std::string& s) {
@@ -168,6 +234,8 @@ inline round_info parse(const std::string& s) {
   auto get = [&](std::vector<int>& v) {
     std::size_t n = 0;
     is >> n;
+    if (n > (std::size_t{1} << 16)) is.setstate(std::ios::failbit);
+    if (!is) return;
     v.resize(n);
     for (auto& g : v) is >> g;
   };
@@ -176,7 +244,16 @@ inline round_info parse(const std::string& s) {
   get(r.participants);
   get(r.joiners);
   get(r.left_out);
-  if (!is)
+  std::size_t n = 0;
+  is >> n >> std::hex;
+  if (is && n <= 4 * (r.members.size() + 1) * 65536) {
+    r.incarnations.resize(n);
+    for (auto& t : r.incarnations) is >> t;
+  }
+  const auto in_range = [](const std::vector<int>& v) {
+    return std::all_of(v.begin(), v.end(), [](int g) { return g >= 0; });
+  };
+  if (!is || !in_range(r.members) || !in_range(r.participants) || !in_range(r.joiners))
     throw backend_error("fedshard: elastic: a round decision in the store is corrupt: '" + s + "'");
   return r;
 }
@@ -206,13 +283,136 @@ inline std::vector<int> sample_of(std::vector<int> candidates, const participati
   std::sort(candidates.begin(), candidates.end());
   return candidates;
 }
+
+/// A fresh incarnation token: never 0 (0 means "any incarnation" to a watcher).
+inline std::uint64_t new_token(const void* salt) {
+  std::random_device rd;
+  std::uint64_t t = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  t ^= mix(static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  t ^= mix(static_cast<std::uint64_t>(::getpid()) ^ reinterpret_cast<std::uintptr_t>(salt));
+  return t == 0 ? 1 : t;
+}
+
+/// What a rank wrote when it arrived: its step, whether it joins, its token.
+struct arrival {
+  std::int64_t step = 0;
+  bool joins = false;
+  std::uint64_t token = 0;
+};
+inline std::string arrival_text(const arrival& a) {
+  std::ostringstream os;
+  os << a.step << (a.joins ? " join " : " member ") << std::hex << a.token;
+  return os.str();
+}
+inline std::optional<arrival> parse_arrival(const std::vector<char>& v) {
+  std::istringstream is(std::string(v.begin(), v.end()));
+  arrival a;
+  std::string kind;
+  is >> a.step >> kind >> std::hex >> a.token;
+  if (!is || (kind != "join" && kind != "member")) return std::nullopt;
+  a.joins = kind == "join";
+  return a;
+}
+
+/// The leader's heartbeat: a thread that writes "<token> <count>" to a key every period
+/// until destroyed. A store error is swallowed (the store may come back); the beats resume.
+class beater {
+ public:
+  beater(std::shared_ptr<gloo::store> st, std::string key, std::uint64_t token,
+         std::chrono::duration<double> period)
+      : st_(std::move(st)), key_(std::move(key)), token_(token), period_(period) {
+    beat();  // the first beat before the constructor returns: observers know this incarnation
+    thread_ = std::jthread([this](std::stop_token stop) { run(stop); });
+  }
+  beater(const beater&) = delete;
+  beater& operator=(const beater&) = delete;
+  ~beater() {
+    thread_.request_stop();
+    cv_.notify_all();
+  }
+
+ private:
+  void beat() {
+    std::ostringstream os;
+    os << std::hex << token_ << ' ' << count_++;
+    try {
+      st_->set(key_, gloo::bytes_of(os.str()));
+    } catch (const std::exception&) {  // the store is away: the next beat tries again
+    }
+  }
+  void run(std::stop_token stop) {
+    std::mutex mu;
+    std::unique_lock lock(mu);
+    const auto period = std::chrono::duration_cast<std::chrono::steady_clock::duration>(period_);
+    for (;;) {
+      (void)cv_.wait_for(lock, stop, period, [] { return false; });
+      if (stop.stop_requested()) return;
+      beat();
+    }
+  }
+  std::shared_ptr<gloo::store> st_;
+  std::string key_;
+  std::uint64_t token_;
+  std::chrono::duration<double> period_;
+  std::uint64_t count_ = 0;
+  std::condition_variable_any cv_;
+  std::jthread thread_;  // last: started after, and stopped before, the members it reads
+};
+
+/// An observer's view of the groups' beats (see the file comment): a group is dead when its
+/// beat has not changed for `missed` periods of this observer's polling, or carries another
+/// token than the one expected.
+class watcher {
+ public:
+  watcher(std::string job, int groups, std::chrono::duration<double> period, int missed)
+      : job_(std::move(job)),
+        seen_(static_cast<std::size_t>(groups)),
+        period_(std::chrono::duration_cast<clock::duration>(period)),
+        missed_(missed) {}
+
+  /// True when group g is known dead; `token` 0 accepts any incarnation.
+  bool dead(gloo::store& st, int g, std::uint64_t token) {
+    const auto now = clock::now();
+    if (polled_ != clock::time_point{} && now - polled_ > 2 * period_)
+      for (auto& s : seen_) s.since = now;  // our own polling stalled: we saw nothing meanwhile
+    polled_ = now;
+    bool found = false;
+    const auto v = st.try_get(job_ + "/beat/" + std::to_string(g), found);
+    if (!found) return false;
+    const std::string text(v.begin(), v.end());
+    std::istringstream is(text);
+    std::uint64_t t = 0;
+    is >> std::hex >> t;
+    if (token != 0 && t != token) return true;
+    auto& s = seen_[static_cast<std::size_t>(g)];
+    if (text != s.value) {
+      s.value = text;
+      s.since = now;
+      return false;
+    }
+    return now - s.since >= missed_ * period_;
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  struct seen {
+    std::string value;
+    clock::time_point since{};
+  };
+  std::string job_;
+  std::vector<seen> seen_;
+  clock::duration period_;
+  int missed_;
+  clock::time_point polled_{};
+};
 }  // namespace detail
 
 /// See the file comment. A Communicator of G ranks (rank = the group); one per rank.
 class link : public blocking_calls<link> {
  public:
-  /// Rank `local_rank` of group `group` (of `groups`), whose group has `group_size` ranks.
-  /// Not collective: nothing is exchanged before the first round.
+  /// Rank `local_rank` of group `group` (of `groups`), whose group has `group_size` ranks: a
+  /// new incarnation (see the file comment). Not collective: it writes its life key (and the
+  /// leader starts beating); nothing is exchanged with other ranks before the first round.
   link(std::shared_ptr<gloo::store> st, int groups, int group, int group_size, int local_rank,
        options o = {})
       : st_(std::move(st)),
@@ -234,10 +434,33 @@ class link : public blocking_calls<link> {
                      o_.sample.fraction);
     FEDSHARD_EXPECTS(o_.clip_ratio >= 0, "elastic::link: clip_ratio must be >= 0, found ",
                      o_.clip_ratio);
+    FEDSHARD_EXPECTS(o_.beat_period.count() > 0 && o_.missed_beats >= 1,
+                     "elastic::link: beat_period must be > 0 s and missed_beats >= 1, found ",
+                     o_.beat_period.count(), " s and ", o_.missed_beats);
+    FEDSHARD_EXPECTS(o_.connect_timeout.count() > 0,
+                     "elastic::link: connect_timeout must be > 0 s, found ",
+                     o_.connect_timeout.count());
+    auto lives = std::make_unique<life>(o_.job, groups_, o_);
+    lives->token = detail::new_token(lives.get());
+    const auto life_key = key(detail::concat("life/", group_, "/", local_));
+    restarted_ = st_->has(life_key);
+    st_->set(life_key, gloo::bytes_of(detail::concat(lives->token)));
+    if (local_ == 0)
+      lives->beats = std::make_unique<detail::beater>(st_, key(detail::concat("beat/", group_)),
+                                                      lives->token, o_.beat_period);
+    life_ = std::move(lives);
     alone();
   }
   link(link&&) noexcept = default;
   link& operator=(link&&) noexcept = default;
+  /// Logs the outcome of a round still in progress (end_round).
+  ~link() {
+    if (!life_) return;  // moved from
+    try {
+      end_round();
+    } catch (...) {  // a log callback that throws: nothing to do about it here
+    }
+  }
 
   int rank() const noexcept { return group_; }
   int size() const noexcept { return groups_; }
@@ -249,47 +472,46 @@ class link : public blocking_calls<link> {
     return reduces && groups_ > 1 ? wire_algorithm::gather_all : wire_algorithm::ring;
   }
   const options& settings() const noexcept { return o_; }
+  /// This incarnation's token (see the file comment).
+  std::uint64_t incarnation() const noexcept { return life_->token; }
 
   /// Collective over the members of the round: arrive, read the decision, connect (see the
   /// file comment). Every rank of a group calls it at the same sync, after step `step`.
+  /// A store that fails (away past its own retries) leaves this group alone for the round.
   const round_info& begin_round(std::int64_t step) {
+    end_round();
     ++rounds_seen_;
-    std::int64_t e = next_round_;
-    for (;;) {
-      if (!ever_member_) {
-        bool found = false;
-        const auto latest = st_->try_get(key("latest"), found);
-        if (found)
-          e = std::max<std::int64_t>(e, std::stoll(std::string(latest.begin(), latest.end())) + 1);
-      }
-      const bool joining = !ever_member_ && e > 0;
-      st_->set(key(detail::concat("r", e, "/arrive/", group_, "/", local_)),
-               gloo::bytes_of(detail::concat(step, joining ? " join" : " member")));
-      if (local_ == 0 && !joining) decide(e, step);
-      const auto wait = joining ? gloo::detail::to_ms(o_.transport.timeout)
-                                : gloo::detail::to_ms(o_.join_timeout + o_.transport.timeout);
-      round_info r = detail::parse(st_->get_string(key(detail::concat("r", e, "/decision")), wait));
-      next_round_ = e + 1;
-      rejected_.clear();
-      ops_ = 0;
-      if (r.has(r.members, group_)) {
-        round_ = std::move(r);
-        break;
-      }
-      // Decided without this group (it came late): it heals at the next round, waiting there.
-      log(detail::concat("fedshard elastic: group ", group_, " missed round ", e,
-                         " (it arrived after the decision); it joins round ", e + 1));
-      ever_member_ = false;
-      e = e + 1;
+    try {
+      enter_round(step);
+    } catch (const gloo::store_error& e) {
+      store_failed(e);
+      round_.round = -1;
+      decided_ = round_;
     }
-    e = round_.round;
-    ctx_.reset();
-    prefix_ = key(detail::concat("r", e, "/link", local_));
-    retrying("connect", [](gloo::communicator&) {});
-    if (local_ == 0) st_->set(key("latest"), gloo::bytes_of(std::to_string(e)));
-    ever_member_ = true;
-    if (local_ == 0 && group_ == round_.members.front()) log("fedshard elastic: " + round_.text());
+    in_round_ = true;
     return round_;
+  }
+
+  /// Logs the outcome of the round in progress (once; begin_round calls it too).
+  void end_round() {
+    if (!in_round_) return;
+    in_round_ = false;
+    if (round_.round < 0 || local_ != 0 || decided_.members.empty() ||
+        group_ != decided_.members.front())
+      return;
+    log("fedshard elastic: " + outcome());
+  }
+
+  /// Called by the trainer when this rank's heal in the current round failed (why): a
+  /// joiner is marked unhealthy, so it heals in its next round; no rank throws.
+  void heal_failed(const std::string& why) {
+    log(detail::concat("fedshard elastic: group ", group_, " link ", local_, ": the heal of round ",
+                       round_.round, " failed (", why, ")",
+                       joining() ? "; this group heals in its next round" : ""));
+    if (joining()) {
+      heal_failed_ = true;
+      mark("unhealthy", group_);
+    }
   }
 
   /// The round in progress (round -1 before the first: this group alone).
@@ -441,69 +663,239 @@ class link : public blocking_calls<link> {
                      ": null buffer with count ", n);
   }
 
-  /// The leaders' decision of round e (see the file comment); first writer wins.
-  void decide(std::int64_t e, std::int64_t step) {
+  /// Per incarnation, on the heap (the beater's thread outlives moves of the link).
+  struct life {
+    life(const std::string& job, int groups, const options& o)
+        : watch(job, groups, o.beat_period, o.missed_beats) {}
+    std::uint64_t token = 0;
+    detail::watcher watch;
+    std::unique_ptr<detail::beater> beats;  // the leader's only
+  };
+
+  /// ARRIVE, DECIDE, READ and CONNECT of the file comment.
+  void enter_round(std::int64_t step) {
+    std::int64_t e = next_round_;
+    for (;;) {
+      if (!ever_member_) {
+        bool found = false;
+        const auto latest = st_->try_get(key("latest"), found);
+        if (found) e = std::max<std::int64_t>(e, number(latest) + 1);
+      }
+      const bool joins = restarted_ || (!ever_member_ && e > 0);
+      st_->set(key(detail::concat("r", e, "/arrive/", group_, "/", local_)),
+               gloo::bytes_of(detail::arrival_text({step, joins, life_->token})));
+      if (local_ == 0 && !joins) decide(e, step);
+      round_info r = await_decision(e, step);
+      next_round_ = e + 1;
+      rejected_.clear();
+      dropped_.clear();
+      heal_failed_ = false;
+      ops_ = 0;
+      if (r.has(r.members, group_) && token_in(r, group_, local_) == life_->token) {
+        round_ = std::move(r);
+        break;
+      }
+      // Decided without this incarnation: it joins the next round, waiting there.
+      log(detail::concat("fedshard elastic: group ", group_, " missed round ", e,
+                         " (decided without it); it joins round ", e + 1));
+      ever_member_ = false;
+      e = e + 1;
+    }
+    decided_ = round_;
+    ctx_.reset();
+    prefix_ = key(detail::concat("r", round_.round, "/link", local_));
+    retrying("connect", [](gloo::communicator&) {});
+    ever_member_ = true;
+    restarted_ = false;
+  }
+
+  /// The store failed (after its own retries): this group goes on alone for the rest of the
+  /// round and joins the next one (see the file comment).
+  void store_failed(const gloo::store_error& e) {
+    log(detail::concat("fedshard elastic: group ", group_, " link ", local_, ": the store failed (",
+                       e.what(), "); this group goes on alone and joins its next round"));
+    const auto e_round = round_.round;
+    alone();
+    round_.round = e_round;
+    if (decided_.round != e_round) decided_ = round_;
+    ever_member_ = false;
+  }
+
+  static std::int64_t number(const std::vector<char>& v) {
+    try {
+      return std::stoll(std::string(v.begin(), v.end()));
+    } catch (const std::exception&) {
+      return -1;
+    }
+  }
+
+  /// The token the decision r recorded for rank l of member g (0: none recorded).
+  std::uint64_t token_in(const round_info& r, int g, int l) const {
+    const auto i =
+        static_cast<std::size_t>(index_in(r.members, g)) * static_cast<std::size_t>(group_size_) +
+        static_cast<std::size_t>(l);
+    return i < r.incarnations.size() ? r.incarnations[i] : 0;
+  }
+  bool dead(int g, std::uint64_t token = 0) { return life_->watch.dead(*st_, g, token); }
+  /// Marks group g `what` in the current round (dropped, unhealthy) for the next decision.
+  void mark(const char* what, int g) {
+    st_->set(key(detail::concat("r", round_.round, "/", what, "/", g)), gloo::bytes_of("1"));
+  }
+  bool marked(std::int64_t e, const char* what, int g) {
+    return e >= 0 && st_->has(key(detail::concat("r", e, "/", what, "/", g)));
+  }
+
+  /// READ of the file comment: the decision of round e.
+  round_info await_decision(std::int64_t e, std::int64_t step) {
     const auto dkey = key(detail::concat("r", e, "/decision"));
+    using clock = std::chrono::steady_clock;
+    const auto join = std::chrono::duration_cast<clock::duration>(o_.join_timeout);
+    auto nobody_since = clock::now();
+    auto nap = std::chrono::milliseconds(1);
+    for (;;) {
+      bool found = false;
+      const auto v = st_->try_get(dkey, found);
+      if (found) return detail::parse(std::string(v.begin(), v.end()));
+      const auto now = clock::now();
+      if (local_ != 0) {
+        if (dead(group_)) throw_leader_gone(e);
+      } else if (others_alive()) {
+        nobody_since = now;
+        if (live_ones_join(e)) decide(e, step);  // nobody else would decide
+      } else if (now - nobody_since >= join) {
+        decide(e, step);  // nobody else beats: this joiner decides the round itself
+        continue;
+      }
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::milliseconds(20));
+    }
+  }
+  [[noreturn]] void throw_leader_gone(std::int64_t e) const {
+    throw peer_failure(detail::concat("fedshard: elastic::link: group ", group_, " rank ", local_,
+                                      ": this group's leader (local rank 0) stopped beating "
+                                      "while waiting for the decision of round ",
+                                      e));
+  }
+  bool others_alive() {
+    bool any = false;
+    for (int g = 0; g < groups_; ++g)
+      if (g != group_ && beat_seen(g) && !dead(g)) any = true;
+    return any;
+  }
+  bool beat_seen(int g) { return st_->has(key(detail::concat("beat/", g))); }
+  /// True when every other live group arrived in round e as a joiner (so no leader of a
+  /// member would decide it).
+  bool live_ones_join(std::int64_t e) {
+    std::vector<std::uint64_t> tokens;
+    for (int g = 0; g < groups_; ++g) {
+      if (g == group_ || !beat_seen(g) || dead(g)) continue;
+      const auto a = arrived(e, g, tokens);
+      if (!a || !a->joins) return false;
+    }
+    return true;
+  }
+
+  /// The groups the leaders of round e wait for: round e-1's members and arrivals, less its
+  /// dropped ones (every group in round 0).
+  std::vector<int> expected_in(std::int64_t e) {
     std::vector<int> expected;
     if (e == 0) {
       for (int g = 0; g < groups_; ++g) expected.push_back(g);
-    } else {
-      bool found = false;
-      const auto prev = st_->try_get(key(detail::concat("r", e - 1, "/decision")), found);
-      std::vector<int> known;
-      if (found) known = detail::parse(std::string(prev.begin(), prev.end())).members;
-      for (int g = 0; g < groups_; ++g) {
-        const bool was = std::find(known.begin(), known.end(), g) != known.end() ||
-                         st_->has(key(detail::concat("r", e - 1, "/arrive/", g, "/0")));
-        if (was && !st_->has(key(detail::concat("r", e - 1, "/dropped/", g))))
-          expected.push_back(g);
-      }
+      return expected;
     }
-    auto arrived = [&](int g, bool& joiner) {
-      for (int l = 0; l < group_size_; ++l) {
-        bool found = false;
-        const auto v = st_->try_get(key(detail::concat("r", e, "/arrive/", g, "/", l)), found);
-        if (!found) return false;
-        if (l == 0) joiner = std::string(v.begin(), v.end()).find("join") != std::string::npos;
-      }
-      return true;
-    };
+    bool found = false;
+    const auto prev = st_->try_get(key(detail::concat("r", e - 1, "/decision")), found);
+    std::vector<int> known;
+    if (found) known = detail::parse(std::string(prev.begin(), prev.end())).members;
+    for (int g = 0; g < groups_; ++g) {
+      const bool was = std::find(known.begin(), known.end(), g) != known.end() ||
+                       st_->has(key(detail::concat("r", e - 1, "/arrive/", g, "/0")));
+      if (was && !marked(e - 1, "dropped", g)) expected.push_back(g);
+    }
+    return expected;
+  }
+
+  /// Group g's arrival in round e with all its ranks (their tokens appended to `tokens`),
+  /// or nothing.
+  std::optional<detail::arrival> arrived(std::int64_t e, int g,
+                                         std::vector<std::uint64_t>& tokens) {
+    std::optional<detail::arrival> first;
+    std::vector<std::uint64_t> mine;
+    for (int l = 0; l < group_size_; ++l) {
+      bool found = false;
+      const auto v = st_->try_get(key(detail::concat("r", e, "/arrive/", g, "/", l)), found);
+      const auto a = found ? detail::parse_arrival(v) : std::nullopt;
+      if (!a) return std::nullopt;
+      if (l == 0) first = a;
+      mine.push_back(a->token);
+    }
+    tokens.insert(tokens.end(), mine.begin(), mine.end());
+    return first;
+  }
+
+  /// DECIDE of the file comment; first writer wins.
+  void decide(std::int64_t e, std::int64_t step) {
+    const auto dkey = key(detail::concat("r", e, "/decision"));
+    const std::vector<int> expected = expected_in(e);
     const auto deadline =
         std::chrono::steady_clock::now() +
         std::chrono::duration_cast<std::chrono::steady_clock::duration>(o_.join_timeout);
-    std::vector<int> members, joiners;
+    round_info r;
     auto nap = std::chrono::milliseconds(1);
     for (;;) {
       if (st_->has(dkey)) return;
-      members.clear();
-      joiners.clear();
-      for (int g = 0; g < groups_; ++g) {
-        bool joiner = false;
-        if (arrived(g, joiner)) {
-          members.push_back(g);
-          if (joiner) joiners.push_back(g);
+      r = {};
+      for (int g = 0; g < groups_; ++g)
+        if (auto a = arrived(e, g, r.incarnations)) {
+          r.members.push_back(g);
+          if (a->joins || marked(e - 1, "dropped", g) || marked(e - 1, "unhealthy", g))
+            r.joiners.push_back(g);
         }
-      }
-      const bool all_there = std::all_of(expected.begin(), expected.end(), [&](int g) {
-        return std::find(members.begin(), members.end(), g) != members.end();
-      });
-      if (all_there || std::chrono::steady_clock::now() >= deadline) break;
+      const bool waited = std::all_of(expected.begin(), expected.end(),
+                                      [&](int g) { return r.has(r.members, g) || dead(g); });
+      if (waited || std::chrono::steady_clock::now() >= deadline) break;
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, std::chrono::milliseconds(10));
     }
-    round_info r;
     r.round = e;
     r.step = step;
-    r.members = members;
-    r.joiners = joiners;
     std::vector<int> candidates;
-    for (int g : members)
-      if (!r.has(joiners, g)) candidates.push_back(g);
+    for (int g : r.members)
+      if (!r.has(r.joiners, g)) candidates.push_back(g);
+    if (candidates.empty() && !r.joiners.empty()) {  // nobody to heal from: the lowest leads
+      candidates.push_back(r.joiners.front());
+      r.joiners.erase(r.joiners.begin());
+    }
     r.participants = detail::sample_of(candidates, o_.sample, e);
     r.donor = candidates.empty() ? -1 : candidates.front();
     for (int g : expected)
-      if (!r.has(members, g)) r.left_out.push_back(g);
-    st_->try_set(dkey, gloo::bytes_of(detail::serialize(r)));
+      if (!r.has(r.members, g)) r.left_out.push_back(g);
+    if (st_->try_set(dkey, gloo::bytes_of(detail::serialize(r))))
+      st_->set(key("latest"), gloo::bytes_of(std::to_string(e)));
+  }
+
+  /// The round's outcome (END of the file comment).
+  std::string outcome() const {
+    auto list = [](const std::vector<int>& v) {
+      std::string s = "{";
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (i > 0) s += ',';
+        s += std::to_string(v[i]);
+      }
+      return s + "}";
+    };
+    std::vector<int> combined;
+    for (int g : round_.participants)
+      if (!round_.has(rejected_, g)) combined.push_back(g);
+    std::vector<int> healed;
+    if (!heal_failed_)
+      for (int g : decided_.joiners)
+        if (round_.has(round_.members, g)) healed.push_back(g);
+    return detail::concat("round ", round_.round, " (step ", round_.step, "): combined ",
+                          list(combined), " of members ", list(decided_.members), "; healed ",
+                          list(healed), ", dropped ", list(dropped_), ", rejected ",
+                          list(rejected_), ", left out ", list(decided_.left_out), ", donor ",
+                          decided_.donor);
   }
 
   /// out (members x bytes) = the members' inputs, in member order, over the round's context;
@@ -515,7 +907,8 @@ class link : public blocking_calls<link> {
 
   /// Runs f on the round's context (connecting it first if needed); when that fails (a
   /// member died or hung, or its context broke), the ranks of this link that are left meet
-  /// again under a fresh prefix and f runs among them. Alone, f does not run.
+  /// again under a fresh prefix and f runs among them. Alone, f does not run. A store that
+  /// fails meanwhile leaves this group alone for the rest of the round.
   template <class F>
   void retrying(const char* what, F&& f) {
     const std::int64_t k = ops_++;
@@ -525,19 +918,56 @@ class link : public blocking_calls<link> {
         return;
       }
       try {
-        if (!ctx_)
-          ctx_.emplace(st_, prefix_, index_in(round_.members, group_),
-                       static_cast<int>(round_.members.size()), o_.transport);
-        counted(*ctx_, f);
+        try {
+          if (!ctx_) connect();
+          counted(*ctx_, f);
+          return;
+        } catch (const gloo::store_error&) {
+          throw;
+        } catch (const peer_failure& e) {
+          regroup(what, k, attempt, e.what());
+        } catch (const timeout_error& e) {
+          regroup(what, k, attempt, e.what());
+        } catch (const backend_error& e) {
+          regroup(what, k, attempt, e.what());
+        }
+      } catch (const gloo::store_error& e) {
+        store_failed(e);
         return;
-      } catch (const peer_failure& e) {
-        regroup(what, k, attempt, e.what());
-      } catch (const timeout_error& e) {
-        regroup(what, k, attempt, e.what());
-      } catch (const backend_error& e) {
-        regroup(what, k, attempt, e.what());
       }
     }
+  }
+
+  /// CONNECT of the file comment: every member's rank of this link says it is ready; when
+  /// all are, the context connects within connect_timeout. A member that is dead before it
+  /// is ready fails the connect at once (peer_failure), one that is late at join_timeout.
+  void connect() {
+    st_->set(prefix_ + "/ready/" + std::to_string(group_), gloo::bytes_of("1"));
+    const auto deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(o_.join_timeout);
+    auto nap = std::chrono::milliseconds(1);
+    for (;;) {
+      int missing = -1;
+      for (int g : round_.members)
+        if (!st_->has(prefix_ + "/ready/" + std::to_string(g))) {
+          missing = g;
+          if (dead(g, token_in(decided_, g, 0)))
+            throw peer_failure(detail::concat("fedshard: elastic::link: group ", g,
+                                              " died before connecting round ", round_.round));
+        }
+      if (missing < 0) break;
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw timeout_error(detail::concat("fedshard: elastic::link: group ", missing,
+                                           " was not ready to connect round ", round_.round,
+                                           " within the join timeout"));
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::milliseconds(10));
+    }
+    gloo::options t = o_.transport;
+    t.connect_timeout = o_.connect_timeout;
+    ctx_.emplace(st_, prefix_, index_in(round_.members, group_),
+                 static_cast<int>(round_.members.size()), t);
   }
 
   /// Runs f(c) and adds what c moved meanwhile to moved_, also when f throws (the bytes of a
@@ -554,8 +984,9 @@ class link : public blocking_calls<link> {
     moved_ += c.moved() - before;
   }
 
-  /// After op k failed: the link's survivors say they are here, the first to see all (or the
-  /// deadline) decides who goes on, and the missing groups are marked dropped for later rounds.
+  /// REGROUP of the file comment, after op k failed: the link's survivors say they are here,
+  /// the first to see all (or every missing one dead, or the deadline) decides who goes on,
+  /// and the missing groups are marked dropped (they heal in their next round).
   void regroup(const char* what, std::int64_t k, int attempt, const std::string& why) {
     ctx_.reset();
     const auto e = round_.round;
@@ -568,9 +999,14 @@ class link : public blocking_calls<link> {
     for (;;) {
       if (st_->has(dkey)) break;
       std::vector<int> here;
-      for (int g : round_.members)
-        if (st_->has(base + "/here/" + std::to_string(g))) here.push_back(g);
-      if (here.size() == round_.members.size() || std::chrono::steady_clock::now() >= deadline) {
+      bool waiting = false;
+      for (int g : round_.members) {
+        if (st_->has(base + "/here/" + std::to_string(g)))
+          here.push_back(g);
+        else
+          waiting = waiting || !dead(g, token_in(decided_, g, 0));
+      }
+      if (!waiting || std::chrono::steady_clock::now() >= deadline) {
         round_info r = round_;
         r.members = here;
         st_->try_set(dkey, gloo::bytes_of(detail::serialize(r)));
@@ -579,13 +1015,21 @@ class link : public blocking_calls<link> {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     const round_info r = detail::parse(st_->get_string(dkey, gloo::detail::to_ms(o_.join_timeout)));
+    regrouped(r, what, k, why);
+    prefix_ = base + "/ctx";
+  }
+
+  /// Takes the regroup decision r: who is left, who was dropped (marked for the next round).
+  void regrouped(const round_info& r, const char* what, std::int64_t k, const std::string& why) {
     std::vector<int> dropped;
     for (int g : round_.members)
       if (!r.has(r.members, g)) dropped.push_back(g);
-    for (int g : dropped)
-      st_->set(key(detail::concat("r", e, "/dropped/", g)), gloo::bytes_of("1"));
+    for (int g : dropped) {
+      mark("dropped", g);
+      if (!round_.has(dropped_, g)) dropped_.push_back(g);
+    }
     log(detail::concat("fedshard elastic: group ", group_, " link ", local_, ": ", what, " #", k,
-                       " of round ", e, " failed (", why, "); dropped ", dropped.size(),
+                       " of round ", round_.round, " failed (", why, "); dropped ", dropped.size(),
                        " group(s), going on with ", r.members.size()));
     std::vector<int> members = r.members, parts;
     if (!r.has(members, group_)) members = {group_};  // decided without this rank: alone
@@ -593,7 +1037,6 @@ class link : public blocking_calls<link> {
       if (std::find(members.begin(), members.end(), g) != members.end()) parts.push_back(g);
     round_.members = members;
     round_.participants = parts;
-    prefix_ = base + "/ctx";
   }
 
   /// Robust aggregation: judges every participant's block of an all_reduce (see the file
@@ -610,20 +1053,19 @@ class link : public blocking_calls<link> {
     // Per member: non-finite count and squared distance from the coordinate-wise median.
     std::vector<double> nonfinite(M, 0), dist2(M, 0);
     member_stats(all, bytes, n, t, live, nonfinite, dist2);
-    // This link's statistics, written by its lowest member; summed over the group's links.
+    // This link's statistics, created by its lowest member; summed over the group's links.
     const auto base = key(detail::concat("r", round_.round, "/op", k, "/stats/"));
     if (group_ == round_.members.front()) {
       std::ostringstream os;
       os.precision(17);
       for (std::size_t i = 0; i < M; ++i)
         os << round_.members[i] << ' ' << nonfinite[i] << ' ' << dist2[i] << '\n';
-      st_->set(base + std::to_string(local_), gloo::bytes_of(os.str()));
+      st_->try_set(base + std::to_string(local_), gloo::bytes_of(os.str()));
     }
     std::vector<double> nf(static_cast<std::size_t>(groups_), 0),
         d2(static_cast<std::size_t>(groups_), 0);
     for (int l = 0; l < group_size_; ++l) {
-      std::istringstream is(st_->get_string(
-          base + std::to_string(l), gloo::detail::to_ms(o_.join_timeout + o_.transport.timeout)));
+      std::istringstream is(agreed(base + std::to_string(l)));
       int g = 0;
       double a = 0, b = 0;
       while (is >> g >> a >> b) {
@@ -633,6 +1075,20 @@ class link : public blocking_calls<link> {
       }
     }
     judge(live, nf, d2);
+  }
+
+  /// The value of key once it exists; after join_timeout, "" created in its place unless
+  /// it appeared meanwhile (create-if-absent: every reader takes whichever came first).
+  std::string agreed(const std::string& k) {
+    bool found = false;
+    (void)gloo::detail::poll_until(
+        [&] {
+          (void)st_->try_get(k, found);
+          return found;
+        },
+        gloo::detail::to_ms(o_.join_timeout));
+    if (!found) (void)st_->try_set(k, {});
+    return st_->get_string(k, gloo::detail::to_ms(o_.join_timeout));
   }
 
   /// For each live member i of this link's gathered blocks `all`: its non-finite values
@@ -685,10 +1141,11 @@ class link : public blocking_calls<link> {
       const int g = round_.members[i];
       const auto gi = static_cast<std::size_t>(g);
       std::string reason;
-      if (o_.reject_nonfinite && nf[gi] > 0)
-        reason = detail::concat(nf[gi], " non-finite value(s)");
-      else if (o_.clip_ratio > 0 && live.size() >= 3 && median_norm > 0 &&
-               std::sqrt(d2[gi]) > o_.clip_ratio * median_norm)
+      if (o_.reject_nonfinite && nf[gi] > 0) {
+        reason = detail::concat(nf[gi], " non-finite value(s); it heals in its next round");
+        mark("unhealthy", g);
+      } else if (o_.clip_ratio > 0 && live.size() >= 3 && median_norm > 0 &&
+                 std::sqrt(d2[gi]) > o_.clip_ratio * median_norm)
         reason = detail::concat("update norm ", std::sqrt(d2[gi]), " > clip_ratio ", o_.clip_ratio,
                                 " x median ", median_norm);
       if (reason.empty()) continue;
@@ -709,6 +1166,12 @@ class link : public blocking_calls<link> {
   std::string prefix_;  // where the round's context (re)connects
   round_info round_;
   std::vector<int> rejected_;
+  std::vector<int> dropped_;  // groups this link dropped in the current round
+  round_info decided_;        // the current round as decided (round_ loses groups)
+  std::unique_ptr<life> life_;
+  bool restarted_ = false;
+  bool in_round_ = false;
+  bool heal_failed_ = false;
   std::int64_t next_round_ = 0;
   std::int64_t ops_ = 0;
   std::int64_t rounds_seen_ = 0;

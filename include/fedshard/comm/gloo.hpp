@@ -122,6 +122,13 @@ bool poll_until(F&& ready, std::chrono::milliseconds timeout) {
 }
 }  // namespace detail
 
+/// A store that cannot do what was asked (its directory gone, its server unreachable): a
+/// backend_error, told apart so that callers can outlive a store that is away.
+class store_error : public backend_error {
+ public:
+  using backend_error::backend_error;
+};
+
 /// A key-value store several processes reach: the rendezvous of Gloo contexts (it is a
 /// gloo::rendezvous::Store) and the meeting point of cross-job federation. Values are bytes.
 /// Thread-safe.
@@ -198,7 +205,7 @@ class file_store final : public store {
       const int e = errno;
       std::remove(tmp.c_str());
       check_directory("cannot set key '" + key + "'");
-      throw backend_error(
+      throw store_error(
           detail::concat("fedshard: ", name(), ": cannot set key '", key, "': ", std::strerror(e)));
     }
   }
@@ -210,8 +217,8 @@ class file_store final : public store {
     if (rc == 0) return true;
     if (e == EEXIST) return false;
     check_directory("cannot create key '" + key + "'");
-    throw backend_error(detail::concat("fedshard: ", name(), ": cannot create key '", key,
-                                       "': ", std::strerror(e)));
+    throw store_error(detail::concat("fedshard: ", name(), ": cannot create key '", key,
+                                     "': ", std::strerror(e)));
   }
   std::vector<char> try_get(const std::string& key, bool& found) override {
     std::ifstream in(path(key), std::ios::binary);
@@ -249,7 +256,7 @@ class file_store final : public store {
       out.flush();
       if (!out) {
         check_directory("cannot write a value");
-        throw backend_error(detail::concat("fedshard: ", name(), ": cannot write '", tmp, "'"));
+        throw store_error(detail::concat("fedshard: ", name(), ": cannot write '", tmp, "'"));
       }
     }
     return tmp;
@@ -260,10 +267,10 @@ class file_store final : public store {
   void check_directory(const std::string& doing) const {
     std::error_code ec;
     if (std::filesystem::is_directory(dir_, ec)) return;
-    throw backend_error(detail::concat(
-        "fedshard: ", name(), ": ", doing, ": the store's directory '", dir_.string(),
-        "' no longer exists", ec ? " (" + ec.message() + ")" : std::string(),
-        "; was it removed while groups were using it?"));
+    throw store_error(detail::concat("fedshard: ", name(), ": ", doing, ": the store's directory '",
+                                     dir_.string(), "' no longer exists",
+                                     ec ? " (" + ec.message() + ")" : std::string(),
+                                     "; was it removed while groups were using it?"));
   }
   std::filesystem::path dir_;
 };
@@ -290,8 +297,8 @@ class redis_store final : public store {
     if (ctx_ == nullptr || ctx_->err != 0) {
       const std::string why = ctx_ ? ctx_->errstr : "out of memory";
       if (ctx_) redisFree(ctx_);
-      throw backend_error(detail::concat("fedshard: redis_store: cannot connect to ", host_, ':',
-                                         port_, ": ", why, " (is redis-server running there?)"));
+      throw store_error(detail::concat("fedshard: redis_store: cannot connect to ", host_, ':',
+                                       port_, ": ", why, " (is redis-server running there?)"));
     }
     (void)redisSetTimeout(ctx_, command_timeout());
   }
@@ -379,10 +386,10 @@ class redis_store final : public store {
       }
       const auto now = clock::now();
       if (now >= deadline)
-        throw backend_error(detail::concat("fedshard: ", name(), ": ", verb, " '", key,
-                                           "' failed: the server is unreachable (", last,
-                                           "), retried for ", reconnect_for_.count(),
-                                           " ms; is redis-server still running there?"));
+        throw store_error(detail::concat("fedshard: ", name(), ": ", verb, " '", key,
+                                         "' failed: the server is unreachable (", last,
+                                         "), retried for ", reconnect_for_.count(),
+                                         " ms; is redis-server still running there?"));
       std::this_thread::sleep_for(std::min<clock::duration>(pause, deadline - now));
       pause = std::min(pause * 2, std::chrono::milliseconds(1000));
       if (redisReconnect(ctx_) == REDIS_OK) {
@@ -396,7 +403,7 @@ class redis_store final : public store {
     if (a.reply->type == REDIS_REPLY_ERROR) {
       const std::string why(a.reply->str, a.reply->len);
       freeReplyObject(a.reply);
-      throw backend_error(
+      throw store_error(
           detail::concat("fedshard: ", name(), ": ", verb, " '", key, "' failed: ", why));
     }
     return a;
@@ -421,6 +428,9 @@ struct options {
   bool checked = fedshard::detail::env_flag("FEDSHARD_GLOO_CHECKED", true);
   /// all_reduce of at most this many bytes (ranks x count x element size) all-gathers.
   std::int64_t small_all_reduce_bytes = 256 * 1024;
+  /// The deadline of connecting the context (meeting the peers and making the pairs);
+  /// 0: Gloo's own, 5 x timeout.
+  std::chrono::duration<double> connect_timeout{0};
 };
 
 /// The Gloo communicator (see the file comment). Movable; calls from one thread at a time.
@@ -556,15 +566,21 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     if (s_->size == 1) return;  // nobody to connect to
     ::gloo::rendezvous::PrefixStore prefixed(s_->prefix, *s_->kv);
     const fedshard::detail::sigpipe_shield shield;
+    const auto connect_in = s_->opts.connect_timeout.count() > 0
+                                ? detail::to_ms(s_->opts.connect_timeout)
+                                : 5 * timeout();
     try {
+      // Gloo waits 5 x the context's timeout for a pair to connect, 1 x for an address.
+      s_->ctx->setTimeout(std::max(connect_in / 5, std::chrono::milliseconds(1)));
       s_->ctx->connectFullMesh(prefixed, s_->device);
       // connectFullMesh can return on one rank while a peer still completes its side of their
       // pair; a rank that then closed the context at once (a split used and dropped, an
       // elastic round abandoned) would fail that peer's connect. The barrier makes the
       // constructor's promise symmetric: when it returns anywhere, every rank has connected.
       ::gloo::BarrierOptions all_connected(s_->ctx);
-      all_connected.setTimeout(timeout());
+      all_connected.setTimeout(connect_in);
       ::gloo::barrier(all_connected);
+      s_->ctx->setTimeout(timeout());
     } catch (const fedshard::error& e) {
       throw timeout_error(detail::concat("fedshard: gloo::communicator: rank ", s_->rank, " of ",
                                          s_->size, " ('", s_->prefix,

@@ -222,8 +222,10 @@ heal_report heal(interpreter<C, S>& in, const heal_round& r, State&& state, Take
 /// Where a sync may start after 0-based `step` of a run of `total_steps` and the mesh's
 /// federation axis is an elastic link (comm/elastic.hpp): when the schedule starts a sync of
 /// any fragment, begins the link's round, heals its joiners (`heal_fn(heal_round)` runs the
-/// heal, returning its heal_report) and makes `sync` combine the round's participants.
-/// Returns the line to log when this rank took a donor's state, else "".
+/// heal, returning its heal_report) and makes `sync` combine the round's participants. A
+/// heal that throws fedshard::error is reported to the link (heal_failed: a joiner heals in
+/// its next round) and the sync goes on. Returns the line to log when this rank took a
+/// donor's state, else "".
 template <class Sync, class Mesh, class Heal>
 std::string begin_elastic_round(Sync& sync, Mesh& m, std::int64_t step, std::int64_t total_steps,
                                 Heal&& heal_fn) {
@@ -235,10 +237,17 @@ std::string begin_elastic_round(Sync& sync, Mesh& m, std::int64_t step, std::int
   const auto& round = link.begin_round(step);
   sync.set_included_source([&link] { return link.included(); });
   if (round.joiners.empty()) return {};
-  const heal_report h = heal_fn(heal_round{.ranks = m.axis_size(axis::federation),
-                                           .donor = round.donor,
-                                           .joiners = round.joiners,
-                                           .me = m.axis_rank(axis::federation)});
+  heal_report h;
+  try {
+    h = heal_fn(heal_round{.ranks = m.axis_size(axis::federation),
+                           .donor = round.donor,
+                           .joiners = round.joiners,
+                           .me = m.axis_rank(axis::federation)});
+  } catch (const fedshard::error& e) {
+    // The donor or a joiner died, or a blob was refused: not fatal (the link's file comment).
+    link.heal_failed(e.what());
+    return {};
+  }
   if (!h.received) return {};
   return fedshard::detail::concat("fedshard: heal: group ", m.coords().group,
                                   " took the state of group ", round.donor, " (", h.state_bytes,

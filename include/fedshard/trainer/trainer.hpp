@@ -145,6 +145,7 @@ class trainer final {
     const std::int64_t syncs = sync_.syncs_applied();
     sync_.after_step(engine_.interp(), step_, opts_.total_steps, engine_.master(),
                      optimizer_.state(), compute);
+    if constexpr (elastic_federation) engine_.topology().federation().federation_side().end_round();
     if (sync_.syncs_applied() != syncs) engine_.parameters_changed();
     ++step_;
     return loss;
