@@ -443,3 +443,32 @@ TEST_CASE("signed_store: from_env signs when a secret is set and says so loudly 
   CHECK(text(b->get("job/latest")) == "7");
   CHECK(sink.lines.size() == 1);
 }
+
+TEST_CASE(
+    "signed_store: over a Redis server, Gloo ranks meet through it and a raw write is refused") {
+  ft::redis_server server(FEDSHARD_REDIS_SERVER);
+  if (!server.available()) {
+    MESSAGE("redis-server not found (install redis-server): the signed Redis store is not tested");
+    return;
+  }
+  auto inner = std::make_shared<gl::redis_store>("127.0.0.1", server.port());
+  auto st = std::make_shared<gl::signed_store>(inner, secret_a);
+  const auto job = concat("signed-", ::getpid());  // a shared server: keys of this process only
+  std::vector<char> zeros(40, '\0');               // a tag and a value may hold NUL bytes
+  CHECK(st->try_set(job + "/zeros", zeros));
+  CHECK_FALSE(st->try_set(job + "/zeros", gl::bytes_of("other")));
+  CHECK(st->get(job + "/zeros") == zeros);
+  inner->set(st->physical_key(job + "/forged"), gl::bytes_of(std::string(40, 'x')));
+  CHECK_FALSE(st->has(job + "/forged"));
+  CHECK(st->rejected() == 1);
+  // Two ranks' Gloo context meets through the signed store: 1 + 2 = 3 on both.
+  auto sums = ft::on_threads(2, [&](int r) {
+    gl::communicator c(st, job + "/ctx", r, 2, ft::gloo_timeout(20));
+    float v = static_cast<float>(r + 1);
+    c.all_reduce(&v, &v, 1, dtype::f32, reduce_op::sum);
+    return v;
+  });
+  CHECK(sums == std::vector<float>{3.0f, 3.0f});
+  CHECK(st->has(job + "/ctx/0"));  // rank 0's addresses, Gloo's own key under the prefix...
+  CHECK_FALSE(inner->has(job + "/ctx/0"));  // ...went in under its signed name
+}
