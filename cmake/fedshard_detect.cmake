@@ -69,22 +69,26 @@ if(FEDSHARD_ENABLE_NCCL AND NOT fedshard_nccl_found)
 endif()
 
 # ---------------------------------------------------------------- Gloo (TCP collectives
-# between jobs) and hiredis (its Redis store)
+# between jobs), hiredis (its Redis store) and OpenSSL's libcrypto (HMAC-SHA256 of the
+# signed store)
 if(NOT DEFINED FEDSHARD_ENABLE_GLOO OR FEDSHARD_ENABLE_GLOO)
   find_package(Gloo CONFIG QUIET)
   find_path(FEDSHARD_HIREDIS_INCLUDE_DIR hiredis/hiredis.h DOC "Folder holding hiredis/hiredis.h")
   find_library(FEDSHARD_HIREDIS_LIBRARY hiredis DOC "The hiredis library")
+  find_package(OpenSSL 3.0 COMPONENTS Crypto QUIET)
 endif()
 set(fedshard_gloo_found OFF)
-if(TARGET gloo AND FEDSHARD_HIREDIS_INCLUDE_DIR AND FEDSHARD_HIREDIS_LIBRARY)
+if(TARGET gloo AND FEDSHARD_HIREDIS_INCLUDE_DIR AND FEDSHARD_HIREDIS_LIBRARY
+   AND TARGET OpenSSL::Crypto)
   set(fedshard_gloo_found ON)
 endif()
 option(FEDSHARD_ENABLE_GLOO "Build the Gloo communicator (fedshard::gloo)" ${fedshard_gloo_found})
 if(FEDSHARD_ENABLE_GLOO AND NOT fedshard_gloo_found)
   message(FATAL_ERROR
-    "FEDSHARD_ENABLE_GLOO is ON but Gloo (find_package(Gloo CONFIG)) or hiredis "
-    "(hiredis/hiredis.h, libhiredis) was not found; install them (Debian: libgloo-dev "
-    "libhiredis-dev) or configure with -DFEDSHARD_ENABLE_GLOO=OFF")
+    "FEDSHARD_ENABLE_GLOO is ON but Gloo (find_package(Gloo CONFIG)), hiredis "
+    "(hiredis/hiredis.h, libhiredis) or OpenSSL >= 3.0's libcrypto (find_package(OpenSSL)) "
+    "was not found; install them (Debian: libgloo-dev libhiredis-dev libssl-dev) or "
+    "configure with -DFEDSHARD_ENABLE_GLOO=OFF")
 endif()
 
 # ---------------------------------------------------------------- nlohmann_json (the

@@ -1,6 +1,7 @@
 # The Gloo component: the INTERFACE target fedshard::gloo (include/fedshard/comm/gloo.hpp
-# over Debian's libgloo and hiredis, FEDSHARD_HAS_GLOO=1), its header check and install
-# rules, and the Redis server the tests start on the loopback (FEDSHARD_REDIS_SERVER).
+# over Debian's libgloo and hiredis, and the signed store comm/signed_store.hpp with its
+# HMAC-SHA256 comm/detail/hmac.hpp over OpenSSL's libcrypto; FEDSHARD_HAS_GLOO=1), its
+# header check and install rules, and the Redis server the tests start on the loopback (FEDSHARD_REDIS_SERVER).
 #
 # Include it from the top-level CMakeLists.txt when FEDSHARD_ENABLE_GLOO is ON.
 
@@ -11,7 +12,12 @@ endif()
 
 include("${CMAKE_CURRENT_LIST_DIR}/fedshard_component.cmake")
 fedshard_header_component(gloo fedshard/comm/gloo.hpp)
-target_link_libraries(fedshard_gloo INTERFACE gloo "${FEDSHARD_HIREDIS_LIBRARY}")
+target_sources(fedshard_gloo INTERFACE
+  FILE_SET HEADERS
+  BASE_DIRS "${fedshard_SOURCE_DIR}/include"
+  FILES "${fedshard_SOURCE_DIR}/include/fedshard/comm/signed_store.hpp"
+        "${fedshard_SOURCE_DIR}/include/fedshard/comm/detail/hmac.hpp")
+target_link_libraries(fedshard_gloo INTERFACE gloo "${FEDSHARD_HIREDIS_LIBRARY}" OpenSSL::Crypto)
 target_include_directories(fedshard_gloo INTERFACE "$<BUILD_INTERFACE:${FEDSHARD_HIREDIS_INCLUDE_DIR}>")
 target_compile_definitions(fedshard_gloo INTERFACE FEDSHARD_HAS_GLOO=1)
 

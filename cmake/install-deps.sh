@@ -13,6 +13,7 @@ packages=(
   libbenchmark-dev          # benchmarks
   libopenmpi-dev openmpi-bin  # MPI backend and the Open MPI baseline of the benchmarks
   libgloo-dev libhiredis-dev  # Gloo backend (cross-job federation over TCP) and its Redis store
+  libssl-dev                # OpenSSL's libcrypto: HMAC-SHA256 of the signed store (comm/signed_store.hpp)
   redis-server              # the Redis store's tests and examples/multi_job (started on the loopback)
   python3 python3-matplotlib  # plots of the demo's curves and the simulator's sweeps
   nlohmann-json3-dev        # safetensors export and import (fedshard::safetensors)
