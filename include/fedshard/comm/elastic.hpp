@@ -228,7 +228,8 @@ inline std::string serialize(const round_info& r) {
   os << '\n';
   return os.str();
 }
-inline round_info parse(const std::string& s) {
+/// The decision serialized in s; nothing when s is not one.
+inline std::optional<round_info> parse(const std::string& s) {
   std::istringstream is(s);
   round_info r;
   auto get = [&](std::vector<int>& v) {
@@ -245,17 +246,36 @@ inline round_info parse(const std::string& s) {
   get(r.joiners);
   get(r.left_out);
   std::size_t n = 0;
-  is >> n >> std::hex;
-  if (is && n <= 4 * (r.members.size() + 1) * 65536) {
-    r.incarnations.resize(n);
-    for (auto& t : r.incarnations) is >> t;
+  if (is && !(is >> n)) {
+    if (!is.eof()) return std::nullopt;
+    is.clear();  // written without incarnations: none recorded
+    n = 0;
   }
-  const auto in_range = [](const std::vector<int>& v) {
-    return std::all_of(v.begin(), v.end(), [](int g) { return g >= 0; });
-  };
-  if (!is || !in_range(r.members) || !in_range(r.participants) || !in_range(r.joiners))
-    throw backend_error("fedshard: elastic: a round decision in the store is corrupt: '" + s + "'");
+  if (n > (std::size_t{1} << 20)) return std::nullopt;
+  r.incarnations.resize(n);
+  is >> std::hex;
+  for (auto& t : r.incarnations) is >> t;
+  if (!is) return std::nullopt;
   return r;
+}
+
+/// True when r is a decision a link of `groups` groups of `ranks` ranks can use: groups in
+/// [0, groups), members ascending and distinct, participants and joiners among them, the
+/// donor a member or -1, no or one incarnation per member rank.
+inline bool usable(const round_info& r, int groups, int ranks) {
+  const auto in = [&](const std::vector<int>& v) {
+    return std::all_of(v.begin(), v.end(), [&](int g) { return g >= 0 && g < groups; });
+  };
+  const auto among = [&](const std::vector<int>& v) {
+    return std::all_of(v.begin(), v.end(), [&](int g) { return r.has(r.members, g); });
+  };
+  return in(r.members) &&
+         std::adjacent_find(r.members.begin(), r.members.end(), std::greater_equal<>()) ==
+             r.members.end() &&
+         among(r.participants) && among(r.joiners) && in(r.left_out) &&
+         (r.donor == -1 || r.has(r.members, r.donor)) &&
+         (r.incarnations.empty() ||
+          r.incarnations.size() == r.members.size() * static_cast<std::size_t>(ranks));
 }
 
 inline std::uint64_t mix(std::uint64_t x) {
@@ -755,7 +775,7 @@ class link : public blocking_calls<link> {
     for (;;) {
       bool found = false;
       const auto v = st_->try_get(dkey, found);
-      if (found) return detail::parse(std::string(v.begin(), v.end()));
+      if (found) return checked(detail::parse(std::string(v.begin(), v.end())), e);
       const auto now = clock::now();
       if (local_ != 0) {
         if (dead(group_)) throw_leader_gone(e);
@@ -769,6 +789,17 @@ class link : public blocking_calls<link> {
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, std::chrono::milliseconds(20));
     }
+  }
+  /// r when it is a usable decision of round e; else a round without members, after a log
+  /// line (a store holding garbage: this rank takes no part in what it cannot read).
+  round_info checked(std::optional<round_info> r, std::int64_t e) const {
+    if (r && detail::usable(*r, groups_, group_size_)) return std::move(*r);
+    log(detail::concat("fedshard elastic: group ", group_, " link ", local_,
+                       ": a decision of round ", e,
+                       " in the store is corrupt; this group takes no part in it"));
+    round_info none;
+    none.round = e;
+    return none;
   }
   [[noreturn]] void throw_leader_gone(std::int64_t e) const {
     throw peer_failure(detail::concat("fedshard: elastic::link: group ", group_, " rank ", local_,
@@ -806,7 +837,7 @@ class link : public blocking_calls<link> {
     bool found = false;
     const auto prev = st_->try_get(key(detail::concat("r", e - 1, "/decision")), found);
     std::vector<int> known;
-    if (found) known = detail::parse(std::string(prev.begin(), prev.end())).members;
+    if (found) known = checked(detail::parse(std::string(prev.begin(), prev.end())), e - 1).members;
     for (int g = 0; g < groups_; ++g) {
       const bool was = std::find(known.begin(), known.end(), g) != known.end() ||
                        st_->has(key(detail::concat("r", e - 1, "/arrive/", g, "/0")));
@@ -1007,14 +1038,19 @@ class link : public blocking_calls<link> {
           waiting = waiting || !dead(g, token_in(decided_, g, 0));
       }
       if (!waiting || std::chrono::steady_clock::now() >= deadline) {
-        round_info r = round_;
+        round_info r;  // who goes on: the rest of the link's round is theirs
+        r.round = e;
+        r.step = round_.step;
         r.members = here;
+        for (int g : round_.participants)
+          if (r.has(here, g)) r.participants.push_back(g);
         st_->try_set(dkey, gloo::bytes_of(detail::serialize(r)));
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    const round_info r = detail::parse(st_->get_string(dkey, gloo::detail::to_ms(o_.join_timeout)));
+    const round_info r =
+        checked(detail::parse(st_->get_string(dkey, gloo::detail::to_ms(o_.join_timeout))), e);
     regrouped(r, what, k, why);
     prefix_ = base + "/ctx";
   }
