@@ -122,6 +122,7 @@
 #include <sstream>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -174,6 +175,12 @@ struct options {
   /// member that dies in between fails the connect by then (not at Gloo's own connect
   /// timeout, 5 x the op timeout).
   std::chrono::duration<double> connect_timeout{10.0};
+  /// Called on every rank as it passes a point of the round's state machine (see the file
+  /// comment), with the round's number: "arrived", "decided" (the decision read),
+  /// "ready" (before the context connects), "connected", "op" (before each collective of
+  /// the round), "send" and "recv" (before a point-to-point transfer: the heal). For tracing,
+  /// and for fault injection in tests (tests/federation/test_chaos_gloo.cpp).
+  std::function<void(std::string_view, std::int64_t)> on_phase{};
 };
 
 /// What a round decided.
@@ -615,6 +622,7 @@ class link : public blocking_calls<link> {
   void send(const void* in, std::int64_t n, dtype t, int peer, int tag = 0) {
     FEDSHARD_EXPECTS(round_.has(round_.members, peer), "elastic::link: send to group ", peer,
                      ", which is not in ", round_.text());
+    phase("send", round_.round);
     if (!ctx_) retrying("connect", [](gloo::communicator&) {});
     FEDSHARD_EXPECTS(ctx_.has_value(), "elastic::link: send: group ", peer, " left the round");
     counted(*ctx_,
@@ -623,6 +631,7 @@ class link : public blocking_calls<link> {
   void recv(void* out, std::int64_t n, dtype t, int peer, int tag = 0) {
     FEDSHARD_EXPECTS(round_.has(round_.members, peer), "elastic::link: recv from group ", peer,
                      ", which is not in ", round_.text());
+    phase("recv", round_.round);
     if (!ctx_) retrying("connect", [](gloo::communicator&) {});
     FEDSHARD_EXPECTS(ctx_.has_value(), "elastic::link: recv: group ", peer, " left the round");
     counted(*ctx_,
@@ -661,6 +670,9 @@ class link : public blocking_calls<link> {
   std::string key(const std::string& k) const { return o_.job + "/" + k; }
   static int index_in(const std::vector<int>& v, int g) {
     return static_cast<int>(std::find(v.begin(), v.end(), g) - v.begin());
+  }
+  void phase(std::string_view what, std::int64_t e) const {
+    if (o_.on_phase) o_.on_phase(what, e);
   }
   void log(const std::string& line) const {
     if (o_.log)
@@ -704,8 +716,10 @@ class link : public blocking_calls<link> {
       const bool joins = restarted_ || (!ever_member_ && e > 0);
       st_->set(key(detail::concat("r", e, "/arrive/", group_, "/", local_)),
                gloo::bytes_of(detail::arrival_text({step, joins, life_->token})));
+      phase("arrived", e);
       if (local_ == 0 && !joins) decide(e, step);
       round_info r = await_decision(e, step);
+      phase("decided", e);
       next_round_ = e + 1;
       rejected_.clear();
       dropped_.clear();
@@ -725,6 +739,7 @@ class link : public blocking_calls<link> {
     ctx_.reset();
     prefix_ = key(detail::concat("r", round_.round, "/link", local_));
     retrying("connect", [](gloo::communicator&) {});
+    phase("connected", round_.round);
     ever_member_ = true;
     restarted_ = false;
   }
@@ -943,6 +958,7 @@ class link : public blocking_calls<link> {
   template <class F>
   void retrying(const char* what, F&& f) {
     const std::int64_t k = ops_++;
+    if (k > 0) phase("op", round_.round);
     for (int attempt = 0;; ++attempt) {
       if (round_.members.size() <= 1) {
         ctx_.reset();
@@ -997,6 +1013,7 @@ class link : public blocking_calls<link> {
     }
     gloo::options t = o_.transport;
     t.connect_timeout = o_.connect_timeout;
+    phase("ready", round_.round);
     ctx_.emplace(st_, prefix_, index_in(round_.members, group_),
                  static_cast<int>(round_.members.size()), t);
   }
