@@ -476,3 +476,38 @@ TEST_CASE(
   CHECK(st->has(job + "/ctx/0"));  // rank 0's addresses, Gloo's own key under the prefix...
   CHECK_FALSE(inner->has(job + "/ctx/0"));  // ...went in under its signed name
 }
+
+TEST_CASE("signed_store: an elastic link seals heal blobs with the secret and refuses others") {
+  ft::temp_dir dir;
+  auto inner = std::make_shared<gl::file_store>(dir.path());
+  auto st = std::make_shared<gl::signed_store>(inner, secret_a);
+  el::link lk(st, 2, 0, 1, 0);
+  const std::string blob = "state of group 0";  // 16 bytes
+  const std::string sealed = lk.seal(blob);
+  CHECK(lk.seal_bytes() == 32);
+  REQUIRE(sealed.size() == 16 + 32);
+  CHECK(sealed.substr(0, 16) == blob);
+  CHECK(lk.open(sealed) == blob);
+  // One flipped bit of the state, of the tag; a blob shorter than a tag; another secret's seal.
+  std::string bad = sealed;
+  bad[3] = static_cast<char>(bad[3] ^ 1);
+  CHECK_THROWS_WITH_AS((void)lk.open(bad),
+                       doctest::Contains("the tag of a heal blob of 16 bytes is wrong"),
+                       fedshard::invalid_argument);
+  bad = sealed;
+  bad[40] = static_cast<char>(bad[40] ^ 1);
+  CHECK_THROWS_AS((void)lk.open(bad), fedshard::invalid_argument);
+  CHECK_THROWS_WITH_AS((void)lk.open("short"),
+                       doctest::Contains("a heal blob of 5 bytes carries no tag (expected >= 32"),
+                       fedshard::invalid_argument);
+  ft::temp_dir other_dir;
+  el::link other(std::make_shared<gl::signed_store>(
+                     std::make_shared<gl::file_store>(other_dir.path()), std::string(24, 'z')),
+                 2, 0, 1, 0);
+  CHECK_THROWS_AS((void)lk.open(other.seal(blob)), fedshard::invalid_argument);
+  // Over a plain store nothing is added or checked.
+  el::link plain(inner, 2, 1, 1, 0);
+  CHECK(plain.seal_bytes() == 0);
+  CHECK(plain.seal(blob) == blob);
+  CHECK(plain.open(blob) == blob);
+}

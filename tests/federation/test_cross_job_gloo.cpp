@@ -3,7 +3,8 @@
 ///  - with a static Gloo link and with an elastic link, 3 group processes end with the
 ///    parameters of the same run inside one inproc world, bit for bit;
 ///  - a group SIGKILLed between syncs: the other two finish every remaining sync (no hang);
-///  - restarted, it heals at the next sync: right after it its parameters equal the live
+///  - restarted (the groups meeting through a signed store), it heals at the next sync: its
+///    state arrives sealed with the secret; right after it its parameters equal the live
 ///    groups', and all three end equal; the heal is a plan: the donor's wire tap records its
 ///    messages on the federation axis (the size, 8 bytes, and the state the joiner took);
 ///  - a group whose parameters turn NaN is rejected for the round and every model stays
@@ -30,6 +31,7 @@
 #include "fedshard/comm/gloo.hpp"
 #include "fedshard/comm/hybrid.hpp"
 #include "fedshard/comm/inproc.hpp"
+#include "fedshard/comm/signed_store.hpp"
 #include "support/federated_run.hpp"
 #include "support/gloo_support.hpp"
 #include "support/spawn_ranks.hpp"
@@ -124,9 +126,10 @@ using elastic_world = hybrid<inproc::communicator, el::link>;
 /// Its trainer's log lines go to <life>trainer_log_<g>_<l>.
 void elastic_group(const std::filesystem::path& dir, int g, int die_at = -1,
                    const std::string& life = "", double join = 30,
-                   std::int64_t await_joiner_at = -1) {
+                   std::int64_t await_joiner_at = -1, bool sign = false) {
   inproc::run(L, [&](inproc::communicator& c) {
-    auto st = std::make_shared<gl::file_store>(dir / "store");
+    std::shared_ptr<gl::store> st = std::make_shared<gl::file_store>(dir / "store");
+    if (sign) st = std::make_shared<gl::signed_store>(st, "a secret of the test's groups");
     el::link lk(st, G, g, L, c.rank(), elastic_options(dir, g, join));
     elastic_world w(c.split(0, c.rank()), std::move(lk));
     mesh m(w, shape);
@@ -229,7 +232,7 @@ TEST_CASE("cross-job: a group killed mid-run is left out, the others finish; res
       pids.push_back(spawn([&, g] {
         // With a restart, the survivors wait for it before the step that syncs round 2.
         elastic_group(dir.path(), g, g == 2 ? 4 : -1, "", join,
-                      restart && g != 2 ? 3 * period - 1 : -1);
+                      restart && g != 2 ? 3 * period - 1 : -1, restart);
       }));
     const int killed = wait_for(pids[2], 120);
     CHECK((killed >= 0 && WIFSIGNALED(killed)));
@@ -240,7 +243,7 @@ TEST_CASE("cross-job: a group killed mid-run is left out, the others finish; res
       while (!std::filesystem::exists(dir.path() / concat("sync", 2 * period - 1, "_0_0")) &&
              std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      again = spawn([&] { elastic_group(dir.path(), 2, -1, "again_", join); });
+      again = spawn([&] { elastic_group(dir.path(), 2, -1, "again_", join, -1, true); });
     }
     CHECK(exited_ok(wait_for(pids[0], 120)));
     CHECK(exited_ok(wait_for(pids[1], 120)));
@@ -274,7 +277,8 @@ TEST_CASE("cross-job: a group killed mid-run is left out, the others finish; res
     CHECK(text.find("healed {2}") != std::string::npos);
     // The heal ran as a plan: each joiner rank took the state of its counterpart in group 0
     // (the donor: the lowest member that is not a joiner), and that rank's tap recorded it on
-    // the federation axis: the size (8 B), then the state in whole 8-byte words. Group 1 ran
+    // the federation axis: the size (8 B), then the state with its seal (the groups meet
+    // through a signed store here: a 32-byte HMAC tag) in whole 8-byte words. Group 1 ran
     // the same rounds and sent no state, so group 0's federation bytes exceed its by exactly
     // those; the joiner sent none.
     for (int l = 0; l < L; ++l) {
@@ -286,7 +290,7 @@ TEST_CASE("cross-job: a group killed mid-run is left out, the others finish; res
       REQUIRE(at != std::string::npos);
       const std::int64_t state = std::stoll(healed.substr(at + said.size()));
       CHECK(state > 0);
-      const std::int64_t padded = (state + 7) / 8 * 8;
+      const std::int64_t padded = (state + 32 + 7) / 8 * 8;  // sealed: a 32-byte tag
       CHECK(read_text(dir.path() / concat("p2p_0_", l)) == concat("8\n", padded, "\n"));
       CHECK(read_text(dir.path() / concat("p2p_1_", l)).empty());
       CHECK(read_text(dir.path() / concat("again_p2p_2_", l)).empty());

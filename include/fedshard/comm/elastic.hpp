@@ -132,6 +132,7 @@
 #include "fedshard/comm/detail/reduction.hpp"
 #include "fedshard/comm/gloo.hpp"
 #include "fedshard/comm/request.hpp"
+#include "fedshard/comm/signed_store.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
 #include "fedshard/error.hpp"
@@ -529,6 +530,34 @@ class link : public blocking_calls<link> {
     log("fedshard elastic: " + outcome());
   }
 
+  /// A heal blob as the donor sends it: over a signed store (gloo::signed_store) with the
+  /// store's HMAC tag of it appended (seal_bytes() more); else unchanged.
+  std::string seal(std::string blob) const {
+    if (const auto* s = signer()) {
+      const auto t = s->tag_of(blob);
+      blob.append(reinterpret_cast<const char*>(t.data()), t.size());
+    }
+    return blob;
+  }
+  /// A received heal blob without its seal; invalid_argument when the tag is missing or
+  /// wrong (a sender without the secret, or damage on the way).
+  std::string open(std::string blob) const {
+    const auto* s = signer();
+    if (s == nullptr) return blob;
+    gloo::signed_store::tag t{};
+    FEDSHARD_EXPECTS(blob.size() >= t.size(), "elastic::link: a heal blob of ", blob.size(),
+                     " bytes carries no tag (expected >= ", t.size(), " bytes)");
+    std::memcpy(t.data(), blob.data() + blob.size() - t.size(), t.size());
+    blob.resize(blob.size() - t.size());
+    FEDSHARD_EXPECTS(s->verify(blob, t), "elastic::link: the tag of a heal blob of ", blob.size(),
+                     " bytes is wrong: it was not sealed with this federation's secret");
+    return blob;
+  }
+  /// Bytes seal() adds.
+  std::int64_t seal_bytes() const {
+    return signer() ? static_cast<std::int64_t>(gloo::signed_store::tag_bytes) : 0;
+  }
+
   /// Called by the trainer when this rank's heal in the current round failed (why): a
   /// joiner is marked unhealthy, so it heals in its next round; no rank throws.
   void heal_failed(const std::string& why) {
@@ -670,6 +699,9 @@ class link : public blocking_calls<link> {
   std::string key(const std::string& k) const { return o_.job + "/" + k; }
   static int index_in(const std::vector<int>& v, int g) {
     return static_cast<int>(std::find(v.begin(), v.end(), g) - v.begin());
+  }
+  const gloo::signed_store* signer() const {
+    return dynamic_cast<const gloo::signed_store*>(st_.get());
   }
   void phase(std::string_view what, std::int64_t e) const {
     if (o_.on_phase) o_.on_phase(what, e);

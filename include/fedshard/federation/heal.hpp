@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,6 +53,14 @@ struct heal_round {
   int donor = -1;            ///< the rank whose state the joiners take
   std::vector<int> joiners;  ///< the ranks that take it (distinct, not the donor)
   int me = -1;               ///< this rank's place on the axis
+  /// What the donor sends instead of its state s (e.g. s with a tag appended: an elastic
+  /// link over a signed store seals it); empty: s itself.
+  std::function<std::string(std::string)> seal{};
+  /// What a joiner takes from what it received (checking and removing the seal: throws
+  /// when it is wrong); empty: what it received.
+  std::function<std::string(std::string)> open{};
+  /// Bytes the seal adds (the joiner's bound on what it accepts grows by them).
+  std::int64_t seal_bytes = 0;
 
   /// True when this rank is one of the joiners.
   bool joining() const { return std::find(joiners.begin(), joiners.end(), me) != joiners.end(); }
@@ -206,12 +215,14 @@ heal_report heal(interpreter<C, S>& in, const heal_round& r, State&& state, Take
   if (r.joiners.empty()) return h;
   if (r.me == r.donor) {
     std::string s = state();
+    if (r.seal) s = r.seal(std::move(s));
     h.state_bytes = static_cast<std::int64_t>(s.size());
     h.sent = static_cast<int>(r.joiners.size());
     send_heal(in, r, std::move(s));
   } else if (r.joining()) {
     const auto own = static_cast<std::int64_t>(state().size());
-    std::string s = receive_heal(in, r, heal_bound(own));
+    std::string s = receive_heal(in, r, heal_bound(own) + r.seal_bytes);
+    if (r.open) s = r.open(std::move(s));
     h.state_bytes = static_cast<std::int64_t>(s.size());
     h.received = true;
     take(std::move(s));
@@ -242,7 +253,10 @@ std::string begin_elastic_round(Sync& sync, Mesh& m, std::int64_t step, std::int
     h = heal_fn(heal_round{.ranks = m.axis_size(axis::federation),
                            .donor = round.donor,
                            .joiners = round.joiners,
-                           .me = m.axis_rank(axis::federation)});
+                           .me = m.axis_rank(axis::federation),
+                           .seal = [&link](std::string b) { return link.seal(std::move(b)); },
+                           .open = [&link](std::string b) { return link.open(std::move(b)); },
+                           .seal_bytes = link.seal_bytes()});
   } catch (const fedshard::error& e) {
     // The donor or a joiner died, or a blob was refused: not fatal (the link's file comment).
     link.heal_failed(e.what());
