@@ -301,8 +301,12 @@ TEST_CASE("cross-job: a group killed mid-run is left out, the others finish; res
   }
 }
 
-TEST_CASE("cross-job: a group whose model turns NaN is rejected; every model stays finite") {
+TEST_CASE(
+    "cross-job: a group whose model turns NaN is rejected, then healed before its next round; "
+    "every model stays finite") {
   ft::temp_dir dir;
+  std::mutex mu;
+  std::vector<std::string> trainer_lines;
   auto results = ft::on_threads(G, [&](int g) {
     std::vector<std::vector<float>> finals(L);
     inproc::run(L, [&](inproc::communicator& c) {
@@ -311,11 +315,15 @@ TEST_CASE("cross-job: a group whose model turns NaN is rejected; every model sta
       elastic_world w(c.split(0, c.rank()), std::move(lk));
       mesh m(w, shape);
       trainer_options<fl_hsdp> o;
-      o.total_steps = 6;
+      o.total_steps = 9;
       o.schedule.period = period;
+      o.log = [&](const std::string& line) {
+        std::lock_guard lock(mu);
+        trainer_lines.push_back(line);
+      };
       trainer<ft::mlp_model, fl_hsdp, optim::adamw, elastic_world> t(m, ft::mlp_model{},
                                                                      {.lr = 0.02f}, o);
-      for (int s = 0; s < 6; ++s) {
+      for (int s = 0; s < 9; ++s) {
         if (g == 1 && s == 2) {  // poison this rank's master shard before the first sync
           t.synchronize();
           auto master = t.engine().master();
@@ -340,4 +348,19 @@ TEST_CASE("cross-job: a group whose model turns NaN is rejected; every model sta
   const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
   CAPTURE(text);
   CHECK(text.find("rejected group 1 in round 0") != std::string::npos);
+  // Its optimizer state is NaN too (the sync replaced only its parameters): before the fix it
+  // was rejected again in every later round. Now it is a joiner in round 1 and takes group
+  // 0's whole state on both ranks; round 2 combines all three groups.
+  CHECK(text.find("rejected group 1 in round 1") == std::string::npos);
+  CHECK(text.find("rejected group 1 in round 2") == std::string::npos);
+  CHECK(text.find("round 1 (step 5): combined {0,2} of members {0,1,2}; healed {1}") !=
+        std::string::npos);
+  CHECK(text.find("round 2 (step 8): combined {0,1,2} of members {0,1,2}; healed {}") !=
+        std::string::npos);
+  int healed = 0;
+  for (const auto& line : trainer_lines)
+    if (line.find("heal: group 1 took the state of group 0") != std::string::npos &&
+        line.find("in round 1") != std::string::npos)
+      ++healed;
+  CHECK(healed == L);
 }
