@@ -269,3 +269,55 @@ TEST_CASE("elastic: bad settings are refused with what was expected") {
   lk.all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
   CHECK(v == 7);
 }
+
+TEST_CASE(
+    "elastic: a group gone silent is dead after 3 beats: rounds wait for that, not the join "
+    "timeout") {
+  // Group 2 leaves (its link, and with it its heartbeat, ends) at three points: between rounds
+  // 0 and 1, right after it arrived in round 1, and right after it read round 1's decision. The
+  // join timeout is 10 s; the others must go on within 3 beats (300 ms) plus polling and setup:
+  // 1.5 s is the bound checked (a loaded 2-core machine, sanitizers).
+  for (const char* when : {"between", "arrived", "decided"}) {
+    CAPTURE(when);
+    ft::temp_dir dir;
+    auto st = std::make_shared<gl::file_store>(dir.path());
+    log_sink sink;
+    const int G = 3;
+    struct gone {};
+    auto seen = ft::on_threads(G, [&](int g) {
+      std::vector<std::string> out;
+      el::options o = quick(sink, 10.0);
+      const std::string w = when;
+      if (g == 2 && w != "between")
+        o.on_phase = [w](std::string_view phase, std::int64_t round) {
+          if (round == 1 && phase == w) throw gone{};
+        };
+      auto lk = std::make_unique<el::link>(st, G, g, 1, 0, o);
+      float v = static_cast<float>(g + 1);
+      lk->begin_round(0);
+      lk->all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
+      if (v != 2.0f) out.push_back(concat("round 0 mean ", v));
+      if (g == 2) {
+        if (w == "between") return out;  // the link ends here
+        try {
+          lk->begin_round(1);
+        } catch (const gone&) {
+          return out;
+        }
+        out.push_back("group 2 went on");
+        return out;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto& r = lk->begin_round(1);
+      v = static_cast<float>(g + 1);
+      lk->all_reduce(&v, &v, 1, dtype::f32, reduce_op::sum);
+      const double took =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (took > 1.5) out.push_back(concat("round 1 took ", took, " s"));
+      if (v != 3.0f) out.push_back(concat("round 1 sum ", v, " (", r.text(), ")"));
+      return out;
+    });
+    for (const auto& r : seen)
+      for (const auto& s : r) FAIL_CHECK(s);
+  }
+}
