@@ -594,7 +594,15 @@ class link : public blocking_calls<link> {
     const auto M = round_.members.size();
     std::vector<std::byte> all(bytes * M);
     gather_members(in, all.data(), bytes, n, t);
-    if (o_.reject_nonfinite || o_.clip_ratio > 0) screen(all.data(), bytes, n, t);
+    if (o_.reject_nonfinite || o_.clip_ratio > 0) {
+      try {
+        screen(all.data(), bytes, n, t);
+      } catch (const gloo::store_error& e) {  // no verdict to agree on: this group alone
+        store_failed(e);
+        if (out != in) std::memcpy(out, in, bytes);
+        return;
+      }
+    }
     std::vector<std::byte> picked;
     int count = 0;
     for (std::size_t i = 0; i < M; ++i) {
@@ -712,6 +720,13 @@ class link : public blocking_calls<link> {
     else
       std::fprintf(stderr, "%s\n", line.c_str());
   }
+  /// Round e with this group alone.
+  round_info alone_in(std::int64_t e) const {
+    round_info r;
+    r.round = e;
+    r.members = r.participants = {group_};
+    return r;
+  }
   /// This group alone (outside rounds, or left out of one).
   void alone() {
     ctx_.reset();
@@ -806,7 +821,12 @@ class link : public blocking_calls<link> {
   bool dead(int g, std::uint64_t token = 0) { return life_->watch.dead(*st_, g, token); }
   /// Marks group g `what` in the current round (dropped, unhealthy) for the next decision.
   void mark(const char* what, int g) {
-    st_->set(key(detail::concat("r", round_.round, "/", what, "/", g)), gloo::bytes_of("1"));
+    try {
+      st_->set(key(detail::concat("r", round_.round, "/", what, "/", g)), gloo::bytes_of("1"));
+    } catch (const gloo::store_error& e) {  // best effort: a NaN group is rejected again
+      log(detail::concat("fedshard elastic: group ", group_, " link ", local_,
+                         ": could not mark group ", g, " ", what, " (", e.what(), ")"));
+    }
   }
   bool marked(std::int64_t e, const char* what, int g) {
     return e >= 0 && st_->has(key(detail::concat("r", e, "/", what, "/", g)));
@@ -893,8 +913,8 @@ class link : public blocking_calls<link> {
     return expected;
   }
 
-  /// Group g's arrival in round e with all its ranks (their tokens appended to `tokens`),
-  /// or nothing.
+  /// Group g's arrival in round e with all its ranks (their tokens appended to `tokens`;
+  /// a joiner when any rank arrived as one), or nothing.
   std::optional<detail::arrival> arrived(std::int64_t e, int g,
                                          std::vector<std::uint64_t>& tokens) {
     std::optional<detail::arrival> first;
@@ -905,6 +925,7 @@ class link : public blocking_calls<link> {
       const auto a = found ? detail::parse_arrival(v) : std::nullopt;
       if (!a) return std::nullopt;
       if (l == 0) first = a;
+      first->joins = first->joins || a->joins;  // one rank joining makes the group a joiner
       mine.push_back(a->token);
     }
     tokens.insert(tokens.end(), mine.begin(), mine.end());
@@ -1076,6 +1097,7 @@ class link : public blocking_calls<link> {
     const auto deadline =
         std::chrono::steady_clock::now() +
         std::chrono::duration_cast<std::chrono::steady_clock::duration>(o_.join_timeout);
+    std::string proposal;  // who goes on: the rest of the link's round is theirs
     for (;;) {
       if (st_->has(dkey)) break;
       std::vector<int> here;
@@ -1087,19 +1109,19 @@ class link : public blocking_calls<link> {
           waiting = waiting || !dead(g, token_in(decided_, g, 0));
       }
       if (!waiting || std::chrono::steady_clock::now() >= deadline) {
-        round_info r;  // who goes on: the rest of the link's round is theirs
+        round_info r;
         r.round = e;
         r.step = round_.step;
         r.members = here;
         for (int g : round_.participants)
           if (r.has(here, g)) r.participants.push_back(g);
-        st_->try_set(dkey, gloo::bytes_of(detail::serialize(r)));
+        proposal = detail::serialize(r);
         break;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    const round_info r =
-        checked(detail::parse(st_->get_string(dkey, gloo::detail::to_ms(o_.join_timeout))), e);
+    if (proposal.empty()) proposal = detail::serialize(alone_in(e));  // lost: this rank alone
+    const round_info r = checked(detail::parse(first_of(dkey, proposal)), e);
     regrouped(r, what, k, why);
     prefix_ = base + "/ctx";
   }
@@ -1172,8 +1194,16 @@ class link : public blocking_calls<link> {
           return found;
         },
         gloo::detail::to_ms(o_.join_timeout));
-    if (!found) (void)st_->try_set(k, {});
-    return st_->get_string(k, gloo::detail::to_ms(o_.join_timeout));
+    return first_of(k, "");  // found: the value there; else "" created in its place
+  }
+  /// Creates k = proposal unless it exists, then returns what k holds: the first writer's
+  /// value for every caller. A store that lost the key meanwhile (a Redis server restarted
+  /// empty) gives the proposal itself.
+  std::string first_of(const std::string& k, const std::string& proposal) {
+    (void)st_->try_set(k, gloo::bytes_of(proposal));
+    bool found = false;
+    const auto v = st_->try_get(k, found);
+    return found ? std::string(v.begin(), v.end()) : proposal;
   }
 
   /// For each live member i of this link's gathered blocks `all`: its non-finite values
