@@ -13,9 +13,10 @@
 //  - a group (--group g) is an inproc job of R x S thread ranks training the character-level
 //    LM of examples/charlm with fl_hsdp: sharded inside the group, the groups averaged every
 //    --k steps over an elastic link (comm/elastic.hpp) that meets the other groups through
-//    the store. After every sync its rank 0 prints the round (step, members, participants,
-//    joiners, groups left out) and the group's perplexity on held-out text (exp of the mean
-//    evaluation loss of its ranks, averaged inside the group only).
+//    the store. After every sync its rank 0 prints the round's outcome (who was combined, of
+//    which members; who healed, was dropped, rejected or left out) and the group's perplexity
+//    on held-out text (exp of the mean evaluation loss of its ranks, averaged inside the group
+//    only).
 //
 // Every line is prefixed with "[launcher]" or "[group g]". A run that shows a group leaving
 // and healing (about 30-60 s on two cores):
@@ -203,15 +204,6 @@ std::string fixed(double x, int digits) {
   return buf;
 }
 
-std::string set_text(const std::vector<int>& v) {
-  std::string s = "{";
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (i > 0) s += ',';
-    s += std::to_string(v[i]);
-  }
-  return s + "}";
-}
-
 // ---------------------------------------------------------------- the group role
 
 /// The store a group meets the others through: redis://HOST:PORT or file://DIR.
@@ -255,7 +247,7 @@ int run_group(const settings& s) {
         o.join_timeout = seconds(s.join_timeout);
         o.transport.timeout = seconds(s.op_timeout);
         // The link's own lines (a late group, a failed op retried among the survivors, a
-        // rejected group), once per group; its round summary is in our round line below.
+        // rejected group), once per group; its round's outcome is in our round line below.
         o.log = [tag, l](const std::string& line) {
           if (l == 0 && line.rfind("fedshard elastic: round ", 0) != 0) say(tag + line);
         };
@@ -304,10 +296,8 @@ int run_group(const settings& s) {
           if (r.has(r.joiners, s.group))
             healed = concat(" (healed: took group ", r.donor, "'s state, step ", step + 1, " -> ",
                             t.step_count(), ")");
-          say(tag + concat("round ", r.round, " step ", t.step_count(), ": participants ",
-                           set_text(r.participants), ", joiners ", set_text(r.joiners),
-                           ", left out ", set_text(r.left_out), ", eval ppl ", fixed(ppl, 3),
-                           healed));
+          say(tag + concat(link.outcome(), "; now at step ", t.step_count(), ", eval ppl ",
+                           fixed(ppl, 3), healed));
         }
         if (l == 0)
           say(tag + concat("done: ", t.step_count(), " steps, ", t.syncs_applied(), " syncs, ",

@@ -530,6 +530,30 @@ class link : public blocking_calls<link> {
     log("fedshard elastic: " + outcome());
   }
 
+  /// The outcome of the current round so far (END of the file comment): who was combined,
+  /// of which members; who healed, was dropped, rejected, left out; the donor.
+  std::string outcome() const {
+    auto list = [](const std::vector<int>& v) {
+      std::string s = "{";
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (i > 0) s += ',';
+        s += std::to_string(v[i]);
+      }
+      return s + "}";
+    };
+    std::vector<int> combined;
+    for (int g : round_.participants)
+      if (!round_.has(rejected_, g)) combined.push_back(g);
+    std::vector<int> healed;
+    if (!heal_failed_)
+      for (int g : decided_.joiners)
+        if (round_.has(round_.members, g)) healed.push_back(g);
+    return detail::concat("round ", round_.round, " (step ", round_.step, "): combined ",
+                          list(combined), " of members ", list(decided_.members), "; healed ",
+                          list(healed), ", dropped ", list(dropped_), ", rejected ",
+                          list(rejected_), ", left out ", list(decided_.left_out), ", donor ",
+                          decided_.donor);
+  }
   /// A heal blob as the donor sends it: over a signed store (gloo::signed_store) with the
   /// store's HMAC tag of it appended (seal_bytes() more); else unchanged.
   std::string seal(std::string blob) const {
@@ -971,30 +995,6 @@ class link : public blocking_calls<link> {
       if (!r.has(r.members, g)) r.left_out.push_back(g);
     if (st_->try_set(dkey, gloo::bytes_of(detail::serialize(r))))
       st_->set(key("latest"), gloo::bytes_of(std::to_string(e)));
-  }
-
-  /// The round's outcome (END of the file comment).
-  std::string outcome() const {
-    auto list = [](const std::vector<int>& v) {
-      std::string s = "{";
-      for (std::size_t i = 0; i < v.size(); ++i) {
-        if (i > 0) s += ',';
-        s += std::to_string(v[i]);
-      }
-      return s + "}";
-    };
-    std::vector<int> combined;
-    for (int g : round_.participants)
-      if (!round_.has(rejected_, g)) combined.push_back(g);
-    std::vector<int> healed;
-    if (!heal_failed_)
-      for (int g : decided_.joiners)
-        if (round_.has(round_.members, g)) healed.push_back(g);
-    return detail::concat("round ", round_.round, " (step ", round_.step, "): combined ",
-                          list(combined), " of members ", list(decided_.members), "; healed ",
-                          list(healed), ", dropped ", list(dropped_), ", rejected ",
-                          list(rejected_), ", left out ", list(decided_.left_out), ", donor ",
-                          decided_.donor);
   }
 
   /// out (members x bytes) = the members' inputs, in member order, over the round's context;
