@@ -511,3 +511,59 @@ TEST_CASE("signed_store: an elastic link seals heal blobs with the secret and re
   CHECK(plain.seal(blob) == blob);
   CHECK(plain.open(blob) == blob);
 }
+
+TEST_CASE("signed_store: a rogue writing fake arrivals and beats all along stalls no round") {
+  // Two honest groups of 1 rank (G = 3: group 2 never comes, so round 0 waits the join
+  // timeout for it once). A rogue thread writes, every 2 ms, arrivals for group 2 and for the
+  // honest groups, beats for every group and decisions of rounds 1..5 under the logical names
+  // (as an unsigned group would) into the inner store. Rounds 1..5 over the signed store must
+  // take no longer than with no rogue at all (measured the same way, in this test) plus one
+  // heartbeat period (100 ms).
+  auto rounds_time = [](bool rogue) {
+    ft::temp_dir dir;
+    auto inner = std::make_shared<gl::file_store>(dir.path());
+    auto st = std::make_shared<gl::signed_store>(inner, secret_a);
+    log_sink sink;
+    std::atomic<bool> done{false};
+    std::thread forger;
+    if (rogue)
+      forger = std::thread([&] {
+        for (int i = 0; !done.load(); ++i) {
+          for (int e = 0; e < 6; ++e) {
+            for (int g = 0; g < 3; ++g)
+              inner->set(concat("job/r", e, "/arrive/", g, "/0"), gl::bytes_of("0 member 1"));
+            inner->set(concat("job/r", e, "/decision"), gl::bytes_of("0 0 2\n1 2\n1 2\n0\n0\n"));
+          }
+          for (int g = 0; g < 3; ++g)
+            inner->set(concat("job/beat/", g), gl::bytes_of(concat("1 ", i)));
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      });
+    std::vector<double> took(2);
+    auto seen = ft::on_threads(2, [&](int g) {
+      el::link lk(st, 3, g, 1, 0, quick(sink, 1.0));
+      std::vector<std::string> out;
+      lk.begin_round(0);  // waits the join timeout for group 2
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int e = 1; e <= 5; ++e) {
+        const auto& r = lk.begin_round(e);
+        float v = g == 0 ? 0.25f : 1.75f;
+        lk.all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
+        if (r.members != std::vector<int>{0, 1} || v != 1.0f)
+          out.push_back(concat("round ", e, ": ", r.text(), " mean ", v));
+      }
+      took[static_cast<std::size_t>(g)] = seconds_since(t0);
+      return out;
+    });
+    done = true;
+    if (forger.joinable()) forger.join();
+    for (const auto& r : seen)
+      for (const auto& s : r) FAIL_CHECK(s);
+    CHECK(st->rejected() == 0);  // nothing it read was forged: the forgeries are elsewhere
+    return std::max(took[0], took[1]);
+  };
+  const double honest = rounds_time(false);
+  const double attacked = rounds_time(true);
+  MESSAGE("rounds 1..5: ", honest, " s without a rogue, ", attacked, " s with one");
+  CHECK(attacked < honest + 0.1);
+}
