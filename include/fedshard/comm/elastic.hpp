@@ -285,6 +285,31 @@ inline bool usable(const round_info& r, int groups, int ranks) {
           r.incarnations.size() == r.members.size() * static_cast<std::size_t>(ranks));
 }
 
+/// The store as a round's Gloo context meets through it: every call goes to the link's
+/// store, but a read without a deadline waits at most `bound` (Gloo's rendezvous reads each
+/// peer's address with the store's default timeout, 300 s: a member killed after READY and
+/// before it wrote its address would hold the survivors' connect that long).
+class bounded_store final : public gloo::store {
+ public:
+  bounded_store(std::shared_ptr<gloo::store> inner, std::chrono::milliseconds bound)
+      : inner_(std::move(inner)) {
+    set_timeout(bound);
+  }
+  void set(const std::string& key, const std::vector<char>& value) override {
+    inner_->set(key, value);
+  }
+  bool try_set(const std::string& key, const std::vector<char>& value) override {
+    return inner_->try_set(key, value);
+  }
+  std::vector<char> try_get(const std::string& key, bool& found) override {
+    return inner_->try_get(key, found);
+  }
+  std::string name() const override { return inner_->name(); }
+
+ private:
+  std::shared_ptr<gloo::store> inner_;
+};
+
 inline std::uint64_t mix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -1014,8 +1039,9 @@ class link : public blocking_calls<link> {
     gloo::options t = o_.transport;
     t.connect_timeout = o_.connect_timeout;
     phase("ready", round_.round);
-    ctx_.emplace(st_, prefix_, index_in(round_.members, group_),
-                 static_cast<int>(round_.members.size()), t);
+    ctx_.emplace(
+        std::make_shared<detail::bounded_store>(st_, gloo::detail::to_ms(o_.connect_timeout)),
+        prefix_, index_in(round_.members, group_), static_cast<int>(round_.members.size()), t);
   }
 
   /// Runs f(c) and adds what c moved meanwhile to moved_, also when f throws (the bytes of a
