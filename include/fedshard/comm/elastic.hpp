@@ -1156,14 +1156,16 @@ class link : public blocking_calls<link> {
     judge(live, nf, d2);
   }
 
-  /// The value of key once it exists; after join_timeout, "" created in its place unless
-  /// it appeared meanwhile (create-if-absent: every reader takes whichever came first).
+  /// The value of key once it exists; after join_timeout, or once the round's lowest member
+  /// (every link's first writer) is dead, "" created in its place unless it appeared
+  /// meanwhile (create-if-absent: every reader takes whichever came first).
   std::string agreed(const std::string& k) {
     bool found = false;
+    const int first = decided_.members.empty() ? group_ : decided_.members.front();
     (void)gloo::detail::poll_until(
         [&] {
           (void)st_->try_get(k, found);
-          return found;
+          return found || (first != group_ && dead(first, token_in(decided_, first, 0)));
         },
         gloo::detail::to_ms(o_.join_timeout));
     if (!found) (void)st_->try_set(k, {});
