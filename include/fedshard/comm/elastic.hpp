@@ -587,9 +587,9 @@ class link : public blocking_calls<link> {
     check("all_reduce", n, t, in, out);
     if (n == 0) return;
     const auto bytes = static_cast<std::size_t>(n) * size_of(t);
-    const auto M = round_.members.size();
-    std::vector<std::byte> all(bytes * M);
+    std::vector<std::byte> all(bytes * round_.members.size());
     gather_members(in, all.data(), bytes, n, t);
+    const auto M = round_.members.size();  // after the gather: a retry may have dropped members
     if (o_.reject_nonfinite || o_.clip_ratio > 0) screen(all.data(), bytes, n, t);
     std::vector<std::byte> picked;
     int count = 0;
