@@ -458,17 +458,23 @@ std::map<std::int64_t, double> step_times(const fs::path& dir, int g, int n) {
   return out;
 }
 
-/// For each kill, the survivors' longest sync step in its round and the next (ms): the
-/// incarnations of other groups that applied a round before it.
+/// For each kill, the survivors' longest sync step in its round and the next (ms), not
+/// counting a later kill's rounds: the incarnations of other groups that applied a round
+/// before it.
 std::vector<double> stalls(const fs::path& dir, const controller& c) {
   std::vector<double> out;
-  for (const auto& k : c.kills()) {
+  const auto& kills = c.kills();
+  for (std::size_t j = 0; j < kills.size(); ++j) {
+    const auto& k = kills[j];
+    std::int64_t last = k.round + 1;
+    if (j + 1 < kills.size() && kills[j + 1].round > k.round)
+      last = std::min(last, kills[j + 1].round - 1);
     double worst = 0;
     for (const auto& i : c.incarnations()) {
       if (i.g == k.victim) continue;
       const auto times = step_times(dir, i.g, i.n);
       if (times.empty() || times.begin()->first >= k.round) continue;
-      for (std::int64_t e : {k.round, k.round + 1})
+      for (std::int64_t e = k.round; e <= last; ++e)
         if (auto it = times.find(e); it != times.end()) worst = std::max(worst, it->second);
     }
     out.push_back(worst);
