@@ -39,7 +39,10 @@
 ///            joiner for round e+1 (never in e);
 ///   CONNECT  the members' ranks with local rank l meet under `r<e>/link<l>`: each writes
 ///            `ready/<g>`; all ready, a Gloo context connects within options::connect_timeout.
-///            A member not ready when it is dead, or at join_timeout, fails the connect;
+///            A member not ready when it is dead, or at join_timeout, fails the connect.
+///            Then each writes `connected/<g>` or `failed/<g>`, and the first to know the
+///            outcome writes `verdict` (create-if-absent): a connect that failed on one
+///            member (one that died mid-connect) fails on all, so all REGROUP at one op;
 ///   OPS      the sync's collectives (below);
 ///   REGROUP  after a failed connect or op k (a member died: peer_failure; hung: the op's
 ///            timeout; broke: backend_error) the link's survivors write
@@ -1013,7 +1016,69 @@ class link : public blocking_calls<link> {
   /// CONNECT of the file comment: every member's rank of this link says it is ready; when
   /// all are, the context connects within connect_timeout. A member that is dead before it
   /// is ready fails the connect at once (peer_failure), one that is late at join_timeout.
+  /// Then the members agree whether the context is whole (connect_verdict): a connect that
+  /// failed on one member fails on all, so the survivors REGROUP at the same op.
   void connect() {
+    try {
+      await_ready();
+      gloo::options t = o_.transport;
+      t.connect_timeout = o_.connect_timeout;
+      phase("ready", round_.round);
+      ctx_.emplace(
+          std::make_shared<detail::bounded_store>(st_, gloo::detail::to_ms(o_.connect_timeout)),
+          prefix_, index_in(round_.members, group_), static_cast<int>(round_.members.size()), t);
+    } catch (const gloo::store_error&) {
+      throw;
+    } catch (const fedshard::error&) {
+      ctx_.reset();
+      (void)connect_verdict(false);
+      throw;
+    }
+    if (!connect_verdict(true)) {
+      ctx_.reset();
+      throw peer_failure(detail::concat("fedshard: elastic::link: a member of round ", round_.round,
+                                        " could not connect ('", prefix_, "')"));
+    }
+  }
+
+  /// The end of CONNECT: this rank says whether its context connected; the first rank to
+  /// know the outcome writes `<prefix>/verdict` (create-if-absent): "ok" once every member
+  /// connected, "failed" once one could not, or is dead without having connected (read
+  /// again after its death: a key it wrote before dying counts), or join_timeout +
+  /// connect_timeout passed. True for "ok".
+  bool connect_verdict(bool connected) {
+    const auto vkey = prefix_ + "/verdict";
+    const auto mine = [&](int g, const char* what) {
+      return prefix_ + "/" + what + "/" + std::to_string(g);
+    };
+    st_->set(mine(group_, connected ? "connected" : "failed"), gloo::bytes_of("1"));
+    if (!connected) (void)st_->try_set(vkey, gloo::bytes_of("failed"));
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              o_.join_timeout + o_.connect_timeout);
+    auto nap = std::chrono::milliseconds(1);
+    for (;;) {
+      bool found = false;
+      const auto v = st_->try_get(vkey, found);
+      if (found) return std::string(v.begin(), v.end()) == "ok";
+      bool all = true, failed = false;
+      for (int g : round_.members) {
+        if (st_->has(mine(g, "connected"))) continue;
+        all = false;
+        failed = failed || st_->has(mine(g, "failed")) ||
+                 (dead(g, token_in(decided_, g, 0)) && !st_->has(mine(g, "connected")));
+      }
+      if (all || failed || std::chrono::steady_clock::now() >= deadline) {
+        (void)st_->try_set(vkey, gloo::bytes_of(all ? "ok" : "failed"));
+        continue;
+      }
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::milliseconds(10));
+    }
+  }
+
+  /// CONNECT's ready barrier (see connect()).
+  void await_ready() {
     st_->set(prefix_ + "/ready/" + std::to_string(group_), gloo::bytes_of("1"));
     const auto deadline =
         std::chrono::steady_clock::now() +
@@ -1036,12 +1101,6 @@ class link : public blocking_calls<link> {
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, std::chrono::milliseconds(10));
     }
-    gloo::options t = o_.transport;
-    t.connect_timeout = o_.connect_timeout;
-    phase("ready", round_.round);
-    ctx_.emplace(
-        std::make_shared<detail::bounded_store>(st_, gloo::detail::to_ms(o_.connect_timeout)),
-        prefix_, index_in(round_.members, group_), static_cast<int>(round_.members.size()), t);
   }
 
   /// Runs f(c) and adds what c moved meanwhile to moved_, also when f throws (the bytes of a
