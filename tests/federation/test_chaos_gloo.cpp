@@ -21,6 +21,8 @@
 ///
 /// Short form: one kill per phase (8), in CI. Long form: FEDSHARD_CHAOS_KILLS=<n> random kills
 /// (phases, victims, ranks, delays from FEDSHARD_CHAOS_SEED); tests/federation/chaos_soak.sh.
+/// FEDSHARD_CHAOS_DIR=<dir> keeps a run's files there (parameters per round, step times, link
+/// and trainer logs, the store) for a post-mortem.
 
 #include <doctest/doctest.h>
 #include <signal.h>
