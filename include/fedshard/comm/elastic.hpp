@@ -40,10 +40,12 @@
 ///   CONNECT  the members' ranks with local rank l meet under `r<e>/link<l>`: each writes
 ///            `ready/<g>`; all ready, a Gloo context connects within options::connect_timeout.
 ///            A member not ready when it is dead, or at join_timeout, fails the connect.
-///            Then each writes `connected/<g>` or `failed/<g>`, and the first to know the
+///            Then each writes `done/<g>` or `failed/<g>`, and the first to know the
 ///            outcome writes `verdict` (create-if-absent): a connect that failed on one
 ///            member (one that died mid-connect) fails on all, so all REGROUP at one op;
-///   OPS      the sync's collectives (below);
+///   OPS      the sync's collectives (below); the members agree on each one's outcome the
+///            same way (under `r<e>/op<k>/l<l>/a<attempt>`): a Gloo call can complete on one
+///            member and fail on another when a third dies in it;
 ///   REGROUP  after a failed connect or op k (a member died: peer_failure; hung: the op's
 ///            timeout; broke: backend_error) the link's survivors write
 ///            `r<e>/op<k>/l<l>/a<attempt>/here/<g>` and wait until every member is here,
@@ -992,19 +994,29 @@ class link : public blocking_calls<link> {
         ctx_.reset();
         return;
       }
+      // Connecting alone needs no agreement of its own: connect() has one.
+      const bool agreed_op = std::string_view(what) != "connect";
+      const auto base =
+          key(detail::concat("r", round_.round, "/op", k, "/l", local_, "/a", attempt));
+      const auto wait = o_.transport.timeout + o_.join_timeout;
+      const auto failed = [&](const std::exception& e) {
+        if (agreed_op) (void)agree(base, false, wait);
+        regroup(what, k, attempt, e.what());
+      };
       try {
         try {
           if (!ctx_) connect();
           counted(*ctx_, f);
-          return;
+          if (!agreed_op || agree(base, true, wait)) return;
+          regroup(what, k, attempt, "it failed on another member");
         } catch (const gloo::store_error&) {
           throw;
         } catch (const peer_failure& e) {
-          regroup(what, k, attempt, e.what());
+          failed(e);
         } catch (const timeout_error& e) {
-          regroup(what, k, attempt, e.what());
+          failed(e);
         } catch (const backend_error& e) {
-          regroup(what, k, attempt, e.what());
+          failed(e);
         }
       } catch (const gloo::store_error& e) {
         store_failed(e);
@@ -1016,8 +1028,8 @@ class link : public blocking_calls<link> {
   /// CONNECT of the file comment: every member's rank of this link says it is ready; when
   /// all are, the context connects within connect_timeout. A member that is dead before it
   /// is ready fails the connect at once (peer_failure), one that is late at join_timeout.
-  /// Then the members agree whether the context is whole (connect_verdict): a connect that
-  /// failed on one member fails on all, so the survivors REGROUP at the same op.
+  /// Then the members agree whether the context is whole (agree): a connect that failed on
+  /// one member fails on all, so the survivors REGROUP at the same op.
   void connect() {
     try {
       await_ready();
@@ -1031,31 +1043,31 @@ class link : public blocking_calls<link> {
       throw;
     } catch (const fedshard::error&) {
       ctx_.reset();
-      (void)connect_verdict(false);
+      (void)agree(prefix_, false, o_.join_timeout + o_.connect_timeout);
       throw;
     }
-    if (!connect_verdict(true)) {
+    if (!agree(prefix_, true, o_.join_timeout + o_.connect_timeout)) {
       ctx_.reset();
       throw peer_failure(detail::concat("fedshard: elastic::link: a member of round ", round_.round,
                                         " could not connect ('", prefix_, "')"));
     }
   }
 
-  /// The end of CONNECT: this rank says whether its context connected; the first rank to
-  /// know the outcome writes `<prefix>/verdict` (create-if-absent): "ok" once every member
-  /// connected, "failed" once one could not, or is dead without having connected (read
-  /// again after its death: a key it wrote before dying counts), or join_timeout +
-  /// connect_timeout passed. True for "ok".
-  bool connect_verdict(bool connected) {
-    const auto vkey = prefix_ + "/verdict";
-    const auto mine = [&](int g, const char* what) {
-      return prefix_ + "/" + what + "/" + std::to_string(g);
+  /// The members' agreement on a call's outcome (a connect, or an op: a Gloo call can
+  /// complete on one member and fail on another when a third dies in it): this rank writes
+  /// `<base>/done/<g>` or `<base>/failed/<g>`, and the first rank to know the outcome
+  /// writes `<base>/verdict` (create-if-absent): "ok" once every member is done, "failed"
+  /// once one failed, or is dead without being done (read again after its death: a key it
+  /// wrote before dying counts), or `wait` passed. True for "ok".
+  bool agree(const std::string& base, bool ok, std::chrono::duration<double> wait) {
+    const auto vkey = base + "/verdict";
+    const auto said = [&](int g, const char* what) {
+      return base + "/" + what + "/" + std::to_string(g);
     };
-    st_->set(mine(group_, connected ? "connected" : "failed"), gloo::bytes_of("1"));
-    if (!connected) (void)st_->try_set(vkey, gloo::bytes_of("failed"));
+    st_->set(said(group_, ok ? "done" : "failed"), gloo::bytes_of("1"));
+    if (!ok) (void)st_->try_set(vkey, gloo::bytes_of("failed"));
     const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              o_.join_timeout + o_.connect_timeout);
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait);
     auto nap = std::chrono::milliseconds(1);
     for (;;) {
       bool found = false;
@@ -1063,10 +1075,10 @@ class link : public blocking_calls<link> {
       if (found) return std::string(v.begin(), v.end()) == "ok";
       bool all = true, failed = false;
       for (int g : round_.members) {
-        if (st_->has(mine(g, "connected"))) continue;
+        if (st_->has(said(g, "done"))) continue;
         all = false;
-        failed = failed || st_->has(mine(g, "failed")) ||
-                 (dead(g, token_in(decided_, g, 0)) && !st_->has(mine(g, "connected")));
+        failed = failed || st_->has(said(g, "failed")) ||
+                 (dead(g, token_in(decided_, g, 0)) && !st_->has(said(g, "done")));
       }
       if (all || failed || std::chrono::steady_clock::now() >= deadline) {
         (void)st_->try_set(vkey, gloo::bytes_of(all ? "ok" : "failed"));
