@@ -1,7 +1,8 @@
 /// Tests of elastic::link on thread ranks (groups of 1 or 2 ranks meeting through a file
 /// store): rounds decide the same members and participants on every rank, averages combine
 /// the participants only (partial participation matches a hand-computed mean), a group that
-/// does not come is left out after the join timeout and later rounds do not wait for it, a
+/// does not come is left out after the join timeout and later rounds do not wait for it, one
+/// that dies inside an all_reduce leaves the survivors' exact mean of their own inputs, a
 /// group that sends NaN or an outlier is rejected on all its links with a log line, and the
 /// bad input a user can give is refused with a message.
 
@@ -188,6 +189,32 @@ TEST_CASE("elastic: a member that dies inside a round: the others retry without 
   for (const auto& r : seen)
     for (const auto& s : r) FAIL_CHECK(s);
   CHECK(sink.has("failed ("));
+  CHECK(sink.has("dropped 1 group(s), going on with 2"));
+}
+
+TEST_CASE("elastic: the lowest member dies inside a round: the survivors' mean is theirs alone") {
+  // Groups 0, 1, 2 put in 1, 2, 3; group 0 leaves the round before the all_reduce, so the
+  // retry among groups 1 and 2 averages (2 + 3) / 2 = 2.5 on both (the members the retry
+  // dropped are no longer read from the gathered blocks).
+  ft::temp_dir dir;
+  auto st = std::make_shared<gl::file_store>(dir.path());
+  log_sink sink;
+  const int G = 3;
+  auto seen = ft::on_threads(G, [&](int g) {
+    std::vector<std::string> out;
+    auto lk = std::make_unique<el::link>(st, G, g, 1, 0, quick(sink, 3.0));
+    lk->begin_round(0);
+    if (g == 0) {
+      lk.reset();
+      return out;
+    }
+    float v = static_cast<float>(g + 1);
+    lk->all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
+    if (v != 2.5f) out.push_back(concat("group ", g, ": round 0 mean ", v));
+    return out;
+  });
+  for (const auto& r : seen)
+    for (const auto& s : r) FAIL_CHECK(s);
   CHECK(sink.has("dropped 1 group(s), going on with 2"));
 }
 

@@ -39,8 +39,13 @@
 ///            joiner for round e+1 (never in e);
 ///   CONNECT  the members' ranks with local rank l meet under `r<e>/link<l>`: each writes
 ///            `ready/<g>`; all ready, a Gloo context connects within options::connect_timeout.
-///            A member not ready when it is dead, or at join_timeout, fails the connect;
-///   OPS      the sync's collectives (below);
+///            A member not ready when it is dead, or at join_timeout, fails the connect.
+///            Then each writes `done/<g>` or `failed/<g>`, and the first to know the
+///            outcome writes `verdict` (create-if-absent): a connect that failed on one
+///            member (one that died mid-connect) fails on all, so all REGROUP at one op;
+///   OPS      the sync's collectives (below); the members agree on each one's outcome the
+///            same way (under `r<e>/op<k>/l<l>/a<attempt>`): a Gloo call can complete on one
+///            member and fail on another when a third dies in it;
 ///   REGROUP  after a failed connect or op k (a member died: peer_failure; hung: the op's
 ///            timeout; broke: backend_error) the link's survivors write
 ///            `r<e>/op<k>/l<l>/a<attempt>/here/<g>` and wait until every member is here,
@@ -285,6 +290,31 @@ inline bool usable(const round_info& r, int groups, int ranks) {
          (r.incarnations.empty() ||
           r.incarnations.size() == r.members.size() * static_cast<std::size_t>(ranks));
 }
+
+/// The store as a round's Gloo context meets through it: every call goes to the link's
+/// store, but a read without a deadline waits at most `bound` (Gloo's rendezvous reads each
+/// peer's address with the store's default timeout, 300 s: a member killed after READY and
+/// before it wrote its address would hold the survivors' connect that long).
+class bounded_store final : public gloo::store {
+ public:
+  bounded_store(std::shared_ptr<gloo::store> inner, std::chrono::milliseconds bound)
+      : inner_(std::move(inner)) {
+    set_timeout(bound);
+  }
+  void set(const std::string& key, const std::vector<char>& value) override {
+    inner_->set(key, value);
+  }
+  bool try_set(const std::string& key, const std::vector<char>& value) override {
+    return inner_->try_set(key, value);
+  }
+  std::vector<char> try_get(const std::string& key, bool& found) override {
+    return inner_->try_get(key, found);
+  }
+  std::string name() const override { return inner_->name(); }
+
+ private:
+  std::shared_ptr<gloo::store> inner_;
+};
 
 inline std::uint64_t mix(std::uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -615,9 +645,9 @@ class link : public blocking_calls<link> {
     check("all_reduce", n, t, in, out);
     if (n == 0) return;
     const auto bytes = static_cast<std::size_t>(n) * size_of(t);
-    const auto M = round_.members.size();
-    std::vector<std::byte> all(bytes * M);
+    std::vector<std::byte> all(bytes * round_.members.size());
     gather_members(in, all.data(), bytes, n, t);
+    const auto M = round_.members.size();  // after the gather: a retry may have dropped members
     if (o_.reject_nonfinite || o_.clip_ratio > 0) {
       try {
         screen(all.data(), bytes, n, t);
@@ -1017,19 +1047,29 @@ class link : public blocking_calls<link> {
         ctx_.reset();
         return;
       }
+      // Connecting alone needs no agreement of its own: connect() has one.
+      const bool agreed_op = std::string_view(what) != "connect";
+      const auto base =
+          key(detail::concat("r", round_.round, "/op", k, "/l", local_, "/a", attempt));
+      const auto wait = o_.transport.timeout + o_.join_timeout;
+      const auto failed = [&](const std::exception& e) {
+        if (agreed_op) (void)agree(base, false, wait);
+        regroup(what, k, attempt, e.what());
+      };
       try {
         try {
           if (!ctx_) connect();
           counted(*ctx_, f);
-          return;
+          if (!agreed_op || agree(base, true, wait)) return;
+          regroup(what, k, attempt, "it failed on another member");
         } catch (const gloo::store_error&) {
           throw;
         } catch (const peer_failure& e) {
-          regroup(what, k, attempt, e.what());
+          failed(e);
         } catch (const timeout_error& e) {
-          regroup(what, k, attempt, e.what());
+          failed(e);
         } catch (const backend_error& e) {
-          regroup(what, k, attempt, e.what());
+          failed(e);
         }
       } catch (const gloo::store_error& e) {
         store_failed(e);
@@ -1041,7 +1081,69 @@ class link : public blocking_calls<link> {
   /// CONNECT of the file comment: every member's rank of this link says it is ready; when
   /// all are, the context connects within connect_timeout. A member that is dead before it
   /// is ready fails the connect at once (peer_failure), one that is late at join_timeout.
+  /// Then the members agree whether the context is whole (agree): a connect that failed on
+  /// one member fails on all, so the survivors REGROUP at the same op.
   void connect() {
+    try {
+      await_ready();
+      gloo::options t = o_.transport;
+      t.connect_timeout = o_.connect_timeout;
+      phase("ready", round_.round);
+      ctx_.emplace(
+          std::make_shared<detail::bounded_store>(st_, gloo::detail::to_ms(o_.connect_timeout)),
+          prefix_, index_in(round_.members, group_), static_cast<int>(round_.members.size()), t);
+    } catch (const gloo::store_error&) {
+      throw;
+    } catch (const fedshard::error&) {
+      ctx_.reset();
+      (void)agree(prefix_, false, o_.join_timeout + o_.connect_timeout);
+      throw;
+    }
+    if (!agree(prefix_, true, o_.join_timeout + o_.connect_timeout)) {
+      ctx_.reset();
+      throw peer_failure(detail::concat("fedshard: elastic::link: a member of round ", round_.round,
+                                        " could not connect ('", prefix_, "')"));
+    }
+  }
+
+  /// The members' agreement on a call's outcome (a connect, or an op: a Gloo call can
+  /// complete on one member and fail on another when a third dies in it): this rank writes
+  /// `<base>/done/<g>` or `<base>/failed/<g>`, and the first rank to know the outcome
+  /// writes `<base>/verdict` (create-if-absent): "ok" once every member is done, "failed"
+  /// once one failed, or is dead without being done (read again after its death: a key it
+  /// wrote before dying counts), or `wait` passed. True for "ok".
+  bool agree(const std::string& base, bool ok, std::chrono::duration<double> wait) {
+    const auto vkey = base + "/verdict";
+    const auto said = [&](int g, const char* what) {
+      return base + "/" + what + "/" + std::to_string(g);
+    };
+    st_->set(said(group_, ok ? "done" : "failed"), gloo::bytes_of("1"));
+    if (!ok) (void)st_->try_set(vkey, gloo::bytes_of("failed"));
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait);
+    auto nap = std::chrono::milliseconds(1);
+    for (;;) {
+      bool found = false;
+      const auto v = st_->try_get(vkey, found);
+      if (found) return std::string(v.begin(), v.end()) == "ok";
+      bool all = true, failed = false;
+      for (int g : round_.members) {
+        if (st_->has(said(g, "done"))) continue;
+        all = false;
+        failed = failed || st_->has(said(g, "failed")) ||
+                 (dead(g, token_in(decided_, g, 0)) && !st_->has(said(g, "done")));
+      }
+      if (all || failed || std::chrono::steady_clock::now() >= deadline) {
+        (void)st_->try_set(vkey, gloo::bytes_of(all ? "ok" : "failed"));
+        continue;
+      }
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::milliseconds(10));
+    }
+  }
+
+  /// CONNECT's ready barrier (see connect()).
+  void await_ready() {
     st_->set(prefix_ + "/ready/" + std::to_string(group_), gloo::bytes_of("1"));
     const auto deadline =
         std::chrono::steady_clock::now() +
@@ -1064,11 +1166,6 @@ class link : public blocking_calls<link> {
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, std::chrono::milliseconds(10));
     }
-    gloo::options t = o_.transport;
-    t.connect_timeout = o_.connect_timeout;
-    phase("ready", round_.round);
-    ctx_.emplace(st_, prefix_, index_in(round_.members, group_),
-                 static_cast<int>(round_.members.size()), t);
   }
 
   /// Runs f(c) and adds what c moved meanwhile to moved_, also when f throws (the bytes of a
@@ -1184,14 +1281,16 @@ class link : public blocking_calls<link> {
     judge(live, nf, d2);
   }
 
-  /// The value of key once it exists; after join_timeout, "" created in its place unless
-  /// it appeared meanwhile (create-if-absent: every reader takes whichever came first).
+  /// The value of key once it exists; after join_timeout, or once the round's lowest member
+  /// (every link's first writer) is dead, "" created in its place unless it appeared
+  /// meanwhile (create-if-absent: every reader takes whichever came first).
   std::string agreed(const std::string& k) {
     bool found = false;
+    const int first = decided_.members.empty() ? group_ : decided_.members.front();
     (void)gloo::detail::poll_until(
         [&] {
           (void)st_->try_get(k, found);
-          return found;
+          return found || (first != group_ && dead(first, token_in(decided_, first, 0)));
         },
         gloo::detail::to_ms(o_.join_timeout));
     return first_of(k, "");  // found: the value there; else "" created in its place

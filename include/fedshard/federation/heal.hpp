@@ -16,12 +16,13 @@
 /// joiner j's plan holds the two matching recv ops from the donor; every other rank's plan is
 /// empty. The ops run on demand in phase sync.
 ///
-/// heal() runs it: the donor fires its whole plan as one chain; a joiner runs its size op,
-/// checks the announced S against a bound before allocating anything (receive_heal: a whole
-/// number of bytes in [1, bound], else invalid_argument naming the donor, the bound and what
-/// was announced; the donor's blob send then fails at the transport's timeout), runs its blob
-/// op and hands the S bytes to the caller. The bound heal() gives is heal_bound of the
-/// joiner's own serialized state: the donor's state has the joiner's layout.
+/// heal() runs it: the donor runs its plan op by op (an op that fails leaves none of the
+/// rest pending in the interpreter, to start later on a broken or newer context); a joiner
+/// runs its size op, checks the announced S against a bound before allocating anything
+/// (receive_heal: a whole number of bytes in [1, bound], else invalid_argument naming the donor,
+/// the bound and what was announced; the donor's blob send then fails at the transport's timeout),
+/// runs its blob op and hands the S bytes to the caller. The bound heal() gives is heal_bound of
+/// the joiner's own serialized state: the donor's state has the joiner's layout.
 ///
 /// So a heal of S bytes shows on the donor's federation axis as two calls per joiner, of
 /// 8 and padded_state_bytes(S) bytes; a joiner sends nothing.
@@ -149,7 +150,7 @@ inline plan heal_plan(const heal_round& r, std::int64_t state_bytes) {
 }
 
 /// The donor's side: sends `state` to every joiner of r through the interpreter (heal_plan,
-/// fired as one chain; the host waits for it).
+/// op by op; the first that fails throws, and the rest never run).
 template <Communicator C, space::MemorySpace S>
 void send_heal(interpreter<C, S>& in, const heal_round& r, std::string state) {
   static_assert(S::host_accessible,
@@ -166,7 +167,7 @@ void send_heal(interpreter<C, S>& in, const heal_round& r, std::string state) {
     if (o.role == role::state_size) return {&announced, 1, dtype::f64};
     return {state.data(), words, dtype::f64};
   };
-  in.wait(in.fire(p, trigger_point{.trigger = trigger::on_demand, .phase = phase::sync}, bind));
+  for (const comm_op& op : p.ops) in.run(op, bind);
 }
 
 /// A joiner's side: receives the donor's state through the interpreter (its size, checked to
