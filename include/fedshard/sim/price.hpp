@@ -203,6 +203,7 @@ inline bool at_sync_start(const comm_op& op) {
   return op.trigger == trigger::sync_prepare || op.trigger == trigger::sync_exchange;
 }
 
+/// True for shard::sparse<Base> (SCAPE), whose steps run different plans by its settings.
 template <class P>
 inline constexpr bool is_sparse_policy_v = false;
 template <class B>
