@@ -89,49 +89,6 @@ struct result {
   std::vector<curve_point> curve;
 };
 
-/// The --help text of the demo's options (fedshard-demo, fedshard-sim --predict-demo).
-inline std::string usage_text(std::string_view program = "fedshard-demo") {
-  return std::string("usage: ") + std::string(program) +
-         " [--corpus PATH] [--steps N] [--batch N] [--hidden N]\n"
-         "       [--experts X] [--expert-hidden F] [--expert-copies C]\n"
-         "       [--ranks N] [--groups G] [--group-shapes RxS,RxS,...]\n"
-         "       [--slow-site S] [--slow-factor F]\n"
-         "       [--eval-every N] [--eval-examples N]\n"
-         "       [--bandwidth-gbit G] [--latency-ms MS] [--lr LR] [--seed S] [--out DIR]\n"
-         "       [--k K] [--h H] [--fragments P] [--delay T]\n"
-         "       [--scape-density D] [--scape-refresh P] [--scape-dense-steps N]\n"
-         "       [--scape-dense-every N] [--scape-per-tensor 0|1] [--scape-dense-below N]\n"
-         "       [--algorithms ddp,fsdp,hsdp,fl_fsdp,fl_hsdp,diloco,sparseloco,fl_hsdp_int8]\n"
-         "  algorithms: ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco,\n"
-         "  streaming_diloco, sparseloco, gasloc, scape, fomoe (needs --experts: expert e on\n"
-         "  the --expert-copies groups e, e + 1, ... mod G, averaged over them only;\n"
-         "  default copies G - 1, at least 1);\n"
-         "  --k: steps between syncs of fl_fsdp, fl_hsdp, fl_hsdp_int8, sparseloco and fomoe\n"
-         "  (default 8); --h: inner steps of diloco, streaming_diloco and gasloc (default 16);\n"
-         "  --fragments, --delay: streaming's fragments (default 2) and overlap in steps\n"
-         "  (default 1)\n"
-         "  scape: SCAPE inside each group of fl_fsdp (shard::sparse<full_shard>, same mesh\n"
-         "  and K): --scape-density (default 0.05), --scape-refresh (steps between masks,\n"
-         "  default 1), --scape-dense-steps (dense steps before the first mask, default 1),\n"
-         "  --scape-dense-every (every N-th step dense, default 0: none), --scape-per-tensor\n"
-         "  (1: each tensor's part of a shard gets its own top fraction, default 1),\n"
-         "  --scape-dense-below (tensors of fewer elements always in the mask, default 2048:\n"
-         "  the embedding table and the biases; 0: none)\n"
-         "  --experts X: a mixture-of-experts layer of X experts, top-1 routing (default 0:\n"
-         "  none); --expert-hidden F: each expert's width (default: --hidden)\n"
-         "  --ranks N: in-process ranks (default 8); --groups G: groups of the federated\n"
-         "  algorithms, one emulated site each (default 2); every row runs on these G sites\n"
-         "  --group-shapes 2x2,1x2: the federated rows' groups of different sizes (replicas x\n"
-         "  shards each, one site each; sets --ranks and --groups); rows whose policy cannot\n"
-         "  sync such groups are skipped\n"
-         "  --slow-site S: site S's link is --slow-factor times slower (default 10; bandwidth\n"
-         "  / F, latency x F); a pair of sites talks at the slower of its two links\n"
-         "  --hidden and --expert-hidden at most 4096, --ranks at most 256, --batch at most\n"
-         "  4096, --eval-examples at most 65536. A bad value (out of its range, not a number,\n"
-         "  an unknown option or algorithm) is refused with a message and exit status 2\n"
-         "  before anything runs.\n";
-}
-
 /// Groups holding each expert in the fomoe row: --expert-copies, by default G - 1 (at least
 /// 1). On the 4-site demo, one copy per expert (each expert trained by one group only, never
 /// averaged) costs 17% in eval perplexity against fl_hsdp, 2 copies 8%, 3 copies 2% (README).
@@ -291,17 +248,22 @@ enum class mesh_kind {
 /// optimizers), or K or H whatever its policies.
 enum class cadence { by_policy, k, h };
 
-/// One row the demo can run: an alias of fedshard::for_each_algorithm, the mesh it runs on,
-/// when it syncs, and whether it needs the model's experts (--experts).
+/// How an alias of fedshard::for_each_algorithm runs in the demo: the mesh, when it syncs,
+/// whether it places the model's experts (--experts: a holder_average row gets its holder
+/// sets from charlm::model::ownership), and settings that differ from the alias's defaults.
 struct row_spec {
   std::string_view name;
   mesh_kind mesh = mesh_kind::federated_hybrid;
   cadence every = cadence::by_policy;
   bool needs_experts = false;
+  /// The outer step's momentum γ, for a row whose federation settings have one (0: the
+  /// policy's default).
+  float outer_momentum = 0.0f;
 };
 
-/// The demo's rows: adding a row is one line here (and its alias in for_each_algorithm). An
-/// alias not listed runs as {name, federated_hybrid, by_policy}.
+/// The demo's rows, keyed by alias: every alias of fedshard::for_each_algorithm is a row the
+/// demo can run; one not listed here runs as {name, federated_hybrid, by_policy}. A row that
+/// needs a mesh or settings of its own says so here, not in the code that trains it.
 inline const std::vector<row_spec>& rows() {
   static const std::vector<row_spec> r{
       {.name = "ddp", .mesh = mesh_kind::replicas},
@@ -314,9 +276,16 @@ inline const std::vector<row_spec>& rows() {
       {.name = "diloco"},
       {.name = "streaming_diloco"},
       {.name = "sparseloco"},
+      // Gossip: one random peer per round (degree 1, α = 1/2: each pair averages its stepped
+      // models) and outer momentum γ = 0.5, not DiLoCo's 0.9: each group's momentum is its
+      // own, and on the 4-site demo γ = 0.9 left the groups' models apart (eval ppl 12.2
+      // against 10.8 with γ = 0.5 and DiLoCo's 10.4; README's demo section).
+      {.name = "gasloc", .every = cadence::h, .outer_momentum = 0.5f},
+      // Expert e on groups e, e + 1, ... mod G (expert_copies; dense units everywhere).
       {.name = "fomoe", .every = cadence::k, .needs_experts = true},
-      {.name = "gasloc", .every = cadence::h},
-      {.name = "scape", .mesh = mesh_kind::federated_shards, .every = cadence::k},
+      {.name = "scape_fsdp", .mesh = mesh_kind::shards},
+      // SCAPE inside each group of fl_fsdp: its mesh and K (sparse_options).
+      {.name = "fl_scape_fsdp", .mesh = mesh_kind::federated_shards, .every = cadence::k},
   };
   return r;
 }
@@ -347,42 +316,192 @@ inline fedshard::mesh_shape mesh_of(const std::string& algorithm) {
   return mesh_of(algorithm, settings{});
 }
 
-/// The demo's settings for algorithm A: K for periodic averaging, H (and the streaming
-/// settings) for the outer optimizers; a row's cadence (rows()) overrides the rule.
+/// Whether the row `name` of algorithm A syncs every K or every H (cadence::k or cadence::h):
+/// its row's cadence, else K for periodic averaging and H for the outer optimizers, except
+/// sparseloco, which syncs every K like the averaging it compresses (so its bytes compare
+/// with fl_hsdp's at the same cadence); by_policy for a schedule without a period.
+template <class A>
+cadence cadence_of(std::string_view name) {
+  using schedule = typename A::sync_schedule;
+  using federation = typename A::federation_policy;
+  if constexpr (std::is_same_v<schedule, fedshard::schedule::streaming>) {
+    return cadence::h;
+  } else if constexpr (std::is_same_v<schedule, fedshard::schedule::periodic>) {
+    constexpr bool outer =
+        !std::is_same_v<federation, fedshard::federation::average> &&
+        std::is_same_v<fedshard::federation::sync_codec_t<federation>, fedshard::codec::identity>;
+    const cadence every = row_of(name).every;
+    return every != cadence::by_policy ? every : outer ? cadence::h : cadence::k;
+  } else {
+    return cadence::by_policy;
+  }
+}
+
+/// SCAPE's settings from the --scape-* flags (shard::sparse: --scape-density,
+/// --scape-refresh, --scape-dense-steps, --scape-dense-every, --scape-per-tensor,
+/// --scape-dense-below). By default each tensor's part of a shard gets its own top 5% and the
+/// tensors of fewer than 2048 elements (the embedding table, 86 x 16 on the default corpus,
+/// and the biases) are always masked: one top-k over a whole shard starved them (ppl 14.3
+/// against 11.8, fl_fsdp 9.8).
+inline fedshard::shard::sparse_settings sparse_options(const settings& s) {
+  return {.density = s.scape_density,
+          .refresh_period = s.scape_refresh,
+          .dense_steps = s.scape_dense_steps,
+          .dense_every = s.scape_dense_every,
+          .per_tensor = s.scape_per_tensor,
+          .dense_below = s.scape_dense_below};
+}
+
+/// The demo's settings for the row `name` of algorithm A: K or H (and the streaming settings)
+/// by cadence_of, SCAPE's settings for a shard::sparse policy (sparse_options), and the
+/// row's own settings (row_spec).
 template <class A>
 fedshard::trainer_options<A> options_of(const settings& s, std::string_view name = {}) {
   using schedule = typename A::sync_schedule;
-  // Outer optimizers sync every H steps, except sparseloco: it syncs every K, like the
-  // averaging it compresses, so its bytes compare with fl_hsdp's at the same cadence.
-  using federation = typename A::federation_policy;
-  constexpr bool outer =
-      !std::is_same_v<federation, fedshard::federation::average> &&
-      std::is_same_v<fedshard::federation::sync_codec_t<federation>, fedshard::codec::identity>;
   fedshard::trainer_options<A> o;
-  const cadence every = row_of(name).every;
-  const bool use_h = every == cadence::by_policy ? outer : every == cadence::h;
   if constexpr (std::is_same_v<schedule, fedshard::schedule::periodic>)
-    o.schedule = {.period = use_h ? s.h : s.k};
+    o.schedule = {.period = cadence_of<A>(name) == cadence::h ? s.h : s.k};
   if constexpr (std::is_same_v<schedule, fedshard::schedule::streaming>)
     o.schedule = {.period = s.h, .fragments = s.fragments, .delay = s.delay, .alpha = 1.0f};
+  if constexpr (std::is_same_v<decltype(o.shard), fedshard::shard::sparse_settings>)
+    o.shard = sparse_options(s);
+  const row_spec row = row_of(name);
+  if (row.outer_momentum > 0.0f) {
+    if constexpr (requires { o.federation.momentum; })
+      o.federation.momentum = row.outer_momentum;
+    else
+      throw fedshard::invalid_argument(fedshard::detail::concat(
+          "fedshard: demo: the row ", name, " sets an outer momentum, but its federation policy ",
+          A::federation_policy::name, " has none"));
+  }
   return o;
 }
 
-/// The scape row's settings: fl_fsdp's (same mesh, sync every K) with SCAPE inside each group
-/// (shard::sparse<full_shard>: --scape-density, --scape-refresh, --scape-dense-steps,
-/// --scape-dense-every, --scape-per-tensor, --scape-dense-below). By default each tensor's
-/// part of a shard gets its own top 5% and the tensors of fewer than 2048 elements (the
-/// embedding table, 86 x 16 on the default corpus, and the biases) are always masked: one
-/// top-k over a whole shard starved them (ppl 14.3 against 11.8, fl_fsdp 9.8).
-inline fedshard::trainer_options<fedshard::fl_scape_fsdp> scape_options(const settings& s) {
-  auto o = options_of<fedshard::fl_scape_fsdp>(s, "scape");
-  o.shard = {.density = s.scape_density,
-             .refresh_period = s.scape_refresh,
-             .dense_steps = s.scape_dense_steps,
-             .dense_every = s.scape_dense_every,
-             .per_tensor = s.scape_per_tensor,
-             .dense_below = s.scape_dense_below};
+/// options_of, and for a row that places the model's experts (row_spec::needs_experts) under
+/// holder_average, the groups that hold each unit (charlm::model::ownership: dense units
+/// everywhere, expert e on expert_copies groups e, e + 1, ... mod G).
+template <class A>
+fedshard::trainer_options<A> row_options(const settings& s, std::string_view name,
+                                         const charlm::corpus& data) {
+  auto o = options_of<A>(s, name);
+  if constexpr (std::is_same_v<typename A::federation_policy, fedshard::federation::holder_average>)
+    if (row_of(name).needs_experts)
+      o.federation.owners =
+          charlm::model(dims_of(s, data), s.seed).ownership(s.groups, expert_copies(s));
   return o;
+}
+
+/// items (", "-separated) wrapped at 90 columns, the first line starting at `column`,
+/// continuation lines indented by 2.
+inline std::string listed(const std::string& items, std::size_t column) {
+  std::string out;
+  std::size_t at = 0;
+  while (at < items.size()) {
+    std::size_t next = items.find(", ", at);
+    next = next == std::string::npos ? items.size() : next + 2;
+    std::string word = items.substr(at, next - at);
+    if (column + word.size() > 90 + (next < items.size() ? 1 : 0) && !out.empty()) {
+      while (!out.empty() && out.back() == ' ') out.pop_back();
+      out += "\n  ";
+      column = 2;
+    }
+    out += word;
+    column += word.size();
+    at = next;
+  }
+  return out;
+}
+
+/// The catalogue's aliases whose row satisfies `pred`, ", "-separated.
+template <class Pred>
+std::string row_names(Pred pred) {
+  std::string out;
+  fedshard::for_each_algorithm([&]<class A>(std::string_view alias) {
+    if (pred(row_of(alias))) out += (out.empty() ? "" : ", ") + std::string(alias);
+  });
+  return out;
+}
+
+/// The catalogue's aliases the demo syncs every K (cadence::k) or every H (cadence::h).
+inline std::string synced_every(cadence every) {
+  std::string out;
+  fedshard::for_each_algorithm([&]<class A>(std::string_view alias) {
+    if (A::federation_policy::syncs && cadence_of<A>(alias) == every)
+      out += (out.empty() ? "" : ", ") + std::string(alias);
+  });
+  return out;
+}
+
+/// The catalogue's aliases whose shard policy runs SCAPE (its settings are shard::sparse's).
+inline std::string sparse_rows() {
+  std::string out;
+  fedshard::for_each_algorithm([&]<class A>(std::string_view alias) {
+    if (std::is_same_v<fedshard::shard::settings_of_t<typename A::shard_policy>,
+                       fedshard::shard::sparse_settings>)
+      out += (out.empty() ? "" : ", ") + std::string(alias);
+  });
+  return out;
+}
+
+/// The rows the demo runs unless --algorithms says otherwise, comma-separated.
+inline std::string default_algorithms() {
+  std::string out;
+  for (const auto& a : settings{}.algorithms) out += (out.empty() ? "" : ",") + a;
+  return out;
+}
+
+/// The --help text of the demo's options (fedshard-demo, fedshard-sim --predict-demo).
+inline std::string usage_text(std::string_view program = "fedshard-demo") {
+  return std::string("usage: ") + std::string(program) +
+         " [--corpus PATH] [--steps N] [--batch N] [--hidden N]\n"
+         "       [--experts X] [--expert-hidden F] [--expert-copies C]\n"
+         "       [--ranks N] [--groups G] [--group-shapes RxS,RxS,...]\n"
+         "       [--slow-site S] [--slow-factor F]\n"
+         "       [--eval-every N] [--eval-examples N]\n"
+         "       [--bandwidth-gbit G] [--latency-ms MS] [--lr LR] [--seed S] [--out DIR]\n"
+         "       [--k K] [--h H] [--fragments P] [--delay T]\n"
+         "       [--scape-density D] [--scape-refresh P] [--scape-dense-steps N]\n"
+         "       [--scape-dense-every N] [--scape-per-tensor 0|1] [--scape-dense-below N]\n"
+         "       [--algorithms " +
+         default_algorithms() +
+         "]\n"
+         "  algorithms (fedshard::for_each_algorithm): " +
+         listed(fedshard::algorithm_list(", "), 46) +
+         "\n"
+         "  rows that need --experts (expert e on the --expert-copies groups e, e + 1, ...\n"
+         "  mod G, averaged over them only; default copies G - 1, at least 1): " +
+         listed(row_names([](const row_spec& r) { return r.needs_experts; }), 70) +
+         "\n"
+         "  --k: steps between syncs of " +
+         listed(synced_every(cadence::k), 30) +
+         " (default 8)\n"
+         "  --h: inner steps of " +
+         listed(synced_every(cadence::h), 22) +
+         " (default 16)\n"
+         "  --fragments, --delay: streaming's fragments (default 2) and overlap in steps\n"
+         "  (default 1)\n"
+         "  SCAPE (shard::sparse) in the rows " +
+         listed(sparse_rows(), 36) +
+         ":\n"
+         "  --scape-density (default 0.05), --scape-refresh (steps between masks, default 1),\n"
+         "  --scape-dense-steps (dense steps before the first mask, default 1),\n"
+         "  --scape-dense-every (every N-th step dense, default 0: none), --scape-per-tensor\n"
+         "  (1: each tensor's part of a shard gets its own top fraction, default 1),\n"
+         "  --scape-dense-below (tensors of fewer elements always in the mask, default 2048:\n"
+         "  the embedding table and the biases; 0: none)\n"
+         "  --experts X: a mixture-of-experts layer of X experts, top-1 routing (default 0:\n"
+         "  none); --expert-hidden F: each expert's width (default: --hidden)\n"
+         "  --ranks N: in-process ranks (default 8); --groups G: groups of the federated\n"
+         "  algorithms, one emulated site each (default 2); every row runs on these G sites\n"
+         "  --group-shapes 2x2,1x2: the federated rows' groups of different sizes (replicas x\n"
+         "  shards each, one site each; sets --ranks and --groups); rows whose policy cannot\n"
+         "  sync such groups are skipped\n"
+         "  --slow-site S: site S's link is --slow-factor times slower (default 10; bandwidth\n"
+         "  / F, latency x F); a pair of sites talks at the slower of its two links\n"
+         "  --hidden and --expert-hidden at most 4096, --ranks at most 256, --batch at most\n"
+         "  4096, --eval-examples at most 65536. A bad value (out of its range, not a number,\n"
+         "  an unknown option or algorithm) is refused with a message and exit status 2\n"
+         "  before anything runs.\n";
 }
 
 /// Upper limits of the demo's settings (larger values are refused): a charlm of width 4096
@@ -395,26 +514,14 @@ inline constexpr int max_eval_examples = 65536;
 inline constexpr int max_experts = 64;
 inline constexpr int max_steps = 10'000'000;
 
-/// True when `name` is a row the demo can train: an alias of fedshard::for_each_algorithm or
-/// one of rows().
+/// True when `name` is a row the demo can train: an alias of fedshard::for_each_algorithm.
 inline bool known_algorithm(std::string_view name) {
-  bool known =
-      std::any_of(rows().begin(), rows().end(), [&](const row_spec& r) { return r.name == name; });
-  fedshard::for_each_algorithm([&]<class A>(std::string_view alias) { known |= alias == name; });
-  return known;
+  return fedshard::is_algorithm_name(name);
 }
 
-/// Every row name known_algorithm accepts, comma-separated.
+/// Every row name known_algorithm accepts, comma-separated (the catalogue's order).
 inline std::string known_algorithms() {
-  std::vector<std::string> names;
-  auto add = [&](std::string_view n) {
-    if (std::find(names.begin(), names.end(), n) == names.end()) names.emplace_back(n);
-  };
-  for (const auto& r : rows()) add(r.name);
-  fedshard::for_each_algorithm([&]<class A>(std::string_view alias) { add(alias); });
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ",") + n;
-  return out;
+  return fedshard::algorithm_list(",");
 }
 
 /// Declares the demo's options on p, writing into s.
@@ -510,35 +617,14 @@ inline settings parse(int argc, char** argv, int first = 1,
 }
 
 /// Trains the alias `name` of fedshard::for_each_algorithm on its demo mesh with its demo
-/// settings; nullopt for a name that is not an alias.
+/// settings (row_options); nullopt for a name that is not an alias.
 inline std::optional<result> train_named(const std::string& name, const settings& s,
                                          const charlm::corpus& data) {
   if (row_of(name).needs_experts && s.experts == 0)
     cli::fail("the row " + name + " needs the model's experts (--experts X)");
-  // The rows whose aliases are not in for_each_algorithm's list: fomoe places expert e on
-  // groups e, e + 1, ... mod G (charlm::model::ownership; dense units everywhere), gasloc
-  // gossips with one random peer per round, scape is fl_fsdp with SCAPE inside each group
-  // (scape_options).
-  if (name == "fomoe") {
-    auto o = options_of<fedshard::fomoe>(s, name);
-    o.federation.owners =
-        charlm::model(dims_of(s, data), s.seed).ownership(s.groups, expert_copies(s));
-    return train<fedshard::fomoe>(name, mesh_of(name, s), s, data, o);
-  }
-  if (name == "scape")
-    return train<fedshard::fl_scape_fsdp>(name, mesh_of(name, s), s, data, scape_options(s));
-  if (name == "gasloc") {
-    // One random peer per round (degree 1, α = 1/2: each pair averages its stepped models)
-    // and outer momentum γ = 0.5, not DiLoCo's 0.9: each group's momentum is its own, and on
-    // the 4-site demo γ = 0.9 left the groups' models apart (eval ppl 12.2 against 10.8 with
-    // γ = 0.5 and DiLoCo's 10.4; README's demo section).
-    auto o = options_of<fedshard::gasloc<>>(s, name);
-    o.federation.momentum = 0.5f;
-    return train<fedshard::gasloc<>>(name, mesh_of(name, s), s, data, o);
-  }
   std::optional<result> r;
   fedshard::for_each_algorithm([&]<class A>(std::string_view alias) {
-    if (alias == name) r = train<A>(name, mesh_of(name, s), s, data, options_of<A>(s, name));
+    if (alias == name) r = train<A>(name, mesh_of(name, s), s, data, row_options<A>(s, name, data));
   });
   return r;
 }

@@ -5,8 +5,9 @@
 // axis, and the bytes per axis. Every alias of fedshard::for_each_algorithm is priced from
 // its name with run-time settings (K, fragments, delay, alpha). --sweep writes a CSV over K,
 // groups and inter-group bandwidth (plot it with plot_sweep.py); --paper reproduces the
-// 512-GPU setting of the FL+FSDP paper. scape_fsdp and fl_scape_fsdp (shard::sparse, whose
-// settings are not for_each_algorithm's) are priced over a run by sim::price_sparse.
+// 512-GPU setting of the FL+FSDP paper. An alias whose steps run different plans by its
+// settings (shard::sparse: scape_fsdp, fl_scape_fsdp) is priced over a run of its step kinds
+// (sim::price_named takes that path from the catalogue entry's type), beside its dense alias.
 //
 // Options are parsed strictly (common/cli.hpp) and the cluster they make is checked
 // (sim::cluster::check): a bad value exits 2 with one line on stderr before anything is
@@ -14,6 +15,7 @@
 #include <fedshard/sim/calibrate.hpp>
 #include <fedshard/sim/hetero.hpp>
 #include <fedshard/sim/price.hpp>
+#include <fedshard/sim/run.hpp>
 #include <fedshard/sim/sparse.hpp>
 
 #include "common/cli.hpp"
@@ -63,11 +65,14 @@ std::string wrapped(const std::vector<std::string>& items, std::size_t first_col
 
 /// The --help text, with the algorithms of fedshard::for_each_algorithm and their defaults.
 std::string usage() {
-  std::vector<std::string> names, hybrid, periods;
+  std::vector<std::string> names, hybrid, periods, varying;
   for (const auto& n : algorithm_names()) {
     const algorithm_desc a = algorithm_by_name(n);
     names.push_back(n);
     if (a.shard_policy() == shard::hybrid_shard::name) hybrid.push_back(n);
+    if (a.steps_vary())
+      varying.push_back(
+          n + (dense_counterpart(n).empty() ? "" : " (beside " + dense_counterpart(n) + ")"));
     if (a.syncs()) {
       char k[64];
       std::snprintf(k, sizeof k, "%s %g", n.c_str(), a.cadence().period());
@@ -105,10 +110,11 @@ Where
 How
   --algo NAME           the algorithm (default fsdp), one of
                         )" +
-         wrapped(names, 24) + R"(,
-                        or scape_fsdp, fl_scape_fsdp (SCAPE: shard::sparse around full_shard,
-                        priced over --scape-steps steps of dense, masked and mask-exchange
-                        steps, side by side with fsdp, fl_fsdp for fl_scape_fsdp)
+         wrapped(names, 24) + R"(
+                        SCAPE (shard::sparse) runs dense, masked and mask-exchange steps: its
+                        aliases are priced over --scape-steps steps, beside their dense alias:
+                        )" +
+         wrapped(varying, 24) + R"(
   --scape-density D     SCAPE: fraction of each shard in the mask, in (0, 1] (default 0.1)
   --scape-refresh N     SCAPE: steps between two mask refreshes (default 1)
   --scape-dense-steps N SCAPE: dense steps before the first mask (default 1)
@@ -803,7 +809,12 @@ void sweep(const options& o) {
   // Unknown names and settings an algorithm has no use for are refused before anything runs;
   // a K its schedule refuses (streaming: fewer steps than fragments) only skips that K.
   std::vector<algorithm_desc> descs;
-  for (const auto& algo : algos) descs.push_back(described(o, algo, settings_of(o, {})));
+  for (const auto& algo : algos) {
+    descs.push_back(described(o, algo, settings_of(o, {})));
+    if (descs.back().steps_vary())
+      fail("--sweep prices one step per row, but " + algo +
+           " runs different plans on different steps (price it without --sweep)");
+  }
   const algorithm_desc fsdp = algorithm_by_name("fsdp", plain_settings(o, {}));
   std::vector<int> groups = o.sweep_groups;
   if (groups.empty())
@@ -970,19 +981,9 @@ void price_group_shapes(const options& o) {
   }
 }
 
-/// A's run of shard::sparse priced (sim::price_sparse) beside `base` (its dense alias).
-template <Algorithm A>
-void print_scape(options o, const std::string& name, const std::string& base) {
-  algorithm_options<A> ao = options_for<A>(name, plain_settings(o, o.k));
-  const algorithm_desc b = algorithm_by_name(base, plain_settings(o, o.k));
-  const mesh_shape shape = o.mesh ? *o.mesh : mesh_for(b, o.gpus, o.groups, o.hsdp);
-  if (shape.size() != o.gpus) o.gpus = shape.size();
-  o.scape.check();  // invalid_argument naming the bad setting
-  (void)placement(shape, o.where);
-  print_setting(o, o.where);
-  const step_price d = run(o, b, shape, o.where);
-  const sparse_run_price p =
-      price_sparse<A>(name, ao, o.scape, o.work, shape, o.where, o.scape_steps, o.pricing);
+/// The step kinds of a priced run of `name` (shard::sparse) on `shape`, one line each.
+void print_kinds(const options& o, const std::string& name, const mesh_shape& shape,
+                 const sparse_run_price& p) {
   std::size_t k = 0;
   for (std::size_t x : p.masked) k += x;
   std::printf(
@@ -1006,25 +1007,39 @@ void print_scape(options o, const std::string& name, const std::string& base) {
   }
   std::printf("  mask exchange        %10.4f GB per refresh (%lld in the run)\n",
               p.mask_wire_bytes / 1e9, static_cast<long long>(p.mask_exchanges));
+}
+
+/// A run of alias a, whose steps vary (shard::sparse), priced over its step kinds
+/// (sim::price_named) beside its dense alias (sim::dense_counterpart) on the same mesh.
+void print_run(options o, const algorithm_desc& a) {
+  const std::string& name = a.name();
+  const std::string base = dense_counterpart(name);
+  const mesh_shape shape = o.mesh ? *o.mesh : mesh_for(a, o.gpus, o.groups, o.hsdp);
+  if (shape.size() != o.gpus) o.gpus = shape.size();
+  o.scape.check();  // invalid_argument naming the bad setting
+  (void)placement(shape, o.where);
+  run_settings rs{.algorithm = settings_of(o, o.k), .sparse = o.scape, .steps = o.scape_steps};
+  rs.algorithm.sync_dtype = o.sync_dtype;
+  const run_price r = price_named(name, rs, o.work, shape, o.where, o.pricing);
+  FEDSHARD_EXPECTS(r.over_run.has_value(), "fedshard-sim: ", name, " was priced as one step");
+  print_setting(o, o.where);
+  print_kinds(o, name, shape, *r.over_run);
   std::printf("\n  %-16s %12s %14s %16s %10s\n", "", "step s", "tokens/s/GPU", "shard GB/step",
               "speed-up");
-  std::printf("  %-16s %12.4f %14.1f %16.4f %10s\n", base.c_str(), d.step, d.tokens_per_s_per_gpu,
-              d[axis::shard].bytes_per_step / 1e9, "1.00x");
-  char speed[32];
-  std::snprintf(speed, sizeof speed, "%.2fx", d.step / p.step());
-  std::printf("  %-16s %12.4f %14.1f %16.4f %10s\n", name.c_str(), p.step(),
-              p.tokens_per_s_per_gpu(), p.bytes_per_step(axis::shard) / 1e9, speed);
+  std::optional<step_price> d;
+  if (!base.empty()) {
+    d = run(o, algorithm_by_name(base, plain_settings(o, o.k)), shape, o.where);
+    std::printf("  %-16s %12.4f %14.1f %16.4f %10s\n", base.c_str(), d->step,
+                d->tokens_per_s_per_gpu, (*d)[axis::shard].bytes_per_step / 1e9, "1.00x");
+  }
+  char speed[32] = "";
+  if (d) std::snprintf(speed, sizeof speed, "%.2fx", d->step / r.step);
+  std::printf("  %-16s %12.4f %14.1f %16.4f %10s\n", name.c_str(), r.step, r.tokens_per_s_per_gpu,
+              r.bytes(axis::shard) / 1e9, speed);
   std::printf(
       "  mean over the run; bytes this GPU sends (syncs amortised). Not modelled: the mask's "
       "top-k\n  and the pack/unpack loops (host memory only), the full parameter copy each "
       "rank keeps\n");
-}
-
-void price_scape(const options& o) {
-  if (o.algo == "scape_fsdp")
-    print_scape<scape_fsdp>(o, "scape_fsdp", "fsdp");
-  else
-    print_scape<fl_scape_fsdp>(o, "fl_scape_fsdp", "fl_fsdp");
 }
 
 /// fedshard-sim's modes, after their settings are checked.
@@ -1045,11 +1060,11 @@ int run_sim(int argc, char** argv) {
     price_group_shapes(o);
     return 0;
   }
-  if (o.algo == "scape_fsdp" || o.algo == "fl_scape_fsdp") {
-    price_scape(o);
+  const algorithm_desc a = described(o, o.algo, settings_of(o, o.k));
+  if (a.steps_vary()) {
+    print_run(o, a);
     return 0;
   }
-  const algorithm_desc a = described(o, o.algo, settings_of(o, o.k));
   const mesh_shape shape = o.mesh ? *o.mesh : mesh_for(a, o.gpus, o.groups, o.hsdp);
   if (shape.size() != o.gpus) o.gpus = shape.size();
   (void)placement(shape, o.where);  // the mesh on the cluster (sites), before any output

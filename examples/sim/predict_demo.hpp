@@ -64,6 +64,20 @@ struct entry {
   std::function<alone_timing(int n)> time_alone;
 };
 
+/// Appends the row `name` of algorithm A, described with the demo's options for it.
+template <class A>
+void add(std::vector<entry>& out, const demo::settings& s, const charlm::corpus& data,
+         const std::string& name) {
+  const fedshard::trainer_options<A> o = demo::options_of<A>(s, name);
+  sim::algorithm_options<A> ao;
+  ao.federation = o.federation;
+  ao.schedule = o.schedule;
+  ao.inner_state_buffers = 2;  // AdamW
+  out.push_back(
+      {name, demo::mesh_of(name), sim::describe<A>(name, ao), o.precision,
+       [&s, &data](int n) { return time_local_steps<typename A::shard_policy>(s, data, n); }});
+}
+
 inline std::vector<entry> entries(const demo::settings& s, const charlm::corpus& data) {
   std::vector<entry> out;
   for (const auto& name : s.algorithms) {
@@ -71,20 +85,18 @@ inline std::vector<entry> entries(const demo::settings& s, const charlm::corpus&
     fedshard::for_each_algorithm([&]<class A>(std::string_view alias) {
       if (alias != name) return;
       known = true;
-      const fedshard::trainer_options<A> o = demo::options_of<A>(s);
-      sim::algorithm_options<A> ao;
-      ao.federation = o.federation;
-      ao.schedule = o.schedule;
-      ao.inner_state_buffers = 2;  // AdamW
-      out.push_back(
-          {name, demo::mesh_of(name), sim::describe<A>(name, ao), o.precision,
-           [&s, &data](int n) { return time_local_steps<typename A::shard_policy>(s, data, n); }});
+      if constexpr (sim::steps_vary_v<A>) {
+        cli::fail("--predict-demo --algorithms: " + name +
+                  " runs different plans on different steps, and the prediction prices one step "
+                  "plan per row (fedshard-sim --algo " +
+                  name + " prices a run of it)");
+      } else {
+        add<A>(out, s, data, name);
+      }
     });
     if (!known)
-      cli::fail(
-          "--predict-demo --algorithms: expected aliases of fedshard::for_each_algorithm, "
-          "found '" +
-          name + "'");
+      cli::fail("--predict-demo --algorithms: expected names from " + fedshard::algorithm_list() +
+                ", found '" + name + "'");
   }
   return out;
 }

@@ -281,6 +281,47 @@ TEST_CASE("fedshard-sim refuses bad input and non-physical settings with exit st
   CHECK(r.out.find("tokens/s per GPU") != std::string::npos);
 }
 
+TEST_CASE("fedshard-sim prices every alias the demo accepts by name, gasloc and fomoe included") {
+  const scratch s;
+  // One step priced: the step line "  step   <seconds> s = compute ..." after the alias's
+  // header line with its cadence (gasloc's H = 500, fomoe's K = 8 by default).
+  for (const auto& [algo, header] : std::vector<std::pair<std::string, std::string>>{
+           {"gasloc", "gasloc on mesh 2x2x2"}, {"fomoe", "fomoe on mesh 2x2x2"}}) {
+    CAPTURE(algo);
+    const outcome r =
+        process(FEDSHARD_SIM_EXE, {"--gpus", "8", "--groups", "2", "--hsdp", "2", "--algo", algo},
+                s.dir.string())
+            .finish(60);
+    CHECK_MESSAGE(r.code == 0, r.err);
+    CHECK(r.out.find(header) != std::string::npos);
+    CHECK(r.out.find(algo == "gasloc" ? "K = 500" : "K = 8") != std::string::npos);
+    const auto at = r.out.find("\n  step ");
+    REQUIRE(at != std::string::npos);
+    const double step = std::strtod(r.out.c_str() + at + 8, nullptr);
+    CHECK(step > 0);
+    CHECK(r.out.find(" s = compute ", at) != std::string::npos);
+  }
+  // SCAPE's aliases: a run of step kinds, priced beside the dense alias of the catalogue.
+  for (const auto& [algo, base] : std::vector<std::pair<std::string, std::string>>{
+           {"scape_fsdp", "fsdp"}, {"fl_scape_fsdp", "fl_fsdp"}}) {
+    CAPTURE(algo);
+    const outcome r =
+        process(FEDSHARD_SIM_EXE, {"--gpus", "8", "--algo", algo, "--scape-steps", "20"},
+                s.dir.string())
+            .finish(60);
+    CHECK_MESSAGE(r.code == 0, r.err);
+    CHECK(r.out.find("a run of 20 steps") != std::string::npos);
+    CHECK(r.out.find("\n  " + base + " ") != std::string::npos);
+    CHECK(r.out.find("\n  " + algo + " ") != std::string::npos);
+  }
+  // The unknown name's message lists the catalogue (and exits 2).
+  const outcome bad = process(FEDSHARD_SIM_EXE, {"--algo", "scape"}, s.dir.string()).finish(60);
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("unknown algorithm 'scape', expected one of ddp, zero2, fsdp, hsdp, "
+                     "fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco, sparseloco, "
+                     "gasloc, fomoe, scape_fsdp, fl_scape_fsdp") != std::string::npos);
+}
+
 #ifdef FEDSHARD_MULTI_JOB_EXE
 TEST_CASE("fedshard-multi-job refuses bad input with exit status 2 before starting anything") {
   const scratch s;

@@ -142,8 +142,8 @@ TEST_CASE("the demo's parser refuses the bad inputs of issue 28 and keeps its de
   const demo::settings d = demo_parse({});
   CHECK(d.steps == 480);
   CHECK(d.algorithms.size() == 8);
-  CHECK(demo_parse({"--steps", "16", "--scape-density", "1", "--algorithms", "ddp,scape"}).steps ==
-        16);
+  CHECK(demo_parse({"--steps", "16", "--scape-density", "1", "--algorithms", "ddp,fl_scape_fsdp"})
+            .steps == 16);
   const std::vector<std::pair<std::vector<std::string>, std::string>> bad{
       {{"--steps", "2.5"}, "--steps expects a whole number in [1, 10000000], found '2.5'"},
       {{"--steps", "1e10"}, "--steps expects a whole number in [1, 10000000], found '1e10'"},
@@ -151,7 +151,10 @@ TEST_CASE("the demo's parser refuses the bad inputs of issue 28 and keeps its de
       {{"--scape-density", "5"}, "--scape-density expects a finite number in (0, 1], found '5'"},
       {{"--algorithms", ""}, "--algorithms expects a value, found an empty argument"},
       {{"--algorithms", ","}, "--algorithms expects a comma-separated list"},
-      {{"--algorithms", "ddp,nosuch"}, "--algorithms expects names from ddp,"},
+      {{"--algorithms", "ddp,nosuch"},
+       "--algorithms expects names from ddp,zero2,fsdp,hsdp,fl_fsdp,fl_hsdp,fl_hsdp_int8,diloco,"
+       "streaming_diloco,sparseloco,gasloc,fomoe,scape_fsdp,fl_scape_fsdp, found 'nosuch'"},
+      {{"--algorithms", "scape"}, "--algorithms expects names from ddp,"},
       {{"--algorithms", "fomoe"}, "--algorithms fomoe needs the model's experts"},
       {{"--ranks", "6", "--groups", "4"}, "--ranks 6 do not split into --groups 4"},
       {{"--slow-site", "2"}, "--slow-site 2 is not one of the 2 sites"},

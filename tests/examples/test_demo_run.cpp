@@ -67,26 +67,61 @@ TEST_CASE("demo on 4 groups with a slow site and experts") {
   CHECK(demo::options_of<fedshard::fomoe>(s, "fomoe").schedule.period == s.k);
   CHECK(demo::options_of<fedshard::gasloc<>>(s, "gasloc").schedule.period == s.h);
   CHECK(!demo::row_of("gasloc").needs_experts);
-  // issue 17's row: scape runs SCAPE on fl_fsdp's mesh and cadence, at density 0.05
-  CHECK(demo::row_of("scape").mesh == demo::row_of("fl_fsdp").mesh);
-  CHECK(demo::scape_options(s).schedule.period == s.k);
-  CHECK(demo::scape_options(s).shard.density == 0.05);
-  CHECK(demo::scape_options(s).shard.refresh_period == 1);
+  CHECK(demo::options_of<fedshard::gasloc<>>(s, "gasloc").federation.momentum == 0.5f);
+  CHECK(demo::options_of<fedshard::diloco>(s, "diloco").federation.rule.momentum == 0.9f);
+  // issue 17's row: fl_scape_fsdp runs SCAPE on fl_fsdp's mesh and cadence, at density 0.05;
+  // scape_fsdp on fsdp's mesh
+  CHECK(demo::row_of("fl_scape_fsdp").mesh == demo::row_of("fl_fsdp").mesh);
+  CHECK(demo::row_of("scape_fsdp").mesh == demo::row_of("fsdp").mesh);
+  const auto scape = demo::options_of<fedshard::fl_scape_fsdp>(s, "fl_scape_fsdp");
+  CHECK(scape.schedule.period == s.k);
+  CHECK(scape.shard.density == 0.05);
+  CHECK(scape.shard.refresh_period == 1);
   // per-tensor quotas and the small tensors (embedding table, biases) dense by default
-  CHECK(demo::scape_options(s).shard.per_tensor);
-  CHECK(demo::scape_options(s).shard.dense_below == 2048);
+  CHECK(scape.shard.per_tensor);
+  CHECK(scape.shard.dense_below == 2048);
   const auto tuned =
       parse({"--scape-density", "0.1", "--scape-refresh", "4", "--scape-dense-steps", "3",
              "--scape-dense-every", "8", "--scape-per-tensor", "0", "--scape-dense-below", "100"});
-  CHECK(demo::scape_options(tuned).shard == fedshard::shard::sparse_settings{.density = 0.1,
-                                                                             .refresh_period = 4,
-                                                                             .dense_steps = 3,
-                                                                             .dense_every = 8,
-                                                                             .per_tensor = false,
-                                                                             .dense_below = 100});
+  const fedshard::shard::sparse_settings want{.density = 0.1,
+                                              .refresh_period = 4,
+                                              .dense_steps = 3,
+                                              .dense_every = 8,
+                                              .per_tensor = false,
+                                              .dense_below = 100};
+  CHECK(demo::options_of<fedshard::fl_scape_fsdp>(tuned, "fl_scape_fsdp").shard == want);
+  CHECK(demo::options_of<fedshard::scape_fsdp>(tuned, "scape_fsdp").shard == want);
   CHECK(demo::expert_copies(s) == 3);  // G - 1 by default
   CHECK(demo::expert_copies(parse({"--groups", "4", "--expert-copies", "1"})) == 1);
   CHECK(demo::expert_copies(parse({})) == 1);  // 2 groups
+}
+
+TEST_CASE("the demo's rows are the catalogue's aliases") {
+  // Every row of the table is an alias (the table is keyed by alias), and every alias is a
+  // name the demo accepts, listed in its messages in the catalogue's order.
+  for (const auto& r : demo::rows()) {
+    CAPTURE(r.name);
+    CHECK(fedshard::is_algorithm_name(r.name));
+  }
+  CHECK(demo::known_algorithms() ==
+        "ddp,zero2,fsdp,hsdp,fl_fsdp,fl_hsdp,fl_hsdp_int8,diloco,streaming_diloco,sparseloco,"
+        "gasloc,fomoe,scape_fsdp,fl_scape_fsdp");
+  for (const char* name : {"gasloc", "fomoe", "scape_fsdp", "fl_scape_fsdp"})
+    CHECK(demo::known_algorithm(name));
+  CHECK_FALSE(demo::known_algorithm("scape"));  // the row is called by its alias now
+  // --help lists the catalogue and which rows take K, H and SCAPE's flags.
+  std::string help = demo::usage_text();  // its lines joined: the lists wrap at 90 columns
+  for (auto at = help.find("\n  "); at != std::string::npos; at = help.find("\n  ", at))
+    help.replace(at, 3, " ");
+  CHECK(help.find("algorithms (fedshard::for_each_algorithm): ddp, zero2, fsdp, hsdp, "
+                  "fl_fsdp,") != std::string::npos);
+  CHECK(help.find("--k: steps between syncs of fl_fsdp, fl_hsdp, fl_hsdp_int8, sparseloco, "
+                  "fomoe, fl_scape_fsdp (default 8)") != std::string::npos);
+  CHECK(help.find("--h: inner steps of diloco, streaming_diloco, gasloc (default 16)") !=
+        std::string::npos);
+  CHECK(help.find("SCAPE (shard::sparse) in the rows scape_fsdp, fl_scape_fsdp:") !=
+        std::string::npos);
+  CHECK(help.find("default copies G - 1, at least 1): fomoe") != std::string::npos);
 }
 
 TEST_CASE("demo on two sites of different sizes: --group-shapes") {

@@ -75,6 +75,7 @@
 #include "fedshard/shard/flat_layout.hpp"
 #include "fedshard/shard/ownership.hpp"
 #include "fedshard/shard/shard_policy.hpp"
+#include "fedshard/shard/sparse.hpp"
 #include "fedshard/sim/collective_cost.hpp"
 #include "fedshard/sim/compute.hpp"
 #include "fedshard/sim/model_layout.hpp"
@@ -202,6 +203,12 @@ inline bool at_sync_start(const comm_op& op) {
   return op.trigger == trigger::sync_prepare || op.trigger == trigger::sync_exchange;
 }
 
+/// True for shard::sparse<Base> (SCAPE), whose steps run different plans by its settings.
+template <class P>
+inline constexpr bool is_sparse_policy_v = false;
+template <class B>
+inline constexpr bool is_sparse_policy_v<shard::sparse<B>> = true;
+
 /// What algorithm_desc asks of the algorithm it describes.
 class algorithm_model {
  public:
@@ -219,6 +226,7 @@ class algorithm_model {
   virtual std::vector<plan> sync_plans(const flat_layout& layout, const mesh_shape& shape,
                                        const mesh_coords& coords, std::int64_t round) const = 0;
   virtual bool plan_per_round() const noexcept = 0;
+  virtual bool steps_vary() const noexcept = 0;
   virtual schedule::sync_action action(int fragment, std::int64_t step,
                                        std::int64_t total_steps) const = 0;
 };
@@ -275,6 +283,7 @@ class algorithm_model_of final : public algorithm_model {
   bool plan_per_round() const noexcept override {
     return federation::plan_per_round_v<federation_type>;
   }
+  bool steps_vary() const noexcept override { return is_sparse_policy_v<shard_type>; }
   schedule::sync_action action(int fragment, std::int64_t step,
                                std::int64_t total_steps) const override {
     return schedule_.action(fragment, step, total_steps);
@@ -299,6 +308,12 @@ class algorithm_model_of final : public algorithm_model {
 };
 
 }  // namespace detail
+
+/// True when Algorithm A's steps run different plans by its run-time settings (shard::sparse,
+/// SCAPE): one step's price says nothing of a run, so the simulator prices a run of it
+/// (sim::price_sparse; sim::price_named takes the path from the catalogue entry's type).
+template <Algorithm A>
+inline constexpr bool steps_vary_v = detail::is_sparse_policy_v<typename A::shard_policy>;
 
 /// What the simulator prices: an algorithm with its run-time settings, type-erased, so that
 /// algorithms chosen at run time and custom algorithm<...> types are priced alike. Built by
@@ -345,6 +360,9 @@ class algorithm_desc {
   }
   /// True when the sync plans change from one sync to the next (federation::plan_per_round_v).
   bool plan_per_round() const { return model().plan_per_round(); }
+  /// True when the steps run different plans by the settings (steps_vary_v): step_plan is then
+  /// the base policy's dense step, and price_plans, price and run_traffic refuse it.
+  bool steps_vary() const { return model().steps_vary(); }
   /// The schedule's action for a fragment after `step` of a run of `total_steps` steps.
   schedule::sync_action action(int fragment, std::int64_t step, std::int64_t total_steps) const {
     return model().action(fragment, step, total_steps);
@@ -492,11 +510,8 @@ inline algorithm_desc algorithm_by_name(std::string_view name, const algorithm_s
   for_each_algorithm([&]<class A>(std::string_view n) {
     if (n == name) found = detail::describe_named<A>(n, s);
   });
-  if (!found) {
-    std::string known;
-    for (const auto& n : algorithm_names()) known += (known.empty() ? "" : ", ") + n;
-    FEDSHARD_EXPECTS(false, "sim: unknown algorithm '", name, "', expected one of ", known);
-  }
+  FEDSHARD_EXPECTS(found.has_value(), "sim: unknown algorithm '", name, "', expected one of ",
+                   algorithm_list());
   return *found;
 }
 
@@ -519,6 +534,20 @@ inline std::vector<plan> sync_plans_of(const algorithm_desc& a, const flat_layou
   return a.sync_plans(layout, shape, rank);
 }
 
+namespace detail {
+
+/// invalid_argument when a's steps run different plans (algorithm_desc::steps_vary), which
+/// `who` cannot price from one step plan.
+inline void expect_one_step_plan(const algorithm_desc& a, std::string_view who) {
+  FEDSHARD_EXPECTS(!a.steps_vary(), who, ": ", a.name(),
+                   " runs different plans on different steps (shard::sparse around ",
+                   a.shard_policy(),
+                   "); price a run of it with sim::price_named (sim/run.hpp) or "
+                   "sim::price_sparse");
+}
+
+}  // namespace detail
+
 /// What world rank `rank` puts on the wire over `steps` steps of algorithm a, as the trainer
 /// fires the plans in a run of `total_steps` planned steps (trainer_options::total_steps; 0 =
 /// unknown, so no final-step sync): the step plan every step and, for each fragment the
@@ -528,6 +557,7 @@ inline std::vector<plan> sync_plans_of(const algorithm_desc& a, const flat_layou
 inline traffic_counters run_traffic(const algorithm_desc& a, std::vector<unit_spec> units,
                                     const mesh_shape& shape, int rank, std::int64_t steps,
                                     std::int64_t total_steps, const shard::precision& prec) {
+  detail::expect_one_step_plan(a, "sim::run_traffic");
   FEDSHARD_EXPECTS(steps >= 0 && total_steps >= 0,
                    "sim::run_traffic: steps and total_steps must be >= 0, found ", steps, " and ",
                    total_steps);
@@ -1164,6 +1194,7 @@ inline double price_chain(const plan& q, const placement& p, int rank, const clu
 inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> units,
                               const mesh_shape& shape, const cluster& c, double compute_seconds,
                               double tokens_per_gpu, const price_options& o = {}) {
+  detail::expect_one_step_plan(a, "sim::price_plans");
   FEDSHARD_EXPECTS(compute_seconds >= 0 && tokens_per_gpu >= 0,
                    "sim::price_plans: compute seconds and tokens must be >= 0, found ",
                    compute_seconds, " and ", tokens_per_gpu);

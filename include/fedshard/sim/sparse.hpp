@@ -107,6 +107,7 @@ class fixed_step_model final : public algorithm_model {
     return inner_.sync_plans(layout, shape, coords, round);
   }
   bool plan_per_round() const noexcept override { return inner_.plan_per_round(); }
+  bool steps_vary() const noexcept override { return false; }
   schedule::sync_action action(int fragment, std::int64_t step,
                                std::int64_t total_steps) const override {
     return inner_.action(fragment, step, total_steps);
@@ -116,11 +117,6 @@ class fixed_step_model final : public algorithm_model {
   algorithm_model_of<A> inner_;
   plan step_;
 };
-
-template <class P>
-inline constexpr bool is_sparse_policy_v = false;
-template <class B>
-inline constexpr bool is_sparse_policy_v<shard::sparse<B>> = true;
 
 }  // namespace detail
 

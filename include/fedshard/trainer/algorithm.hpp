@@ -10,6 +10,7 @@
 /// FL+HSDP and DiLoCo are aliases, not new code.
 
 #include <concepts>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
@@ -57,20 +58,20 @@ struct no_defaults {};
 template <class Shard, class Federation, class Schedule, class Defaults = no_defaults>
 struct algorithm {
   static_assert(shard::ShardPolicy<Shard>,
-                "fedshard::algorithm: the first parameter must model ShardPolicy "
-                "(shard::replicate, shard_grad_op, full_shard, hybrid_shard or your own)");
+                "fedshard::algorithm: the first parameter must model ShardPolicy (the "
+                "shard_policy of an alias of fedshard::for_each_algorithm, or your own)");
   static_assert(federation::FederationPolicy<Federation>,
-                "fedshard::algorithm: the second parameter must model FederationPolicy "
-                "(federation::none, average, weighted_average, outer_optimizer<Rule>)");
+                "fedshard::algorithm: the second parameter must model FederationPolicy (the "
+                "federation_policy of an alias of fedshard::for_each_algorithm, or your own)");
   static_assert(schedule::SyncSchedule<Schedule>,
-                "fedshard::algorithm: the third parameter must model SyncSchedule "
-                "(schedule::every_step, periodic, post_local, streaming, token_budget, "
-                "wall_clock)");
+                "fedshard::algorithm: the third parameter must model SyncSchedule (the "
+                "sync_schedule of an alias of fedshard::for_each_algorithm, "
+                "schedule::post_local, token_budget, wall_clock, or your own)");
   static_assert(Federation::syncs || std::is_same_v<Schedule, schedule::every_step>,
                 "fedshard::algorithm: federation::none never syncs, so this schedule would "
-                "have nothing to schedule; use schedule::every_step with federation::none (as "
-                "ddp, fsdp and hsdp do), or a federation policy that syncs (federation::average, "
-                "weighted_average, outer_optimizer<Rule>)");
+                "have nothing to schedule; use schedule::every_step with federation::none (as the "
+                "aliases of fedshard::for_each_algorithm that do not federate do), or a "
+                "federation policy that syncs");
   static_assert(
       std::is_same_v<Defaults, no_defaults> ||
           requires {
@@ -147,9 +148,7 @@ using sparseloco = algorithm<
 /// GASLoC (arXiv 2606.11081): H inner steps (H = 500 unless told otherwise, as diloco),
 /// then each group exchanges its pseudo-gradient with one random peer (federation::gossip:
 /// degree, α, seed and the outer Nesterov step's lr and γ in its config), mixes and takes
-/// the outer step on its own anchor. Inside a worker it runs HSDP. Not in
-/// for_each_algorithm's list yet (the demo and fedshard-sim's names): describe<gasloc<H>>
-/// prices it.
+/// the outer step on its own anchor. Inside a worker it runs HSDP.
 template <int H = 500>
 using gasloc = algorithm<shard::hybrid_shard, federation::gossip, schedule::periodic,
                          defaults<schedule::periodic::config{.period = H}>>;
@@ -162,9 +161,8 @@ using fl_hsdp_int8 = algorithm<shard::with_gather_codec<shard::hybrid_shard, cod
 
 /// SCAPE (arXiv 2607.01678): FSDP whose reduce_scatters and gathers carry only the elements of
 /// a mask agreed from the optimizer's first moments (shard::sparse; density, refresh period
-/// and dense warm-up in trainer_options::shard). Host memory only. Not in for_each_algorithm's
-/// list (its steps run different plans by its settings): sim::price_sparse prices a run of it
-/// (fedshard-sim --algo scape_fsdp).
+/// and dense warm-up in trainer_options::shard). Host memory only. Its steps run different
+/// plans by its settings, so the simulator prices a run of it (sim::price_sparse), not a step.
 using scape_fsdp =
     algorithm<shard::sparse<shard::full_shard>, federation::none, schedule::every_step>;
 /// SCAPE inside each group of FL+FSDP: parameters averaged across groups every K steps (K = 8
@@ -173,10 +171,11 @@ using fl_scape_fsdp =
     algorithm<shard::sparse<shard::full_shard>, federation::average, schedule::periodic,
               defaults<schedule::periodic::config{.period = 8}>>;
 
-/// Calls `f.template operator()<A>(name)` for every named algorithm above, in the order
-/// ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco,
-/// sparseloco: the one list that tools (the simulator, the demo) read, so a new alias is
-/// added here once.
+/// The catalogue: calls `f.template operator()<A>(name)` for every named algorithm above, with
+/// its default numbers (sparseloco<30>, gasloc<500>, fl_hsdp_int8<8>), in the order ddp, zero2,
+/// fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco, sparseloco, gasloc,
+/// fomoe, scape_fsdp, fl_scape_fsdp. It is the one list that tools (the simulator's names, the
+/// demo's rows, the lists in their messages) read, so a new alias is added here once.
 template <class F>
 void for_each_algorithm(F&& f) {
   f.template operator()<ddp>(std::string_view("ddp"));
@@ -189,6 +188,28 @@ void for_each_algorithm(F&& f) {
   f.template operator()<diloco>(std::string_view("diloco"));
   f.template operator()<streaming_diloco>(std::string_view("streaming_diloco"));
   f.template operator()<sparseloco<>>(std::string_view("sparseloco"));
+  f.template operator()<gasloc<>>(std::string_view("gasloc"));
+  f.template operator()<fomoe>(std::string_view("fomoe"));
+  f.template operator()<scape_fsdp>(std::string_view("scape_fsdp"));
+  f.template operator()<fl_scape_fsdp>(std::string_view("fl_scape_fsdp"));
+}
+
+/// The aliases of for_each_algorithm in its order, joined by `separator`: the list that
+/// messages naming the known algorithms print.
+inline std::string algorithm_list(std::string_view separator = ", ") {
+  std::string out;
+  for_each_algorithm([&]<class A>(std::string_view name) {
+    if (!out.empty()) out += separator;
+    out += name;
+  });
+  return out;
+}
+
+/// True when `name` is an alias of for_each_algorithm.
+inline bool is_algorithm_name(std::string_view name) {
+  bool found = false;
+  for_each_algorithm([&]<class A>(std::string_view alias) { found = found || alias == name; });
+  return found;
 }
 
 }  // namespace fedshard
