@@ -18,8 +18,11 @@
 /// a file store or Redis; wrap it in gloo::signed_store so only holders of the secret take
 /// part). A rank goes through these states in round e:
 ///
-///   ARRIVE   write `r<e>/arrive/<g>/<l>` = "<step> member|join <token>" (join: a restart,
-///            or a rank that was in no round yet while rounds before e exist);
+///   ARRIVE   read `latest` (the highest round decided): when it is e or more, rounds went
+///            on without this group (it is new, or fell behind, or split off and decided
+///            rounds alone), so it moves to round latest+1 as a joiner. Then write
+///            `r<e>/arrive/<g>/<l>` = "<step> member|join <token>" (join: a restart, or a
+///            rank that was in no round yet while rounds before e exist);
 ///   DECIDE   (leaders of non-joining groups) wait until every expected group has arrived
 ///            with all its ranks, is dead, or options::join_timeout passed; expected: the
 ///            previous round's members and arrivals, less the groups dropped there. The
@@ -809,10 +812,18 @@ class link : public blocking_calls<link> {
   void enter_round(std::int64_t step) {
     std::int64_t e = next_round_;
     for (;;) {
-      if (!ever_member_) {
-        bool found = false;
-        const auto latest = st_->try_get(key("latest"), found);
-        if (found) e = std::max<std::int64_t>(e, number(latest) + 1);
+      // Rounds decided up to `latest` went on without this group (a newcomer, or a group
+      // that fell behind: left out, or split off and deciding rounds alone): it joins the
+      // next one. Read before arriving, so no decision of a later round can include it yet.
+      bool found = false;
+      const auto latest = number(st_->try_get(key("latest"), found));
+      if (found && latest >= e) {
+        if (ever_member_)
+          log(detail::concat("fedshard elastic: group ", group_, " link ", local_, ": rounds ", e,
+                             "..", latest, " were decided without it; it joins round ",
+                             latest + 1));
+        e = latest + 1;
+        ever_member_ = false;
       }
       const bool joins = restarted_ || (!ever_member_ && e > 0);
       st_->set(key(detail::concat("r", e, "/arrive/", group_, "/", local_)),
@@ -1023,7 +1034,9 @@ class link : public blocking_calls<link> {
     r.donor = candidates.empty() ? -1 : candidates.front();
     for (int g : expected)
       if (!r.has(r.members, g)) r.left_out.push_back(g);
-    if (st_->try_set(dkey, gloo::bytes_of(detail::serialize(r))))
+    bool found = false;
+    if (st_->try_set(dkey, gloo::bytes_of(detail::serialize(r))) &&
+        number(st_->try_get(key("latest"), found)) < e)  // never back (a race may, rarely)
       st_->set(key("latest"), gloo::bytes_of(std::to_string(e)));
   }
 
