@@ -103,9 +103,14 @@ class redis_server {
     }
     start_anywhere();
   }
-  /// A server of the test's own even when a shared one exists: for tests that kill it.
+  /// A server of the test's own even when a shared one exists: for tests that kill it. With
+  /// `aof_dir`, it persists every write there (append-only file, fsync'd on every write), so
+  /// start_again() finds the keys it held.
   struct own_t {};
-  redis_server(std::string binary, own_t) : binary_(std::move(binary)) { start_anywhere(); }
+  redis_server(std::string binary, own_t, std::filesystem::path aof_dir = {})
+      : binary_(std::move(binary)), aof_dir_(std::move(aof_dir)) {
+    start_anywhere();
+  }
   redis_server(const redis_server&) = delete;
   redis_server& operator=(const redis_server&) = delete;
   ~redis_server() { stop(SIGTERM); }
@@ -113,7 +118,7 @@ class redis_server {
   int port() const noexcept { return port_; }
   /// Kills the server at once (SIGKILL), as a crash would (its own server only).
   void kill() { stop(SIGKILL); }
-  /// Starts it again on the same port, empty; true when it is up.
+  /// Starts it again on the same port (empty, or with what its aof_dir kept); true when up.
   bool start_again() {
     if (shared_ || port_ <= 0) return false;
     return launch();
@@ -138,9 +143,16 @@ class redis_server {
         ::dup2(::fileno(quiet), 1);
         ::dup2(::fileno(quiet), 2);
       }
-      ::execl(binary_.c_str(), binary_.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
-              "--save", "", "--appendonly", "no", "--protected-mode", "yes", "--loglevel",
-              "warning", static_cast<char*>(nullptr));
+      const std::string dir = aof_dir_.empty() ? std::string(".") : aof_dir_.string();
+      if (aof_dir_.empty())
+        ::execl(binary_.c_str(), binary_.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--protected-mode", "yes", "--loglevel",
+                "warning", static_cast<char*>(nullptr));
+      else
+        ::execl(binary_.c_str(), binary_.c_str(), "--port", port.c_str(), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir",
+                dir.c_str(), "--protected-mode", "yes", "--loglevel", "warning",
+                static_cast<char*>(nullptr));
       ::_exit(127);
     }
     for (int i = 0; i < 200; ++i) {
@@ -173,6 +185,7 @@ class redis_server {
     pid_ = -1;
   }
   std::string binary_;
+  std::filesystem::path aof_dir_;
   pid_t pid_ = -1;
   int port_ = 0;
   bool shared_ = false;  // .ci/run's server: not ours to stop
