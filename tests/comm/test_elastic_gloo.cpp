@@ -18,6 +18,7 @@
 
 #include "fedshard/comm/elastic.hpp"
 #include "support/gloo_support.hpp"
+#include "support/log_sink.hpp"
 
 namespace {
 
@@ -28,23 +29,7 @@ namespace el = fedshard::elastic;
 namespace gl = fedshard::gloo;
 namespace ft = fedshard::test;
 
-/// Log lines of every rank, for the tests to look at.
-struct log_sink {
-  std::mutex mu;
-  std::vector<std::string> lines;
-  std::function<void(const std::string&)> fn() {
-    return [this](const std::string& s) {
-      std::lock_guard lock(mu);
-      lines.push_back(s);
-    };
-  }
-  bool has(const std::string& part) {
-    std::lock_guard lock(mu);
-    for (const auto& l : lines)
-      if (l.find(part) != std::string::npos) return true;
-    return false;
-  }
-};
+using ft::log_sink;
 
 el::options quick(log_sink& sink, double join = 10.0) {  // long where nobody should be missing
   el::options o;

@@ -22,6 +22,7 @@
 #include "fedshard/comm/elastic.hpp"
 #include "fedshard/comm/signed_store.hpp"
 #include "support/gloo_support.hpp"
+#include "support/log_sink.hpp"
 
 namespace {
 
@@ -45,23 +46,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// Log lines, for the tests to look at.
-struct log_sink {
-  std::mutex mu;
-  std::vector<std::string> lines;
-  std::function<void(const std::string&)> fn() {
-    return [this](const std::string& s) {
-      std::lock_guard lock(mu);
-      lines.push_back(s);
-    };
-  }
-  int count(const std::string& part) {
-    std::lock_guard lock(mu);
-    int n = 0;
-    for (const auto& l : lines) n += l.find(part) != std::string::npos;
-    return n;
-  }
-};
+using ft::log_sink;
 
 el::options quick(log_sink& sink, double join, double op = 20.0) {
   el::options o;

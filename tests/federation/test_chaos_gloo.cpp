@@ -56,6 +56,7 @@
 #include "fedshard/optim/adamw.hpp"
 #include "fedshard/trainer/trainer.hpp"
 #include "support/gloo_support.hpp"
+#include "support/processes.hpp"
 #include "support/tiny_mlp.hpp"
 
 namespace {
@@ -221,24 +222,6 @@ void chaos_group(const fs::path& dir, int g, int n) {
   });
 }
 
-/// Forks a process that runs body() and exits 0 (1 when it threw, after printing why).
-pid_t spawn(const std::function<void()>& body) {
-  std::fflush(nullptr);  // else the child would print the parent's buffered output again
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    int rc = 0;
-    try {
-      body();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "chaos: group process failed: %s\n", e.what());
-      rc = 1;
-    }
-    std::fflush(nullptr);
-    ::_exit(rc);
-  }
-  return pid;
-}
-
 // ------------------------------------------------------------------ the controller
 struct incarnation {
   int g = 0;
@@ -307,7 +290,7 @@ class controller {
   void start(int g) {
     const int n = lives_[static_cast<std::size_t>(g)]++;
     incarnation i{.g = g, .n = n};
-    i.pid = spawn([this, g, n] { chaos_group(dir_, g, n); });
+    i.pid = ft::spawn([this, g, n] { chaos_group(dir_, g, n); }, "chaos: group process");
     current_[static_cast<std::size_t>(g)] = all_.size();
     all_.push_back(i);
   }

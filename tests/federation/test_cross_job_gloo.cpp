@@ -34,6 +34,7 @@
 #include "fedshard/comm/signed_store.hpp"
 #include "support/federated_run.hpp"
 #include "support/gloo_support.hpp"
+#include "support/processes.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
 
@@ -65,40 +66,9 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return !a.empty() && a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
 }
 
-/// Forks a process that runs body() and exits 0 (1 when it threw, after printing why).
-pid_t spawn(const std::function<void()>& body) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    int rc = 0;
-    try {
-      body();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "group process failed: %s\n", e.what());
-      rc = 1;
-    }
-    std::fflush(nullptr);
-    ::_exit(rc);
-  }
-  return pid;
-}
-
-/// Waits for a child at most `seconds`; kills it then. Returns its wait status, -1 on timeout.
-int wait_for(pid_t pid, double seconds) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  for (;;) {
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) return status;
-    if (std::chrono::steady_clock::now() > deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-bool exited_ok(int status) {
-  return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
+using ft::exited_ok;
+using ft::spawn;
+using ft::wait_for;
 
 /// The join timeout only matters when a group is missing; where none should be, a long one
 /// keeps a group that is merely slow (a loaded machine, sanitizers) from being left out.
