@@ -433,25 +433,30 @@ class watcher {
 
   /// True when group g is known dead; `token` 0 accepts any incarnation.
   bool dead(gloo::store& st, int g, std::uint64_t token) {
+    return state(st, g, token) == life::dead;
+  }
+  /// What this observer knows of group g: never beat (unseen), alive, or dead.
+  enum class life { unseen, alive, dead };
+  life state(gloo::store& st, int g, std::uint64_t token) {
     const auto now = clock::now();
     if (polled_ != clock::time_point{} && now - polled_ > 2 * period_)
       for (auto& s : seen_) s.since = now;  // our own polling stalled: we saw nothing meanwhile
     polled_ = now;
     bool found = false;
     const auto v = st.try_get(job_ + "/beat/" + std::to_string(g), found);
-    if (!found) return false;
+    if (!found) return life::unseen;
     const std::string text(v.begin(), v.end());
     std::istringstream is(text);
     std::uint64_t t = 0;
     is >> std::hex >> t;
-    if (token != 0 && t != token) return true;
+    if (token != 0 && t != token) return life::dead;
     auto& s = seen_[static_cast<std::size_t>(g)];
     if (text != s.value) {
       s.value = text;
       s.since = now;
-      return false;
+      return life::alive;
     }
-    return now - s.since >= missed_ * period_;
+    return now - s.since >= missed_ * period_ ? life::dead : life::alive;
   }
 
  private:
@@ -942,16 +947,17 @@ class link : public blocking_calls<link> {
   bool others_alive() {
     bool any = false;
     for (int g = 0; g < groups_; ++g)
-      if (g != group_ && beat_seen(g) && !dead(g)) any = true;
+      if (g != group_ && alive(g)) any = true;
     return any;
   }
-  bool beat_seen(int g) { return st_->has(key(detail::concat("beat/", g))); }
+  /// True when group g has beaten and is not dead (one read of its beat).
+  bool alive(int g) { return life_->watch.state(*st_, g, 0) == detail::watcher::life::alive; }
   /// True when every other live group arrived in round e as a joiner (so no leader of a
   /// member would decide it).
   bool live_ones_join(std::int64_t e) {
     std::vector<std::uint64_t> tokens;
     for (int g = 0; g < groups_; ++g) {
-      if (g == group_ || !beat_seen(g) || dead(g)) continue;
+      if (g == group_ || !alive(g)) continue;
       const auto a = arrived(e, g, tokens);
       if (!a || !a->joins) return false;
     }
