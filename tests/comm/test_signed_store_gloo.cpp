@@ -501,9 +501,11 @@ TEST_CASE("signed_store: a rogue writing fake arrivals and beats all along stall
   // Two honest groups of 1 rank (G = 3: group 2 never comes, so round 0 waits the join
   // timeout for it once). A rogue thread writes, every 2 ms, arrivals for group 2 and for the
   // honest groups, beats for every group and decisions of rounds 1..5 under the logical names
-  // (as an unsigned group would) into the inner store. Rounds 1..5 over the signed store must
-  // take no longer than with no rogue at all (measured the same way, in this test) plus one
-  // heartbeat period (100 ms).
+  // (as an unsigned group would) into the inner store. Believing any of it would stall a round
+  // for the join timeout (1 s here: waiting for group 2's fake arrival) or the connect timeout
+  // (a fake member that never connects), so no round of 1..5 may take as long as that. (The
+  // time with and without the rogue is printed; comparing them was flaky on a loaded machine,
+  // where the rogue's 2 ms writes slow the file store down.)
   auto rounds_time = [](bool rogue) {
     ft::temp_dir dir;
     auto inner = std::make_shared<gl::file_store>(dir.path());
@@ -524,18 +526,21 @@ TEST_CASE("signed_store: a rogue writing fake arrivals and beats all along stall
           std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
       });
-    std::vector<double> took(2);
+    std::vector<double> took(2), slowest(2);
     auto seen = ft::on_threads(2, [&](int g) {
       el::link lk(st, 3, g, 1, 0, quick(sink, 1.0));
       std::vector<std::string> out;
       lk.begin_round(0);  // waits the join timeout for group 2
       const auto t0 = std::chrono::steady_clock::now();
       for (int e = 1; e <= 5; ++e) {
+        const auto t_round = std::chrono::steady_clock::now();
         const auto& r = lk.begin_round(e);
         float v = g == 0 ? 0.25f : 1.75f;
         lk.all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
         if (r.members != std::vector<int>{0, 1} || v != 1.0f)
           out.push_back(concat("round ", e, ": ", r.text(), " mean ", v));
+        slowest[static_cast<std::size_t>(g)] =
+            std::max(slowest[static_cast<std::size_t>(g)], seconds_since(t_round));
       }
       took[static_cast<std::size_t>(g)] = seconds_since(t0);
       return out;
@@ -545,10 +550,11 @@ TEST_CASE("signed_store: a rogue writing fake arrivals and beats all along stall
     for (const auto& r : seen)
       for (const auto& s : r) FAIL_CHECK(s);
     CHECK(st->rejected() == 0);  // nothing it read was forged: the forgeries are elsewhere
-    return std::max(took[0], took[1]);
+    MESSAGE("rounds 1..5 ", std::string(rogue ? "with" : "without"),
+            " a rogue: ", std::max(took[0], took[1]), " s, slowest round ",
+            std::max(slowest[0], slowest[1]), " s");
+    return std::max(slowest[0], slowest[1]);
   };
-  const double honest = rounds_time(false);
-  const double attacked = rounds_time(true);
-  MESSAGE("rounds 1..5: ", honest, " s without a rogue, ", attacked, " s with one");
-  CHECK(attacked < honest + 0.1);
+  CHECK(rounds_time(false) < 1.0);
+  CHECK(rounds_time(true) < 1.0);  // 1.0 = the join timeout: no round waited for a forgery
 }
