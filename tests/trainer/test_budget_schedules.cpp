@@ -479,7 +479,7 @@ TEST_CASE("checkpoints of a progress schedule: save at a sync, load, and go on i
       CHECK(t.progress().seconds == saved);
       t.step(paced_batch{1});
       CHECK(t.progress().seconds >= saved);
-      CHECK(t.progress().seconds < saved + 0.05);  // not restarted from zero, not doubled
+      CHECK(t.progress().seconds < 2 * saved);  // not doubled (one 2 ms step, loose for loaded CI)
       while (!t.done()) t.step(paced_batch{1});
       CHECK(t.syncs_applied() == 3);
     });
