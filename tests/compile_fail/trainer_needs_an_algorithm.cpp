@@ -1,5 +1,5 @@
-// trainer's Algorithm parameter is constrained by the Algorithm concept.
-// expect: required for the satisfaction of .*Algorithm<A>
+// A shard policy where trainer's algorithm belongs is named as such, with what to write instead.
+// expect: A is a shard policy.*Write fedshard::algorithm<A, federation::none, schedule::every_step>
 #include "fedshard/comm/inproc.hpp"
 #include "fedshard/optim/sgd.hpp"
 #include "fedshard/trainer/trainer.hpp"

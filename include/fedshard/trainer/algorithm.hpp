@@ -177,7 +177,7 @@ using fl_scape_fsdp =
 /// fomoe, scape_fsdp, fl_scape_fsdp. It is the one list that tools (the simulator's names, the
 /// demo's rows, the lists in their messages) read, so a new alias is added here once.
 template <class F>
-void for_each_algorithm(F&& f) {
+constexpr void for_each_algorithm(F&& f) {
   f.template operator()<ddp>(std::string_view("ddp"));
   f.template operator()<zero2>(std::string_view("zero2"));
   f.template operator()<fsdp>(std::string_view("fsdp"));

@@ -259,6 +259,13 @@ concept Model = requires(M& m, basic_step_context<S>& ctx, const B& batch) {
   { m.forward_backward(ctx, batch) } -> std::convertible_to<float>;
 };
 
+/// M provides requirement 1 (units), the part of Model a trainer checks at its construction
+/// (the batch type, and with it the rest of Model, is known only at step()).
+template <class M>
+concept ModelUnits = requires(M& m) {
+  { m.units() } -> std::convertible_to<std::vector<unit_spec>>;
+};
+
 /// M provides requirement 4 (evaluate) with the step context of space S.
 template <class M, class B, class S = space::host_space>
 concept Evaluates = requires(M& m, basic_step_context<S>& ctx, const B& batch) {

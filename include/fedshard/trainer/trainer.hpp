@@ -42,6 +42,7 @@
 #include "fedshard/space/space_of.hpp"
 #include "fedshard/trainer/algorithm.hpp"
 #include "fedshard/trainer/checkpointer.hpp"
+#include "fedshard/trainer/diagnostics.hpp"
 #include "fedshard/trainer/model.hpp"
 #include "fedshard/trainer/options.hpp"
 #include "fedshard/trainer/run_checkpoint.hpp"
@@ -55,23 +56,31 @@ namespace fedshard {
 /// for inproc, shaped and mpi, the GPU for nccl and gpu_inproc. Another S works with a host
 /// communicator when the host can read S's memory (S::host_accessible; tests run the trainer
 /// on space::checked_space that way).
-template <class ModelT, Algorithm A, optim::ShardOptimizer O, Communicator C,
+template <class ModelT, class A, optim::ShardOptimizer O, Communicator C,
           space::MemorySpace S = space::space_of_t<C>>
 class trainer final {
+  // A is unconstrained so that a policy or schedule put in its place gets the message of
+  // detail::trainer_algorithm (what to write instead) rather than the concept's checks.
+  using algorithm_type = typename detail::trainer_algorithm<A>::type;
+  static_assert(ModelUnits<ModelT>,
+                "fedshard::trainer<Model, ...>: the model must provide units() -> "
+                "std::vector<unit_spec> (requirement 1 of the Model concept, trainer/model.hpp): "
+                "the trainer lays out, shards and initialises the model's parameters from it at "
+                "construction");
   static_assert(std::is_same_v<S, space::space_of_t<C>> || S::host_accessible,
                 "fedshard::trainer: a space other than the communicator's must be one the host "
                 "can read (the communicator reads and writes its buffers on the host)");
 
  public:
   using space_type = S;
-  using shard_policy = typename A::shard_policy;
-  using federation_policy = typename A::federation_policy;
-  using sync_schedule = typename A::sync_schedule;
+  using shard_policy = typename algorithm_type::shard_policy;
+  using federation_policy = typename algorithm_type::federation_policy;
+  using sync_schedule = typename algorithm_type::sync_schedule;
   using engine_type = shard::engine<shard_policy, C, space_type>;
   using optimizer_type = optim::in_space_t<O, space_type>;
   using sync_type = federation::synchronizer<federation_policy, sync_schedule, space_type>;
   using context_type = basic_step_context<space_type>;
-  using options = trainer_options<A>;
+  using options = trainer_options<algorithm_type>;
 
   /// Collective over the mesh's world (every rank constructs its trainer with the same model
   /// declaration and settings).
@@ -318,8 +327,9 @@ class trainer final {
 
   /// What a save or load needs of this run (trainer/run_checkpoint.hpp).
   checkpoint::checkpoint_run checkpoint_run() {
-    return checkpoint::checkpoint_run_of<A>(engine_, optimizer_, sync_, opts_.precision,
-                                            [this](const std::string& l) { log(l, false); });
+    return checkpoint::checkpoint_run_of<algorithm_type>(
+        engine_, optimizer_, sync_, opts_.precision,
+        [this](const std::string& l) { log(l, false); });
   }
 
   /// Before a save: a sync still in flight is completed (not applied).

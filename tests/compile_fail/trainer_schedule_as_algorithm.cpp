@@ -1,0 +1,14 @@
+// A sync schedule where trainer's algorithm belongs is named as such, with what to write instead.
+// expect: A is a sync schedule.*Write fedshard::algorithm<ShardPolicy, FederationPolicy, A>
+#include "fedshard/comm/inproc.hpp"
+#include "fedshard/optim/sgd.hpp"
+#include "fedshard/trainer/trainer.hpp"
+#include "support/tiny_mlp.hpp"
+
+using namespace fedshard;
+#ifdef FEDSHARD_COMPILE_OK
+using checked = trainer<test::mlp_model, diloco, optim::sgd, inproc::communicator>;
+#else
+using checked = trainer<test::mlp_model, schedule::periodic, optim::sgd, inproc::communicator>;
+#endif
+[[maybe_unused]] constexpr auto size = sizeof(checked);
