@@ -34,6 +34,25 @@
 ///     `F::in_space<S>` is the same policy in memory space S, with F's config, built from
 ///     (config, fragment_sizes, S&). A policy with no buffers of its own and begin/end/reset
 ///     templates over the stream type works in any space as it is (in_space_t<F, S> is F).
+///
+/// Optional capabilities (declared here, detected once in federation::capabilities<F>, each with
+/// its default when absent; a member under a near-miss name, or under the right name with
+/// another signature, is a compile error naming what was meant, never a silent no-op):
+/// 11. `member_sets(const mesh_shape&) const -> std::vector<std::uint64_t>`: the sets of groups
+///     (bitmasks) whose sub-communicators the plan's member ops use, split once at the first
+///     sync (holder_average). Default: no member ops.
+/// 12. `gathered(int f) -> std::span<float>` (robust_mean) or `gathered(int f, int k) ->
+///     std::span<float>` (gossip: one buffer per peer k): what role `gathered` (index k) of
+///     fragment f's plan names. Default: the plan names no such role.
+/// 13. `outer_steps(int f) const -> std::int64_t` with `set_outer_steps(int f, std::int64_t)`:
+///     a per-fragment step count saved with the state (outer optimizers' bias corrections).
+///     Default: nothing saved.
+/// 14. `static constexpr bool plan_per_round` (see 5). Default false.
+/// 15. `static constexpr bool heterogeneous_groups`: true when F syncs groups of different
+///     shapes (its plan is built from average_ops and weights_ops, begin/end element-wise).
+///     Default false.
+/// 16. `config::owners` (a shard::ownership): which groups hold which units (holder_average).
+///     Default: every group holds every unit.
 
 #include <concepts>
 #include <cstddef>
@@ -41,11 +60,13 @@
 #include <memory>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/optimizer.hpp"
 #include "fedshard/plan/comm_op.hpp"
+#include "fedshard/shard/ownership.hpp"
 #include "fedshard/space/host_space.hpp"
 
 namespace fedshard::federation {
@@ -90,19 +111,6 @@ struct sync_context {
   /// (federation/overlap.hpp): the averages then exchange overlapping ranges; null on a
   /// uniform mesh.
   std::shared_ptr<const overlap_map> overlap{};
-};
-
-/// True when F can sync a heterogeneous mesh (F::heterogeneous_groups is true: its sync plan
-/// is built from average_ops and weights_ops, and begin/end are element-wise).
-template <class F>
-inline constexpr bool heterogeneous_groups_v = requires {
-  requires F::heterogeneous_groups;
-};
-
-/// True when F's sync plan depends on sync_context::round (F::plan_per_round is true).
-template <class F>
-inline constexpr bool plan_per_round_v = requires {
-  requires F::plan_per_round;
 };
 
 /// What a policy is told at a sync point.
@@ -153,6 +161,129 @@ concept FederationPolicy = std::default_initializable<typename F::config> &&
   f.reset(frag, cbuf, st);
   { f.state() } -> std::same_as<std::vector<optim::state_tensor>>;
 };
+
+namespace detail {
+// names_<member><T>: T has a member (of any kind: function, overload set, data, type) called
+// <member>. A class deriving from T and from one with an int <member> finds the name twice
+// then, so taking its address is ambiguous. How capabilities<F> tells "absent" from "present
+// with another signature" and catches near-miss names.
+#define FEDSHARD_DETAIL_NAMES(member)                                                             \
+  struct names_##member##_probe {                                                                 \
+    int member;                                                                                   \
+  };                                                                                              \
+  template <class T>                                                                              \
+  struct names_##member##_both : T, names_##member##_probe {};                                    \
+  template <class T>                                                                              \
+  inline constexpr bool names_##member = std::is_class_v<T> && !std::is_final_v<T> && !requires { \
+    &names_##member##_both<T>::member;                                                            \
+  };
+FEDSHARD_DETAIL_NAMES(member_sets)
+FEDSHARD_DETAIL_NAMES(member_set)
+FEDSHARD_DETAIL_NAMES(gathered)
+FEDSHARD_DETAIL_NAMES(gather)
+FEDSHARD_DETAIL_NAMES(outer_steps)
+FEDSHARD_DETAIL_NAMES(outer_step)
+FEDSHARD_DETAIL_NAMES(set_outer_steps)
+FEDSHARD_DETAIL_NAMES(set_outer_step)
+FEDSHARD_DETAIL_NAMES(plan_per_round)
+FEDSHARD_DETAIL_NAMES(plan_per_rounds)
+FEDSHARD_DETAIL_NAMES(heterogeneous_groups)
+FEDSHARD_DETAIL_NAMES(heterogenous_groups)
+FEDSHARD_DETAIL_NAMES(heterogeneous_group)
+FEDSHARD_DETAIL_NAMES(owners)
+FEDSHARD_DETAIL_NAMES(owner)
+#undef FEDSHARD_DETAIL_NAMES
+}  // namespace detail
+
+/// The optional capabilities 11-16 of FederationPolicy F, detected here and nowhere else.
+/// Instantiating it (the synchronizer and algorithm<> do) checks F for near-miss names and
+/// wrong signatures.
+template <class F>
+struct capabilities {
+  /// 11.
+  static constexpr bool member_sets = requires(const F& f, const mesh_shape& s) {
+    { f.member_sets(s) } -> std::convertible_to<std::vector<std::uint64_t>>;
+  };
+  /// 12, the one-buffer form.
+  static constexpr bool gathered = requires(F & f, int frag) {
+    { f.gathered(frag) } -> std::convertible_to<std::span<float>>;
+  };
+  /// 12, the per-peer form.
+  static constexpr bool gathered_per_peer = requires(F & f, int frag, int k) {
+    { f.gathered(frag, k) } -> std::convertible_to<std::span<float>>;
+  };
+  /// 13.
+  static constexpr bool outer_steps = requires(F & f, const F& cf, int frag, std::int64_t n) {
+    { cf.outer_steps(frag) } -> std::convertible_to<std::int64_t>;
+    f.set_outer_steps(frag, n);
+  };
+  /// 14.
+  static constexpr bool plan_per_round = requires { requires F::plan_per_round; };
+  /// 15.
+  static constexpr bool heterogeneous_groups = requires { requires F::heterogeneous_groups; };
+  /// 16.
+  static constexpr bool owners = requires(const typename F::config& c) {
+    { c.owners } -> std::convertible_to<shard::ownership>;
+  };
+
+  static_assert(!detail::names_member_set<F>,
+                "FederationPolicy: the policy has a member `member_set`; did you mean "
+                "`member_sets(const mesh_shape&) const -> std::vector<std::uint64_t>` "
+                "(capability 11, federation_policy.hpp)?");
+  static_assert(!detail::names_member_sets<F> || member_sets,
+                "FederationPolicy: the policy's `member_sets` is not callable as "
+                "`member_sets(const mesh_shape&) const -> std::vector<std::uint64_t>` "
+                "(capability 11): the synchronizer would not call it");
+  static_assert(!detail::names_gather<F>,
+                "FederationPolicy: the policy has a member `gather`; did you mean `gathered(int "
+                "f) -> std::span<float>` or `gathered(int f, int k) -> std::span<float>` "
+                "(capability 12, federation_policy.hpp)?");
+  static_assert(!detail::names_gathered<F> || gathered || gathered_per_peer,
+                "FederationPolicy: the policy's `gathered` is callable neither as `gathered(int "
+                "f) -> std::span<float>` nor as `gathered(int f, int k) -> std::span<float>` "
+                "(capability 12): role gathered would name no buffer");
+  static_assert(!detail::names_outer_step<F> && !detail::names_set_outer_step<F>,
+                "FederationPolicy: the policy has a member `outer_step` or `set_outer_step`; did "
+                "you mean `outer_steps(int f) const -> std::int64_t` and `set_outer_steps(int f, "
+                "std::int64_t)` (capability 13, federation_policy.hpp)?");
+  static_assert((!detail::names_outer_steps<F> && !detail::names_set_outer_steps<F>) || outer_steps,
+                "FederationPolicy: the policy's `outer_steps` / `set_outer_steps` are not the "
+                "pair `outer_steps(int f) const -> std::int64_t` and `set_outer_steps(int f, "
+                "std::int64_t)` (capability 13): the step counts would not be saved");
+  static_assert(!detail::names_plan_per_rounds<F>,
+                "FederationPolicy: the policy has a member `plan_per_rounds`; did you mean "
+                "`static constexpr bool plan_per_round` (capability 14)?");
+  static_assert(!detail::names_heterogenous_groups<F> && !detail::names_heterogeneous_group<F>,
+                "FederationPolicy: the policy has a member `heterogenous_groups` or "
+                "`heterogeneous_group`; did you mean `static constexpr bool heterogeneous_groups` "
+                "(capability 15)?");
+  static_assert(!detail::names_owner<typename F::config>,
+                "FederationPolicy: the policy's config has a member `owner`; did you mean "
+                "`shard::ownership owners` (capability 16)?");
+  static_assert(!detail::names_owners<typename F::config> || owners,
+                "FederationPolicy: the policy's config member `owners` is not a "
+                "shard::ownership (capability 16): the engine would not place units by it");
+
+  /// True once the checks above compiled: `static_assert(capabilities<F>::checked)` runs them.
+  static constexpr bool checked = true;
+};
+
+/// True when F can sync a heterogeneous mesh (capability 15).
+template <class F>
+inline constexpr bool heterogeneous_groups_v = capabilities<F>::heterogeneous_groups;
+
+/// True when F's sync plan depends on sync_context::round (capability 14).
+template <class F>
+inline constexpr bool plan_per_round_v = capabilities<F>::plan_per_round;
+
+/// Which groups hold which units under a policy of config `c` (capability 16).
+template <class F>
+shard::ownership owners_of(const typename F::config& c) {
+  if constexpr (capabilities<F>::owners)
+    return c.owners;
+  else
+    return {};
+}
 
 /// Policy F in memory space S (requirement 10).
 template <class F, class S>

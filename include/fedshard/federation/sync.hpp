@@ -152,6 +152,7 @@ class synchronizer {
   /// The policy in space S.
   using policy_type = in_space_t<F, S>;
   using stream_type = typename S::stream;
+  static_assert(capabilities<F>::checked && capabilities<policy_type>::checked);
 
   /// Fragments of `layout` (a rank's master holds each unit's shard, as shard::engine lays it
   /// out) on this rank of a mesh of `shape`, with buffers in space s (which outlives the
@@ -446,7 +447,7 @@ class synchronizer {
   /// The units this rank's group holds (all unless the policy's config has owners).
   static std::vector<bool> held_of(const typename F::config& fed, const flat_layout& layout,
                                    const mesh_shape& shape, const mesh_coords& coords) {
-    const shard::ownership owners = shard::ownership_of(fed);
+    const shard::ownership owners = owners_of<F>(fed);
     owners.check(layout, shape.groups);
     return owners.everyone() ? std::vector<bool>{}
                              : owners.held_by(coords.group, layout.num_units());
@@ -540,7 +541,7 @@ class synchronizer {
                    fr.start = {};
                    fr.finish = {};
                  }});
-    if constexpr (requires { policy_.outer_steps(0); })
+    if constexpr (capabilities<policy_type>::outer_steps)
       reg.add({.name = p + "outer_steps",
                .family = family + "outer_steps",
                .fragment = f,
@@ -661,13 +662,10 @@ class synchronizer {
         case role::tokens: return fr.tokens_buf.view();
         case role::group_tokens: return fr.group_tokens_buf.view();
         case role::gathered:  // a policy's std::span<float> of G copies of the fragment, if any
-          if constexpr (requires {  // or its buffer `index` (gossip: one per peer)
-                          { policy_.gathered(f, o.index) } -> std::convertible_to<std::span<float>>;
-                        })
+          if constexpr (capabilities<policy_type>::gathered_per_peer)  // or its buffer `index`
+                                                                       // (gossip)
             return view(std::span<float>(policy_.gathered(f, o.index)));
-          else if constexpr (requires {
-                               { policy_.gathered(f) } -> std::convertible_to<std::span<float>>;
-                             })
+          else if constexpr (capabilities<policy_type>::gathered)
             return view(std::span<float>(policy_.gathered(f)));
           break;
         default: break;
@@ -730,7 +728,7 @@ class synchronizer {
       fr.plan.check();
     }
     space_->wait(sync_, space_->record(compute));  // the master after the optimizer step
-    if constexpr (requires { policy_.member_sets(shape_); }) {
+    if constexpr (capabilities<policy_type>::member_sets) {
       // The sub-communicators of the policy's member ops, made once (collective over the
       // federation axis: every rank's first sync start lists the same sets).
       if (!members_split_) interp.split_members(axis::federation, policy_.member_sets(shape_));

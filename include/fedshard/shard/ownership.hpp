@@ -104,13 +104,4 @@ inline std::vector<std::size_t> held_offsets(const flat_layout& layout,
   return out;
 }
 
-/// The ownership in a federation policy's config (its `owners` member), or none (everyone).
-template <class Config>
-ownership ownership_of(const Config& c) {
-  if constexpr (requires { c.owners; })
-    return c.owners;
-  else
-    return {};
-}
-
 }  // namespace fedshard::shard

@@ -242,7 +242,7 @@ class algorithm_model_of final : public algorithm_model {
   explicit algorithm_model_of(const algorithm_options<A>& o)
       : schedule_(o.schedule),
         policy_(o.federation, {}),
-        owners_(shard::ownership_of(o.federation)),
+        owners_(federation::owners_of<federation_type>(o.federation)),
         inner_state_buffers_(o.inner_state_buffers),
         cadence_(cadence_of(schedule_, window(o))) {}
 
