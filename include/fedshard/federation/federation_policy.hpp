@@ -63,6 +63,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fedshard/core/member_names.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/optimizer.hpp"
 #include "fedshard/plan/comm_op.hpp"
@@ -163,36 +164,22 @@ concept FederationPolicy = std::default_initializable<typename F::config> &&
 };
 
 namespace detail {
-// names_<member><T>: T has a member (of any kind: function, overload set, data, type) called
-// <member>. A class deriving from T and from one with an int <member> finds the name twice
-// then, so taking its address is ambiguous. How capabilities<F> tells "absent" from "present
-// with another signature" and catches near-miss names.
-#define FEDSHARD_DETAIL_NAMES(member)                                                             \
-  struct names_##member##_probe {                                                                 \
-    int member;                                                                                   \
-  };                                                                                              \
-  template <class T>                                                                              \
-  struct names_##member##_both : T, names_##member##_probe {};                                    \
-  template <class T>                                                                              \
-  inline constexpr bool names_##member = std::is_class_v<T> && !std::is_final_v<T> && !requires { \
-    &names_##member##_both<T>::member;                                                            \
-  };
-FEDSHARD_DETAIL_NAMES(member_sets)
-FEDSHARD_DETAIL_NAMES(member_set)
-FEDSHARD_DETAIL_NAMES(gathered)
-FEDSHARD_DETAIL_NAMES(gather)
-FEDSHARD_DETAIL_NAMES(outer_steps)
-FEDSHARD_DETAIL_NAMES(outer_step)
-FEDSHARD_DETAIL_NAMES(set_outer_steps)
-FEDSHARD_DETAIL_NAMES(set_outer_step)
-FEDSHARD_DETAIL_NAMES(plan_per_round)
-FEDSHARD_DETAIL_NAMES(plan_per_rounds)
-FEDSHARD_DETAIL_NAMES(heterogeneous_groups)
-FEDSHARD_DETAIL_NAMES(heterogenous_groups)
-FEDSHARD_DETAIL_NAMES(heterogeneous_group)
-FEDSHARD_DETAIL_NAMES(owners)
-FEDSHARD_DETAIL_NAMES(owner)
-#undef FEDSHARD_DETAIL_NAMES
+// The member names capabilities<F> looks for: its own and near misses of them.
+FEDSHARD_MEMBER_NAME(member_sets)
+FEDSHARD_MEMBER_NAME(member_set)
+FEDSHARD_MEMBER_NAME(gathered)
+FEDSHARD_MEMBER_NAME(gather)
+FEDSHARD_MEMBER_NAME(outer_steps)
+FEDSHARD_MEMBER_NAME(outer_step)
+FEDSHARD_MEMBER_NAME(set_outer_steps)
+FEDSHARD_MEMBER_NAME(set_outer_step)
+FEDSHARD_MEMBER_NAME(plan_per_round)
+FEDSHARD_MEMBER_NAME(plan_per_rounds)
+FEDSHARD_MEMBER_NAME(heterogeneous_groups)
+FEDSHARD_MEMBER_NAME(heterogenous_groups)
+FEDSHARD_MEMBER_NAME(heterogeneous_group)
+FEDSHARD_MEMBER_NAME(owners)
+FEDSHARD_MEMBER_NAME(owner)
 }  // namespace detail
 
 /// The optional capabilities 11-16 of FederationPolicy F, detected here and nowhere else.

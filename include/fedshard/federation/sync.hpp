@@ -152,7 +152,8 @@ class synchronizer {
   /// The policy in space S.
   using policy_type = in_space_t<F, S>;
   using stream_type = typename S::stream;
-  static_assert(capabilities<F>::checked && capabilities<policy_type>::checked);
+  static_assert(capabilities<F>::checked && capabilities<policy_type>::checked &&
+                schedule::capabilities<Sch>::checked);
 
   /// Fragments of `layout` (a rank's master holds each unit's shard, as shard::engine lays it
   /// out) on this rank of a mesh of `shape`, with buffers in space s (which outlives the
@@ -691,7 +692,7 @@ class synchronizer {
     // the host queued it (the same on host spaces, where the work ran in order). Every rank
     // of the group waits, not only the root: the root's step completes only once its peers'
     // step collectives ran, and they wait for the root's clock at progress_op anyway.
-    if constexpr (requires { requires Sch::uses_clock; }) space_->synchronize(compute);
+    if constexpr (schedule::capabilities<Sch>::uses_clock) space_->synchronize(compute);
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start_time_;
     const double mine[2] = {static_cast<double>(step_tokens_), root ? elapsed.count() : 0.0};
     space_->from_host(sync_, const_buffer_view{mine, 2, dtype::f64}, progress_buf_.view());

@@ -43,6 +43,15 @@
 ///  6. `void check(int num_units) const`: invalid_argument when the schedule cannot run on a
 ///     model with num_units units.
 ///  7. `S::name`, a std::string_view.
+///
+/// Optional capabilities (declared here, detected once in schedule::capabilities<S>, each with
+/// its default when absent; a near-miss name or another type is a compile error naming what was
+/// meant):
+///  8. `static constexpr bool uses_clock` (see 3; wall_clock). Default false.
+///  9. The config settings tools set by name (the simulator's --period, --fragments, --delay,
+///     --alpha): `int period` (K or H, steps between syncs), `int fragments` (P), `int delay`
+///     (τ), `float alpha` (α). Default: the schedule has no such setting (the simulator
+///     refuses fragments, delay and alpha for it, and prices it without a period).
 
 #include <concepts>
 #include <cstddef>
@@ -51,6 +60,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fedshard/core/member_names.hpp"
 #include "fedshard/error.hpp"
 
 namespace fedshard::schedule {
@@ -125,6 +135,69 @@ concept ProgressSchedule = detail::schedule_common<S> &&
 /// See the numbered requirements above.
 template <class S>
 concept SyncSchedule = StepSchedule<S> || ProgressSchedule<S>;
+
+namespace detail {
+// The member names capabilities<S> looks for: its own and near misses of them.
+FEDSHARD_MEMBER_NAME(uses_clock)
+FEDSHARD_MEMBER_NAME(use_clock)
+FEDSHARD_MEMBER_NAME(period)
+FEDSHARD_MEMBER_NAME(periods)
+FEDSHARD_MEMBER_NAME(K)
+FEDSHARD_MEMBER_NAME(H)
+FEDSHARD_MEMBER_NAME(fragments)
+FEDSHARD_MEMBER_NAME(fragment)
+FEDSHARD_MEMBER_NAME(delay)
+FEDSHARD_MEMBER_NAME(tau)
+FEDSHARD_MEMBER_NAME(alpha)
+FEDSHARD_MEMBER_NAME(mixing)
+}  // namespace detail
+
+/// The optional capabilities 8 and 9 of SyncSchedule S, detected here and nowhere else (the
+/// synchronizer and the simulator read them through this).
+template <class S>
+struct capabilities {
+  using config = typename S::config;
+  /// 8.
+  static constexpr bool uses_clock = requires { requires S::uses_clock; };
+  /// 9, each setting.
+  static constexpr bool period = requires(config & c) {
+    { c.period } -> std::same_as<int&>;
+  };
+  static constexpr bool fragments = requires(config & c) {
+    { c.fragments } -> std::same_as<int&>;
+  };
+  static constexpr bool delay = requires(config & c) {
+    { c.delay } -> std::same_as<int&>;
+  };
+  static constexpr bool alpha = requires(config & c) {
+    { c.alpha } -> std::same_as<float&>;
+  };
+
+  static_assert(!detail::names_use_clock<S>,
+                "SyncSchedule: the schedule has a member `use_clock`; did you mean `static "
+                "constexpr bool uses_clock` (capability 8, sync_schedule.hpp)?");
+  static_assert(
+      !detail::names_uses_clock<S> || requires { bool{S::uses_clock}; },
+      "SyncSchedule: the schedule's `uses_clock` is not a constant bool (capability 8)");
+  static_assert(!detail::names_periods<config> && !detail::names_K<config> &&
+                    !detail::names_H<config>,
+                "SyncSchedule: the schedule's config has a member `periods`, `K` or `H`; did you "
+                "mean `int period` (capability 9, sync_schedule.hpp)?");
+  static_assert(!detail::names_fragment<config> && !detail::names_tau<config> &&
+                    !detail::names_mixing<config>,
+                "SyncSchedule: the schedule's config has a member `fragment`, `tau` or `mixing`; "
+                "did you mean `int fragments`, `int delay` or `float alpha` (capability 9)?");
+  static_assert((!detail::names_period<config> || period) &&
+                    (!detail::names_fragments<config> || fragments) &&
+                    (!detail::names_delay<config> || delay) &&
+                    (!detail::names_alpha<config> || alpha),
+                "SyncSchedule: a config setting of capability 9 has another type than the one "
+                "declared (int period, int fragments, int delay, float alpha): tools would not "
+                "set it");
+
+  /// True once the checks above compiled.
+  static constexpr bool checked = true;
+};
 
 namespace detail {
 

@@ -294,7 +294,7 @@ class algorithm_model_of final : public algorithm_model {
     FEDSHARD_EXPECTS(o.cadence_window >= 0,
                      "sim: cadence_window must be >= 0 (0: automatic), found ", o.cadence_window);
     if (o.cadence_window > 0) return o.cadence_window;
-    if constexpr (requires { o.schedule.period; })
+    if constexpr (schedule::capabilities<schedule_type>::period)
       return static_cast<std::int64_t>(o.schedule.period);
     else
       return default_cadence_window;
@@ -429,7 +429,7 @@ algorithm_options<A> options_for(std::string_view name, const algorithm_settings
   if (s.period) {
     FEDSHARD_EXPECTS(*s.period >= 1, "sim: ", name,
                      ": K (period, the steps between syncs) must be >= 1, found ", *s.period);
-    if constexpr (requires { c.period; }) c.period = *s.period;
+    if constexpr (schedule::capabilities<schedule_type>::period) c.period = *s.period;
   }
   auto refuse = [&](std::string_view setting) {
     throw invalid_argument(fedshard::detail::concat(
@@ -437,19 +437,19 @@ algorithm_options<A> options_for(std::string_view name, const algorithm_settings
         "' setting (fragments, delay and alpha are settings of schedule::streaming)"));
   };
   if (s.fragments) {
-    if constexpr (requires { c.fragments; })
+    if constexpr (schedule::capabilities<schedule_type>::fragments)
       c.fragments = *s.fragments;
     else
       refuse("fragments");
   }
   if (s.delay) {
-    if constexpr (requires { c.delay; })
+    if constexpr (schedule::capabilities<schedule_type>::delay)
       c.delay = *s.delay;
     else
       refuse("delay");
   }
   if (s.alpha) {
-    if constexpr (requires { c.alpha; })
+    if constexpr (schedule::capabilities<schedule_type>::alpha)
       c.alpha = *s.alpha;
     else
       refuse("alpha");

@@ -12,6 +12,10 @@
 ///  5. Optionally `m.tokens(batch)` -> std::int64_t: tokens (or samples) in the batch, the
 ///     weight of weighted federation; otherwise std::size(batch) if the batch is a range,
 ///     else 1.
+/// The optional members 3 to 5 are detected in model_capabilities<M> alone; the trainer
+/// instantiates it at its declaration, where a near-miss name (initial_value, init_values,
+/// eval, evaluation, token, num_tokens) or an initial_values of another signature is a
+/// compile error naming the member meant.
 /// Phases and triggers: in forward_backward the model calls `ctx.acquire(u)` (forward) before
 /// it reads unit u in forward, `ctx.release(u)` when done with it, and in backward
 /// `ctx.acquire(u, fedshard::phase::backward)` before it reads u again, then
@@ -35,6 +39,7 @@
 
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
+#include "fedshard/core/member_names.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/shard/flat_layout.hpp"
@@ -270,6 +275,46 @@ concept ModelUnits = requires(M& m) {
 template <class M, class B, class S = space::host_space>
 concept Evaluates = requires(M& m, basic_step_context<S>& ctx, const B& batch) {
   { m.evaluate(ctx, batch) } -> std::convertible_to<float>;
+};
+
+namespace detail {
+// The member names model_capabilities<M> looks for: its own and near misses of them.
+FEDSHARD_MEMBER_NAME(initial_values)
+FEDSHARD_MEMBER_NAME(initial_value)
+FEDSHARD_MEMBER_NAME(init_values)
+FEDSHARD_MEMBER_NAME(eval)
+FEDSHARD_MEMBER_NAME(evaluation)
+FEDSHARD_MEMBER_NAME(token)
+FEDSHARD_MEMBER_NAME(num_tokens)
+}  // namespace detail
+
+/// The optional requirement 3 of Model M, detected here and nowhere else (4 and 5 depend on
+/// the batch type: Evaluates and tokens_of), and the checks for near-miss names of 3 to 5.
+template <class M>
+struct model_capabilities {
+  /// 3.
+  static constexpr bool initial_values = requires(M & m, const flat_layout& l, std::size_t u) {
+    { m.initial_values(l, u) } -> std::convertible_to<std::vector<float>>;
+  };
+
+  static_assert(!detail::names_initial_value<M> && !detail::names_init_values<M>,
+                "Model: the model has a member `initial_value` or `init_values`; did you mean "
+                "`initial_values(const flat_layout&, std::size_t unit) -> std::vector<float>` "
+                "(requirement 3, trainer/model.hpp)? Without it parameters start at zero");
+  static_assert(!detail::names_initial_values<M> || initial_values,
+                "Model: the model's `initial_values` is not callable as `initial_values(const "
+                "flat_layout&, std::size_t unit) -> std::vector<float>` (requirement 3): "
+                "parameters would start at zero");
+  static_assert(!detail::names_eval<M> && !detail::names_evaluation<M>,
+                "Model: the model has a member `eval` or `evaluation`; did you mean "
+                "`evaluate(ctx, batch) -> float` (requirement 4, trainer/model.hpp)?");
+  static_assert(!detail::names_token<M> && !detail::names_num_tokens<M>,
+                "Model: the model has a member `token` or `num_tokens`; did you mean "
+                "`tokens(batch) -> std::int64_t` (requirement 5, trainer/model.hpp)? Without it "
+                "a batch weighs std::size(batch)");
+
+  /// True once the checks above compiled.
+  static constexpr bool checked = true;
 };
 
 /// Tokens (or samples) in a batch, as requirement 5 above says.

@@ -67,6 +67,7 @@ class trainer final {
                 "std::vector<unit_spec> (requirement 1 of the Model concept, trainer/model.hpp): "
                 "the trainer lays out, shards and initialises the model's parameters from it at "
                 "construction");
+  static_assert(model_capabilities<ModelT>::checked);
   static_assert(std::is_same_v<S, space::space_of_t<C>> || S::host_accessible,
                 "fedshard::trainer: a space other than the communicator's must be one the host "
                 "can read (the communicator reads and writes its buffers on the host)");
@@ -100,7 +101,7 @@ class trainer final {
     sync_.check_run(opts_.total_steps, engine_.step_plan(), shard_policy::name);
     engine_.set_max_live_units(opts_.max_live_units);
     engine_.attach_optimizer(optimizer_, opt);
-    if constexpr (requires { model_.initial_values(engine_.layout(), std::size_t{0}); }) {
+    if constexpr (model_capabilities<ModelT>::initial_values) {
       for (std::size_t u = 0; u < engine_.layout().num_units(); ++u)
         if (engine_.holds(u)) engine_.set_unit(u, model_.initial_values(engine_.layout(), u));
     }
