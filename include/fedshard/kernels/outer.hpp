@@ -29,10 +29,10 @@
 /// So outer_sgd with η = 1 is fl(θ − d), one rounding, and Nesterov and FedMom are
 /// torch.optim.SGD(momentum=μ, dampening=0, nesterov=…) on a later step: the DiLoCo outer
 /// optimizer, bit for bit (torch's first step copies d into the buffer; here the zero
-/// buffer gives fl(0 + d) = d, which differs only for d = −0). These functors round exactly
-/// as their own arithmetic did before they handed it to sgd_update (fma(d, 1, p) and
-/// fl(p + d) are the same rounding of the same exact sum), with one exception IEEE 754
-/// leaves open: where m·μ and d are both NaN, which of the two NaNs comes out.
+/// buffer gives fl(0 + d) = d, which differs only for d = −0). fma(d, 1, p) and fl(p + d)
+/// are one rounding of the same exact sum, so both forms of m' give the same bits, signed
+/// zeros included, except where m·μ and d are both NaN: which NaN comes out is left open
+/// by IEEE 754 (on x86 an add and an fma may pick different ones).
 ///
 /// FedAdam and FedYogi round op by op, in this fixed order:
 ///
