@@ -1,14 +1,30 @@
 // outer_optimizer<Rule>: anchors per fragment, pseudo-gradients in begin, the rule's step in
-// end, named state for checkpoints, and checks on fragment indices and sizes.
+// end, named state for checkpoints, and checks on fragment indices and sizes; any shard
+// optimizer as the outer one (as_outer<O>), and DiLoCo's Nesterov step by hand.
 #include "fedshard/federation/outer_optimizer.hpp"
 
 #include <doctest/doctest.h>
 
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "fedshard/comm/inproc.hpp"
+#include "fedshard/error.hpp"
 #include "fedshard/federation/outer_rules.hpp"
+#include "fedshard/federation/sync.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "fedshard/optim/adamw.hpp"
+#include "fedshard/optim/optimizer.hpp"
+#include "fedshard/optim/sgd.hpp"
+#include "fedshard/plan/interpreter.hpp"
+#include "fedshard/schedule/periodic.hpp"
+#include "fedshard/shard/flat_layout.hpp"
 #include "support/op_lists.hpp"
+#include "support/spawn_ranks.hpp"
 
 using namespace fedshard;
 using namespace fedshard::federation;
@@ -18,6 +34,44 @@ namespace {
 std::vector<float> to_vec(std::span<const float> s) {
   return {s.begin(), s.end()};
 }
+
+std::vector<std::uint32_t> bits(std::span<const float> s) {
+  std::vector<std::uint32_t> out;
+  for (const float x : s) out.push_back(std::bit_cast<std::uint32_t>(x));
+  return out;
+}
+
+/// A shard optimizer written here, host only (no in_space, no stream): sign descent with
+/// heavy-ball momentum, buf <- buf / 2 + g; θ <- θ - lr * sign(buf).
+class sign_momentum {
+ public:
+  struct config {
+    float lr = 0.25f;
+  };
+  sign_momentum(config c, std::size_t n) : buf_(n, 0.0f) {
+    FEDSHARD_EXPECTS(c.lr >= 0.0f, "sign_momentum: config.lr must be >= 0, found ", c.lr);
+  }
+  void step(std::span<float> param, std::span<const float> grad, float lr) {
+    FEDSHARD_EXPECTS(param.size() == buf_.size() && grad.size() == buf_.size(),
+                     "sign_momentum::step: sizes");
+    for (std::size_t i = 0; i < buf_.size(); ++i) {
+      buf_[i] = buf_[i] * 0.5f + grad[i];
+      param[i] -= buf_[i] > 0.0f ? lr : (buf_[i] < 0.0f ? -lr : 0.0f);
+    }
+    ++steps_;
+  }
+  std::vector<optim::state_tensor> state() { return {{"buf", std::span<float>(buf_)}}; }
+  std::int64_t step_count() const { return steps_; }
+  void set_step_count(std::int64_t s) { steps_ = s; }
+  std::size_t size() const { return buf_.size(); }
+
+ private:
+  std::vector<float> buf_;
+  std::int64_t steps_ = 0;
+};
+static_assert(optim::ShardOptimizer<sign_momentum>);
+static_assert(OuterRule<as_outer<sign_momentum>>);
+static_assert(OuterRule<as_outer<optim::adamw>>);
 
 }  // namespace
 
@@ -235,4 +289,122 @@ TEST_CASE("outer_steps and set_outer_steps of a fragment out of range are invali
                        invalid_argument);
   CHECK_THROWS_WITH_AS(o.set_outer_steps(-1, 0),
                        doctest::Contains("fragment must be in [0, 1), found -1"), invalid_argument);
+}
+
+TEST_CASE("as_outer: a shard optimizer written by the user is the outer one of 2 groups") {
+  // 2 groups of 1 rank, one tensor of 2 elements, a sync after every step; sign_momentum
+  // with lr 0.25 steps the anchor on the mean pseudo-gradient d. All values are dyadic, so
+  // every sum is exact.
+  //   start   anchor (1, -2)
+  //   round 1 groups at (0, -1) and (0.5, -2.5): Δ = (1, -1) and (0.5, 0.5), d = (0.75, -0.25)
+  //           buf = (0.75, -0.25); anchor = (1 - 0.25, -2 + 0.25) = (0.75, -1.75)
+  //   round 2 groups at (1.25, -1.75) and (0.75, -1.25): Δ = (-0.5, 0) and (0, -0.5),
+  //           d = (-0.25, -0.25); buf = (0.375 - 0.25, -0.125 - 0.25) = (0.125, -0.375):
+  //           element 0 still moves down (the momentum outweighs d); anchor = (0.5, -1.5)
+  const mesh_shape shape{2, 1, 1};
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    interpreter<inproc::communicator> in(m);
+    const std::vector<unit_spec> units{{"u", {{"w", {2}}}}};
+    const flat_layout l(units, 1);
+    // A rank's shard is padded to 16 floats; the padding stays 0 (d = 0, sign 0).
+    REQUIRE(l.total_shard_numel() == 16);
+    using policy = outer_optimizer<as_outer<sign_momentum>>;
+    synchronizer<policy, schedule::periodic> s({.rule = {.lr = 0.25f}}, {.period = 1}, l, shape,
+                                               m.coords(), 0);
+    const int g = m.coords().group;
+    auto model = [](float a, float b) {
+      std::vector<float> v(16, 0.0f);
+      v[0] = a;
+      v[1] = b;
+      return v;
+    };
+    std::vector<float> master = model(1.0f, -2.0f);
+    s.reset(master);
+    master = g == 0 ? model(0.0f, -1.0f) : model(0.5f, -2.5f);
+    s.after_step(in, 0, 0, master, {});
+    CHECK(master == model(0.75f, -1.75f));
+    master = g == 0 ? model(1.25f, -1.75f) : model(0.75f, -1.25f);
+    s.after_step(in, 1, 0, master, {});
+    CHECK(master == model(0.5f, -1.5f));
+    CHECK(s.policy().outer_steps(0) == 2);
+    const auto state = s.policy().state();
+    REQUIRE(state.size() == 2);  // the anchor, then the optimizer's own state
+    CHECK((state[1].name == "buf" && state[1].fragment == 0));
+    CHECK(to_vec(state[1].data) == model(0.125f, -0.375f));
+    in.wait_all();
+  });
+}
+
+TEST_CASE("as_outer: AdamW as the outer optimizer of 2 groups moves the anchor by lr sign(d)") {
+  // AdamW lr 0.1, weight decay 0.01 (its default), β1 0.9, β2 0.999, on d: with the same d
+  // every round the bias-corrected moments are m̂ = d and v̂ = d², so each step is
+  // θ <- θ (1 - 0.1 · 0.01) - 0.1 d / (|d| + 1e-8), i.e. θ · 0.999 - 0.1 sign(d) to 1e-7.
+  //   anchor (1, 2); groups at (0, 3) and (1, 2.5): Δ = (1, -1) and (0, -0.5), d = (0.5, -0.75)
+  //   round 1: (0.999 - 0.1, 1.998 + 0.1) = (0.899, 2.098)
+  //   round 2 (same Δ): (0.899 · 0.999 - 0.1, 2.098 · 0.999 + 0.1) = (0.798101, 2.195902)
+  //   exp_avg after 2 rounds: (0.1 · 0.9 + 0.1) d = 0.19 d = (0.095, -0.1425)
+  outer_optimizer<as_outer<optim::adamw>>::config c;
+  c.rule.lr = 0.1f;
+  outer_optimizer<as_outer<optim::adamw>> o(c, {2});
+  CHECK(o.name == "as_outer");
+  o.reset(0, std::vector<float>{1.0f, 2.0f});
+  const std::vector<std::vector<float>> deltas{{1.0f, -1.0f}, {0.0f, -0.5f}};
+  for (int round = 0; round < 2; ++round) {
+    std::vector<float> g0(2), g1(2);  // the groups' models: anchor - Δ_g
+    for (std::size_t i = 0; i < 2; ++i) {
+      g0[i] = o.anchor(0)[i] - deltas[0][i];
+      g1[i] = o.anchor(0)[i] - deltas[1][i];
+    }
+    o.begin(0, g0, {});
+    o.begin(0, g1, {});
+    std::vector<float> mean{(g0[0] + g1[0]) / 2, (g0[1] + g1[1]) / 2};
+    o.end(0, mean, {});
+  }
+  CHECK(std::fabs(o.anchor(0)[0] - 0.798101f) <= 1e-6f);
+  CHECK(std::fabs(o.anchor(0)[1] - 2.195902f) <= 1e-6f);
+  CHECK(o.outer_steps(0) == 2);
+  const auto s = o.state();
+  REQUIRE(s.size() == 3);
+  CHECK((s[1].name == "exp_avg" && s[2].name == "exp_avg_sq"));
+  CHECK(std::fabs(s[1].data[0] - 0.095f) <= 1e-6f);
+  CHECK(std::fabs(s[1].data[1] + 0.1425f) <= 1e-6f);
+  CHECK_THROWS_WITH_AS(as_outer<optim::adamw>({.lr = INFINITY}, 2),
+                       doctest::Contains("as_outer: config.lr must be a finite number >= 0"),
+                       invalid_argument);
+}
+
+TEST_CASE("nesterov runs optim::sgd on d: DiLoCo's update for 2 elements, by hand") {
+  // DiLoCo's lr 0.7 and momentum 0.9; m starts at 0: m <- 0.9 m + d; θ <- θ - 0.7 (0.9 m + d)
+  //   anchor (1, -1)
+  //   d1 = (0.5, 0):    m = (0.5, 0);   0.9 m + d = (0.95, 0);    θ = (1 - 0.665, -1)
+  //                                                                 = (0.335, -1)
+  //   d2 = (0.25, 0.5): m = (0.7, 0.5); 0.9 m + d = (0.88, 0.95); θ = (0.335 - 0.616,
+  //                                                                    -1 - 0.665)
+  //                                                                 = (-0.281, -1.665)
+  // optim::sgd with the same lr, momentum and Nesterov, its buffer from zero, as the outer
+  // optimizer gives the same bits.
+  outer_optimizer<nesterov> diloco({}, {2});
+  outer_optimizer<as_outer<optim::sgd>>::config c;
+  c.rule = {.lr = 0.7f, .momentum = 0.9f, .nesterov = true, .start = optim::momentum_start::zero};
+  outer_optimizer<as_outer<optim::sgd>> sgd(c, {2});
+  diloco.reset(0, std::vector<float>{1.0f, -1.0f});
+  sgd.reset(0, std::vector<float>{1.0f, -1.0f});
+  const std::vector<std::vector<float>> ds{{0.5f, 0.0f}, {0.25f, 0.5f}};
+  const std::vector<std::vector<double>> want{{0.335, -1.0}, {-0.281, -1.665}};
+  for (std::size_t k = 0; k < 2; ++k) {
+    CAPTURE(k);
+    std::vector<float> a = ds[k], b = ds[k];
+    diloco.end(0, a, {});
+    sgd.end(0, b, {});
+    for (std::size_t i = 0; i < 2; ++i)
+      CHECK(std::fabs(static_cast<double>(a[i]) - want[k][i]) <= 1e-6);
+    CHECK(bits(a) == bits(b));
+  }
+  CHECK(diloco.state()[1].name == "momentum");
+  CHECK(sgd.state()[1].name == "momentum_buffer");
+  CHECK(std::fabs(diloco.state()[1].data[0] - 0.7f) <= 1e-6f);
+  CHECK(diloco.state()[1].data[1] == 0.5f);
+  CHECK(bits(diloco.state()[1].data) == bits(sgd.state()[1].data));
+  CHECK(diloco.outer_steps(0) == 2);
 }

@@ -248,6 +248,51 @@ TEST_CASE("nesterov and fedmom round as torch SGD's later steps (kernels/sgd.hpp
   }
 }
 
+TEST_CASE("the SGD-family functors keep the op order also on zeros, infinities, subnormals") {
+  // outer_sgd_update, outer_nesterov_update and outer_fedmom_update hand their scalars to
+  // sgd_update; on every combination of these values the result is the op order written
+  // out above, bit for bit, signs of zero included. A NaN is compared as NaN: which NaN
+  // comes out where two meet (m·μ and d) is left open by IEEE 754.
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float sub = std::numeric_limits<float>::denorm_min();
+  const float big = std::numeric_limits<float>::max();
+  const std::vector<float> values{0.0f, -0.0f, 1.0f, -1.5f, inf, -inf, nan, sub, -sub, big};
+  auto same = [](float a, float b) { return same_bits(a, b) || (std::isnan(a) && std::isnan(b)); };
+  std::size_t compared = 0, signed_zeros = 0;
+  for (const float lr : {0.0f, 0.7f, 1.0f})
+    for (const float mu : {0.0f, 0.9f})
+      for (const float theta : values)
+        for (const float d : values)
+          for (const float m : values) {
+            const kernels::outer_sgd_update sgd{kernels::make_outer_sgd_scalars(lr)};
+            const auto ms = kernels::make_outer_momentum_scalars(lr, mu);
+            float t = theta;
+            sgd(t, d);
+            bool ok = same(t, reference_sgd(theta, d, lr));
+            float t1 = theta, m1 = m, t2 = theta, m2 = m;
+            kernels::outer_nesterov_update{ms}(t1, d, m1);
+            reference_nesterov(t2, d, m2, lr, mu);
+            ok = ok && same(t1, t2) && same(m1, m2);
+            signed_zeros += t1 == 0.0f && std::signbit(t1);
+            t1 = theta, m1 = m, t2 = theta, m2 = m;
+            kernels::outer_fedmom_update{ms}(t1, d, m1);
+            reference_fedmom(t2, d, m2, lr, mu);
+            ok = ok && same(t1, t2) && same(m1, m2);
+            if (!ok) {
+              CAPTURE(lr);
+              CAPTURE(mu);
+              CAPTURE(theta);
+              CAPTURE(d);
+              CAPTURE(m);
+              CHECK(ok);
+            }
+            ++compared;
+          }
+  CHECK(compared == 3 * 2 * 10 * 10 * 10);
+  CHECK(signed_zeros > 0);  // -0 results were among those compared
+}
+
 TEST_CASE("fedyogi keeps v when v == d² and when d is NaN, and never makes v negative") {
   const auto s = kernels::make_outer_adaptive_scalars(1e-2f, 0.9f, 0.99f, 1e-3f);
   const kernels::outer_fedyogi_update yogi{s};

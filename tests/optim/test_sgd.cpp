@@ -233,3 +233,65 @@ TEST_CASE("sgd::step rejects spans of the wrong size and a negative lr, changing
   CHECK_THROWS_WITH_AS(opt.set_step_count(-2), doctest::Contains("found -2"),
                        fedshard::invalid_argument);
 }
+
+TEST_CASE("momentum_start::zero decays a zero buffer from the first step on, by hand") {
+  using fedshard::optim::momentum_start;
+  // lr 0.5, momentum 0.5, dampening 0.5, grad (4, -8), param (1, -2):
+  //   torch's start: buf = g = (4, -8);                  param = (1 - 2, -2 + 4) = (-1, 2)
+  //   zero start:    buf = 0.5 · 0 + 0.5 g = (2, -4);    param = (1 - 1, -2 + 2) = (0, 0)
+  //   then, same grad: buf = 0.5 (2, -4) + 0.5 (4, -8) = (3, -6); param = (-1.5, 3)
+  sgd torch_start({.lr = 0.5f, .momentum = 0.5f, .dampening = 0.5f}, 2);
+  sgd zero_start({.lr = 0.5f, .momentum = 0.5f, .dampening = 0.5f, .start = momentum_start::zero},
+                 2);
+  std::vector<float> p1{1.0f, -2.0f}, p2 = p1;
+  const std::vector<float> grad{4.0f, -8.0f};
+  torch_start.step(p1, grad, 0.5f);
+  zero_start.step(p2, grad, 0.5f);
+  CHECK(p1 == std::vector<float>{-1.0f, 2.0f});
+  CHECK(p2 == std::vector<float>{0.0f, 0.0f});
+  const auto buf = zero_start.state()[0].data;
+  CHECK(std::vector<float>(buf.begin(), buf.end()) == std::vector<float>{2.0f, -4.0f});
+  zero_start.step(p2, grad, 0.5f);
+  CHECK(std::vector<float>(buf.begin(), buf.end()) == std::vector<float>{3.0f, -6.0f});
+  CHECK(p2 == std::vector<float>{-1.5f, 3.0f});
+  // A step count of 0 (a restore) does not make the next step a first step.
+  zero_start.set_step_count(0);
+  zero_start.step(p2, grad, 0.0f);
+  CHECK(std::vector<float>(buf.begin(), buf.end()) == std::vector<float>{3.5f, -7.0f});
+}
+
+TEST_CASE("momentum_start::zero keeps a buffer for momentum 0 and takes nesterov there") {
+  using fedshard::optim::momentum_start;
+  sgd plain({.lr = 1.0f, .momentum = 0.0f, .nesterov = true, .start = momentum_start::zero}, 3);
+  const auto state = plain.state();
+  REQUIRE(state.size() == 1);
+  CHECK(state[0].name == "momentum_buffer");
+  // buf = 0 · 0 + g = g; nesterov: g + 0 · buf = g; param = 0 - g.
+  std::vector<float> param(3, 0.0f);
+  const std::vector<float> grad{1.0f, -0.5f, 2.0f};
+  plain.step(param, grad, 1.0f);
+  CHECK(param == std::vector<float>{-1.0f, 0.5f, -2.0f});
+  CHECK(std::vector<float>(state[0].data.begin(), state[0].data.end()) == grad);
+
+  // Where the start shows in the bits: g = -0. torch's first step copies it (buf = -0);
+  // the zero start adds it to 0 · 0.9 (buf = fl(+0 + -0) = +0).
+  sgd torch_start({.lr = 1.0f, .momentum = 0.9f}, 1);
+  sgd zero_start({.lr = 1.0f, .momentum = 0.9f, .start = momentum_start::zero}, 1);
+  std::vector<float> a{1.0f}, b{1.0f};
+  const std::vector<float> negative_zero{-0.0f};
+  torch_start.step(a, negative_zero, 1.0f);
+  zero_start.step(b, negative_zero, 1.0f);
+  CHECK(std::signbit(torch_start.state()[0].data[0]));
+  CHECK_FALSE(std::signbit(zero_start.state()[0].data[0]));
+
+  using fedshard::invalid_argument;
+  CHECK_THROWS_WITH_AS(
+      sgd({.momentum = 0.9f, .dampening = 0.5f, .nesterov = true, .start = momentum_start::zero},
+          4),
+      doctest::Contains("sgd: config.nesterov requires dampening == 0, found dampening 0.5"),
+      invalid_argument);
+  CHECK_THROWS_WITH_AS(sgd({.start = static_cast<momentum_start>(7)}, 4),
+                       doctest::Contains("config.start must be momentum_start::first_gradient or "
+                                         "zero, found 7"),
+                       invalid_argument);
+}

@@ -4,7 +4,8 @@
 /// for bit: dtype casts (cast_fn), pack and unpack of a unit's tensors into a flat shard
 /// (copy_fn / zero_fn over the segments of kernels::for_each_segment), weighted
 /// aggregation of K shards (weighted_sum_fn, one launch for all K), shard SGD and AdamW
-/// (sgd_update, adamw_update) and the outer optimizers (outer_*_update).
+/// (sgd_update, adamw_update) and the outer optimizers (outer_*_update: outer SGD,
+/// Nesterov and FedMom hand their scalars to sgd_update).
 ///
 /// Every function enqueues its work on the given stream and returns at once (plans upload
 /// their segment table once, when built). Pointers and spans are device memory; arguments

@@ -2,9 +2,9 @@
 /// outer_optimizer<Rule>: FedOpt / DiLoCo. Each fragment keeps an anchor θ_anchor (the last
 /// synchronised parameters, sharded like the parameters). At a sync point every group sends
 /// its pseudo-gradient Δ_g = θ_anchor − θ_g; the mean Δ over groups drives an outer
-/// optimizer step on the anchor (Rule: outer_sgd, nesterov, fedmom, fedadam, fedyogi), and
-/// every group restarts from the new anchor. With `average_inner_moments` the inner
-/// optimizer's state is averaged across groups too (Photon).
+/// optimizer step on the anchor (Rule: outer_sgd, nesterov, fedmom, fedadam, fedyogi, or
+/// as_outer<O> for any shard optimizer O), and every group restarts from the new anchor. With
+/// `average_inner_moments` the inner optimizer's state is averaged across groups too (Photon).
 
 #include <cstddef>
 #include <span>

@@ -15,24 +15,35 @@
 ///   fedadam    m ← β1·m + (1−β1)·d;  v ← β2·v + (1−β2)·d²;  θ ← θ − η·m / (√v + τ)
 ///   fedyogi    v ← v − (1−β2)·d²·sign(v − d²);  otherwise as fedadam
 ///
-/// Precision: float32 elements, float scalars. Rounding, op by op, in this fixed order;
-/// fl() is one float rounding (to nearest even), fma() a fused multiply-add rounded once:
+/// Outer SGD, Nesterov and FedMom are SGD (kernels/sgd.hpp's sgd_update) with learning rate
+/// η, momentum μ, no dampening, no weight decay and no first step: the buffer m starts at
+/// zero and every step decays it (optim::momentum_start::zero). Their functors below only
+/// hand these scalars to sgd_update, which rounds every op; written out (fl() is one float
+/// rounding to nearest even, fma() a fused multiply-add rounded once):
 ///
-///   scalars    -η, μ, β1, β2, τ as given;  c1 = fl(1 − β1),  c2 = fl(1 − β2)
 ///   outer_sgd  θ' = fma(d, -η, θ)
-///   nesterov   m' = fl(fl(m·μ) + d);  u = fma(m', μ, d);  θ' = fma(u, -η, θ)
+///   nesterov   m' = fma(d, 1, fl(m·μ)) = fl(fl(m·μ) + d);  u = fma(m', μ, d);
+///              θ' = fma(u, -η, θ)
 ///   fedmom     m' = fl(fl(m·μ) + d);  θ' = fma(m', -η, θ)
+///
+/// So outer_sgd with η = 1 is fl(θ − d), one rounding, and Nesterov and FedMom are
+/// torch.optim.SGD(momentum=μ, dampening=0, nesterov=…) on a later step: the DiLoCo outer
+/// optimizer, bit for bit (torch's first step copies d into the buffer; here the zero
+/// buffer gives fl(0 + d) = d, which differs only for d = −0). fma(d, 1, p) and fl(p + d)
+/// are one rounding of the same exact sum, so both forms of m' give the same bits, signed
+/// zeros included, except where m·μ and d are both NaN: which NaN comes out is left open
+/// by IEEE 754 (on x86 an add and an fma may pick different ones).
+///
+/// FedAdam and FedYogi round op by op, in this fixed order:
+///
+///   scalars    -η, β1, β2, τ as given;  c1 = fl(1 − β1),  c2 = fl(1 − β2)
 ///   fedadam    m' = fma(d, c1, fl(m·β1));  d2 = fl(d·d);  v' = fma(d2, c2, fl(v·β2))
 ///              q = fl(fl(sqrt(v')) + τ);  θ' = fma(fl(m' / q), -η, θ)
 ///   fedyogi    as fedadam, except  t = fl(c2·d2);
 ///              v' = v > d2 ? fl(v − t) : v < d2 ? fl(v + t) : v
 ///
-/// So outer_sgd with η = 1 is fl(θ − d), one rounding. Nesterov and FedMom round exactly as
-/// kernels/sgd.hpp rounds torch.optim.SGD(momentum=μ, dampening=0, nesterov=…) on a later
-/// step: the DiLoCo outer optimizer, bit for bit (torch's first step copies d into the
-/// buffer; here the zero buffer gives fl(0 + d) = d, which differs only for d = −0). In
-/// FedYogi sign(v − d²) is that of the exact difference (0 when v == d2, and when d is NaN,
-/// which then reaches θ through m); a v that starts >= 0 stays so because t <= d2. An
+/// In FedYogi sign(v − d²) is that of the exact difference (0 when v == d2, and when d is
+/// NaN, which then reaches θ through m); a v that starts >= 0 stays so because t <= d2. An
 /// element reads only its own θ, d, m and v, so a shard split among objects evolves bit for
 /// bit as the whole. The fma and the separate roundings are explicit (kernels/sgd.hpp:
 /// fma_rn, mul_rn, add_rn, div_rn, sqrt_rn), so neither compiler flags nor host versus
@@ -87,32 +98,43 @@ FEDSHARD_HOST_DEVICE inline outer_adaptive_scalars make_outer_adaptive_scalars(f
   return {-lr, beta1, detail::add_rn(1.0f, -beta1), beta2, detail::add_rn(1.0f, -beta2), tau};
 }
 
-/// θ ← θ − η·d for one element.
+namespace detail {
+
+/// The sgd_update scalars of an outer SGD, Nesterov or FedMom step: learning rate -neg_lr,
+/// the momentum, no dampening or weight decay, never a first step.
+FEDSHARD_HOST_DEVICE inline sgd_scalars outer_as_sgd(float neg_lr, float momentum,
+                                                     bool nesterov) noexcept {
+  return {.neg_lr = neg_lr,
+          .weight_decay = 0.0f,
+          .momentum = momentum,
+          .one_minus_dampening = 1.0f,
+          .nesterov = nesterov,
+          .first_step = false};
+}
+
+}  // namespace detail
+
+/// θ ← θ − η·d for one element: sgd_update without momentum.
 struct outer_sgd_update {
   outer_sgd_scalars s;
   FEDSHARD_HOST_DEVICE void operator()(float& theta, float d) const noexcept {
-    theta = detail::fma_rn(d, s.neg_lr, theta);
+    sgd_update{detail::outer_as_sgd(s.neg_lr, 0.0f, false)}(theta, d);
   }
 };
 
-/// Nesterov momentum for one element and its momentum.
+/// Nesterov momentum for one element and its momentum: sgd_update with Nesterov's momentum.
 struct outer_nesterov_update {
   outer_momentum_scalars s;
   FEDSHARD_HOST_DEVICE void operator()(float& theta, float d, float& m) const noexcept {
-    const float m1 = detail::add_rn(detail::mul_rn(m, s.momentum), d);
-    const float u = detail::fma_rn(m1, s.momentum, d);
-    theta = detail::fma_rn(u, s.neg_lr, theta);
-    m = m1;
+    sgd_update{detail::outer_as_sgd(s.neg_lr, s.momentum, true)}(theta, d, m);
   }
 };
 
-/// Heavy-ball momentum (FedMom) for one element and its momentum.
+/// Heavy-ball momentum (FedMom) for one element and its momentum: sgd_update with momentum.
 struct outer_fedmom_update {
   outer_momentum_scalars s;
   FEDSHARD_HOST_DEVICE void operator()(float& theta, float d, float& m) const noexcept {
-    const float m1 = detail::add_rn(detail::mul_rn(m, s.momentum), d);
-    theta = detail::fma_rn(m1, s.neg_lr, theta);
-    m = m1;
+    sgd_update{detail::outer_as_sgd(s.neg_lr, s.momentum, false)}(theta, d, m);
   }
 };
 

@@ -156,7 +156,8 @@ struct sgd_update {
     param = detail::fma_rn(g, s.neg_lr, param);
   }
 
-  /// One element with its momentum buffer element (s.momentum != 0).
+  /// One element with its momentum buffer element (s.momentum != 0, or a buffer that starts
+  /// at zero: optim::momentum_start::zero).
   FEDSHARD_HOST_DEVICE void operator()(float& param, float grad, float& buf) const noexcept {
     const float g = s.weight_decay != 0.0f ? detail::fma_rn(param, s.weight_decay, grad) : grad;
     const float b = s.first_step

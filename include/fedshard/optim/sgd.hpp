@@ -7,7 +7,10 @@
 /// of every op. The hyper-parameters are floats: torch gets the same results when its
 /// Python hyper-parameters hold the same (float) values. As in torch, the first step sets
 /// the momentum buffer to the gradient (weight decay included) instead of decaying it;
-/// "first" means step_count() == 0, so a restored checkpoint sets the count too.
+/// "first" means step_count() == 0, so a restored checkpoint sets the count too. With
+/// `momentum_start::zero` the buffer starts at zero instead and every step decays it, the
+/// first included: the outer optimizers of federation/outer_rules.hpp run SGD so on the
+/// pseudo-gradient.
 
 #include <cmath>
 #include <cstddef>
@@ -24,13 +27,24 @@
 
 namespace fedshard::optim {
 
-/// torch.optim.SGD's hyper-parameters and defaults (lr is the base rate of the schedule).
+/// Where SGD's momentum buffer starts.
+enum class momentum_start {
+  /// torch's: no buffer before the first step, which sets it to the gradient.
+  first_gradient,
+  /// A buffer of zeros, kept for every momentum (0 included), that every step decays and
+  /// adds to: buf = momentum * buf + (1 - dampening) * g from the first step on.
+  zero,
+};
+
+/// torch.optim.SGD's hyper-parameters and defaults (lr is the base rate of the schedule),
+/// and where the momentum buffer starts (torch's way by default).
 struct sgd_config {
   float lr = 1e-3f;
   float momentum = 0.0f;
   float dampening = 0.0f;
   float weight_decay = 0.0f;
   bool nesterov = false;
+  momentum_start start = momentum_start::first_gradient;
 };
 
 /// SGD on a shard of n floats in memory space S; models ShardOptimizer (sgd is the host
@@ -42,7 +56,8 @@ class basic_sgd {
   template <space::MemorySpace T>
   using in_space = basic_sgd<T>;
 
-  /// Validates cfg as torch does and allocates the momentum buffer in s (when momentum != 0).
+  /// Validates cfg as torch does and allocates the zeroed momentum buffer in s (when
+  /// has_buffer(cfg)).
   basic_sgd(config cfg, std::size_t n, S& s)
       : basic_sgd(validated(cfg), n, space::space_ref<S>(s)) {}
   /// With a space of its own (default-constructed S).
@@ -56,12 +71,13 @@ class basic_sgd {
     FEDSHARD_EXPECTS(grad.size() == size_, "sgd::step: grad must have ", size_,
                      " elements (the shard size), found ", grad.size());
     FEDSHARD_EXPECTS(lr >= 0.0f, "sgd::step: lr must be >= 0, found ", lr);
+    const bool first = cfg_.start == momentum_start::first_gradient && step_count_ == 0;
     const kernels::sgd_scalars s = kernels::make_sgd_scalars(
-        lr, cfg_.momentum, cfg_.dampening, cfg_.weight_decay, cfg_.nesterov, step_count_ == 0);
-    if (s.momentum == 0.0f)
-      space_->for_each(st, kernels::sgd_update{s}, param, grad);
-    else
+        lr, cfg_.momentum, cfg_.dampening, cfg_.weight_decay, cfg_.nesterov, first);
+    if (has_buffer(cfg_))
       space_->for_each(st, kernels::sgd_update{s}, param, grad, momentum_buffer_.span());
+    else
+      space_->for_each(st, kernels::sgd_update{s}, param, grad);
     ++step_count_;
   }
   /// step() on the optimizer's own stream (done when it returns in host_space).
@@ -70,11 +86,17 @@ class basic_sgd {
     space_->synchronize(stream_);
   }
 
-  /// The state buffers: {"momentum_buffer"} when momentum != 0, else none.
+  /// The state buffers: {"momentum_buffer"} when has_buffer(settings()), else none.
   std::vector<state_tensor> state() {
     std::vector<state_tensor> out;
-    if (cfg_.momentum != 0.0f) out.push_back({"momentum_buffer", momentum_buffer_.span()});
+    if (has_buffer(cfg_)) out.push_back({"momentum_buffer", momentum_buffer_.span()});
     return out;
+  }
+
+  /// Whether SGD under cfg keeps a momentum buffer: momentum != 0, or a buffer that starts
+  /// at zero.
+  static bool has_buffer(const config& cfg) noexcept {
+    return cfg.momentum != 0.0f || cfg.start == momentum_start::zero;
   }
 
   /// The steps taken so far.
@@ -98,7 +120,7 @@ class basic_sgd {
         stream_(space_->make_stream()),
         cfg_(cfg),
         size_(n),
-        momentum_buffer_(space_->template allocate<float>(cfg.momentum != 0.0f ? n : 0)) {}
+        momentum_buffer_(space_->template allocate<float>(has_buffer(cfg) ? n : 0)) {}
 
   static config validated(const config& cfg) {
     FEDSHARD_EXPECTS(cfg.lr >= 0.0f, "sgd: config.lr must be >= 0, found ", cfg.lr);
@@ -108,10 +130,19 @@ class basic_sgd {
                      "sgd: config.dampening must be a finite number, found ", cfg.dampening);
     FEDSHARD_EXPECTS(cfg.weight_decay >= 0.0f, "sgd: config.weight_decay must be >= 0, found ",
                      cfg.weight_decay);
-    FEDSHARD_EXPECTS(!cfg.nesterov || (cfg.momentum > 0.0f && cfg.dampening == 0.0f),
-                     "sgd: config.nesterov requires momentum > 0 and dampening == 0, found "
-                     "momentum ",
-                     cfg.momentum, " and dampening ", cfg.dampening);
+    FEDSHARD_EXPECTS(
+        cfg.start == momentum_start::first_gradient || cfg.start == momentum_start::zero,
+        "sgd: config.start must be momentum_start::first_gradient or zero, found ",
+        static_cast<int>(cfg.start));
+    if (cfg.start == momentum_start::zero)
+      FEDSHARD_EXPECTS(!cfg.nesterov || cfg.dampening == 0.0f,
+                       "sgd: config.nesterov requires dampening == 0, found dampening ",
+                       cfg.dampening);
+    else
+      FEDSHARD_EXPECTS(!cfg.nesterov || (cfg.momentum > 0.0f && cfg.dampening == 0.0f),
+                       "sgd: config.nesterov requires momentum > 0 and dampening == 0, found "
+                       "momentum ",
+                       cfg.momentum, " and dampening ", cfg.dampening);
     return cfg;
   }
 
