@@ -3,6 +3,7 @@
 /// and handed out again for a later request of the same rounded size, so a training loop that
 /// allocates the same buffers every step reaches the system allocator only in its first step.
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -10,9 +11,39 @@
 #include <utility>
 #include <vector>
 
+#include "fedshard/core/member_names.hpp"
 #include "fedshard/error.hpp"
 
 namespace fedshard::space {
+
+/// What caching_allocator needs of its System:
+///  1. `void* allocate(std::size_t bytes)`: a new block (throws on failure);
+///  2. `void release(void* p, std::size_t bytes) noexcept`: gives a block back;
+///  3. optionally `void recycled(void* p, std::size_t bytes) noexcept`, called on every block
+///     returned to the cache (e.g. to poison it; checked_space). Detected in
+///     system_capabilities<System> alone, where a member `recycle` is a compile error.
+template <class A>
+concept SystemAllocator = requires(A& a, void* p, std::size_t n) {
+  { a.allocate(n) } -> std::same_as<void*>;
+  a.release(p, n);
+};
+
+namespace detail {
+FEDSHARD_MEMBER_NAME(recycled)
+FEDSHARD_MEMBER_NAME(recycle)
+}  // namespace detail
+
+/// The optional requirement 3 of SystemAllocator A.
+template <class A>
+struct system_capabilities {
+  static constexpr bool recycled = requires(A & a, void* p, std::size_t n) { a.recycled(p, n); };
+  static_assert(!detail::names_recycle<A>,
+                "SystemAllocator: the allocator has a member `recycle`; did you mean `void "
+                "recycled(void*, std::size_t) noexcept` (requirement 3, caching_allocator.hpp)?");
+  static_assert(!detail::names_recycled<A> || recycled,
+                "SystemAllocator: the allocator's `recycled` is not callable as `recycled(void*, "
+                "std::size_t)` (requirement 3): blocks returned to the cache would not be seen");
+};
 
 /// A block of memory: its address and its (rounded) size in bytes.
 struct block {
@@ -20,13 +51,11 @@ struct block {
   std::size_t bytes = 0;
 };
 
-/// Caches blocks of System, which provides `void* allocate(std::size_t bytes)` (throws on
-/// failure) and `void release(void* p, std::size_t bytes) noexcept`, and may provide
-/// `void recycled(void* p, std::size_t bytes) noexcept`, called on every block returned to
-/// the cache (e.g. to poison it). Sizes are rounded up to a multiple of `granularity` bytes.
+/// Caches blocks of System (a SystemAllocator). Sizes are rounded up to a multiple of
+/// `granularity` bytes.
 /// Thread-safe. Every block must be returned before the allocator is destroyed; the
 /// destructor gives the cached blocks back to System.
-template <class System>
+template <SystemAllocator System>
 class caching_allocator {
  public:
   /// Requests are rounded up to a multiple of this many bytes.
@@ -64,7 +93,7 @@ class caching_allocator {
   /// Returns a block to the cache.
   void release(block b) noexcept {
     if (b.ptr == nullptr) return;
-    if constexpr (requires { system_.recycled(b.ptr, b.bytes); }) system_.recycled(b.ptr, b.bytes);
+    if constexpr (system_capabilities<System>::recycled) system_.recycled(b.ptr, b.bytes);
     std::lock_guard lock(mu_);
     try {
       free_[b.bytes].push_back(b.ptr);
