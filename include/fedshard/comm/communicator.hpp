@@ -31,10 +31,19 @@
 ///     dtype t runs with on this communicator (the plan's closed forms and the simulator
 ///     follow it: plan/traffic.hpp).
 /// Counts are std::int64_t so that a negative count is reported, not wrapped.
+///
+/// Optional capabilities (declared here, detected once in comm_capabilities<C>):
+/// 10. `included() const -> std::vector<std::uint8_t>`: a communicator whose ranks come and go
+///     (elastic::link, and hybrid on its federation side) says which ranks its current round
+///     combines (1) and which it leaves out (0); empty = all. Default: all.
+/// 11. `federation_side()`, returning a communicator with rounds (`begin_round(step)`,
+///     `end_round()`): a world whose federation axis is an elastic link (comm/hybrid.hpp);
+///     the trainer then begins and ends a round around each sync. Default: no rounds.
 
 #include <concepts>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "fedshard/comm/request.hpp"
 #include "fedshard/core/buffer.hpp"
@@ -100,6 +109,20 @@ concept Communicator = std::movable<C> && requires(C& c, const C& cc, const void
   { c.recv_async(out, n, t, r, r) } -> std::same_as<request>;
   { cc.moved() } -> std::same_as<moved_bytes>;
   { cc.algorithm_of(collective::all_reduce, n, t) } -> std::same_as<wire_algorithm>;
+};
+
+/// The optional capabilities 10 and 11 of Communicator C, detected here and nowhere else.
+template <class C>
+struct comm_capabilities {
+  /// 10.
+  static constexpr bool included = requires(const C& c) {
+    { c.included() } -> std::convertible_to<std::vector<std::uint8_t>>;
+  };
+  /// 11.
+  static constexpr bool elastic_federation = requires(C & c) {
+    c.federation_side().begin_round(std::int64_t{});
+    c.federation_side().end_round();
+  };
 };
 
 namespace detail {

@@ -84,7 +84,7 @@ class hybrid {
   /// On the federation side of a link whose groups come and go (elastic::link): which groups
   /// its collectives combine now (a mask over the groups); empty otherwise (all of them).
   std::vector<std::uint8_t> included() const {
-    if constexpr (requires(const F& f) { f.included(); }) {
+    if constexpr (comm_capabilities<F>::included) {
       if (side_ == side::federation) return link_->included();
     }
     return {};
@@ -323,7 +323,7 @@ class hybrid {
   /// A link whose groups come and go (elastic::link) combines only the groups it includes:
   /// moves their blocks (`block` bytes per group) to the front of `all`; returns how many.
   int keep_included(std::vector<std::byte>& all, std::size_t block) {
-    if constexpr (requires(F & f) { f.included(); }) {
+    if constexpr (comm_capabilities<F>::included) {
       const auto mask = link_->included();
       int used = 0;
       for (std::size_t g = 0; g < mask.size(); ++g) {

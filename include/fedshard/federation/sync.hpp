@@ -755,6 +755,7 @@ class synchronizer {
     // snapshot has read it; it does not wait for the averaging, which stays in flight.
     space_->wait(compute, space_->record(sync_));
     policy_.begin(f, fr.buf.span(), info(f), sync_);
+    interp.set_included(axis::federation, included_);  // encoded averages decode these groups
     fr.start = interp.fire(fr.plan, point(trigger::sync_exchange, f), binder(f), sync_);
     fr.stage = sync_stage::in_flight;
   }

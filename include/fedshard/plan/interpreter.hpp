@@ -233,6 +233,16 @@ class interpreter {
     }
   }
 
+  /// Which ranks of axis a the encoded ops fired from now on combine (1) and which they leave
+  /// out (0), by axis rank; empty = all (the default). The federation stage that decides a
+  /// round's participants (federation/sync.hpp) sets it; the interpreter asks no backend.
+  void set_included(axis a, std::vector<std::uint8_t> mask) {
+    FEDSHARD_EXPECTS(mask.empty() || static_cast<int>(mask.size()) == mesh_->axis_size(a),
+                     "interpreter::set_included: a mask of ", mesh_->axis_size(a), " ranks (the ",
+                     to_string(a), " axis) or none, found ", mask.size());
+    included_[index(a)] = std::move(mask);
+  }
+
   /// Collective over axis a (every rank of it passes the same sets in the same order): makes
   /// the sub-communicator of each set of axis ranks (bit k: rank k of the axis) that this
   /// rank belongs to, for the ops whose `members` name it; a set made before is skipped on
@@ -297,8 +307,9 @@ class interpreter {
     bool staged = false;            // a buffer's dtype differs from op.dtype: run through staging
     std::byte* stage_in = nullptr;  // the input in op.dtype (set when a staged op starts)
     std::byte* stage_out = nullptr;
-    codec::erased* coder = nullptr;  // encoded ops: the rank's codec object
-    std::byte* wire = nullptr;       // encoded ops: every rank's slot (ranks x slot bytes)
+    codec::erased* coder = nullptr;      // encoded ops: the rank's codec object
+    std::byte* wire = nullptr;           // encoded ops: every rank's slot (ranks x slot bytes)
+    std::vector<std::uint8_t> included;  // encoded ops: the ranks decoded (empty: all)
     request req;
   };
 
@@ -408,6 +419,7 @@ class interpreter {
                        ": a codec encodes an f32 input, found ", to_string(b.in.type), " (",
                        describe(op.in), ")");
       b.coder = &coder(op);
+      b.included = included_[index(op.axis)];
       b.wire =
           staging(&codecs_.find(site_of(op))->second, static_cast<std::size_t>(carried(op).bytes));
       // An output in another dtype: decoded into f32 staging, then cast (cast_back).
@@ -616,9 +628,8 @@ class interpreter {
     auto* out = static_cast<float*>(b.staged ? static_cast<void*>(b.stage_out) : b.out.data);
     const bool gather = op.kind == comm_kind::all_gather;
     std::fill(out, out + b.out.count, 0.0f);
-    // A federation axis whose groups come and go combines only the ranks it includes.
-    std::vector<std::uint8_t> included;
-    if constexpr (requires(C & c) { c.included(); }) included = mesh_->comm(op.axis).included();
+    // Only the ranks included when the op was fired (set_included) are combined.
+    const std::vector<std::uint8_t>& included = b.included;
     int combined = 0;
     for (int r = 0; r < op.ranks; ++r) {
       const auto rr = static_cast<std::size_t>(r);
@@ -644,6 +655,7 @@ class interpreter {
   stream_type own_stream_;
   wire_log log_;
   std::optional<wire_tap<C>> taps_[5];
+  std::vector<std::uint8_t> included_[5];  // by axis: set_included's masks
   struct member_comm {
     C comm;
     std::optional<wire_tap<C>> tap;  // on comm, recording on the federation axis

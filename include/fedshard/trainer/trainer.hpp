@@ -284,9 +284,7 @@ class trainer final {
 
   /// True when the federation axis is an elastic link (comm/elastic.hpp): groups that are
   /// jobs of their own, meeting in rounds.
-  static constexpr bool elastic_federation = requires(C & c) {
-    c.federation_side().begin_round(std::int64_t{});
-  };
+  static constexpr bool elastic_federation = comm_capabilities<C>::elastic_federation;
 
   /// The host waits for the work queued on the compute stream (to read the master or the
   /// optimizer state in a host-accessible space).
