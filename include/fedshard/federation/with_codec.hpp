@@ -7,10 +7,16 @@
 /// begin/end transforms, its state, the averages inside a group and of inner moments.
 /// `sync_codec_t<F>` names a policy's codec (identity for policies without one).
 ///
-///   with_codec<average, codec::cast<fp8_e4m3>>            fp8 parameter averaging
-///   with_codec<outer_optimizer<outer_sgd>, codec::topk<>>  SparseLoCo (see sparseloco)
+/// Its config is F's with one more member, `codec`: the codec's run-time settings (topk's
+/// chunk, k, bits and beta; the codec's defaults unless set), checked when the policy is
+/// built.
+///
+///   with_codec<average, codec::cast<fp8_e4m3>>          fp8 parameter averaging
+///   with_codec<outer_optimizer<outer_sgd>, codec::topk>  SparseLoCo (see sparseloco)
 
+#include <concepts>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fedshard/codec/codec.hpp"
@@ -27,11 +33,19 @@ inline bool averages_fragment_across_groups(const comm_op& op) {
          op.in.role == role::fragment && op.out.role == role::fragment;
 }
 
-/// F with its fragment's cross-group average encoded by Codec (settings: Codec's defaults).
+/// The settings of with_codec: those of the policy (FConfig) and the codec's (`codec`).
+template <class FConfig, class CodecConfig>
+struct with_codec_config : FConfig {
+  /// The codec's run-time settings.
+  CodecConfig codec{};
+};
+
+/// F with its fragment's cross-group average encoded by Codec, with the codec settings of
+/// its config.
 template <class F, codec::Codec Codec>
 class with_codec : public F {
  public:
-  using config = typename F::config;
+  using config = with_codec_config<typename F::config, typename Codec::config>;
   using sync_codec = Codec;
   /// The same in memory space S (F's in_space).
   template <class S>
@@ -40,16 +54,25 @@ class with_codec : public F {
   /// A codec runs on the whole federation axis, not among a heterogeneous mesh's holders.
   static constexpr bool heterogeneous_groups = false;
 
-  using F::F;
-  with_codec() = default;
+  /// F built from c (with F's further arguments: fragment sizes, space), its codec from
+  /// c.codec; invalid_argument when the codec refuses c.codec.
+  template <class... Rest>
+  requires std::constructible_from<F, const typename F::config&, Rest...>
+  explicit with_codec(const config& c, Rest&&... rest)
+      : F(static_cast<const typename F::config&>(c), std::forward<Rest>(rest)...),
+        codec_(codec::spec_of<Codec>(c.codec)) {}
+  with_codec() : codec_(codec::spec_of<Codec>()) {}
 
   /// F's sync plan, its cross-group fragment averages encoded.
   plan sync_plan(const sync_context& ctx) const {
     plan p = F::sync_plan(ctx);
     for (comm_op& op : p.ops)
-      if (averages_fragment_across_groups(op)) op.codec = codec::spec_of<Codec>();
+      if (averages_fragment_across_groups(op)) op.codec = codec_;
     return p;
   }
+
+ private:
+  codec::spec codec_;
 };
 
 /// The codec of FederationPolicy F's cross-group average: F::sync_codec, else the identity.
