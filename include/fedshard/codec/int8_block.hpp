@@ -132,9 +132,8 @@ FEDSHARD_TARGET_PORTABLE inline void int8_decode_add_portable(const float* scale
 }
 #if FEDSHARD_DISPATCH
 template <std::size_t Fixed>
-FEDSHARD_TARGET_AVX2 inline void int8_encode_avx2(const float* in, std::size_t n,
-                                                  std::size_t block, float* scales,
-                                                  std::int8_t* codes) noexcept {
+FEDSHARD_TARGET_AVX2 inline void int8_encode_avx2(const float* in, std::size_t n, std::size_t block,
+                                                  float* scales, std::int8_t* codes) noexcept {
   int8_encode_body<Fixed>(in, n, block, scales, codes);
 }
 template <std::size_t Fixed>

@@ -395,7 +395,6 @@ void topk_select(kernels::isa which, const float* e, std::size_t m, std::size_t 
 
 }  // namespace detail
 
-
 /// Chunked top-K with error feedback and Bits-bit values (topk_unquantised: f32 values),
 /// Chunk, K and Bits set at run time (config); stateful: one residual per element of the
 /// rank's buffer.

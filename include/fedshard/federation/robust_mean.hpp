@@ -232,8 +232,7 @@ class basic_robust_mean {
 
  private:
   basic_robust_mean(config c, std::vector<std::size_t> sizes, space::space_ref<S> sr)
-      : rule_(c),
-        space_(std::move(sr)), sizes_(std::move(sizes)), pending_(sizes_.size(), false) {
+      : rule_(c), space_(std::move(sr)), sizes_(std::move(sizes)), pending_(sizes_.size(), false) {
     gathered_.resize(sizes_.size());
   }
 

@@ -157,9 +157,9 @@ using gasloc = algorithm<shard::hybrid_shard, federation::gossip, schedule::peri
 /// qwZ; the block size in trainer_options::shard.codec): about 4x fewer gather bytes inside
 /// a group; K = 8 unless told otherwise.
 template <int K = 8>
-using fl_hsdp_int8 = algorithm<shard::with_gather_codec<shard::hybrid_shard, codec::int8_block>,
-                               federation::average, schedule::periodic,
-                               defaults<schedule::periodic::config{.period = K}>>;
+using fl_hsdp_int8 =
+    algorithm<shard::with_gather_codec<shard::hybrid_shard, codec::int8_block>, federation::average,
+              schedule::periodic, defaults<schedule::periodic::config{.period = K}>>;
 
 /// SCAPE (arXiv 2607.01678): FSDP whose reduce_scatters and gathers carry only the elements of
 /// a mask agreed from the optimizer's first moments (shard::sparse; density, refresh period
