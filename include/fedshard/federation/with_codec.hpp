@@ -15,6 +15,7 @@
 ///   with_codec<outer_optimizer<outer_sgd>, codec::topk>  SparseLoCo (see sparseloco)
 
 #include <concepts>
+#include <cstddef>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -54,13 +55,14 @@ class with_codec : public F {
   /// A codec runs on the whole federation axis, not among a heterogeneous mesh's holders.
   static constexpr bool heterogeneous_groups = false;
 
-  /// F built from c (with F's further arguments: fragment sizes, space), its codec from
-  /// c.codec; invalid_argument when the codec refuses c.codec.
-  template <class... Rest>
-  requires std::constructible_from<F, const typename F::config&, Rest...>
-  explicit with_codec(const config& c, Rest&&... rest)
-      : F(static_cast<const typename F::config&>(c), std::forward<Rest>(rest)...),
-        codec_(codec::spec_of<Codec>(c.codec)) {}
+  /// F built from c and fragment sizes (and space s), its codec from c.codec;
+  /// invalid_argument when the codec refuses c.codec.
+  with_codec(const config& c, std::vector<std::size_t> sizes)
+      : F(base_config(c), std::move(sizes)), codec_(codec::spec_of<Codec>(c.codec)) {}
+  template <class S>
+  requires std::constructible_from<F, const typename F::config&, std::vector<std::size_t>, S&>
+  with_codec(const config& c, std::vector<std::size_t> sizes, S& s)
+      : F(base_config(c), std::move(sizes), s), codec_(codec::spec_of<Codec>(c.codec)) {}
   with_codec() : codec_(codec::spec_of<Codec>()) {}
 
   /// F's sync plan, its cross-group fragment averages encoded.
@@ -72,6 +74,8 @@ class with_codec : public F {
   }
 
  private:
+  static const typename F::config& base_config(const config& c) noexcept { return c; }
+
   codec::spec codec_;
 };
 
