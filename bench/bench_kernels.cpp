@@ -188,9 +188,10 @@ void bm_codec_encode(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   const std::size_t n = bytes / sizeof(float);
   const aligned_buffer<float> in = f32_inputs(n, 100.0f, 2);
-  aligned_buffer<std::byte> wire(C::encoded_bytes(n));
+  const C c({}, n);
+  aligned_buffer<std::byte> wire(c.encoded_bytes(n));
   side_by_side(state, bytes, [&] {
-    C::encode(std::span<const float>(in.data(), n), std::span<std::byte>(wire.span()));
+    c.encode(std::span<const float>(in.data(), n), std::span<std::byte>(wire.span()));
   });
 }
 
@@ -200,35 +201,37 @@ void bm_codec_decode_add(benchmark::State& state) {
   const auto bytes = static_cast<std::size_t>(state.range(0));
   const std::size_t n = bytes / sizeof(float);
   const aligned_buffer<float> in = f32_inputs(n, 100.0f, 3);
-  aligned_buffer<std::byte> wire(C::encoded_bytes(n));
-  C::encode(std::span<const float>(in.data(), n), std::span<std::byte>(wire.span()));
+  const C c({}, n);
+  aligned_buffer<std::byte> wire(c.encoded_bytes(n));
+  c.encode(std::span<const float>(in.data(), n), std::span<std::byte>(wire.span()));
   aligned_buffer<float> out(n);
   side_by_side(state, bytes, [&] {
-    C::decode_add(std::span<const std::byte>(wire.span()), std::span<float>(out.span()));
+    c.decode_add(std::span<const std::byte>(wire.span()), std::span<float>(out.span()));
   });
 }
 
-/// topk<> (4096, 64, 2 bits; beta 0.95) encode: error feedback, selection, quantisation.
+/// topk at its defaults (4096, 64, 2 bits; beta 0.95) encode: error feedback, selection,
+/// quantisation.
 void bm_topk_encode(benchmark::State& state) {
-  using C = fedshard::codec::topk<>;
+  using C = fedshard::codec::topk;
   const auto bytes = static_cast<std::size_t>(state.range(0));
   const std::size_t n = bytes / sizeof(float);
   const aligned_buffer<float> in = f32_inputs(n, 1.0f, 4);
   C c({.beta = 0.95f}, n);
-  aligned_buffer<std::byte> wire(C::encoded_bytes(n));
+  aligned_buffer<std::byte> wire(c.encoded_bytes(n));
   side_by_side(state, bytes, [&] {
     c.encode(std::span<const float>(in.data(), n), std::span<std::byte>(wire.span()));
   });
 }
 
-/// topk<> decode_add, against memcpy of its f32 output.
+/// topk (defaults) decode_add, against memcpy of its f32 output.
 void bm_topk_decode_add(benchmark::State& state) {
-  using C = fedshard::codec::topk<>;
+  using C = fedshard::codec::topk;
   const auto bytes = static_cast<std::size_t>(state.range(0));
   const std::size_t n = bytes / sizeof(float);
   const aligned_buffer<float> in = f32_inputs(n, 1.0f, 5);
   C c({.beta = 0.95f}, n);
-  aligned_buffer<std::byte> wire(C::encoded_bytes(n));
+  aligned_buffer<std::byte> wire(c.encoded_bytes(n));
   c.encode(std::span<const float>(in.data(), n), std::span<std::byte>(wire.span()));
   aligned_buffer<float> out(n);
   side_by_side(state, bytes, [&] {
@@ -265,10 +268,8 @@ BENCHMARK(bm_codec_encode<codec::cast<f16>>)->Name("cast_f16_encode")->Apply(f32
 BENCHMARK(bm_codec_decode_add<codec::cast<f16>>)->Name("cast_f16_decode_add")->Apply(f32_sizes);
 BENCHMARK(bm_codec_encode<codec::cast<fp8_e4m3>>)->Name("fp8_encode")->Apply(f32_sizes);
 BENCHMARK(bm_codec_decode_add<codec::cast<fp8_e4m3>>)->Name("fp8_decode_add")->Apply(f32_sizes);
-BENCHMARK(bm_codec_encode<codec::int8_block<>>)->Name("int8_block_encode")->Apply(f32_sizes);
-BENCHMARK(bm_codec_decode_add<codec::int8_block<>>)
-    ->Name("int8_block_decode_add")
-    ->Apply(f32_sizes);
+BENCHMARK(bm_codec_encode<codec::int8_block>)->Name("int8_block_encode")->Apply(f32_sizes);
+BENCHMARK(bm_codec_decode_add<codec::int8_block>)->Name("int8_block_decode_add")->Apply(f32_sizes);
 BENCHMARK(bm_topk_encode)->Name("topk_encode")->Apply(f32_sizes);
 BENCHMARK(bm_topk_decode_add)->Name("topk_decode_add")->Apply(f32_sizes);
 

@@ -25,8 +25,9 @@
 /// measured in the same run; algbw and busbw as nccl-tests.
 ///
 /// codec/*: encode and decode_add of S bytes of f32 through gpu::device_codec (cast to bf16,
-/// f16, fp8_e4m3; int8_block<256>; topk<4096, 64, 2>), each against a cudaMemcpyDeviceToDevice
-/// of the same S bytes: vs_memcpy = copy time / codec time, input_GBps = S / codec time.
+/// f16, fp8_e4m3; int8_block and topk at their defaults: blocks of 256; 64 of 4096 in 2 bits), each
+/// against a cudaMemcpyDeviceToDevice of the same S bytes: vs_memcpy = copy time / codec time,
+/// input_GBps = S / codec time.
 ///
 /// NCCL (built with fedshard::nccl). On a communicator of one rank (device 0), all_reduce of
 /// S bytes of f32, out of place. nccl_blocking: each iteration times with steady_clock a raw
@@ -274,12 +275,12 @@ template <class C>
 void bm_codec_encode(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0)) / sizeof(float);
   auto in = filled<float>(n, 1e-3f);
-  auto wire = gpu::device_buffer<std::byte>::uninitialized(C::encoded_bytes(n));
   gpu::device_codec<C> c({}, n);
+  auto wire = gpu::device_buffer<std::byte>::uninitialized(c.encoded_bytes(n));
   side_by_side(state, 2 * n * sizeof(float),
                [&](cudaStream_t s) { c.encode(s, in.data(), wire.data()); });
   state.counters["input_GBps"] = state.counters["GBps"].value / 2.0;
-  state.counters["wire_bytes"] = static_cast<double>(C::encoded_bytes(n));
+  state.counters["wire_bytes"] = static_cast<double>(c.encoded_bytes(n));
 }
 
 /// decode_add of one wire of S bytes of f32 into an f32 array, side by side with a
@@ -290,14 +291,14 @@ void bm_codec_decode_add(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0)) / sizeof(float);
   auto in = filled<float>(n, 1e-3f);
   auto out = filled<float>(n);
-  auto wire = gpu::device_buffer<std::byte>::uninitialized(C::encoded_bytes(n));
   gpu::device_codec<C> c({}, n);
+  auto wire = gpu::device_buffer<std::byte>::uninitialized(c.encoded_bytes(n));
   c.encode(nullptr, in.data(), wire.data());
   FEDSHARD_CUDA_TRY(cudaDeviceSynchronize());
   side_by_side(state, 2 * n * sizeof(float),
                [&](cudaStream_t s) { c.decode_add(s, wire.data(), out.data()); });
   state.counters["input_GBps"] = state.counters["GBps"].value / 2.0;
-  state.counters["wire_bytes"] = static_cast<double>(C::encoded_bytes(n));
+  state.counters["wire_bytes"] = static_cast<double>(c.encoded_bytes(n));
 }
 
 // ---------------------------------------------------------------- the reference copy
@@ -594,16 +595,16 @@ BENCHMARK(bm_codec_encode<fedshard::codec::cast<fedshard::fp8_e4m3>>)
 BENCHMARK(bm_codec_decode_add<fedshard::codec::cast<fedshard::fp8_e4m3>>)
     ->Name("codec/decode_add_cast_fp8_e4m3")
     ->Apply(sizes);
-BENCHMARK(bm_codec_encode<fedshard::codec::int8_block<256>>)
+BENCHMARK(bm_codec_encode<fedshard::codec::int8_block>)
     ->Name("codec/encode_int8_block256")
     ->Apply(sizes);
-BENCHMARK(bm_codec_decode_add<fedshard::codec::int8_block<256>>)
+BENCHMARK(bm_codec_decode_add<fedshard::codec::int8_block>)
     ->Name("codec/decode_add_int8_block256")
     ->Apply(sizes);
-BENCHMARK(bm_codec_encode<fedshard::codec::topk<4096, 64, 2>>)
+BENCHMARK(bm_codec_encode<fedshard::codec::topk>)
     ->Name("codec/encode_topk4096_k64_2bit")
     ->Apply(sizes);
-BENCHMARK(bm_codec_decode_add<fedshard::codec::topk<4096, 64, 2>>)
+BENCHMARK(bm_codec_decode_add<fedshard::codec::topk>)
     ->Name("codec/decode_add_topk4096_k64_2bit")
     ->Apply(sizes);
 #if FEDSHARD_HAS_NCCL

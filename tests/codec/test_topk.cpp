@@ -19,7 +19,10 @@ namespace codec = fedshard::codec;
 
 namespace {
 
-/// A 4-byte-aligned wire of C::encoded_bytes(n) bytes.
+using C = codec::topk;
+constexpr unsigned f32 = codec::topk_unquantised;
+
+/// A 4-byte-aligned wire of encoded_bytes(n) bytes.
 struct wire_buffer {
   std::vector<float> storage;
   std::size_t bytes;
@@ -41,26 +44,73 @@ std::vector<float> random_vector(std::size_t n, unsigned seed) {
 }  // namespace
 
 TEST_CASE("topk: encoded_bytes is the closed form") {
-  using D = codec::topk<>;  // 4096, 64, 2 bits: 4 + 64 * 2 + 16 bytes per chunk
-  static_assert(D::encoded_bytes(4096) == 4 + 128 + 16);
-  static_assert(D::encoded_bytes(3 * 4096) == 3 * 148);
-  static_assert(D::encoded_bytes(4096 + 10) == 148 + 4 + 10 * 2 + 3);  // partial: k = 10
-  static_assert(D::encoded_bytes(0) == 0);
-  using Q3 = codec::topk<100, 7, 3>;  // 21 bits of codes per full chunk: 3 bytes
-  static_assert(Q3::encoded_bytes(250) == 3 * 4 + (7 + 7 + 7) * 2 + 3 + 3 + 3);
-  using F = codec::topk<100, 7, codec::topk_unquantised>;
-  static_assert(F::encoded_bytes(250) == 21 * (4 + 2));
-  using Big = codec::topk<70000, 3, 2>;  // uint32 indices beyond 65536
-  static_assert(sizeof(Big::index_t) == 4 && Big::encoded_bytes(70000) == 4 + 12 + 1);
-  static_assert(sizeof(D::index_t) == 2);
+  constexpr C::config D{};  // 4096, 64, 2 bits: 4 + 64 * 2 + 16 bytes per chunk
+  static_assert(D.chunk == 4096 && D.k == 64 && D.bits == 2 && D.beta == 0.95f);
+  static_assert(C::encoded_bytes(D, 4096) == 4 + 128 + 16);
+  static_assert(C::encoded_bytes(D, 3 * 4096) == 3 * 148);
+  static_assert(C::encoded_bytes(D, 4096 + 10) == 148 + 4 + 10 * 2 + 3);  // partial: k = 10
+  static_assert(C::encoded_bytes(D, 0) == 0);
+  constexpr C::config Q3{.chunk = 100, .k = 7, .bits = 3};  // 21 bits per full chunk: 3 bytes
+  static_assert(C::encoded_bytes(Q3, 250) == 3 * 4 + (7 + 7 + 7) * 2 + 3 + 3 + 3);
+  constexpr C::config F{.chunk = 100, .k = 7, .bits = f32};
+  static_assert(C::encoded_bytes(F, 250) == 21 * (4 + 2));
+  constexpr C::config Big{.chunk = 70000, .k = 3, .bits = 2};  // uint32 indices beyond 65536
+  static_assert(C::index_bytes(Big) == 4 && C::encoded_bytes(Big, 70000) == 4 + 12 + 1);
+  static_assert(C::index_bytes(D) == 2 && C::index_bytes({.chunk = 65536}) == 2);
+  CHECK(C(Q3, 250).encoded_bytes(250) == C::encoded_bytes(Q3, 250));
+}
+
+TEST_CASE("topk: settings it cannot run with are refused, saying what was expected") {
+  using doctest::Contains;
+  CHECK_THROWS_WITH_AS(C({.chunk = 0}, 10), Contains("topk: chunk must be in [1, 2^32], found 0"),
+                       fedshard::invalid_argument);
+  CHECK_THROWS_WITH_AS(C({.chunk = 16, .k = 17}, 10),
+                       Contains("topk: k must be in [1, chunk = 16], found 17"),
+                       fedshard::invalid_argument);
+  CHECK_THROWS_WITH_AS(C({.k = 0}, 10), Contains("topk: k must be in [1, chunk = 4096], found 0"),
+                       fedshard::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      C({.bits = 9}, 10),
+      Contains("topk: bits must be 1..8, or topk_unquantised (32: f32 values), found 9"),
+      fedshard::invalid_argument);
+  CHECK_THROWS_WITH_AS(C({.bits = 0}, 10), Contains("found 0"), fedshard::invalid_argument);
+  CHECK_NOTHROW(C({.chunk = 16, .k = 16, .bits = 8}, 10));
+}
+
+TEST_CASE("topk: chunk 10, k 3, 4 bits end to end: wire bytes and values by hand") {
+  // 23 elements: chunks of 10, 10 and 3 (k = min(3, 3) = 3 in each). Wire: 3 scales (12 B)
+  // + 9 u16 indices (18 B) + per chunk ceil(3 * 4 / 8) = 2 bytes of codes (6 B) = 36 B.
+  // 4 bits: L = 8 levels of s / 8. Chunk 0 {.., 8 at 2, -4 at 5, 1 at 9}: s = 8; 8 -> level
+  // 8, -4 -> level 4 (-4), 1 -> level 1 (1). Chunk 1: 6 at 0, 3 at 4, -2 at 7 (s = 6):
+  // 3 -> 3 / 6 * 8 + 1/2 = 4.5 -> level 4 (3), -2 -> 2.67 + 1/2 -> level 3 (-2.25).
+  // Chunk 2 {0.5, 0.5, 0.5}: all sent as s = 0.5.
+  std::vector<float> in(23, 0.0f);
+  in[2] = 8.0f, in[5] = -4.0f, in[9] = 1.0f, in[1] = 0.5f;
+  in[10] = 6.0f, in[14] = 3.0f, in[17] = -2.0f, in[11] = 0.25f;
+  in[20] = in[21] = in[22] = 0.5f;
+  C c({.beta = 1.0f, .chunk = 10, .k = 3, .bits = 4}, in.size());
+  REQUIRE(c.encoded_bytes(in.size()) == 36);
+  wire_buffer w(36);
+  c.encode(in, w.span());
+  std::vector<float> out(in.size(), 0.0f);
+  c.decode_add(w.cspan(), out);
+  std::vector<float> want(23, 0.0f);
+  want[2] = 8.0f, want[5] = -4.0f, want[9] = 1.0f;
+  want[10] = 6.0f, want[14] = 3.0f, want[17] = -2.25f;
+  want[20] = want[21] = want[22] = 0.5f;
+  CHECK(out == want);
+  for (std::size_t i = 0; i < in.size(); ++i) CHECK(c.residual()[i] == in[i] - want[i]);
+  const auto* scales = reinterpret_cast<const float*>(w.cspan().data());
+  CHECK(std::vector<float>(scales, scales + 3) == std::vector<float>{8.0f, 6.0f, 0.5f});
+  const auto* idx = reinterpret_cast<const std::uint16_t*>(w.cspan().data() + 12);
+  CHECK(std::vector<int>(idx, idx + 9) == std::vector<int>{2, 5, 9, 0, 4, 7, 0, 1, 2});
 }
 
 TEST_CASE("topk: K = Chunk without quantisation sends everything exactly, residual 0") {
-  using C = codec::topk<64, 64, codec::topk_unquantised>;
   const std::size_t n = 64 * 3 + 17;  // partial last chunk
   const std::vector<float> in = random_vector(n, 1);
-  C c({.beta = 0.95f}, n);
-  wire_buffer w(C::encoded_bytes(n));
+  C c({.beta = 0.95f, .chunk = 64, .k = 64, .bits = f32}, n);
+  wire_buffer w(c.encoded_bytes(n));
   c.encode(in, w.span());
   std::vector<float> out(n, 0.0f);
   c.decode_add(w.cspan(), out);
@@ -72,12 +122,11 @@ TEST_CASE("topk: K = Chunk without quantisation sends everything exactly, residu
 }
 
 TEST_CASE("topk: the K largest |e| of each chunk are sent, ties to the lower index") {
-  using C = codec::topk<8, 3, codec::topk_unquantised>;
   // Chunk 0: largest magnitudes 9 (i 5), -7 (i 1), then a tie of 4s at 2, 6 and -4 at 7.
   // Chunk 1 (partial, 5 elements): all equal: indices 0, 1, 2.
   const std::vector<float> in = {1, -7, 4, 0, 2, 9, 4, -4, 3, 3, 3, 3, 3};
-  C c({.beta = 1.0f}, in.size());
-  wire_buffer w(C::encoded_bytes(in.size()));
+  C c({.beta = 1.0f, .chunk = 8, .k = 3, .bits = f32}, in.size());
+  wire_buffer w(c.encoded_bytes(in.size()));
   c.encode(in, w.span());
   std::vector<float> out(in.size(), 0.0f);
   c.decode_add(w.cspan(), out);
@@ -93,12 +142,11 @@ TEST_CASE("topk: the K largest |e| of each chunk are sent, ties to the lower ind
 }
 
 TEST_CASE("topk: 2-bit values are +-s/2 or +-s of the chunk's largest |e|") {
-  using C = codec::topk<16, 4, 2>;
   const std::vector<float> in = {0.1f, 8.0f, -0.2f, 3.0f, -6.0f, 0.0f, 0.3f, -1.0f,
                                  0.0f, 0.0f, 0.0f,  0.0f, 0.0f,  0.0f, 0.0f, 0.0f,  // all zero
                                  2.0f};                                             // partial
-  C c({.beta = 1.0f}, in.size());
-  wire_buffer w(C::encoded_bytes(in.size()));
+  C c({.beta = 1.0f, .chunk = 16, .k = 4, .bits = 2}, in.size());
+  wire_buffer w(c.encoded_bytes(in.size()));
   c.encode(in, w.span());
   std::vector<float> out(in.size(), 0.0f);
   c.decode_add(w.cspan(), out);
@@ -111,17 +159,30 @@ TEST_CASE("topk: 2-bit values are +-s/2 or +-s of the chunk's largest |e|") {
   }
 }
 
-TEST_CASE_TEMPLATE("topk: error feedback conserves the input over steps", C, codec::topk<64, 4, 2>,
-                   codec::topk<100, 9, 3>, codec::topk<64, 8, codec::topk_unquantised>) {
+TEST_CASE("topk: error feedback conserves the input over steps") {
   // Per step e_t = beta e_{t-1} + delta_t - sent_t, so sum_t beta^(T-t) (delta_t - sent_t)
   // = e_T; with beta = 1: sum of inputs = sum of what was sent + the residual. Each step
   // rounds (beta e, + delta, - sent) a few times; the bound allows 4 roundings of the
   // largest magnitude met, per step.
   const std::size_t n = 64 * 5 + 30, steps = 40;
-  for (const float beta : {1.0f, 0.95f, 0.5f}) {
+  const C::config settings[] = {{.chunk = 64, .k = 4, .bits = 2},
+                                {.chunk = 100, .k = 9, .bits = 3},
+                                {.chunk = 64, .k = 8, .bits = f32}};
+  for (const auto& [cfg, beta] : std::vector<std::pair<C::config, float>>{{settings[0], 1.0f},
+                                                                          {settings[0], 0.95f},
+                                                                          {settings[0], 0.5f},
+                                                                          {settings[1], 1.0f},
+                                                                          {settings[1], 0.95f},
+                                                                          {settings[1], 0.5f},
+                                                                          {settings[2], 1.0f},
+                                                                          {settings[2], 0.95f},
+                                                                          {settings[2], 0.5f}}) {
     CAPTURE(beta);
-    C c({.beta = beta}, n);
-    wire_buffer w(C::encoded_bytes(n));
+    CAPTURE(cfg.k);
+    C::config with_beta = cfg;
+    with_beta.beta = beta;
+    C c(with_beta, n);
+    wire_buffer w(c.encoded_bytes(n));
     std::vector<double> inputs(n, 0.0), sent(n, 0.0);
     std::vector<float> out(n);
     double largest = 0.0;
@@ -151,10 +212,9 @@ TEST_CASE_TEMPLATE("topk: error feedback conserves the input over steps", C, cod
 }
 
 TEST_CASE("topk: two runs give bit-identical wires and residuals; reset zeroes the residual") {
-  using C = codec::topk<>;
   const std::size_t n = 4096 * 2 + 1000;
   C a({}, n), b({}, n);
-  wire_buffer wa(C::encoded_bytes(n)), wb(C::encoded_bytes(n));
+  wire_buffer wa(a.encoded_bytes(n)), wb(b.encoded_bytes(n));
   for (unsigned t = 0; t < 5; ++t) {
     const std::vector<float> delta = random_vector(n, 50 + t);
     a.encode(delta, wa.span());
@@ -169,15 +229,14 @@ TEST_CASE("topk: two runs give bit-identical wires and residuals; reset zeroes t
 TEST_CASE(
     "topk: beta is set at run time and checked; inputs and wires of the wrong size are "
     "refused") {
-  using C = codec::topk<8, 2, 2>;
-  C c({.beta = 0.5f}, 10);
+  C c({.beta = 0.5f, .chunk = 8, .k = 2, .bits = 2}, 10);
   CHECK(c.beta() == 0.5f);
   c.set_beta(0.9f);
   CHECK(c.beta() == 0.9f);
   CHECK_THROWS_AS(c.set_beta(1.5f), fedshard::invalid_argument);
   CHECK_THROWS_AS((C({.beta = -0.1f}, 10)), fedshard::invalid_argument);
   std::vector<float> in(9, 1.0f);
-  wire_buffer w(C::encoded_bytes(10));
+  wire_buffer w(c.encoded_bytes(10));
   CHECK_THROWS_AS(c.encode(in, w.span()), fedshard::invalid_argument);
   // A corrupt index is refused rather than written out of bounds.
   in.assign(10, 1.0f);
@@ -192,50 +251,52 @@ namespace {
 
 /// topk's encode as first written (a key per element, nth_element, then a sort of the
 /// indices): the reference the faster selection must equal, wire and residual, bit for bit.
-template <class C>
-void reference_encode(std::vector<float>& e, const std::vector<float>& delta, float beta,
+/// Index: the wire's index type for cfg.
+template <class Index>
+void reference_encode(const C::config& cfg, std::vector<float>& e, const std::vector<float>& delta,
                       std::span<std::byte> wire) {
-  using index_t = typename C::index_t;
-  const std::size_t n = e.size();
+  const std::size_t n = e.size(), K = cfg.k;
+  const float beta = cfg.beta;
   for (std::size_t i = 0; i < n; ++i)
     e[i] = beta == 1.0f ? e[i] + delta[i] : beta * e[i] + delta[i];
-  const std::size_t floats = C::quantised ? C::chunks(n) : C::selected(n);
+  const bool quantised = cfg.bits != f32;
+  const std::size_t floats = quantised ? C::chunks(cfg, n) : C::selected(cfg, n);
   const std::size_t at_indices = floats * sizeof(float);
-  const std::size_t at_codes = at_indices + C::selected(n) * sizeof(index_t);
+  const std::size_t at_codes = at_indices + C::selected(cfg, n) * sizeof(Index);
   auto* scales_or_values = reinterpret_cast<float*>(wire.data());
-  auto* indices = reinterpret_cast<index_t*>(wire.data() + at_indices);
+  auto* indices = reinterpret_cast<Index*>(wire.data() + at_indices);
   auto* all_codes = reinterpret_cast<std::uint8_t*>(wire.data() + at_codes);
-  if constexpr (C::quantised) std::memset(all_codes, 0, wire.size() - at_codes);
-  for (std::size_t c = 0, base = 0; base < n; ++c, base += C::chunk) {
-    const std::size_t m = std::min(C::chunk, n - base);
-    const std::size_t k = std::min(C::k, m);
+  if (quantised) std::memset(all_codes, 0, wire.size() - at_codes);
+  for (std::size_t c = 0, base = 0; base < n; ++c, base += cfg.chunk) {
+    const std::size_t m = std::min(cfg.chunk, n - base);
+    const std::size_t k = std::min(K, m);
     float* ec = e.data() + base;
     std::vector<std::uint64_t> keys(m);
     for (std::size_t i = 0; i < m; ++i)
       keys[i] = (static_cast<std::uint64_t>(codec::detail::magnitude_bits(ec[i])) << 32) |
                 (0xffffffffu - static_cast<std::uint32_t>(i));
     std::sort(keys.begin(), keys.end(), std::greater<>{});
-    std::vector<index_t> order(k);
+    std::vector<Index> order(k);
     for (std::size_t j = 0; j < k; ++j)
-      order[j] = static_cast<index_t>(0xffffffffu - static_cast<std::uint32_t>(keys[j]));
+      order[j] = static_cast<Index>(0xffffffffu - static_cast<std::uint32_t>(keys[j]));
     std::sort(order.begin(), order.end());
-    std::memcpy(indices + c * C::k, order.data(), k * sizeof(index_t));
-    if constexpr (C::quantised) {
+    std::memcpy(indices + c * K, order.data(), k * sizeof(Index));
+    if (quantised) {
       float s = 0.0f;
       for (std::size_t j = 0; j < k; ++j) s = std::max(s, std::fabs(ec[order[j]]));
       scales_or_values[c] = s;
-      std::uint8_t* codes = all_codes + c * C::code_bytes(C::k);
-      using q = codec::detail::topk_quantiser<C::bits>;
+      std::uint8_t* codes = all_codes + c * C::code_bytes(cfg, K);
+      const codec::detail::topk_quantiser q(cfg.bits);
       for (std::size_t j = 0; j < k; ++j) {
         float& v = ec[order[j]];
-        const std::uint32_t code = q::encode(v, s);
-        codec::detail::put_code<C::bits>(codes, j * C::bits, code);
-        v -= q::decode(code, s);
+        const std::uint32_t code = q.encode(v, s);
+        codec::detail::put_code(codes, j * cfg.bits, code, cfg.bits);
+        v -= q.decode(code, s);
       }
     } else {
       for (std::size_t j = 0; j < k; ++j) {
         float& v = ec[order[j]];
-        scales_or_values[c * C::k + j] = v;
+        scales_or_values[c * K + j] = v;
         v -= v;
       }
     }
@@ -264,30 +325,46 @@ std::vector<float> mixed_input(std::size_t n, unsigned t) {
   return v;
 }
 
-}  // namespace
-
-TEST_CASE_TEMPLATE("topk: the selection equals the sort of (|e|, index) on every instruction set",
-                   C, codec::topk<>, codec::topk<256, 16, 4>, codec::topk<100, 7, 3>,
-                   codec::topk<64, 8, codec::topk_unquantised>, codec::topk<50, 40, 8>,
-                   codec::topk<8, 3, 1>) {
+/// Encodes 7 steps of mixed_input with settings base (beta 1 and 0.9) on every instruction
+/// set and requires reference_encode's wire and residual.
+void check_selection_on_every_isa(const C::config& base) {
   namespace kernels = fedshard::kernels;
-  const std::size_t n = 3 * C::chunk + C::chunk / 3 + 1;  // a partial last chunk
+  const std::size_t n = 3 * base.chunk + base.chunk / 3 + 1;  // a partial last chunk
   for (const float beta : {1.0f, 0.9f}) {
     for (kernels::isa which : kernels::supported_isas()) {
       CAPTURE(std::string(kernels::to_string(which)));
       CAPTURE(beta);
       kernels::isa_limit_guard g(which);
-      C c({.beta = beta}, n);
+      C::config cfg = base;
+      cfg.beta = beta;
+      C c(cfg, n);
       std::vector<float> e(n, 0.0f);
-      wire_buffer got(C::encoded_bytes(n)), want(C::encoded_bytes(n));
+      wire_buffer got(c.encoded_bytes(n)), want(c.encoded_bytes(n));
       for (unsigned t = 0; t < 7; ++t) {
         CAPTURE(t);
         const std::vector<float> delta = mixed_input(n, t);
         c.encode(delta, got.span());
-        reference_encode<C>(e, delta, beta, want.span());
+        if (C::index_bytes(cfg) == 2)
+          reference_encode<std::uint16_t>(cfg, e, delta, want.span());
+        else
+          reference_encode<std::uint32_t>(cfg, e, delta, want.span());
         REQUIRE(std::memcmp(got.cspan().data(), want.cspan().data(), got.bytes) == 0);
         REQUIRE(std::memcmp(c.residual().data(), e.data(), n * sizeof(float)) == 0);
       }
     }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("topk: the selection equals the sort of (|e|, index) on every instruction set") {
+  for (const C::config base :
+       {C::config{}, C::config{.chunk = 256, .k = 16, .bits = 4},
+        C::config{.chunk = 100, .k = 7, .bits = 3}, C::config{.chunk = 64, .k = 8, .bits = f32},
+        C::config{.chunk = 50, .k = 40, .bits = 8}, C::config{.chunk = 8, .k = 3, .bits = 1}}) {
+    CAPTURE(base.chunk);
+    CAPTURE(base.k);
+    CAPTURE(base.bits);
+    check_selection_on_every_isa(base);
   }
 }

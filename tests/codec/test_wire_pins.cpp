@@ -109,9 +109,9 @@ std::vector<float> tie_inputs(std::size_t n, std::uint64_t seed) {
 
 /// The wire of a stateless codec C on in, and after it what decode_add adds to `base`.
 template <class C>
-std::uint64_t stateless_hash(const std::vector<float>& in) {
-  std::vector<std::byte> wire(C::encoded_bytes(in.size()));
-  C c(typename C::config{}, in.size());
+std::uint64_t stateless_hash(const std::vector<float>& in, typename C::config cfg = {}) {
+  std::vector<std::byte> wire(C::encoded_bytes(cfg, in.size()));
+  C c(cfg, in.size());
   c.encode(in, wire);
   std::vector<float> out(in.size());
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(i % 7) - 3.0f;
@@ -121,10 +121,9 @@ std::uint64_t stateless_hash(const std::vector<float>& in) {
 
 /// Steps of a topk codec on fixed inputs: the hash of every wire, the decoded sums and the
 /// final residual.
-template <class C>
-std::uint64_t topk_hash(std::size_t n, float beta, bool ties) {
-  C c({.beta = beta}, n);
-  std::vector<std::byte> wire(C::encoded_bytes(n));
+std::uint64_t topk_hash(codec::topk::config cfg, std::size_t n, bool ties) {
+  codec::topk c(cfg, n);
+  std::vector<std::byte> wire(c.encoded_bytes(n));
   std::vector<float> out(n, 0.0f);
   std::uint64_t h = 0xcbf29ce484222325ull;
   for (std::uint64_t t = 0; t < 4; ++t) {
@@ -190,22 +189,27 @@ TEST_CASE("pinned: int8_block wires and decode_add") {
   std::vector<float> in = pin_inputs(10007, 3, -20, 10, false);
   for (std::size_t i = 600; i < 900; ++i) in[i] = 0.0f;  // a block of zeros
   on_every_isa([&] {
-    CHECK(stateless_hash<codec::int8_block<256>>(in) == 0x71d77d8990f102d8ull);
-    CHECK(stateless_hash<codec::int8_block<100>>(in) == 0x8297cbf8a773ba50ull);
-    CHECK(stateless_hash<codec::int8_block<7>>(in) == 0xca5c1d56100e2407ull);
+    CHECK(stateless_hash<codec::int8_block>(in, {.block = 256}) == 0x71d77d8990f102d8ull);
+    CHECK(stateless_hash<codec::int8_block>(in, {.block = 100}) == 0x8297cbf8a773ba50ull);
+    CHECK(stateless_hash<codec::int8_block>(in, {.block = 7}) == 0xca5c1d56100e2407ull);
   });
 }
 
 TEST_CASE("pinned: topk wires, decoded sums and residuals over steps") {
   on_every_isa([&] {
-    CHECK(topk_hash<codec::topk<>>(4096 * 3 + 1000, 0.95f, false) == 0x70978ea0689f4e48ull);
-    CHECK(topk_hash<codec::topk<>>(4096 * 2 + 77, 1.0f, true) == 0xf151af42346888daull);
-    CHECK(topk_hash<codec::topk<1024, 32, 4>>(1024 * 5 + 3, 0.9f, true) == 0xb1c4b4a05f712e84ull);
-    CHECK(topk_hash<codec::topk<100, 7, 3>>(1234, 0.5f, false) == 0x7625254a97fffb70ull);
-    CHECK(topk_hash<codec::topk<64, 8, codec::topk_unquantised>>(64 * 9 + 30, 1.0f, true) ==
-          0xd7b2c75507d45765ull);
-    CHECK(topk_hash<codec::topk<4096, 64, 8>>(4096 * 2, 0.95f, false) == 0x4b03973c9e94edc0ull);
-    CHECK(topk_hash<codec::topk<4096, 4096, 2>>(4096 + 5, 0.95f, false) == 0x75686c7234ee3db3ull);
-    CHECK(topk_hash<codec::topk<70000, 3, 2>>(70001, 0.95f, true) == 0x72dbca221b7be2c2ull);
+    CHECK(topk_hash({.beta = 0.95f}, 4096 * 3 + 1000, false) == 0x70978ea0689f4e48ull);
+    CHECK(topk_hash({.beta = 1.0f}, 4096 * 2 + 77, true) == 0xf151af42346888daull);
+    CHECK(topk_hash({.beta = 0.9f, .chunk = 1024, .k = 32, .bits = 4}, 1024 * 5 + 3, true) ==
+          0xb1c4b4a05f712e84ull);
+    CHECK(topk_hash({.beta = 0.5f, .chunk = 100, .k = 7, .bits = 3}, 1234, false) ==
+          0x7625254a97fffb70ull);
+    CHECK(topk_hash({.beta = 1.0f, .chunk = 64, .k = 8, .bits = codec::topk_unquantised},
+                    64 * 9 + 30, true) == 0xd7b2c75507d45765ull);
+    CHECK(topk_hash({.beta = 0.95f, .chunk = 4096, .k = 64, .bits = 8}, 4096 * 2, false) ==
+          0x4b03973c9e94edc0ull);
+    CHECK(topk_hash({.beta = 0.95f, .chunk = 4096, .k = 4096, .bits = 2}, 4096 + 5, false) ==
+          0x75686c7234ee3db3ull);
+    CHECK(topk_hash({.beta = 0.95f, .chunk = 70000, .k = 3, .bits = 2}, 70001, true) ==
+          0x72dbca221b7be2c2ull);
   });
 }

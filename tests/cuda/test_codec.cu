@@ -124,7 +124,8 @@ void check_codec(std::size_t n, typename C::config cfg = {}, int rounds = 1) {
   CAPTURE(n);
   C host(cfg, n);
   gpu::device_codec<C> device(cfg, n);
-  const std::size_t bytes = C::encoded_bytes(n);
+  const std::size_t bytes = C::encoded_bytes(cfg, n);
+  REQUIRE(device.encoded_bytes(n) == bytes);
   std::vector<std::byte> host_wire(bytes);
   auto device_wire = poisoned_wire(bytes);
   for (int round = 0; round < rounds; ++round) {
@@ -173,12 +174,22 @@ TEST_SUITE("no_device") {
     CHECK_THROWS_AS(
         c.encode(nullptr, nullptr, reinterpret_cast<std::byte*>(std::uintptr_t{0x4000})),
         invalid_argument);
-    gpu::device_codec<codec::int8_block<256>> q({}, 10);
+    gpu::device_codec<codec::int8_block> q({}, 10);
     CHECK_THROWS_AS(q.decode_add(nullptr, misaligned, reinterpret_cast<float*>(0x2000)),
                     invalid_argument);
-    using topk = codec::topk<4096, 64, 2>;
+    using topk = codec::topk;
     CHECK_THROWS_AS(gpu::device_codec<topk>(topk::config{.beta = 1.5f}, 10), invalid_argument);
-    static_assert(gpu::device_codec<topk>::encoded_bytes(5000) == topk::encoded_bytes(5000));
+    CHECK_THROWS_WITH_AS(gpu::device_codec<topk>(topk::config{.chunk = 8, .k = 9}, 10),
+                         doctest::Contains("topk: k must be in [1, chunk = 8], found 9"),
+                         invalid_argument);
+    CHECK_THROWS_WITH_AS(gpu::device_codec<codec::int8_block>({.block = 0}, 10),
+                         doctest::Contains("block (elements per scale) must be > 0"),
+                         invalid_argument);
+    // 65536 x 3 bits of codes per chunk: 24 KiB, over the 16 KiB of shared memory allowed.
+    CHECK_THROWS_WITH_AS(
+        gpu::device_codec<topk>(topk::config{.chunk = 65536, .k = 65536, .bits = 3}, 10),
+        doctest::Contains("k * bits must be at most 131072 bits"), invalid_argument);
+    CHECK(gpu::device_codec<topk>({}, 0).encoded_bytes(5000) == topk::encoded_bytes({}, 5000));
     static_assert(gpu::device_codec<topk>::stateful &&
                   !gpu::device_codec<codec::cast<float>>::stateful);
   }
@@ -201,43 +212,45 @@ TEST_CASE("gpu::device_codec<cast<T>>: the host's wire bytes and decoded values"
 
 TEST_CASE("gpu::device_codec<int8_block>: the host's scales, codes and decoded values") {
   SUBCASE("Block 256") {
-    check_all_sizes<codec::int8_block<256>>();
+    check_all_sizes<codec::int8_block>({.block = 256});
   }
   SUBCASE("Block 64 (scale 1: ties to even)") {
-    check_all_sizes<codec::int8_block<64>>();
+    check_all_sizes<codec::int8_block>({.block = 64});
   }
   SUBCASE("Block 100") {
-    check_all_sizes<codec::int8_block<100>>();
+    check_all_sizes<codec::int8_block>({.block = 100});
   }
 }
 
 TEST_CASE("gpu::device_codec<topk>: the host's wires and residuals over 3 encodes") {
   SUBCASE("4096, 64, 2 bits, beta 0.95") {
-    check_all_sizes<codec::topk<4096, 64, 2>>({.beta = 0.95f}, 3);
+    check_all_sizes<codec::topk>({.beta = 0.95f, .chunk = 4096, .k = 64, .bits = 2}, 3);
   }
   SUBCASE("4096, 64, 2 bits, beta 1") {
-    check_all_sizes<codec::topk<4096, 64, 2>>({.beta = 1.0f}, 3);
+    check_all_sizes<codec::topk>({.beta = 1.0f, .chunk = 4096, .k = 64, .bits = 2}, 3);
   }
   SUBCASE("128, 17, 3 bits (codes across bytes and words)") {
-    check_all_sizes<codec::topk<128, 17, 3>>({.beta = 0.9f}, 3);
+    check_all_sizes<codec::topk>({.beta = 0.9f, .chunk = 128, .k = 17, .bits = 3}, 3);
   }
   SUBCASE("1000, 300, 8 bits") {
-    check_all_sizes<codec::topk<1000, 300, 8>>({.beta = 0.5f}, 3);
+    check_all_sizes<codec::topk>({.beta = 0.5f, .chunk = 1000, .k = 300, .bits = 8}, 3);
   }
   SUBCASE("256, 256, 1 bit (K = Chunk)") {
-    check_all_sizes<codec::topk<256, 256, 1>>({.beta = 0.95f}, 3);
+    check_all_sizes<codec::topk>({.beta = 0.95f, .chunk = 256, .k = 256, .bits = 1}, 3);
   }
   SUBCASE("4096, 64, f32 values") {
-    check_all_sizes<codec::topk<4096, 64, codec::topk_unquantised>>({.beta = 0.95f}, 3);
+    check_all_sizes<codec::topk>(
+        {.beta = 0.95f, .chunk = 4096, .k = 64, .bits = codec::topk_unquantised}, 3);
   }
   SUBCASE("ties: every |e| equal, the lower indices win") {
-    using topk = codec::topk<512, 40, 2>;
+    using topk = codec::topk;
+    constexpr topk::config cfg{.beta = 1.0f, .chunk = 512, .k = 40, .bits = 2};
     const std::size_t n = 1300;
     std::vector<float> in(n);
     for (std::size_t i = 0; i < n; ++i) in[i] = (i * 7) % 3 == 0 ? -2.0f : 2.0f;
-    topk host({.beta = 1.0f}, n);
-    gpu::device_codec<topk> device({.beta = 1.0f}, n);
-    std::vector<std::byte> host_wire(topk::encoded_bytes(n));
+    topk host(cfg, n);
+    gpu::device_codec<topk> device(cfg, n);
+    std::vector<std::byte> host_wire(topk::encoded_bytes(cfg, n));
     auto device_wire = poisoned_wire(host_wire.size());
     const auto device_in = gpu::device_buffer<float>::from_host(in);
     for (int round = 0; round < 3; ++round) {

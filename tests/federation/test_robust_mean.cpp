@@ -69,9 +69,10 @@ float hand_trimmed(std::vector<float> v) {
 /// end() of a policy for one fragment of `copies[g]` per group, called directly.
 template <class F>
 std::vector<float> combine(const std::vector<std::vector<float>>& copies,
-                           std::span<const std::uint8_t> included = {}) {
+                           std::span<const std::uint8_t> included = {},
+                           typename F::config cfg = {}) {
   const std::size_t n = copies.at(0).size();
-  F p({}, {n});
+  F p(cfg, {n});
   const sync_info info{
       .fragment = 0, .groups = int(copies.size()), .group = 0, .included = included};
   std::vector<float> buf = copies[0];
@@ -103,12 +104,13 @@ struct synced {
 /// master holds value(g, s, j); checks that the wire carried the plan. Per world rank.
 template <class F>
 std::vector<synced> sync_once(const mesh_shape& shape,
-                              const std::function<float(int, int, std::size_t)>& value) {
+                              const std::function<float(int, int, std::size_t)>& value,
+                              typename F::config cfg = {}) {
   return test::collect_ranks(shape.size(), [&](inproc::communicator& world) {
     mesh m(world, shape);
     interpreter<inproc::communicator> in(m);
     const flat_layout l(four_units(), shape.shards);
-    federation::synchronizer<F, schedule::periodic> sync({}, {.period = 1}, l, shape, m.coords(),
+    federation::synchronizer<F, schedule::periodic> sync(cfg, {.period = 1}, l, shape, m.coords(),
                                                          0);
     std::vector<float> master(l.total_shard_numel());
     for (std::size_t j = 0; j < master.size(); ++j)
@@ -149,12 +151,12 @@ void check_synced(const std::vector<synced>& out, int groups,
 
 TEST_CASE("median and trimmed_mean model FederationPolicy and keep no checkpoint state") {
   CHECK(federation::FederationPolicy<median>);
-  CHECK(federation::FederationPolicy<trimmed_mean<1, 4>>);
-  CHECK(federation::FederationPolicy<trimmed_mean<0, 1>>);
+  CHECK(federation::FederationPolicy<trimmed_mean>);
   CHECK(median::name == "median");
-  CHECK(trimmed_mean<1, 4>::name == "trimmed_mean");
+  CHECK(trimmed_mean::name == "trimmed_mean");
   CHECK(median::syncs);
-  CHECK(trimmed_mean<1, 3>::syncs);
+  CHECK(trimmed_mean::syncs);
+  CHECK(trimmed_mean::config{}.trim == federation::trim_fraction{1, 4});
   median m({}, {32, 16});
   CHECK(m.state().empty());
   CHECK(m.gathered(0).empty());  // sized at the first begin(), when G is known
@@ -180,7 +182,7 @@ TEST_CASE("the plan is one all_gather of the whole fragment per replica, in eith
                              .out = {.role = role::gathered},
                              .overlappable = false};
       const median m({mode}, {});
-      const trimmed_mean<1, 4> t({mode}, {});
+      const trimmed_mean t({.sync = mode}, {});
       CHECK(m.sync_plan(ctx).ops == std::vector<comm_op>{expected});
       CHECK(t.sync_plan(ctx).ops == std::vector<comm_op>{expected});
       CHECK(federation::fragment_gather_ops(ctx).ops == std::vector<comm_op>{expected});
@@ -212,23 +214,57 @@ TEST_CASE("median: the middle value, the float mean of the two middle ones, NaN 
   CHECK(combine<median>({{3e38f}, {3e38f}}) == std::vector<float>{kInf});  // (a + b) overflows
 }
 
+TEST_CASE("trimmed_mean: a fraction of 1/2 or more, or a bad denominator, is refused at run time") {
+  using doctest::Contains;
+  const auto refused = [](int num, int den) { return trimmed_mean({.trim = {num, den}}, {4}); };
+  CHECK_THROWS_WITH_AS(refused(1, 2),
+                       Contains("trimmed_mean: the fraction trimmed from each end, trim = num / "
+                                "den, must be in [0, 1/2) with den > 0, found 1 / 2 (use "
+                                "federation::median for the middle)"),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS(refused(3, 5), Contains("found 3 / 5"), invalid_argument);
+  CHECK_THROWS_WITH_AS(refused(1, 0), Contains("found 1 / 0"), invalid_argument);
+  CHECK_THROWS_WITH_AS(refused(-1, 4), Contains("found -1 / 4"), invalid_argument);
+  CHECK_NOTHROW(refused(0, 1));
+  CHECK_NOTHROW(refused(49, 100));
+  // The synchronizer and a trainer build the policy from their settings: refused there too.
+  CHECK_THROWS_WITH_AS((combine<trimmed_mean>({{1.0f}, {2.0f}}, {}, {.trim = {1, 2}})),
+                       Contains("found 1 / 2"), invalid_argument);
+}
+
+TEST_CASE("trimmed_mean: the fraction set at run time, 1/3 of 7 groups, worked by hand") {
+  // 7 values sorted: -100, 1, 2, 3, 4, 8, 1e6. trim 1/3: k = floor(7 / 3) = 2 from each end,
+  // (2 + 3 + 4) / 3 = 3. trim 1/7: k = 1, (1 + 2 + 3 + 4 + 8) / 5 = 3.6f. trim 0/1: the
+  // mean of all 7, summed from the smallest up in float.
+  const std::vector<std::vector<float>> copies = {{8.0f}, {1e6f}, {3.0f}, {-100.0f},
+                                                  {2.0f}, {4.0f}, {1.0f}};
+  CHECK(combine<trimmed_mean>(copies, {}, {.trim = {1, 3}}) == std::vector<float>{3.0f});
+  CHECK(combine<trimmed_mean>(copies, {}, {.trim = {1, 7}}) == std::vector<float>{18.0f / 5.0f});
+  float all = -100.0f;
+  for (float v : {1.0f, 2.0f, 3.0f, 4.0f, 8.0f, 1e6f}) all += v;
+  CHECK(combine<trimmed_mean>(copies, {}, {.trim = {0, 1}}) == std::vector<float>{all / 7.0f});
+  // The default, 1/4: k = floor(7 / 4) = 1, as 1/7.
+  CHECK(combine<trimmed_mean>(copies) == std::vector<float>{18.0f / 5.0f});
+}
+
 TEST_CASE("trimmed_mean: floor(n Num / Den) dropped at each end, the rest summed ascending") {
   // n = 4, 1/4: k = 1
-  CHECK(combine<trimmed_mean<1, 4>>({{100.0f}, {1.0f}, {2.0f}, {-50.0f}}) ==
-        std::vector<float>{1.5f});
+  CHECK(combine<trimmed_mean>({{100.0f}, {1.0f}, {2.0f}, {-50.0f}}) == std::vector<float>{1.5f});
   // n = 3, 1/4: k = 0, the plain mean
-  CHECK(combine<trimmed_mean<1, 4>>({{1.0f}, {2.0f}, {6.0f}}) ==
+  CHECK(combine<trimmed_mean>({{1.0f}, {2.0f}, {6.0f}}) ==
         std::vector<float>{((0.0f + 1.0f) + 2.0f + 6.0f) / 3.0f});
   // n = 3, 1/3: k = 1, the median
-  CHECK(combine<trimmed_mean<1, 3>>({{7.0f}, {-3.0f}, {0.5f}}) == std::vector<float>{0.5f});
+  CHECK(combine<trimmed_mean>({{7.0f}, {-3.0f}, {0.5f}}, {}, {.trim = {1, 3}}) ==
+        std::vector<float>{0.5f});
   // n = 5, 2/5: k = 2
-  CHECK(combine<trimmed_mean<2, 5>>({{9.0f}, {8.0f}, {1.0f}, {2.0f}, {3.0f}}) ==
+  CHECK(combine<trimmed_mean>({{9.0f}, {8.0f}, {1.0f}, {2.0f}, {3.0f}}, {}, {.trim = {2, 5}}) ==
         std::vector<float>{3.0f});
   // ascending: -1e8 + 1 + 1 + 1e8 = 0 in float, where rank order (1e8 + 1 - 1e8 + 1) gives 1
-  CHECK(combine<trimmed_mean<0, 1>>({{1e8f}, {1.0f}, {-1e8f}, {1.0f}}) == std::vector<float>{0.0f});
+  CHECK(combine<trimmed_mean>({{1e8f}, {1.0f}, {-1e8f}, {1.0f}}, {}, {.trim = {0, 1}}) ==
+        std::vector<float>{0.0f});
   // NaN sorts last: trimmed when k covers it, else the mean is NaN
-  CHECK(combine<trimmed_mean<1, 4>>({{kNaN}, {1.0f}, {2.0f}, {-9.0f}}) == std::vector<float>{1.5f});
-  CHECK(std::isnan(combine<trimmed_mean<1, 4>>({{kNaN}, {1.0f}, {kNaN}, {-9.0f}})[0]));
+  CHECK(combine<trimmed_mean>({{kNaN}, {1.0f}, {2.0f}, {-9.0f}}) == std::vector<float>{1.5f});
+  CHECK(std::isnan(combine<trimmed_mean>({{kNaN}, {1.0f}, {kNaN}, {-9.0f}})[0]));
 }
 
 TEST_CASE("the included mask: groups left out are ignored, whatever they hold") {
@@ -238,7 +274,7 @@ TEST_CASE("the included mask: groups left out are ignored, whatever they hold") 
   CHECK(combine<median>(copies, all_but_1) == std::vector<float>{3.0f, 10.0f});
   const std::uint8_t two[] = {0, 0, 1, 1};
   CHECK(combine<median>(copies, two) == std::vector<float>{5.0f, 7.5f});
-  CHECK(combine<trimmed_mean<1, 4>>(copies, two) == std::vector<float>{5.0f, 7.5f});  // k = 0
+  CHECK(combine<trimmed_mean>(copies, two) == std::vector<float>{5.0f, 7.5f});  // k = 0
   const std::uint8_t one[] = {0, 1, 0, 0};
   CHECK(combine<median>(copies, one)[1] == 1e30f);
   const std::uint8_t none[] = {0, 0, 0, 0};
@@ -246,7 +282,7 @@ TEST_CASE("the included mask: groups left out are ignored, whatever they hold") 
                        doctest::Contains("median: sync_info::included leaves out all 4 groups"),
                        invalid_argument);
   const std::uint8_t short_mask[] = {1, 1};
-  CHECK_THROWS_WITH_AS((combine<trimmed_mean<1, 4>>(copies, short_mask)),
+  CHECK_THROWS_WITH_AS((combine<trimmed_mean>(copies, short_mask)),
                        doctest::Contains("trimmed_mean: sync_info::included names 2 groups, "
                                          "expected 4"),
                        invalid_argument);
@@ -276,9 +312,9 @@ TEST_CASE("after a sync on 3x1x2 and 4x2x1 meshes every rank holds the groups' r
   for (const mesh_shape shape : {mesh_shape{3, 1, 2}, mesh_shape{4, 2, 1}}) {
     CAPTURE(shape.groups);
     check_synced(sync_once<median>(shape, value_of), shape.groups, value_of, hand_median);
-    check_synced(sync_once<trimmed_mean<1, 4>>(shape, value_of), shape.groups, value_of,
+    check_synced(sync_once<trimmed_mean>(shape, value_of), shape.groups, value_of,
                  hand_trimmed<1, 4>);
-    check_synced(sync_once<trimmed_mean<1, 3>>(shape, value_of), shape.groups, value_of,
+    check_synced(sync_once<trimmed_mean>(shape, value_of, {.trim = {1, 3}}), shape.groups, value_of,
                  hand_trimmed<1, 3>);
   }
   // spot checks written out: G = 3 takes the middle group's value, G = 4 the mean of two
@@ -327,7 +363,7 @@ TEST_CASE("a poisoned group (1e30 or NaN) cannot move the median off the honest 
           REQUIRE(r.master[j] <= hi);
         }
       if (shape.groups == 4) {  // k = 1 trims the poison and one honest value
-        const auto t = sync_once<trimmed_mean<1, 4>>(shape, value);
+        const auto t = sync_once<trimmed_mean>(shape, value);
         check_synced(t, shape.groups, value, expected);
       }
     }
@@ -347,7 +383,7 @@ TEST_CASE("with G = 2 the median is average's (a + b) / 2, bit for bit") {
 namespace {
 
 using fl_median = algorithm<shard::hybrid_shard, median, schedule::periodic>;
-using fl_trimmed = algorithm<shard::full_shard, trimmed_mean<1, 4>, schedule::periodic>;
+using fl_trimmed = algorithm<shard::full_shard, trimmed_mean, schedule::periodic>;
 
 std::size_t numel(const tensor_spec& t) {
   std::size_t n = 1;

@@ -83,12 +83,13 @@ std::uint64_t digest(const std::vector<float>& v) {
 /// Runs Algorithm with Opt on the MPI world and on 4 inproc ranks (inside MPI rank 0), and
 /// checks that every rank ends with the same parameters on both.
 template <class Algorithm, class Opt>
-void check_mpi_equals_inproc(mesh_shape shape, int steps, typename Opt::config oc) {
+void check_mpi_equals_inproc(mesh_shape shape, int steps, typename Opt::config oc,
+                             trainer_options<Algorithm> o = every<Algorithm>(2)) {
   run_result mine;
   {
     mpi::communicator world = mpi::communicator::world(test::mpi_options(true));
     REQUIRE(world.size() == shape.size());
-    mine = train_on<Algorithm, Opt>(world, shape, steps, oc, every<Algorithm>(2));
+    mine = train_on<Algorithm, Opt>(world, shape, steps, oc, o);
   }
   for (const auto& m : mine.wire_mismatches) FAIL_CHECK(m);
   CHECK(mine.losses.back() < mine.losses.front());
@@ -101,7 +102,7 @@ void check_mpi_equals_inproc(mesh_shape shape, int steps, typename Opt::config o
   std::vector<std::vector<float>> ref(static_cast<std::size_t>(shape.size()));
   inproc::run(shape.size(), [&](inproc::communicator& world) {
     ref[static_cast<std::size_t>(world.rank())] =
-        train_on<Algorithm, Opt>(world, shape, steps, oc, every<Algorithm>(2)).params;
+        train_on<Algorithm, Opt>(world, shape, steps, oc, o).params;
   });
   for (int r = 0; r < shape.size(); ++r) {
     CAPTURE(r);
@@ -121,12 +122,13 @@ TEST_CASE("mpi trainer: fl_fsdp (K = 2) on a 2x1x2 mesh ends bit-identical to th
 
 TEST_CASE("mpi trainer: sparseloco and fl_hsdp_int8 (codecs) end bit-identical to the inproc run") {
   // Codecs decode every rank's wire in rank order on the host: no backend-dependent order.
-  using small_sparseloco =
-      algorithm<shard::hybrid_shard,
-                federation::with_codec<federation::outer_optimizer<federation::outer_sgd>,
-                                       codec::topk<32, 4, 2>>,
-                schedule::periodic>;
-  check_mpi_equals_inproc<small_sparseloco, optim::adamw>({2, 1, 2}, 12, {.lr = 1e-2f});
+  using small_sparseloco = algorithm<
+      shard::hybrid_shard,
+      federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, codec::topk>,
+      schedule::periodic>;
+  auto o = every<small_sparseloco>(2);
+  o.federation.codec = {.chunk = 32, .k = 4, .bits = 2};
+  check_mpi_equals_inproc<small_sparseloco, optim::adamw>({2, 1, 2}, 12, {.lr = 1e-2f}, o);
   check_mpi_equals_inproc<fl_hsdp_int8<>, optim::adamw>({2, 1, 2}, 6, {.lr = 1e-2f});
 }
 

@@ -69,16 +69,30 @@ TEST_CASE("carried(op) is the all_gather of every rank's wire, in whole 4-byte w
   CHECK(wire_bytes(bf) == doctest::Approx(3.0 * 2004));
 
   // An all_gather encodes each rank's block: 256 elements per rank, int8 + one scale.
-  const comm_op g =
-      op_of(comm_kind::all_gather, 4 * 256, 4, codec::spec_of<codec::int8_block<256>>());
+  const comm_op g = op_of(comm_kind::all_gather, 4 * 256, 4, codec::spec_of<codec::int8_block>());
   CHECK(codec_elements(g) == 256);
   CHECK(codec_slot_bytes(g) == 256 + 4);
   CHECK(carried(g).bytes == 4 * 260);
   CHECK(describe(g).find("codec int8_block (260 B per rank)") != std::string::npos);
 
   // topk's closed form at the defaults: one scale, 64 u16 indices, 64 2-bit codes per chunk.
-  const comm_op t = op_of(comm_kind::all_reduce, 2 * 4096, 2, codec::spec_of<codec::topk<>>());
+  const comm_op t = op_of(comm_kind::all_reduce, 2 * 4096, 2, codec::spec_of<codec::topk>());
   CHECK(codec_slot_bytes(t) == 2 * (4 + 64 * 2 + 16));
+
+  // Other settings travel with the spec: int8_block of 100 per scale on 256 elements per
+  // rank is 3 scales + 256 codes = 268 B; topk of chunk 512, k 5, 8 bits on 1300 elements
+  // is 3 scales (12 B) + 15 u16 indices (30 B) + 3 x 5 B of codes = 57 B, slotted as 60 B.
+  const comm_op g100 =
+      op_of(comm_kind::all_gather, 4 * 256, 4, codec::spec_of<codec::int8_block>({.block = 100}));
+  CHECK(codec_slot_bytes(g100) == 268);
+  CHECK(describe(g100).find("codec int8_block (268 B per rank)") != std::string::npos);
+  const comm_op t8 = op_of(comm_kind::all_reduce, 1300, 2,
+                           codec::spec_of<codec::topk>({.chunk = 512, .k = 5, .bits = 8}));
+  CHECK(t8.codec.encoded_bytes(1300) == 57);
+  CHECK(codec_slot_bytes(t8) == 60);
+  CHECK_THROWS_WITH_AS(codec::spec_of<codec::int8_block>({.block = 0}),
+                       doctest::Contains("int8_block: block (elements per scale) must be > 0"),
+                       invalid_argument);
 }
 
 TEST_CASE("check() refuses codecs on ops they cannot carry, saying why") {
@@ -125,19 +139,21 @@ TEST_CASE("an encoded all_reduce decodes every rank's wire in rank order, in f32
 TEST_CASE("an encoded all_gather gives every rank every decoded block, its own too") {
   constexpr int n = 3;
   constexpr std::size_t per = 700;  // not a multiple of the block: a short last block
-  using C = codec::int8_block<256>;
+  using C = codec::int8_block;
+  const C::config cfg{.block = 100};  // not the default: the spec carries it to each rank
   test::spawn_ranks(n, [&](communicator& world) {
     mesh m(world, {.groups = 1, .replicas = 1, .shards = n});
     interpreter<communicator> interp(m);
     std::vector<float> x(per), y(per * n, -7.0f);
     for (std::size_t i = 0; i < per; ++i) x[i] = value(world.rank(), i);
-    const comm_op op = op_of(comm_kind::all_gather, per * n, n, codec::spec_of<C>());
+    const comm_op op = op_of(comm_kind::all_gather, per * n, n, codec::spec_of<C>(cfg));
+    CHECK(codec_slot_bytes(op) == 700 + 7 * 4);  // 7 scales of 100
     interp.run(op, bind(x, y));
     for (int r = 0; r < n; ++r) {
       std::vector<float> block(per), want(per, 0.0f);
       for (std::size_t i = 0; i < per; ++i) block[i] = value(r, i);
-      std::vector<std::byte> wire(C::encoded_bytes(per));
-      C c({}, per);
+      std::vector<std::byte> wire(C::encoded_bytes(cfg, per));
+      C c(cfg, per);
       c.encode(block, wire);
       c.decode_add(wire, want);
       CHECK(std::memcmp(y.data() + per * static_cast<std::size_t>(r), want.data(),
@@ -150,14 +166,15 @@ TEST_CASE("an encoded all_gather gives every rank every decoded block, its own t
 TEST_CASE("a stateful codec keeps its residual between firings of the same op") {
   constexpr int n = 2;
   constexpr std::size_t len = 512;
-  using C = codec::topk<128, 4, 2>;
+  using C = codec::topk;
+  const C::config cfg{.chunk = 128, .k = 4, .bits = 2};
   test::spawn_ranks(n, [&](communicator& world) {
     mesh m(world, {.groups = 1, .replicas = 1, .shards = n});
     interpreter<communicator> interp(m);
-    const comm_op op = op_of(comm_kind::all_reduce, len, n, codec::spec_of<C>());
+    const comm_op op = op_of(comm_kind::all_reduce, len, n, codec::spec_of<C>(cfg));
     // A reference codec per rank, fed the same inputs.
     std::vector<C> ref;
-    for (int r = 0; r < n; ++r) ref.emplace_back(C::config{}, len);
+    for (int r = 0; r < n; ++r) ref.emplace_back(cfg, len);
     for (int round = 0; round < 3; ++round) {
       std::vector<float> x(len), y(len);
       for (std::size_t i = 0; i < len; ++i) x[i] = value(world.rank() + round, i);
@@ -166,7 +183,7 @@ TEST_CASE("a stateful codec keeps its residual between firings of the same op") 
       for (int r = 0; r < n; ++r) {
         std::vector<float> in(len);
         for (std::size_t i = 0; i < len; ++i) in[i] = value(r + round, i);
-        std::vector<std::byte> wire(C::encoded_bytes(len));
+        std::vector<std::byte> wire(C::encoded_bytes(cfg, len));
         ref[static_cast<std::size_t>(r)].encode(in, wire);
         ref[static_cast<std::size_t>(r)].decode_add(wire, want);
       }

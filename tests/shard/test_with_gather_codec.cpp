@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <cstddef>
+#include <type_traits>
 
 #include "fedshard/codec/int8_block.hpp"
 #include "fedshard/shard/full_shard.hpp"
@@ -16,7 +17,7 @@
 using namespace fedshard;
 
 namespace {
-using int8 = codec::int8_block<256>;
+using int8 = codec::int8_block;
 template <class P>
 using qwz = shard::with_gather_codec<P, int8>;
 }  // namespace
@@ -61,4 +62,30 @@ TEST_CASE("with_gather_codec encodes the compute gathers of its policy and nothi
   // A policy without gathers has nothing to encode.
   const plan ddp = qwz<shard::replicate>::step_plan(l, {1, 4, 1}, {});
   for (const comm_op& op : ddp.ops) CHECK_FALSE(encoded(op));
+}
+
+TEST_CASE("with_gather_codec takes its codec's settings at run time (settings.codec)") {
+  const flat_layout l(test::tiny_mlp{}.units(), 2);
+  using P = qwz<shard::hybrid_shard>;
+  static_assert(std::is_same_v<shard::settings_of_t<P>, P::settings>);
+  // Blocks of 64: the per-rank pieces of 80, 144 and 48 f32 take ceil(80 / 64) = 2,
+  // ceil(144 / 64) = 3 and 1 scales: 80 + 8 = 88, 144 + 12 = 156 and 48 + 4 = 52 B.
+  const P::settings s{.codec = {.block = 64}};
+  const plan coded = shard::step_plan_of<P>(l, {2, 2, 2}, {}, s);
+  const std::int64_t slot[] = {88, 156, 52};
+  int gathers = 0;
+  for (const comm_op& c : coded.ops) {
+    if (!encoded(c)) continue;
+    ++gathers;
+    CAPTURE(c.unit);
+    CHECK(c.codec == codec::spec_of<int8>({.block = 64}));
+    CHECK(codec_slot_bytes(c) == slot[c.unit]);
+  }
+  CHECK(gathers == 6);
+  // The default settings give the three-argument plan; a block of 0 is refused.
+  CHECK(shard::step_plan_of<P>(l, {2, 2, 2}, {}, {}).ops == P::step_plan(l, {2, 2, 2}, {}).ops);
+  CHECK_THROWS_WITH_AS(shard::step_plan_of<P>(l, {2, 2, 2}, {}, {.codec = {.block = 0}}),
+                       doctest::Contains("int8_block: block (elements per scale) must be > 0, "
+                                         "found 0"),
+                       invalid_argument);
 }

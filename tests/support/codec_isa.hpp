@@ -16,15 +16,18 @@
 namespace fedshard::test {
 
 /// For each n of `sizes`: encodes the first n of `in`, decode_adds the wire onto the first n
-/// of `base`, on every supported instruction set, and requires the portable bytes.
+/// of `base`, on every supported instruction set, and requires the portable bytes (C with
+/// settings cfg).
 template <class C>
 void check_codec_on_every_isa(const std::vector<float>& in, const std::vector<float>& base,
-                              std::initializer_list<std::size_t> sizes) {
+                              std::initializer_list<std::size_t> sizes,
+                              typename C::config cfg = {}) {
   const auto run = [&](std::size_t n, std::vector<std::byte>& wire, std::vector<float>& out) {
-    wire.assign(C::encoded_bytes(n), std::byte{0});
-    C::encode(std::span<const float>(in.data(), n), wire);
+    C c(cfg, n);
+    wire.assign(c.encoded_bytes(n), std::byte{0});
+    c.encode(std::span<const float>(in.data(), n), wire);
     out.assign(base.begin(), base.begin() + static_cast<std::ptrdiff_t>(n));
-    C::decode_add(wire, out);
+    c.decode_add(wire, out);
   };
   for (std::size_t n : sizes) {
     std::vector<std::byte> want_wire, wire;

@@ -349,12 +349,12 @@ TEST_CASE_TEMPLATE(
 // The topk codec's error-feedback residual is state: a resumed run needs it to send what the
 // straight run sends (without it the first sync after the resume differs).
 TEST_CASE("sparseloco: resuming is bit-identical, its codec residuals saved and restored") {
-  using small_topk = codec::topk<16, 2, 2>;  // sparse even on the test model's small shards
   using sloco = algorithm<
       shard::hybrid_shard,
-      federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, small_topk>,
+      federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, codec::topk>,
       schedule::periodic, every<2>>;
   setup<sloco, optim::adamw> s{{2, 2, 1}, {.lr = 1e-2f}};
+  s.opts.federation.codec = {.chunk = 16, .k = 2, .bits = 2};  // sparse on small shards
   s.opts.total_steps = 9;
   temp_dir dir;
   const result straight = leg(s, 0, 9);

@@ -46,11 +46,11 @@ constexpr std::uint64_t kData = 23;
 template <int K>
 using every = defaults<schedule::periodic::config{.period = K}>;
 
-using small_topk = codec::topk<16, 2, 2>;
-/// SparseLoCo-like: top-k with error feedback on the outer SGD's pseudo-gradients.
+/// SparseLoCo-like: top-k with error feedback on the outer SGD's pseudo-gradients (chunk 16,
+/// k 2, 2 bits: sparse even on the test model's small shards; sloco_scenario sets them).
 using sloco = algorithm<
     shard::hybrid_shard,
-    federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, small_topk>,
+    federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, codec::topk>,
     schedule::periodic, every<2>>;
 
 /// A run: its mesh, settings, the step it saves after and the step it ends at.
@@ -84,6 +84,7 @@ scenario<diloco, optim::sgd> diloco_scenario() {
 }
 scenario<sloco, optim::adamw> sloco_scenario() {
   scenario<sloco, optim::adamw> s{{2, 2, 1}, {.lr = 1e-2f}};
+  s.opts.federation.codec = {.chunk = 16, .k = 2, .bits = 2};
   s.opts.total_steps = 9;
   s.save_at = 5;
   s.end = 9;

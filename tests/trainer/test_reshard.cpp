@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 #include "fedshard/codec/topk.hpp"
@@ -103,10 +104,26 @@ std::vector<float> full_state(const std::vector<rank_state>& ranks, mesh_shape s
   return out;
 }
 
+/// SparseLoCo-like: top-k with error feedback on the outer SGD's pseudo-gradients.
+using sloco = algorithm<
+    shard::hybrid_shard,
+    federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, codec::topk>,
+    schedule::periodic, defaults<schedule::periodic::config{.period = 2}>>;
+
+/// The federation settings Alg runs with here: its defaults, sloco's topk with chunk 16,
+/// k 2, 2 bits (sparse even on the test model's small shards).
+template <class Alg>
+typename Alg::federation_policy::config federation_for() {
+  typename Alg::federation_policy::config c{};
+  if constexpr (std::is_same_v<Alg, sloco>) c.codec = {.chunk = 16, .k = 2, .bits = 2};
+  return c;
+}
+
 template <class Alg>
 trainer_options<Alg> options_for(int total, std::vector<std::string>* log = nullptr,
                                  std::mutex* mu = nullptr) {
   trainer_options<Alg> o;
+  o.federation = federation_for<Alg>();
   o.total_steps = total;
   if constexpr (requires { o.schedule.period; }) o.schedule.period = 3;
   if (log != nullptr)
@@ -375,11 +392,6 @@ TEST_CASE(
 
 TEST_CASE(
     "SparseLoCo's error-feedback residuals reshard from 2x2x1 (a piece per replica) to 2x1x2") {
-  using small_topk = codec::topk<16, 2, 2>;
-  using sloco = algorithm<
-      shard::hybrid_shard,
-      federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, small_topk>,
-      schedule::periodic, defaults<schedule::periodic::config{.period = 2}>>;
   temp_dir dir;
   const mesh_shape saved_shape{2, 2, 1};
   const auto saved = test::collect_ranks(saved_shape.size(), [&](inproc::communicator& world) {

@@ -543,13 +543,18 @@ TEST_CASE_TEMPLATE("after the first step no allocation reaches the space's syste
 }
 
 namespace {
-/// SparseLoCo's outer step with a topk that sends every element exactly (K = Chunk, f32
-/// values), and DiLoCo's outer SGD step with lr 1 and no momentum.
-template <class Codec>
-using sparse_sgd =
-    algorithm<shard::hybrid_shard,
-              federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, Codec>,
-              schedule::periodic>;
+/// SparseLoCo's outer step with a topk (settings in the run's options), and DiLoCo's outer
+/// SGD step with lr 1 and no momentum.
+using sparse_sgd = algorithm<
+    shard::hybrid_shard,
+    federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, codec::topk>,
+    schedule::periodic>;
+/// Its options: a sync every 3 steps, topk with settings c.
+trainer_options<sparse_sgd> sparse_every_3(codec::topk::config c) {
+  trainer_options<sparse_sgd> o = every<sparse_sgd>(3);
+  o.federation.codec = c;
+  return o;
+}
 using plain_sgd = algorithm<shard::hybrid_shard, federation::outer_optimizer<federation::outer_sgd>,
                             schedule::periodic>;
 }  // namespace
@@ -557,9 +562,9 @@ using plain_sgd = algorithm<shard::hybrid_shard, federation::outer_optimizer<fed
 TEST_CASE(
     "topk with K = Chunk, unquantised: sparseloco's outer step is DiLoCo's (lr 1, no "
     "momentum)") {
-  using all_of_chunk = codec::topk<32, 32, codec::topk_unquantised>;
-  const auto sparse = train<sparse_sgd<all_of_chunk>, optim::adamw>(
-      {2, 2, 1}, 9, {.lr = 1e-2f}, every<sparse_sgd<all_of_chunk>>(3));
+  const auto sparse = train<sparse_sgd, optim::adamw>(
+      {2, 2, 1}, 9, {.lr = 1e-2f},
+      sparse_every_3({.chunk = 32, .k = 32, .bits = codec::topk_unquantised}));
   const auto plain =
       train<plain_sgd, optim::adamw>({2, 2, 1}, 9, {.lr = 1e-2f}, every<plain_sgd>(3));
   for (int r = 0; r < 4; ++r) {
@@ -568,12 +573,28 @@ TEST_CASE(
       CHECK(sparse.params[r][i] == doctest::Approx(plain.params[r][i]).epsilon(1e-6));
   }
   // A real top-k (4 of every 32, 2-bit values) differs, but still trains and syncs the groups.
-  using sparse4 = codec::topk<32, 4, 2>;
-  const auto lossy = train<sparse_sgd<sparse4>, optim::adamw>({2, 2, 1}, 9, {.lr = 1e-2f},
-                                                              every<sparse_sgd<sparse4>>(3));
+  const auto lossy = train<sparse_sgd, optim::adamw>(
+      {2, 2, 1}, 9, {.lr = 1e-2f}, sparse_every_3({.chunk = 32, .k = 4, .bits = 2}));
   CHECK_FALSE(bit_equal(lossy.params[0], plain.params[0]));
   CHECK(bit_equal(lossy.params[0], lossy.params[3]));  // the run ends with a sync
   for (const auto& m : lossy.wire_mismatches) FAIL_CHECK(m);
+}
+
+TEST_CASE("fl_hsdp_int8 with blocks of 32 (trainer_options::shard.codec) runs its own plan") {
+  auto o = every<fl_hsdp_int8<>>(3);
+  o.shard.codec.block = 32;
+  const auto out = train<fl_hsdp_int8<>, optim::adamw>({2, 1, 2}, 6, {.lr = 1e-2f}, o);
+  for (const auto& m : out.wire_mismatches) FAIL_CHECK(m);
+  int gathers = 0;
+  for (const auto& op : out.step_plans[0].ops)
+    if (encoded(op)) {
+      ++gathers;
+      CHECK(op.codec == codec::spec_of<codec::int8_block>({.block = 32}));
+      // one f32 scale per 32 values of the rank's piece, then a byte per value
+      const auto n = static_cast<std::size_t>(codec_elements(op));
+      CHECK(op.codec.encoded_bytes(n) == (n + 31) / 32 * 4 + n);
+    }
+  CHECK(gathers > 0);
 }
 
 TEST_CASE("fl_hsdp_int8: the gathers move about 4x fewer bytes and training still converges") {

@@ -91,7 +91,9 @@ class cast {
 
  public:
   /// No settings.
-  struct config {};
+  struct config {
+    friend bool operator==(const config&, const config&) = default;
+  };
 
   static constexpr std::string_view name = detail::cast_name<T>();
   static constexpr bool stateful = false;
@@ -102,6 +104,10 @@ class cast {
 
   /// sizeof(T) bytes per element.
   static constexpr std::size_t encoded_bytes(std::size_t n) noexcept { return n * sizeof(T); }
+  /// The same (cast has no settings).
+  static constexpr std::size_t encoded_bytes(config, std::size_t n) noexcept {
+    return encoded_bytes(n);
+  }
 
   /// wire = the elements of in converted to T.
   static void encode(std::span<const float> in, std::span<std::byte> wire) {

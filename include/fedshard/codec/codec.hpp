@@ -9,10 +9,14 @@
 ///
 /// A Codec C provides:
 ///  1. `C::name`, a std::string_view;
-///  2. `C::config`, a default-constructible aggregate of run-time settings (empty when the
-///     codec has none), and the constructor `C(config, n)` for a buffer of n elements;
-///  3. `C::encoded_bytes(n)`, static: the exact size of the wire for n elements, in closed
-///     form (constexpr: buffers and plans are sized from it without running the codec);
+///  2. `C::config`, a default-constructible, equality-comparable aggregate of run-time
+///     settings (empty when the codec has none; its defaults are the codec's usual numbers),
+///     and the constructor `C(config, n)` for a buffer of n elements, which throws
+///     fedshard::invalid_argument, saying what it expected and found, for settings it cannot
+///     run with (codec::spec_of checks them so, with n = 0);
+///  3. `C::encoded_bytes(cfg, n)`, static: the exact size of the wire for n elements with
+///     settings cfg, in closed form (constexpr: buffers and plans are sized from it without
+///     running the codec); `c.encoded_bytes(n)` gives the same for c's settings;
 ///  4. `c.encode(in, wire)`: in is a std::span<const float> of the buffer's n elements, wire
 ///     a std::span<std::byte> of exactly encoded_bytes(n) bytes aligned to
 ///     codec::wire_alignment; fills the whole wire (no byte left unwritten, so wires compare
@@ -42,12 +46,15 @@ inline constexpr std::size_t wire_alignment = 4;
 /// The requirements listed above.
 template <class C>
 concept Codec = std::default_initializable<typename C::config> &&
+    std::equality_comparable<typename C::config> &&
     std::constructible_from<C, typename C::config, std::size_t> &&
-    requires(C& c, const C& cc, std::span<const float> in, std::span<std::byte> wire,
-             std::span<const std::byte> cwire, std::span<float> out, std::size_t n) {
+    requires(C& c, const C& cc, const typename C::config& cfg, std::span<const float> in,
+             std::span<std::byte> wire, std::span<const std::byte> cwire, std::span<float> out,
+             std::size_t n) {
   { C::name } -> std::convertible_to<std::string_view>;
   { C::stateful } -> std::convertible_to<bool>;
-  { C::encoded_bytes(n) } -> std::same_as<std::size_t>;
+  { C::encoded_bytes(cfg, n) } -> std::same_as<std::size_t>;
+  { cc.encoded_bytes(n) } -> std::same_as<std::size_t>;
   c.encode(in, wire);
   cc.decode_add(cwire, out);
 } &&(!C::stateful || requires(C & c, const C& cc) {

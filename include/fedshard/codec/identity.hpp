@@ -15,7 +15,9 @@ namespace fedshard::codec {
 class identity {
  public:
   /// No settings.
-  struct config {};
+  struct config {
+    friend bool operator==(const config&, const config&) = default;
+  };
 
   static constexpr std::string_view name = "identity";
   static constexpr bool stateful = false;
@@ -26,6 +28,10 @@ class identity {
 
   /// 4 bytes per element.
   static constexpr std::size_t encoded_bytes(std::size_t n) noexcept { return n * sizeof(float); }
+  /// The same (identity has no settings).
+  static constexpr std::size_t encoded_bytes(config, std::size_t n) noexcept {
+    return encoded_bytes(n);
+  }
 
   /// wire = the bytes of in.
   static void encode(std::span<const float> in, std::span<std::byte> wire) {

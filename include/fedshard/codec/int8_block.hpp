@@ -1,11 +1,12 @@
 #pragma once
-/// codec::int8_block<Block>: blockwise absmax int8 quantisation (as ZeRO++'s qwZ/qgZ).
+/// codec::int8_block: blockwise absmax int8 quantisation (as ZeRO++'s qwZ/qgZ); the block
+/// size is a run-time setting (config::block, 256 by default).
 ///
-/// Per block of Block elements (the last block may be shorter): scale = absmax / 127 in f32,
+/// Per block of `block` elements (the last block may be shorter): scale = absmax / 127 in f32,
 /// q[i] = round-to-nearest-even(x[i] / scale) as int8 in [-127, 127] (q = 0 for a block of
 /// zeros, scale 0); the receiver adds q[i] * scale. With a normal scale the error is at
 /// most scale / 2 plus float rounding: |x - q * scale| <= scale * (1/2 + 2^-15).
-/// Wire: ceil(n / Block) f32 scales, then n int8 values.
+/// Wire: ceil(n / block) f32 scales, then n int8 values.
 ///
 /// The host loops are compiled once per instruction set (kernels/dispatch.hpp) and run the
 /// widest the CPU supports; every version gives the same bits.
@@ -20,6 +21,7 @@
 #include "fedshard/codec/codec.hpp"
 #include "fedshard/config.hpp"
 #include "fedshard/core/dtype.hpp"
+#include "fedshard/error.hpp"
 #include "fedshard/kernels/dispatch.hpp"
 
 namespace fedshard::codec {
@@ -68,14 +70,16 @@ FEDSHARD_HOST_DEVICE inline float int8_dequantise(std::int8_t q, float scale) no
 #define FEDSHARD_DETAIL_INT8_BODY inline
 #endif
 
-/// The scales and codes of n elements in blocks of Block (see int8_block::encode). The
+/// The scales and codes of n elements in blocks of `block` (see int8_block::encode); Fixed,
+/// when not 0, is the block size known at compile time (the default's fast path). The
 /// largest magnitude is taken over the bits of |x| (ordered as |x| for numbers), skipping
 /// NaN as the float comparison does, so that the loop is an integer max the compiler
 /// vectorises.
-template <std::size_t Block>
+template <std::size_t Fixed>
 FEDSHARD_DETAIL_INT8_BODY void int8_encode_body(const float* __restrict in, std::size_t n,
-                                                float* __restrict scales,
+                                                std::size_t block, float* __restrict scales,
                                                 std::int8_t* __restrict codes) noexcept {
+  const std::size_t Block = Fixed != 0 ? Fixed : block;
   for (std::size_t b = 0, begin = 0; begin < n; ++b, begin += Block) {
     const std::size_t m = begin + Block < n ? Block : n - begin;
     const float* x = in + begin;
@@ -96,11 +100,14 @@ FEDSHARD_DETAIL_INT8_BODY void int8_encode_body(const float* __restrict in, std:
   }
 }
 
-/// out[i] += code[i] * the scale of i's block, for n elements in blocks of Block.
-template <std::size_t Block>
+/// out[i] += code[i] * the scale of i's block, for n elements in blocks of `block` (Fixed:
+/// as int8_encode_body).
+template <std::size_t Fixed>
 FEDSHARD_DETAIL_INT8_BODY void int8_decode_add_body(const float* __restrict scales,
                                                     const std::int8_t* __restrict codes,
-                                                    std::size_t n, float* __restrict out) noexcept {
+                                                    std::size_t n, std::size_t block,
+                                                    float* __restrict out) noexcept {
+  const std::size_t Block = Fixed != 0 ? Fixed : block;
   for (std::size_t b = 0, begin = 0; begin < n; ++b, begin += Block) {
     const std::size_t m = begin + Block < n ? Block : n - begin;
     const float scale = scales[b];
@@ -110,118 +117,159 @@ FEDSHARD_DETAIL_INT8_BODY void int8_decode_add_body(const float* __restrict scal
   }
 }
 
-template <std::size_t Block>
+template <std::size_t Fixed>
 FEDSHARD_TARGET_PORTABLE inline void int8_encode_portable(const float* in, std::size_t n,
-                                                          float* scales,
+                                                          std::size_t block, float* scales,
                                                           std::int8_t* codes) noexcept {
-  int8_encode_body<Block>(in, n, scales, codes);
+  int8_encode_body<Fixed>(in, n, block, scales, codes);
 }
-template <std::size_t Block>
+template <std::size_t Fixed>
 FEDSHARD_TARGET_PORTABLE inline void int8_decode_add_portable(const float* scales,
                                                               const std::int8_t* codes,
-                                                              std::size_t n, float* out) noexcept {
-  int8_decode_add_body<Block>(scales, codes, n, out);
+                                                              std::size_t n, std::size_t block,
+                                                              float* out) noexcept {
+  int8_decode_add_body<Fixed>(scales, codes, n, block, out);
 }
 #if FEDSHARD_DISPATCH
-template <std::size_t Block>
-FEDSHARD_TARGET_AVX2 inline void int8_encode_avx2(const float* in, std::size_t n, float* scales,
-                                                  std::int8_t* codes) noexcept {
-  int8_encode_body<Block>(in, n, scales, codes);
+template <std::size_t Fixed>
+FEDSHARD_TARGET_AVX2 inline void int8_encode_avx2(const float* in, std::size_t n, std::size_t block,
+                                                  float* scales, std::int8_t* codes) noexcept {
+  int8_encode_body<Fixed>(in, n, block, scales, codes);
 }
-template <std::size_t Block>
+template <std::size_t Fixed>
 FEDSHARD_TARGET_AVX2 inline void int8_decode_add_avx2(const float* scales, const std::int8_t* codes,
-                                                      std::size_t n, float* out) noexcept {
-  int8_decode_add_body<Block>(scales, codes, n, out);
+                                                      std::size_t n, std::size_t block,
+                                                      float* out) noexcept {
+  int8_decode_add_body<Fixed>(scales, codes, n, block, out);
 }
-template <std::size_t Block>
-FEDSHARD_TARGET_AVX512 inline void int8_encode_avx512(const float* in, std::size_t n, float* scales,
+template <std::size_t Fixed>
+FEDSHARD_TARGET_AVX512 inline void int8_encode_avx512(const float* in, std::size_t n,
+                                                      std::size_t block, float* scales,
                                                       std::int8_t* codes) noexcept {
-  int8_encode_body<Block>(in, n, scales, codes);
+  int8_encode_body<Fixed>(in, n, block, scales, codes);
 }
-template <std::size_t Block>
+template <std::size_t Fixed>
 FEDSHARD_TARGET_AVX512 inline void int8_decode_add_avx512(const float* scales,
                                                           const std::int8_t* codes, std::size_t n,
-                                                          float* out) noexcept {
-  int8_decode_add_body<Block>(scales, codes, n, out);
+                                                          std::size_t block, float* out) noexcept {
+  int8_decode_add_body<Fixed>(scales, codes, n, block, out);
 }
 #endif
 #undef FEDSHARD_DETAIL_INT8_BODY
 
-/// int8_encode_body with the instruction set `which`.
-template <std::size_t Block>
-void int8_encode_on(kernels::isa which, const float* in, std::size_t n, float* scales,
-                    std::int8_t* codes) noexcept {
+/// int8_encode_body with the instruction set `which` (Fixed: as int8_encode_body).
+template <std::size_t Fixed>
+void int8_encode_isa(kernels::isa which, const float* in, std::size_t n, std::size_t block,
+                     float* scales, std::int8_t* codes) noexcept {
 #if FEDSHARD_DISPATCH
   if (which == kernels::isa::avx512 && kernels::detected_isa() >= kernels::isa::avx512)
-    return int8_encode_avx512<Block>(in, n, scales, codes);
+    return int8_encode_avx512<Fixed>(in, n, block, scales, codes);
   if (which >= kernels::isa::avx2 && kernels::detected_isa() >= kernels::isa::avx2)
-    return int8_encode_avx2<Block>(in, n, scales, codes);
+    return int8_encode_avx2<Fixed>(in, n, block, scales, codes);
 #else
   (void)which;
 #endif
-  int8_encode_portable<Block>(in, n, scales, codes);
+  int8_encode_portable<Fixed>(in, n, block, scales, codes);
 }
 
-/// int8_decode_add_body with the instruction set `which`.
-template <std::size_t Block>
-void int8_decode_add_on(kernels::isa which, const float* scales, const std::int8_t* codes,
-                        std::size_t n, float* out) noexcept {
+/// int8_decode_add_body with the instruction set `which` (Fixed: as int8_encode_body).
+template <std::size_t Fixed>
+void int8_decode_add_isa(kernels::isa which, const float* scales, const std::int8_t* codes,
+                         std::size_t n, std::size_t block, float* out) noexcept {
 #if FEDSHARD_DISPATCH
   if (which == kernels::isa::avx512 && kernels::detected_isa() >= kernels::isa::avx512)
-    return int8_decode_add_avx512<Block>(scales, codes, n, out);
+    return int8_decode_add_avx512<Fixed>(scales, codes, n, block, out);
   if (which >= kernels::isa::avx2 && kernels::detected_isa() >= kernels::isa::avx2)
-    return int8_decode_add_avx2<Block>(scales, codes, n, out);
+    return int8_decode_add_avx2<Fixed>(scales, codes, n, block, out);
 #else
   (void)which;
 #endif
-  int8_decode_add_portable<Block>(scales, codes, n, out);
+  int8_decode_add_portable<Fixed>(scales, codes, n, block, out);
+}
+
+/// The block size whose loops are compiled for it (int8_block's default).
+inline constexpr std::size_t int8_fixed_block = 256;
+
+/// The scales and codes of n elements in blocks of `block`, with the instruction set `which`.
+inline void int8_encode_on(kernels::isa which, const float* in, std::size_t n, std::size_t block,
+                           float* scales, std::int8_t* codes) noexcept {
+  if (block == int8_fixed_block)
+    return int8_encode_isa<int8_fixed_block>(which, in, n, block, scales, codes);
+  int8_encode_isa<0>(which, in, n, block, scales, codes);
+}
+
+/// out[i] += code[i] * the scale of i's block, with the instruction set `which`.
+inline void int8_decode_add_on(kernels::isa which, const float* scales, const std::int8_t* codes,
+                               std::size_t n, std::size_t block, float* out) noexcept {
+  if (block == int8_fixed_block)
+    return int8_decode_add_isa<int8_fixed_block>(which, scales, codes, n, block, out);
+  int8_decode_add_isa<0>(which, scales, codes, n, block, out);
 }
 
 }  // namespace detail
 
-/// Blockwise absmax int8 quantisation, one f32 scale per Block elements; stateless.
-template <std::size_t Block = 256>
+/// Blockwise absmax int8 quantisation, one f32 scale per `block` elements (a run-time
+/// setting); stateless.
 class int8_block {
-  static_assert(Block > 0, "fedshard::codec::int8_block: Block must be positive");
-
  public:
-  /// No settings.
-  struct config {};
+  /// Run-time settings.
+  struct config {
+    /// Elements per scale; > 0.
+    std::size_t block = 256;
+
+    friend bool operator==(const config&, const config&) = default;
+  };
 
   static constexpr std::string_view name = "int8_block";
   static constexpr bool stateful = false;
-  /// Elements per scale.
-  static constexpr std::size_t block = Block;
 
+  /// The default settings (block 256).
   int8_block() = default;
-  /// A codec for buffers of n elements (int8_block works on any n).
-  int8_block(config, std::size_t) noexcept {}
-
-  /// Number of blocks (and scales) for n elements.
-  static constexpr std::size_t blocks(std::size_t n) noexcept { return detail::ceil_div(n, Block); }
-  /// n int8 values + ceil(n / Block) f32 scales.
-  static constexpr std::size_t encoded_bytes(std::size_t n) noexcept {
-    return blocks(n) * sizeof(float) + n;
+  /// A codec for buffers of n elements (int8_block works on any n); invalid_argument unless
+  /// cfg.block > 0.
+  explicit int8_block(config cfg, std::size_t = 0) : cfg_(cfg) {
+    FEDSHARD_EXPECTS(cfg.block > 0, "int8_block: block (elements per scale) must be > 0, found ",
+                     cfg.block);
   }
 
+  /// The settings.
+  const config& settings() const noexcept { return cfg_; }
+  /// Elements per scale.
+  std::size_t block() const noexcept { return cfg_.block; }
+
+  /// Number of blocks (and scales) for n elements with settings c.
+  static constexpr std::size_t blocks(const config& c, std::size_t n) noexcept {
+    return detail::ceil_div(n, c.block);
+  }
+  /// n int8 values + ceil(n / block) f32 scales.
+  static constexpr std::size_t encoded_bytes(const config& c, std::size_t n) noexcept {
+    return blocks(c, n) * sizeof(float) + n;
+  }
+  /// blocks and encoded_bytes with this codec's settings.
+  std::size_t blocks(std::size_t n) const noexcept { return blocks(cfg_, n); }
+  std::size_t encoded_bytes(std::size_t n) const noexcept { return encoded_bytes(cfg_, n); }
+
   /// wire = the scales of the blocks of in, then the codes.
-  static void encode(std::span<const float> in, std::span<std::byte> wire) {
+  void encode(std::span<const float> in, std::span<std::byte> wire) const {
     const std::size_t n = in.size();
     detail::check_wire(name, "encode", wire.data(), wire.size(), encoded_bytes(n), n);
     float* scales = reinterpret_cast<float*>(wire.data());
     std::int8_t* codes = reinterpret_cast<std::int8_t*>(wire.data() + blocks(n) * sizeof(float));
-    detail::int8_encode_on<Block>(kernels::active_isa(), in.data(), n, scales, codes);
+    detail::int8_encode_on(kernels::active_isa(), in.data(), n, cfg_.block, scales, codes);
   }
 
   /// out[i] += code[i] * scale of i's block.
-  static void decode_add(std::span<const std::byte> wire, std::span<float> out) {
+  void decode_add(std::span<const std::byte> wire, std::span<float> out) const {
     const std::size_t n = out.size();
     detail::check_wire(name, "decode_add", wire.data(), wire.size(), encoded_bytes(n), n);
     const float* scales = reinterpret_cast<const float*>(wire.data());
     const std::int8_t* codes =
         reinterpret_cast<const std::int8_t*>(wire.data() + blocks(n) * sizeof(float));
-    detail::int8_decode_add_on<Block>(kernels::active_isa(), scales, codes, n, out.data());
+    detail::int8_decode_add_on(kernels::active_isa(), scales, codes, n, cfg_.block, out.data());
   }
+
+ private:
+  config cfg_{};
 };
 
 }  // namespace fedshard::codec

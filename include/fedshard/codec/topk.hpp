@@ -1,6 +1,7 @@
 #pragma once
-/// codec::topk<Chunk, K, Bits>: chunked top-k sparsification with error feedback, values
-/// quantised to Bits bits (SparseLoCo, arXiv 2508.15706).
+/// codec::topk: chunked top-k sparsification with error feedback, values quantised to Bits
+/// bits (SparseLoCo, arXiv 2508.15706). Chunk, K and Bits are run-time settings
+/// (config::chunk, k, bits: 4096, 64 and 2 by default), as is the residual decay beta.
 ///
 /// Each rank keeps a residual e (f32, one per element of its buffer). encode(delta):
 ///   1. e <- beta * e + delta  (beta = 1: e <- e + delta);
@@ -17,7 +18,7 @@
 /// So sum_t beta^(T-t) (delta_t - sent_t) = e_T: nothing is lost, only delayed.
 /// decode_add(wire, out) scatter-adds the values sent: out[index] += value.
 ///
-/// Wire (index_t = uint16 when Chunk <= 65536, else uint32; S = n elements' selections):
+/// Wire (indices as uint16 when Chunk <= 65536, else uint32; S = n elements' selections):
 ///   quantised:   ceil(n / Chunk) f32 scales | S indices | per chunk ceil(k * Bits / 8)
 ///                bytes of codes, code j of the chunk at bits [j * Bits, (j + 1) * Bits)
 ///                (bit b of the chunk's codes is bit b % 8 of byte b / 8; padding bits 0);
@@ -62,16 +63,17 @@ inline constexpr unsigned topk_unquantised = 32;
 
 namespace detail {
 
-/// The sign-and-level quantiser of topk (see the file comment): Bits-bit codes of values
-/// whose largest magnitude is s.
-template <unsigned Bits>
+/// The sign-and-level quantiser of topk (see the file comment): Bits-bit codes (Bits in
+/// 1..8) of values whose largest magnitude is s.
 struct topk_quantiser {
-  static_assert(Bits >= 1 && Bits <= 8);
-  static constexpr std::uint32_t levels = 1u << (Bits - 1);
-  static constexpr std::uint32_t sign_bit = 1u << (Bits - 1);
+  std::uint32_t levels;    ///< L = 2^(Bits-1)
+  std::uint32_t sign_bit;  ///< the top bit of a code
+
+  FEDSHARD_HOST_DEVICE explicit constexpr topk_quantiser(unsigned bits) noexcept
+      : levels(1u << (bits - 1)), sign_bit(1u << (bits - 1)) {}
 
   /// The code of v (|v| <= s).
-  FEDSHARD_HOST_DEVICE static std::uint32_t encode(float v, float s) noexcept {
+  FEDSHARD_HOST_DEVICE std::uint32_t encode(float v, float s) const noexcept {
     const float t =
         s > 0.0f ? std::floor(std::fabs(v) / s * static_cast<float>(levels) + 0.5f) : 1.0f;
     const float l = t >= 1.0f ? (t <= static_cast<float>(levels) ? t : static_cast<float>(levels))
@@ -79,33 +81,31 @@ struct topk_quantiser {
     return (std::signbit(v) ? sign_bit : 0u) | (static_cast<std::uint32_t>(l) - 1u);
   }
   /// The value of a code: sign * s * (level / L).
-  FEDSHARD_HOST_DEVICE static float decode(std::uint32_t code, float s) noexcept {
+  FEDSHARD_HOST_DEVICE float decode(std::uint32_t code, float s) const noexcept {
     const float magnitude =
         s * (static_cast<float>((code & (sign_bit - 1u)) + 1u) / static_cast<float>(levels));
     return (code & sign_bit) ? -magnitude : magnitude;
   }
 };
 
-/// Writes a Bits-bit code at bit position bit of bytes (which start zeroed).
-template <unsigned Bits>
-FEDSHARD_HOST_DEVICE inline void put_code(std::uint8_t* bytes, std::size_t bit,
-                                          std::uint32_t code) noexcept {
+/// Writes a `bits`-bit code (bits <= 8) at bit position bit of bytes (which start zeroed).
+FEDSHARD_HOST_DEVICE inline void put_code(std::uint8_t* bytes, std::size_t bit, std::uint32_t code,
+                                          unsigned bits) noexcept {
   const std::size_t byte = bit / 8;
   const unsigned off = static_cast<unsigned>(bit % 8);
   const std::uint32_t v = code << off;
   bytes[byte] = static_cast<std::uint8_t>(bytes[byte] | (v & 0xffu));
-  if (off + Bits > 8) bytes[byte + 1] = static_cast<std::uint8_t>(bytes[byte + 1] | (v >> 8));
+  if (off + bits > 8) bytes[byte + 1] = static_cast<std::uint8_t>(bytes[byte + 1] | (v >> 8));
 }
 
-/// Reads the Bits-bit code at bit position bit of bytes.
-template <unsigned Bits>
-FEDSHARD_HOST_DEVICE inline std::uint32_t get_code(const std::uint8_t* bytes,
-                                                   std::size_t bit) noexcept {
+/// Reads the `bits`-bit code (bits <= 8) at bit position bit of bytes.
+FEDSHARD_HOST_DEVICE inline std::uint32_t get_code(const std::uint8_t* bytes, std::size_t bit,
+                                                   unsigned bits) noexcept {
   const std::size_t byte = bit / 8;
   const unsigned off = static_cast<unsigned>(bit % 8);
   std::uint32_t v = bytes[byte];
-  if (off + Bits > 8) v |= static_cast<std::uint32_t>(bytes[byte + 1]) << 8;
-  return (v >> off) & ((1u << Bits) - 1u);
+  if (off + bits > 8) v |= static_cast<std::uint32_t>(bytes[byte + 1]) << 8;
+  return (v >> off) & ((1u << bits) - 1u);
 }
 
 /// The bits of |x|: ordered as |x| is, a NaN above every number.
@@ -121,12 +121,14 @@ FEDSHARD_HOST_DEVICE constexpr std::uint32_t magnitude_bits(float x) noexcept {
 
 /// e <- beta e + delta (Decay) or e <- e + delta over the m elements of a chunk; when
 /// m >= 2 K, also returns the smallest of K column maxima of |e| bits (column j: the
-/// elements r K + j), a lower bound of the K-th largest; else 0.
-template <std::size_t K, bool Decay>
+/// elements r K + j), a lower bound of the K-th largest; else 0. K is `k`, or Fixed when
+/// not 0 (the default's K, known at compile time).
+template <std::size_t Fixed, bool Decay>
 FEDSHARD_DETAIL_TOPK_BODY std::uint32_t topk_fold_body(float* __restrict e,
                                                        const float* __restrict delta, std::size_t m,
-                                                       float beta,
-                                                       std::uint32_t* __restrict colmax) noexcept {
+                                                       float beta, std::uint32_t* __restrict colmax,
+                                                       std::size_t k) noexcept {
+  const std::size_t K = Fixed != 0 ? Fixed : k;
   const auto fold = [beta](float ei, float di) {
     if constexpr (Decay) {
       return beta * ei + di;
@@ -208,24 +210,27 @@ FEDSHARD_TARGET_PORTABLE inline std::uint32_t topk_kth_portable(const std::uint3
   return topk_kth_body(v, c, k, lower);
 }
 
-template <std::size_t K, bool Decay>
+template <std::size_t Fixed, bool Decay>
 FEDSHARD_TARGET_PORTABLE inline std::uint32_t topk_fold_portable(float* e, const float* delta,
                                                                  std::size_t m, float beta,
-                                                                 std::uint32_t* colmax) noexcept {
-  return topk_fold_body<K, Decay>(e, delta, m, beta, colmax);
+                                                                 std::uint32_t* colmax,
+                                                                 std::size_t k) noexcept {
+  return topk_fold_body<Fixed, Decay>(e, delta, m, beta, colmax, k);
 }
 #if FEDSHARD_DISPATCH
-template <std::size_t K, bool Decay>
+template <std::size_t Fixed, bool Decay>
 FEDSHARD_TARGET_AVX2 inline std::uint32_t topk_fold_avx2(float* e, const float* delta,
                                                          std::size_t m, float beta,
-                                                         std::uint32_t* colmax) noexcept {
-  return topk_fold_body<K, Decay>(e, delta, m, beta, colmax);
+                                                         std::uint32_t* colmax,
+                                                         std::size_t k) noexcept {
+  return topk_fold_body<Fixed, Decay>(e, delta, m, beta, colmax, k);
 }
-template <std::size_t K, bool Decay>
+template <std::size_t Fixed, bool Decay>
 FEDSHARD_TARGET_AVX512 inline std::uint32_t topk_fold_avx512(float* e, const float* delta,
                                                              std::size_t m, float beta,
-                                                             std::uint32_t* colmax) noexcept {
-  return topk_fold_body<K, Decay>(e, delta, m, beta, colmax);
+                                                             std::uint32_t* colmax,
+                                                             std::size_t k) noexcept {
+  return topk_fold_body<Fixed, Decay>(e, delta, m, beta, colmax, k);
 }
 
 FEDSHARD_TARGET_AVX2 inline std::uint32_t topk_kth_avx2(const std::uint32_t* v, std::size_t c,
@@ -335,18 +340,32 @@ inline std::size_t topk_gather_on(kernels::isa which, const float* e, std::size_
 }
 
 /// topk_fold_body with the instruction set `which`.
-template <std::size_t K, bool Decay>
-std::uint32_t topk_fold_on(kernels::isa which, float* e, const float* delta, std::size_t m,
-                           float beta, std::uint32_t* colmax) noexcept {
+template <std::size_t Fixed, bool Decay>
+std::uint32_t topk_fold_isa(kernels::isa which, float* e, const float* delta, std::size_t m,
+                            float beta, std::uint32_t* colmax, std::size_t k) noexcept {
 #if FEDSHARD_DISPATCH
   if (which == kernels::isa::avx512 && kernels::detected_isa() >= kernels::isa::avx512)
-    return topk_fold_avx512<K, Decay>(e, delta, m, beta, colmax);
+    return topk_fold_avx512<Fixed, Decay>(e, delta, m, beta, colmax, k);
   if (which >= kernels::isa::avx2 && kernels::detected_isa() >= kernels::isa::avx2)
-    return topk_fold_avx2<K, Decay>(e, delta, m, beta, colmax);
+    return topk_fold_avx2<Fixed, Decay>(e, delta, m, beta, colmax, k);
 #else
   (void)which;
 #endif
-  return topk_fold_portable<K, Decay>(e, delta, m, beta, colmax);
+  return topk_fold_portable<Fixed, Decay>(e, delta, m, beta, colmax, k);
+}
+
+/// The K whose fold is compiled for it (topk's default).
+inline constexpr std::size_t topk_fixed_k = 64;
+
+/// topk_fold_body with K = k, beta = 1 folded as e + delta, with the instruction set `which`.
+inline std::uint32_t topk_fold_on(kernels::isa which, float* e, const float* delta, std::size_t m,
+                                  float beta, std::uint32_t* colmax, std::size_t k) noexcept {
+  if (beta == 1.0f)
+    return k == topk_fixed_k
+               ? topk_fold_isa<topk_fixed_k, false>(which, e, delta, m, beta, colmax, k)
+               : topk_fold_isa<0, false>(which, e, delta, m, beta, colmax, k);
+  return k == topk_fixed_k ? topk_fold_isa<topk_fixed_k, true>(which, e, delta, m, beta, colmax, k)
+                           : topk_fold_isa<0, true>(which, e, delta, m, beta, colmax, k);
 }
 
 /// The k (< m) elements of largest |e| bits among the m of a chunk, ties to the lower
@@ -376,19 +395,23 @@ void topk_select(kernels::isa which, const float* e, std::size_t m, std::size_t 
 
 }  // namespace detail
 
-/// Chunked top-K with error feedback and Bits-bit values (topk_unquantised: f32 values);
-/// stateful: one residual per element of the rank's buffer.
-template <std::size_t Chunk = 4096, std::size_t K = 64, unsigned Bits = 2>
+/// Chunked top-K with error feedback and Bits-bit values (topk_unquantised: f32 values),
+/// Chunk, K and Bits set at run time (config); stateful: one residual per element of the
+/// rank's buffer.
 class topk {
-  static_assert(Chunk > 0 && K > 0 && K <= Chunk, "fedshard::codec::topk: need 0 < K <= Chunk");
-  static_assert((Bits >= 1 && Bits <= 8) || Bits == topk_unquantised,
-                "fedshard::codec::topk: Bits must be 1..8, or topk_unquantised (f32 values)");
-
  public:
-  /// Run-time settings.
+  /// Run-time settings (the defaults: SparseLoCo's top-64 of 4096 in 2 bits, beta 0.95).
   struct config {
     /// Decay of the residual: e <- beta * e + delta; in [0, 1].
     float beta = 0.95f;
+    /// Elements per chunk (Chunk); > 0 and at most 2^32.
+    std::size_t chunk = 4096;
+    /// Elements sent per chunk (K); in [1, chunk].
+    std::size_t k = 64;
+    /// Bits per value sent (Bits): 1..8, or topk_unquantised (f32 values).
+    unsigned bits = 2;
+
+    friend bool operator==(const config&, const config&) = default;
   };
 
   static constexpr std::string_view name = "topk";
@@ -397,48 +420,72 @@ class topk {
   /// select per chunk, subtract what was sent; decoding scatters K of Chunk.
   static constexpr float encode_passes = 4.0f;
   static constexpr float decode_passes = 0.1f;
-  static constexpr std::size_t chunk = Chunk;
-  static constexpr std::size_t k = K;
-  static constexpr unsigned bits = Bits;
+
+  /// A codec for a buffer of n elements, with a zero residual; invalid_argument for settings
+  /// it cannot run with (see config).
+  topk(config cfg, std::size_t n) : cfg_((check(cfg), cfg)) {
+    const std::size_t m = std::min(n, cfg.chunk);
+    e_.assign(n, 0.0f);
+    order_.resize(m);
+    cand_.resize(m + 16);
+    cmag_.resize(std::max(m + 16, cfg.k));
+  }
+
+  /// Throws invalid_argument, saying what was expected and found, unless c's settings work.
+  static void check(const config& c) {
+    FEDSHARD_EXPECTS(c.chunk > 0 && c.chunk <= (std::size_t{1} << 32),
+                     "topk: chunk must be in [1, 2^32], found ", c.chunk);
+    FEDSHARD_EXPECTS(c.k >= 1 && c.k <= c.chunk, "topk: k must be in [1, chunk = ", c.chunk,
+                     "], found ", c.k);
+    FEDSHARD_EXPECTS((c.bits >= 1 && c.bits <= 8) || c.bits == topk_unquantised,
+                     "topk: bits must be 1..8, or topk_unquantised (", topk_unquantised,
+                     ": f32 values), found ", c.bits);
+    FEDSHARD_EXPECTS(c.beta >= 0.0f && c.beta <= 1.0f, "topk: beta must be in [0, 1], found ",
+                     c.beta);
+  }
+
   /// Whether values are quantised (false: sent as f32).
-  static constexpr bool quantised = Bits != topk_unquantised;
-  /// The type of an index within a chunk on the wire.
-  using index_t = std::conditional_t<(Chunk <= 65536), std::uint16_t, std::uint32_t>;
-
-  /// A codec for a buffer of n elements, with a zero residual.
-  topk(config cfg, std::size_t n)
-      : e_(n, 0.0f),
-        order_(std::min(n, Chunk)),
-        cand_(std::min(n, Chunk) + 16),
-        cmag_(std::max(std::min(n, Chunk) + 16, K)) {
-    set_beta(cfg.beta);
+  static constexpr bool quantised(const config& c) noexcept { return c.bits != topk_unquantised; }
+  /// Bytes of an index within a chunk on the wire: 2 when chunk <= 65536, else 4.
+  static constexpr std::size_t index_bytes(const config& c) noexcept {
+    return c.chunk <= 65536 ? 2 : 4;
   }
-
   /// Number of chunks of n elements.
-  static constexpr std::size_t chunks(std::size_t n) noexcept { return detail::ceil_div(n, Chunk); }
+  static constexpr std::size_t chunks(const config& c, std::size_t n) noexcept {
+    return detail::ceil_div(n, c.chunk);
+  }
   /// Number of elements sent for n elements.
-  static constexpr std::size_t selected(std::size_t n) noexcept {
-    return (n / Chunk) * K + std::min(K, n % Chunk);
+  static constexpr std::size_t selected(const config& c, std::size_t n) noexcept {
+    return (n / c.chunk) * c.k + std::min(c.k, n % c.chunk);
   }
-  /// Bytes of codes of a chunk that sends k elements.
-  static constexpr std::size_t code_bytes(std::size_t k_sent) noexcept {
-    return quantised ? detail::ceil_div(k_sent * Bits, 8) : 0;
+  /// Bytes of codes of a chunk that sends k_sent elements.
+  static constexpr std::size_t code_bytes(const config& c, std::size_t k_sent) noexcept {
+    return quantised(c) ? detail::ceil_div(k_sent * c.bits, 8) : 0;
   }
-  /// The exact wire size for n elements (see the file comment).
-  static constexpr std::size_t encoded_bytes(std::size_t n) noexcept {
-    if constexpr (quantised)
-      return chunks(n) * sizeof(float) + selected(n) * sizeof(index_t) +
-             (n / Chunk) * code_bytes(K) + code_bytes(std::min(K, n % Chunk));
-    else
-      return selected(n) * (sizeof(float) + sizeof(index_t));
+  /// The exact wire size for n elements with settings c (see the file comment).
+  static constexpr std::size_t encoded_bytes(const config& c, std::size_t n) noexcept {
+    if (!quantised(c)) return selected(c, n) * (sizeof(float) + index_bytes(c));
+    return chunks(c, n) * sizeof(float) + selected(c, n) * index_bytes(c) +
+           (n / c.chunk) * code_bytes(c, c.k) + code_bytes(c, std::min(c.k, n % c.chunk));
   }
+
+  /// The settings (beta as set_beta last left it).
+  const config& settings() const noexcept { return cfg_; }
+  std::size_t chunk() const noexcept { return cfg_.chunk; }
+  std::size_t k() const noexcept { return cfg_.k; }
+  unsigned bits() const noexcept { return cfg_.bits; }
+  bool quantised() const noexcept { return quantised(cfg_); }
+  /// chunks, selected and encoded_bytes with this codec's settings.
+  std::size_t chunks(std::size_t n) const noexcept { return chunks(cfg_, n); }
+  std::size_t selected(std::size_t n) const noexcept { return selected(cfg_, n); }
+  std::size_t encoded_bytes(std::size_t n) const noexcept { return encoded_bytes(cfg_, n); }
 
   /// The residual decay.
-  float beta() const noexcept { return beta_; }
+  float beta() const noexcept { return cfg_.beta; }
   /// Sets the residual decay (in [0, 1]); it applies from the next encode.
   void set_beta(float beta) {
     FEDSHARD_EXPECTS(beta >= 0.0f && beta <= 1.0f, "topk: beta must be in [0, 1], found ", beta);
-    beta_ = beta;
+    cfg_.beta = beta;
   }
   /// The error-feedback residual e, one element per element of the buffer.
   std::span<const float> residual() const noexcept { return e_; }
@@ -454,80 +501,20 @@ class topk {
     FEDSHARD_EXPECTS(delta.size() == n, "topk::encode: input of ", delta.size(),
                      " elements, the codec was built for ", n);
     detail::check_wire(name, "encode", wire.data(), wire.size(), encoded_bytes(n), n);
-    float* e = e_.data();
-    const kernels::isa which = kernels::active_isa();
-
-    const layout at = sections(n);
-    float* scales_or_values = reinterpret_cast<float*>(wire.data());
-    index_t* indices = reinterpret_cast<index_t*>(wire.data() + at.indices);
-    std::uint8_t* all_codes = reinterpret_cast<std::uint8_t*>(wire.data() + at.codes);
-    if constexpr (quantised) std::memset(all_codes, 0, wire.size() - at.codes);
-    for (std::size_t c = 0, base = 0; base < n; ++c, base += Chunk) {
-      const std::size_t m = std::min(Chunk, n - base);
-      const std::size_t k_sent = std::min(K, m);
-      float* ec = e + base;
-      index_t* order = order_.data();
-      const std::uint32_t lower = beta_ == 1.0f
-                                      ? detail::topk_fold_on<K, false>(
-                                            which, ec, delta.data() + base, m, beta_, cmag_.data())
-                                      : detail::topk_fold_on<K, true>(
-                                            which, ec, delta.data() + base, m, beta_, cmag_.data());
-      if (k_sent < m)
-        detail::topk_select(which, ec, m, k_sent, lower, cand_.data(), cmag_.data(), order);
-      else
-        std::iota(order, order + m, index_t{0});
-      index_t* idx = indices + c * K;
-      std::memcpy(idx, order, k_sent * sizeof(index_t));
-      if constexpr (quantised) {
-        float s = 0.0f;
-        for (std::size_t j = 0; j < k_sent; ++j) s = std::max(s, std::fabs(ec[order[j]]));
-        scales_or_values[c] = s;
-        std::uint8_t* codes = all_codes + c * code_bytes(K);
-        using q = detail::topk_quantiser<Bits>;
-        for (std::size_t j = 0; j < k_sent; ++j) {
-          float& v = ec[order[j]];
-          const std::uint32_t code = q::encode(v, s);
-          detail::put_code<Bits>(codes, j * Bits, code);
-          v -= q::decode(code, s);
-        }
-      } else {
-        float* values = scales_or_values + c * K;
-        for (std::size_t j = 0; j < k_sent; ++j) {
-          float& v = ec[order[j]];
-          values[j] = v;
-          v -= values[j];
-        }
-      }
-    }
+    if (index_bytes(cfg_) == 2)
+      encode_as<std::uint16_t>(delta.data(), wire);
+    else
+      encode_as<std::uint32_t>(delta.data(), wire);
   }
 
   /// out[index] += value for every element of the wire (a wire of any rank, same n).
   void decode_add(std::span<const std::byte> wire, std::span<float> out) const {
     const std::size_t n = out.size();
     detail::check_wire(name, "decode_add", wire.data(), wire.size(), encoded_bytes(n), n);
-    const layout at = sections(n);
-    const float* scales_or_values = reinterpret_cast<const float*>(wire.data());
-    const index_t* indices = reinterpret_cast<const index_t*>(wire.data() + at.indices);
-    const std::uint8_t* all_codes = reinterpret_cast<const std::uint8_t*>(wire.data() + at.codes);
-    for (std::size_t c = 0, base = 0; base < n; ++c, base += Chunk) {
-      const std::size_t m = std::min(Chunk, n - base);
-      const std::size_t k_sent = std::min(K, m);
-      const index_t* idx = indices + c * K;
-      float* oc = out.data() + base;
-      for (std::size_t j = 0; j < k_sent; ++j)
-        FEDSHARD_EXPECTS(idx[j] < m, "topk::decode_add: index ", idx[j], " in chunk ", c, " of ", m,
-                         " elements (corrupt wire?)");
-      if constexpr (quantised) {
-        const float s = scales_or_values[c];
-        const std::uint8_t* codes = all_codes + c * code_bytes(K);
-        using q = detail::topk_quantiser<Bits>;
-        for (std::size_t j = 0; j < k_sent; ++j)
-          oc[idx[j]] += q::decode(detail::get_code<Bits>(codes, j * Bits), s);
-      } else {
-        const float* values = scales_or_values + c * K;
-        for (std::size_t j = 0; j < k_sent; ++j) oc[idx[j]] += values[j];
-      }
-    }
+    if (index_bytes(cfg_) == 2)
+      decode_add_as<std::uint16_t>(wire, out);
+    else
+      decode_add_as<std::uint32_t>(wire, out);
   }
 
  private:
@@ -536,17 +523,101 @@ class topk {
     std::size_t indices;  // after the scales (quantised) or the f32 values
     std::size_t codes;    // quantised: after the indices
   };
-  static constexpr layout sections(std::size_t n) noexcept {
-    const std::size_t floats = quantised ? chunks(n) : selected(n);
+  layout sections(std::size_t n) const noexcept {
+    const std::size_t floats = quantised() ? chunks(n) : selected(n);
     const std::size_t indices = floats * sizeof(float);
-    return {.indices = indices, .codes = indices + selected(n) * sizeof(index_t)};
+    return {.indices = indices, .codes = indices + selected(n) * index_bytes(cfg_)};
   }
 
+  /// encode with indices of type Index on the wire.
+  template <class Index>
+  void encode_as(const float* delta, std::span<std::byte> wire) {
+    const std::size_t n = e_.size(), K = cfg_.k;
+    const kernels::isa which = kernels::active_isa();
+    const layout at = sections(n);
+    float* scales_or_values = reinterpret_cast<float*>(wire.data());
+    Index* indices = reinterpret_cast<Index*>(wire.data() + at.indices);
+    std::uint8_t* all_codes = reinterpret_cast<std::uint8_t*>(wire.data() + at.codes);
+    if (quantised()) std::memset(all_codes, 0, wire.size() - at.codes);
+    for (std::size_t c = 0, base = 0; base < n; ++c, base += cfg_.chunk) {
+      const std::size_t m = std::min(cfg_.chunk, n - base);
+      const std::size_t k_sent = std::min(K, m);
+      float* ec = e_.data() + base;
+      std::uint32_t* order = order_.data();
+      const std::uint32_t lower =
+          detail::topk_fold_on(which, ec, delta + base, m, cfg_.beta, cmag_.data(), K);
+      if (k_sent < m)
+        detail::topk_select(which, ec, m, k_sent, lower, cand_.data(), cmag_.data(), order);
+      else
+        std::iota(order, order + m, std::uint32_t{0});
+      Index* idx = indices + c * K;
+      for (std::size_t j = 0; j < k_sent; ++j) idx[j] = static_cast<Index>(order[j]);
+      if (quantised())
+        send_quantised(ec, k_sent, scales_or_values + c, all_codes + c * code_bytes(cfg_, K));
+      else
+        send_values(ec, k_sent, scales_or_values + c * K);
+    }
+  }
+
+  /// A chunk's k_sent selections (order_) as a scale and codes; the residual keeps the rest.
+  void send_quantised(float* ec, std::size_t k_sent, float* scale, std::uint8_t* codes) {
+    const std::uint32_t* order = order_.data();
+    float s = 0.0f;
+    for (std::size_t j = 0; j < k_sent; ++j) s = std::max(s, std::fabs(ec[order[j]]));
+    *scale = s;
+    const detail::topk_quantiser q(cfg_.bits);
+    for (std::size_t j = 0; j < k_sent; ++j) {
+      float& v = ec[order[j]];
+      const std::uint32_t code = q.encode(v, s);
+      detail::put_code(codes, j * cfg_.bits, code, cfg_.bits);
+      v -= q.decode(code, s);
+    }
+  }
+
+  /// A chunk's k_sent selections (order_) as f32 values; the residual keeps v - v.
+  void send_values(float* ec, std::size_t k_sent, float* values) {
+    const std::uint32_t* order = order_.data();
+    for (std::size_t j = 0; j < k_sent; ++j) {
+      float& v = ec[order[j]];
+      values[j] = v;
+      v -= values[j];
+    }
+  }
+
+  /// decode_add with indices of type Index on the wire.
+  template <class Index>
+  void decode_add_as(std::span<const std::byte> wire, std::span<float> out) const {
+    const std::size_t n = out.size(), K = cfg_.k;
+    const layout at = sections(n);
+    const float* scales_or_values = reinterpret_cast<const float*>(wire.data());
+    const Index* indices = reinterpret_cast<const Index*>(wire.data() + at.indices);
+    const std::uint8_t* all_codes = reinterpret_cast<const std::uint8_t*>(wire.data() + at.codes);
+    const detail::topk_quantiser q(quantised() ? cfg_.bits : 1u);
+    for (std::size_t c = 0, base = 0; base < n; ++c, base += cfg_.chunk) {
+      const std::size_t m = std::min(cfg_.chunk, n - base);
+      const std::size_t k_sent = std::min(K, m);
+      const Index* idx = indices + c * K;
+      float* oc = out.data() + base;
+      for (std::size_t j = 0; j < k_sent; ++j)
+        FEDSHARD_EXPECTS(idx[j] < m, "topk::decode_add: index ", idx[j], " in chunk ", c, " of ", m,
+                         " elements (corrupt wire?)");
+      if (quantised()) {
+        const float s = scales_or_values[c];
+        const std::uint8_t* codes = all_codes + c * code_bytes(cfg_, K);
+        for (std::size_t j = 0; j < k_sent; ++j)
+          oc[idx[j]] += q.decode(detail::get_code(codes, j * cfg_.bits, cfg_.bits), s);
+      } else {
+        const float* values = scales_or_values + c * K;
+        for (std::size_t j = 0; j < k_sent; ++j) oc[idx[j]] += values[j];
+      }
+    }
+  }
+
+  config cfg_;
   std::vector<float> e_;
-  std::vector<index_t> order_;       // per-chunk scratch: the indices sent
-  std::vector<std::uint32_t> cand_;  // per-chunk scratch: candidate indices
-  std::vector<std::uint32_t> cmag_;  // per-chunk scratch: column maxima, candidates' |e| bits
-  float beta_ = 0.95f;
+  std::vector<std::uint32_t> order_;  // per-chunk scratch: the indices sent
+  std::vector<std::uint32_t> cand_;   // per-chunk scratch: candidate indices
+  std::vector<std::uint32_t> cmag_;   // per-chunk scratch: column maxima, candidates' |e| bits
 };
 
 }  // namespace fedshard::codec

@@ -1,8 +1,8 @@
 #pragma once
 /// The wire codecs of fedshard/codec/ on the device: gpu::device_codec<C> encodes a device
 /// array of f32 into a device wire and adds a device wire into a device array of f32, for
-/// C = codec::cast<T> (float, bf16, f16, fp8_e4m3), codec::int8_block<Block> and
-/// codec::topk<Chunk, K, Bits> (with its error-feedback residual in device memory).
+/// C = codec::cast<T> (float, bf16, f16, fp8_e4m3), codec::int8_block and codec::topk (with
+/// its error-feedback residual in device memory), with the codec's run-time settings.
 ///
 /// Wires are byte-identical to the host codec's: the same state and input give the same wire
 /// bytes on the device as C::encode gives on the host, decode_add gives the same f32 bits, and
@@ -71,12 +71,12 @@ struct codec_traits<codec::cast<T>> {
   static constexpr codec_kind kind = codec_kind::cast;
   using element = T;
 };
-template <std::size_t Block>
-struct codec_traits<codec::int8_block<Block>> {
+template <>
+struct codec_traits<codec::int8_block> {
   static constexpr codec_kind kind = codec_kind::int8_block;
 };
-template <std::size_t Chunk, std::size_t K, unsigned Bits>
-struct codec_traits<codec::topk<Chunk, K, Bits>> {
+template <>
+struct codec_traits<codec::topk> {
   static constexpr codec_kind kind = codec_kind::topk;
 };
 
@@ -139,16 +139,15 @@ __device__ __forceinline__ std::int8_t int8_code(float x, float scale) {
   return static_cast<std::int8_t>(q >= -127.0f ? (q <= 127.0f ? q : 127.0f) : -127.0f);
 }
 
-/// One block per scale block (grid-stride): absmax of its elements (NaN ignored, as the
-/// host's `a > absmax` does), scale = absmax / 127, codes.
-template <std::size_t Block>
+/// One block per scale block of `block` elements (grid-stride): absmax of its elements (NaN
+/// ignored, as the host's `a > absmax` does), scale = absmax / 127, codes.
 __global__ void __launch_bounds__(block_threads)
-    int8_encode_kernel(const float* in, std::uint64_t n, std::uint64_t blocks, float* scales,
-                       std::int8_t* codes) {
+    int8_encode_kernel(const float* in, std::uint64_t n, std::uint64_t block, std::uint64_t blocks,
+                       float* scales, std::int8_t* codes) {
   __shared__ std::uint32_t absmax_bits;
   for (std::uint64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
-    const std::uint64_t begin = b * Block;
-    const std::uint64_t end = begin + Block < n ? begin + Block : n;
+    const std::uint64_t begin = b * block;
+    const std::uint64_t end = begin + block < n ? begin + block : n;
     if (threadIdx.x == 0) absmax_bits = 0;
     __syncthreads();
     std::uint32_t local = 0;
@@ -166,27 +165,27 @@ __global__ void __launch_bounds__(block_threads)
   }
 }
 
-/// out[i] += code[i] * scale of i's block.
-template <std::size_t Block>
+/// out[i] += code[i] * scale of i's block (of `block` elements).
 __global__ void __launch_bounds__(block_threads)
     int8_decode_add_kernel(const float* scales, const std::int8_t* codes, float* out,
-                           std::uint64_t n) {
+                           std::uint64_t n, std::uint64_t block) {
   for (std::uint64_t i = blockIdx.x * std::uint64_t{block_threads} + threadIdx.x; i < n;
        i += std::uint64_t{gridDim.x} * block_threads)
-    out[i] = __fadd_rn(out[i], __fmul_rn(static_cast<float>(codes[i]), scales[i / Block]));
+    out[i] = __fadd_rn(out[i], __fmul_rn(static_cast<float>(codes[i]), scales[i / block]));
 }
 
 // ---------------------------------------------------------------- topk
 
-/// codec::detail::topk_quantiser<Bits> with round-to-nearest intrinsics.
-template <unsigned Bits>
+/// codec::detail::topk_quantiser with round-to-nearest intrinsics (bits in 1..8).
 struct topk_device_quantiser {
-  using host = codec::detail::topk_quantiser<Bits>;
-  static constexpr std::uint32_t levels = host::levels;
-  static constexpr std::uint32_t sign_bit = host::sign_bit;
+  std::uint32_t levels;
+  std::uint32_t sign_bit;
+
+  __device__ explicit topk_device_quantiser(unsigned bits)
+      : levels(1u << (bits - 1)), sign_bit(1u << (bits - 1)) {}
 
   /// The code of v (|v| <= s): sign bit and level - 1.
-  __device__ static std::uint32_t encode(float v, float s) {
+  __device__ std::uint32_t encode(float v, float s) const {
     const float lv = static_cast<float>(levels);
     const float t =
         s > 0.0f ? floorf(__fadd_rn(__fmul_rn(__fdiv_rn(fabsf(v), s), lv), 0.5f)) : 1.0f;
@@ -195,7 +194,7 @@ struct topk_device_quantiser {
     return (negative ? sign_bit : 0u) | (static_cast<std::uint32_t>(l) - 1u);
   }
   /// The value of a code: sign * s * (level / L).
-  __device__ static float decode(std::uint32_t code, float s) {
+  __device__ float decode(std::uint32_t code, float s) const {
     const float magnitude = __fmul_rn(
         s,
         __fdiv_rn(static_cast<float>((code & (sign_bit - 1u)) + 1u), static_cast<float>(levels)));
@@ -203,38 +202,48 @@ struct topk_device_quantiser {
   }
 };
 
-/// The sizes of a topk wire the kernels need (C's constexpr functions are host-only):
-/// byte offsets of its sections (those of topk's file comment), bytes of codes of a full
-/// chunk, selections.
+/// What the kernels need of a topk wire and its settings (the host codec's functions are
+/// host-only): byte offsets of its sections (those of topk's file comment), bytes of codes
+/// of a full chunk, selections, and the settings.
 struct topk_sections {
   std::uint64_t indices = 0;      ///< after the scales (quantised) or the f32 values
   std::uint64_t codes = 0;        ///< quantised: after the indices
   std::uint64_t code_stride = 0;  ///< quantised: code bytes of a chunk that sends K
   std::uint64_t selections = 0;   ///< elements sent
+  std::uint64_t chunk = 0;        ///< Chunk
+  std::uint64_t k = 0;            ///< K
+  unsigned bits = 0;              ///< Bits (codec::topk_unquantised: f32 values)
+  bool quantised = false;
 };
 
-template <class C>
-constexpr topk_sections topk_layout(std::size_t n) noexcept {
-  using index_t = typename C::index_t;
-  const std::size_t floats = C::quantised ? C::chunks(n) : C::selected(n);
+inline topk_sections topk_layout(const codec::topk::config& c, std::size_t n) noexcept {
+  using C = codec::topk;
+  const std::size_t floats = C::quantised(c) ? C::chunks(c, n) : C::selected(c, n);
   const std::size_t indices = floats * sizeof(float);
   return {.indices = indices,
-          .codes = indices + C::selected(n) * sizeof(index_t),
-          .code_stride = C::code_bytes(C::k),
-          .selections = C::selected(n)};
+          .codes = indices + C::selected(c, n) * C::index_bytes(c),
+          .code_stride = C::code_bytes(c, c.k),
+          .selections = C::selected(c, n),
+          .chunk = c.chunk,
+          .k = c.k,
+          .bits = c.bits,
+          .quantised = C::quantised(c)};
 }
 
 /// 32-bit words of shared memory holding one chunk's codes while they are packed.
-template <class C>
-inline constexpr std::size_t topk_code_words = C::quantised ? (C::k* C::bits + 31) / 32 : 1;
+inline std::size_t topk_code_words(const codec::topk::config& c) noexcept {
+  return codec::topk::quantised(c) ? (c.k * c.bits + 31) / 32 : 1;
+}
 
-/// The shared memory of a block of topk_encode_kernel.
-template <class C>
+/// The most bytes of shared memory one chunk's codes may take (K * Bits <= 131072 bits).
+inline constexpr std::size_t topk_max_code_bytes = 16384;
+
+/// The static shared memory of a block of topk_encode_kernel; the chunk's code words are
+/// its dynamic shared memory (topk_code_words x 4 bytes).
 struct topk_shared {
   typename cub::BlockScan<std::uint32_t, block_threads>::TempStorage scan;
   std::uint32_t histogram[256];
   std::uint32_t prefix, remaining, scale_bits;
-  std::uint32_t code_words[topk_code_words<C>];
 };
 
 /// Where a chunk's selection stops: elements whose |e| bits are above `threshold` are taken,
@@ -255,10 +264,9 @@ __device__ __forceinline__ void topk_fold(float* ec, const float* dc, std::uint3
 /// One radix pass of topk_threshold on the byte at `shift`: among the elements whose bits
 /// under `mask` equal `prefix`, the digit of the remaining-th largest, appended to prefix;
 /// remaining becomes its rank among the elements of that digit.
-template <class C>
 __device__ __forceinline__ void topk_radix_pass(const float* ec, std::uint32_t m, int shift,
                                                 std::uint32_t& prefix, std::uint32_t mask,
-                                                std::uint32_t& remaining, topk_shared<C>& sh) {
+                                                std::uint32_t& remaining, topk_shared& sh) {
   const unsigned t = threadIdx.x;
   for (unsigned b = t; b < 256; b += block_threads) sh.histogram[b] = 0;
   __syncthreads();
@@ -285,12 +293,11 @@ __device__ __forceinline__ void topk_radix_pass(const float* ec, std::uint32_t m
 
 /// Step 2 (k < m): the k-th largest |e| bits (threshold) and how many elements equal to it
 /// are taken (need), by four 8-bit radix passes from the top byte.
-template <class C>
 __device__ __forceinline__ topk_cut topk_threshold(const float* ec, std::uint32_t m,
-                                                   std::uint32_t k, topk_shared<C>& sh) {
+                                                   std::uint32_t k, topk_shared& sh) {
   std::uint32_t prefix = 0, mask = 0, remaining = k;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    topk_radix_pass<C>(ec, m, shift, prefix, mask, remaining, sh);
+    topk_radix_pass(ec, m, shift, prefix, mask, remaining, sh);
     mask |= 0xffu << shift;
   }
   return {.threshold = prefix, .need = remaining};
@@ -298,14 +305,13 @@ __device__ __forceinline__ topk_cut topk_threshold(const float* ec, std::uint32_
 
 /// Step 3: the selection in index order: above the threshold, or equal to it and among the
 /// first `need` such (every element when take_all); position j = selected elements before
-/// it. Writes the indices (idx), and f32 values (values) with their residual updates; a
-/// quantised C takes the largest selected |e| bits (NaN ignored, as the host's max) into
-/// sh.scale_bits.
-template <class C>
+/// it. Writes the indices (idx, of the wire's Index type), and f32 values (values) with their
+/// residual updates; when quantised, takes the largest selected |e| bits (NaN ignored, as the
+/// host's max) into sh.scale_bits.
+template <class Index>
 __device__ __forceinline__ void topk_select(float* ec, std::uint32_t m, bool take_all, topk_cut cut,
-                                            typename C::index_t* idx, float* values,
-                                            topk_shared<C>& sh) {
-  using index_t = typename C::index_t;
+                                            bool quantised, Index* idx, float* values,
+                                            topk_shared& sh) {
   using scan = cub::BlockScan<std::uint32_t, block_threads>;
   const unsigned t = threadIdx.x;
   std::uint32_t equal_before_tile = 0, selected_before_tile = 0;
@@ -325,8 +331,8 @@ __device__ __forceinline__ void topk_select(float* ec, std::uint32_t m, bool tak
     __syncthreads();
     if (selected) {
       const std::uint32_t j = selected_before_tile + position;
-      idx[j] = static_cast<index_t>(i);
-      if constexpr (C::quantised) {
+      idx[j] = static_cast<Index>(i);
+      if (quantised) {
         if (key <= infinity_bits) atomicMax(&sh.scale_bits, key);
       } else {
         values[j] = v;
@@ -338,47 +344,50 @@ __device__ __forceinline__ void topk_select(float* ec, std::uint32_t m, bool tak
   }
 }
 
-/// Step 4 (quantised C): the scale (into *scale), each of the k selected elements' code
-/// (packed in shared memory, then written to codes), and the residual minus the value sent.
-template <class C>
-__device__ __forceinline__ void topk_quantise(float* ec, std::uint32_t k,
-                                              const typename C::index_t* idx, float* scale,
-                                              std::uint8_t* codes, topk_shared<C>& sh) {
-  using quantiser = topk_device_quantiser<C::bits>;
-  constexpr unsigned bits = C::bits;
+/// Step 4 (quantised): the scale (into *scale), each of the k selected elements' code
+/// (packed in the shared words code_words, `words` of them, then written to codes), and the
+/// residual minus the value sent.
+template <class Index>
+__device__ __forceinline__ void topk_quantise(float* ec, std::uint32_t k, unsigned bits,
+                                              const Index* idx, float* scale, std::uint8_t* codes,
+                                              std::uint32_t* code_words, std::uint32_t words,
+                                              topk_shared& sh) {
+  const topk_device_quantiser quantiser(bits);
   const unsigned t = threadIdx.x;
-  for (unsigned w = t; w < topk_code_words<C>; w += block_threads) sh.code_words[w] = 0;
+  for (unsigned w = t; w < words; w += block_threads) code_words[w] = 0;
   __syncthreads();  // also makes the indices written by topk_select visible to the block
   const float s = ::fedshard::detail::bit_cast<float>(sh.scale_bits);
   if (t == 0) *scale = s;
   for (std::uint32_t j = t; j < k; j += block_threads) {
     const std::uint32_t i = idx[j];
     const float v = ec[i];
-    const std::uint32_t code = quantiser::encode(v, s);
+    const std::uint32_t code = quantiser.encode(v, s);
     const std::uint32_t bit = j * bits;
     const std::uint32_t word = bit / 32, off = bit % 32;
-    atomicOr(&sh.code_words[word], code << off);
-    if (off + bits > 32) atomicOr(&sh.code_words[word + 1], code >> (32 - off));
-    ec[i] = __fsub_rn(v, quantiser::decode(code, s));
+    atomicOr(&code_words[word], code << off);
+    if (off + bits > 32) atomicOr(&code_words[word + 1], code >> (32 - off));
+    ec[i] = __fsub_rn(v, quantiser.decode(code, s));
   }
   __syncthreads();
   const std::uint32_t bytes = (k * bits + 7) / 8;  // topk::code_bytes(k)
   for (std::uint32_t b = t; b < bytes; b += block_threads)
-    codes[b] = static_cast<std::uint8_t>((sh.code_words[b / 4] >> (8 * (b % 4))) & 0xffu);
+    codes[b] = static_cast<std::uint8_t>((code_words[b / 4] >> (8 * (b % 4))) & 0xffu);
 }
 
 /// One block per chunk (grid-stride): e <- beta e + delta, radix select of the k-th largest
 /// |e| bits, selection in index order (block scans), indices written, then the scale, codes
 /// and residual updates (quantised) or values and residual updates (f32). The steps are the
-/// __forceinline__ helpers above.
-template <class C>
+/// __forceinline__ helpers above. Index: the wire's index type; the dynamic shared memory
+/// holds a chunk's code words.
+template <class Index>
 __global__ void __launch_bounds__(block_threads)
     topk_encode_kernel(const float* delta, float* e, std::uint64_t n, float beta, std::byte* wire,
-                       topk_sections at) {
-  using index_t = typename C::index_t;
-  constexpr std::uint64_t chunk = C::chunk;
-  constexpr std::uint64_t K = C::k;
-  __shared__ topk_shared<C> sh;
+                       topk_sections at, std::uint32_t code_words) {
+  using index_t = Index;
+  const std::uint64_t chunk = at.chunk;
+  const std::uint64_t K = at.k;
+  __shared__ topk_shared sh;
+  extern __shared__ std::uint32_t dynamic_words[];
 
   const std::uint64_t chunks = (n + chunk - 1) / chunk;
   float* const scales_or_values = reinterpret_cast<float*>(wire);
@@ -395,23 +404,24 @@ __global__ void __launch_bounds__(block_threads)
     topk_fold(ec, delta + base, m, beta);
     const bool take_all = k == m;
     topk_cut cut{};
-    if (!take_all) cut = topk_threshold<C>(ec, m, k, sh);
+    if (!take_all) cut = topk_threshold(ec, m, k, sh);
     if (threadIdx.x == 0) sh.scale_bits = 0;
     __syncthreads();
-    topk_select<C>(ec, m, take_all, cut, idx, scales_or_values + c * K, sh);
-    if constexpr (C::quantised)
-      topk_quantise<C>(ec, k, idx, scales_or_values + c, all_codes + c * at.code_stride, sh);
+    topk_select(ec, m, take_all, cut, at.quantised, idx, scales_or_values + c * K, sh);
+    if (at.quantised)
+      topk_quantise(ec, k, at.bits, idx, scales_or_values + c, all_codes + c * at.code_stride,
+                    dynamic_words, code_words, sh);
     __syncthreads();  // shared state is reset for the next chunk
   }
 }
 
 /// One thread per selection g of the wire: out[chunk base + index] += value.
-template <class C>
+template <class Index>
 __global__ void __launch_bounds__(block_threads)
     topk_decode_add_kernel(const std::byte* wire, float* out, std::uint64_t n, topk_sections at) {
-  using index_t = typename C::index_t;
-  constexpr std::uint64_t chunk = C::chunk;
-  constexpr std::uint64_t K = C::k;
+  using index_t = Index;
+  const std::uint64_t chunk = at.chunk;
+  const std::uint64_t K = at.k;
   const float* const scales_or_values = reinterpret_cast<const float*>(wire);
   const index_t* const indices = reinterpret_cast<const index_t*>(wire + at.indices);
   const std::uint8_t* const all_codes = reinterpret_cast<const std::uint8_t*>(wire + at.codes);
@@ -423,11 +433,11 @@ __global__ void __launch_bounds__(block_threads)
     const std::uint64_t i = indices[g];
     if (i >= m) continue;  // a corrupt wire (the host codec throws)
     float value;
-    if constexpr (C::quantised) {
-      using quantiser = topk_device_quantiser<C::bits>;
+    if (at.quantised) {
+      const topk_device_quantiser quantiser(at.bits);
       const std::uint8_t* const codes = all_codes + c * at.code_stride;
-      value = quantiser::decode(codec::detail::get_code<C::bits>(codes, j * C::bits),
-                                scales_or_values[c]);
+      value = quantiser.decode(codec::detail::get_code(codes, j * at.bits, at.bits),
+                               scales_or_values[c]);
     } else {
       value = scales_or_values[g];
     }
@@ -437,15 +447,15 @@ __global__ void __launch_bounds__(block_threads)
 
 }  // namespace detail
 
-/// A codec of fedshard/codec/ (cast<T>, int8_block<Block>, topk<Chunk, K, Bits>) on the
+/// A codec of fedshard/codec/ (cast<T>, int8_block, topk, with their settings) on the
 /// device, for one rank's buffer of n elements; its wires are byte-identical to C's (see
 /// the file comment). Stateful codecs (topk) own their residual in device memory.
 template <class C>
 class device_codec {
   static constexpr detail::codec_kind kind = detail::codec_traits<C>::kind;
   static_assert(kind != detail::codec_kind::none,
-                "fedshard::gpu::device_codec: C must be codec::cast<T>, codec::int8_block<Block> "
-                "or codec::topk<Chunk, K, Bits>");
+                "fedshard::gpu::device_codec: C must be codec::cast<T>, codec::int8_block or "
+                "codec::topk");
   static_assert(codec::Codec<C>);
 
  public:
@@ -456,22 +466,24 @@ class device_codec {
   static constexpr bool stateful = C::stateful;
 
   /// A codec for device buffers of n elements (a zero residual when stateful; allocated
-  /// and zeroed synchronously on the current device).
+  /// and zeroed synchronously on the current device); invalid_argument for settings the host
+  /// codec refuses, and for a topk whose K * Bits exceeds 131072 bits (one chunk's codes
+  /// are packed in shared memory).
   device_codec(config cfg, std::size_t n) : cfg_(cfg), n_(n) {
+    (void)C(cfg, 0);  // the host codec's checks of the settings
     if constexpr (kind == detail::codec_kind::topk) {
-      FEDSHARD_EXPECTS(cfg.beta >= 0.0f && cfg.beta <= 1.0f,
-                       "gpu::device_codec<topk>: beta must be in [0, 1], found ", cfg.beta);
-      static_assert(detail::topk_code_words<C> * 4 <= 16384,
-                    "fedshard::gpu::device_codec<topk>: K * Bits must be at most 131072 bits "
-                    "(one chunk's codes are packed in shared memory)");
+      FEDSHARD_EXPECTS(detail::topk_code_words(cfg) * 4 <= detail::topk_max_code_bytes,
+                       "gpu::device_codec<topk>: k * bits must be at most 131072 bits (one "
+                       "chunk's codes are packed in shared memory), found ",
+                       cfg.k, " * ", cfg.bits);
       residual_ = device_buffer<float>(n);
     }
   }
 
   /// Elements of the buffer.
   std::size_t size() const noexcept { return n_; }
-  /// The exact wire size for n elements, C's.
-  static constexpr std::size_t encoded_bytes(std::size_t n) noexcept { return C::encoded_bytes(n); }
+  /// The exact wire size for n elements, C's with these settings.
+  std::size_t encoded_bytes(std::size_t n) const noexcept { return C::encoded_bytes(cfg_, n); }
   /// The settings.
   const config& settings() const noexcept { return cfg_; }
 
@@ -492,16 +504,22 @@ class device_codec {
         detail::check_launch("fedshard::gpu::device_codec<cast>::encode");
       }
     } else if constexpr (kind == detail::codec_kind::int8_block) {
-      const std::uint64_t blocks = C::blocks(n_);
-      detail::int8_encode_kernel<C::block>
-          <<<detail::codec_grid_per_item(blocks), block_threads, 0, stream>>>(
-              in, n, blocks, reinterpret_cast<float*>(wire),
-              reinterpret_cast<std::int8_t*>(wire + blocks * sizeof(float)));
+      const std::uint64_t blocks = C::blocks(cfg_, n_);
+      detail::int8_encode_kernel<<<detail::codec_grid_per_item(blocks), block_threads, 0, stream>>>(
+          in, n, cfg_.block, blocks, reinterpret_cast<float*>(wire),
+          reinterpret_cast<std::int8_t*>(wire + blocks * sizeof(float)));
       detail::check_launch("fedshard::gpu::device_codec<int8_block>::encode");
     } else {
-      detail::topk_encode_kernel<C>
-          <<<detail::codec_grid_per_item(C::chunks(n_)), block_threads, 0, stream>>>(
-              in, residual_.data(), n, cfg_.beta, wire, detail::topk_layout<C>(n_));
+      const auto words = static_cast<std::uint32_t>(detail::topk_code_words(cfg_));
+      const unsigned grid = detail::codec_grid_per_item(C::chunks(cfg_, n_));
+      const std::size_t shared = std::size_t{words} * 4;
+      const detail::topk_sections at = detail::topk_layout(cfg_, n_);
+      if (C::index_bytes(cfg_) == 2)
+        detail::topk_encode_kernel<std::uint16_t><<<grid, block_threads, shared, stream>>>(
+            in, residual_.data(), n, cfg_.beta, wire, at, words);
+      else
+        detail::topk_encode_kernel<std::uint32_t><<<grid, block_threads, shared, stream>>>(
+            in, residual_.data(), n, cfg_.beta, wire, at, words);
       detail::check_launch("fedshard::gpu::device_codec<topk>::encode");
     }
   }
@@ -518,17 +536,22 @@ class device_codec {
           reinterpret_cast<const T*>(wire), out, n);
       detail::check_launch("fedshard::gpu::device_codec<cast>::decode_add");
     } else if constexpr (kind == detail::codec_kind::int8_block) {
-      const std::uint64_t blocks = C::blocks(n_);
-      detail::int8_decode_add_kernel<C::block><<<detail::codec_grid(n), block_threads, 0, stream>>>(
+      const std::uint64_t blocks = C::blocks(cfg_, n_);
+      detail::int8_decode_add_kernel<<<detail::codec_grid(n), block_threads, 0, stream>>>(
           reinterpret_cast<const float*>(wire),
-          reinterpret_cast<const std::int8_t*>(wire + blocks * sizeof(float)), out, n);
+          reinterpret_cast<const std::int8_t*>(wire + blocks * sizeof(float)), out, n, cfg_.block);
       detail::check_launch("fedshard::gpu::device_codec<int8_block>::decode_add");
     } else {
-      const std::uint64_t selections = C::selected(n_);
+      const std::uint64_t selections = C::selected(cfg_, n_);
       if (selections == 0) return;
-      detail::topk_decode_add_kernel<C>
-          <<<detail::codec_grid(selections), block_threads, 0, stream>>>(
-              wire, out, n, detail::topk_layout<C>(n_));
+      const unsigned grid = detail::codec_grid(selections);
+      const detail::topk_sections at = detail::topk_layout(cfg_, n_);
+      if (C::index_bytes(cfg_) == 2)
+        detail::topk_decode_add_kernel<std::uint16_t>
+            <<<grid, block_threads, 0, stream>>>(wire, out, n, at);
+      else
+        detail::topk_decode_add_kernel<std::uint32_t>
+            <<<grid, block_threads, 0, stream>>>(wire, out, n, at);
       detail::check_launch("fedshard::gpu::device_codec<topk>::decode_add");
     }
   }
@@ -557,7 +580,7 @@ class device_codec {
  private:
   /// The checks of C's host codec (wire alignment), and data where there are elements.
   void check(const void* data, const std::byte* wire, const char* what) const {
-    const std::size_t bytes = C::encoded_bytes(n_);
+    const std::size_t bytes = encoded_bytes(n_);
     codec::detail::check_wire(C::name, what, wire, bytes, bytes, n_);
     FEDSHARD_EXPECTS(n_ == 0 || (data != nullptr && (bytes == 0 || wire != nullptr)),
                      "gpu::device_codec<", C::name, ">::", what, ": null device pointer for ", n_,

@@ -1,5 +1,5 @@
 #pragma once
-/// median and trimmed_mean<Num, Den>: coordinate-wise robust combinations of the groups'
+/// median and trimmed_mean: coordinate-wise robust combinations of the groups'
 /// parameters, so that a few groups with wild values (a diverged or malicious group, 1e30 or
 /// NaN) cannot drag the synchronised model with them.
 ///
@@ -13,9 +13,10 @@
 ///  - median: the middle value of an odd count; (a + b) / 2 in float of the two middle ones
 ///    of an even count (so for G = 2 it is bit-identical to `average`'s (θ_0 + θ_1) / 2; two
 ///    middle values of ±3e38 overflow to ±inf, -inf and +inf give NaN);
-///  - trimmed_mean<Num, Den>: k = floor(n Num / Den) values dropped from each end, the other
+///  - trimmed_mean: k = floor(n Num / Den) values dropped from each end (Num / Den: the
+///    run-time setting config::trim, 1/4 unless set; it must be below 1/2), the other
 ///    n - 2k summed in float in ascending order, then divided by n - 2k
-///    (trimmed_mean<0, 1> is a plain mean, summed in sorted order, not rank order);
+///    (a trim of 0 / 1 is a plain mean, summed in sorted order, not rank order);
 ///  - NaN, sorting last, is ignored where the rule ignores the largest values: a median is
 ///    NaN only when a middle value is (at least half of the included groups hold NaN there),
 ///    a trimmed mean only when more than k of them do.
@@ -63,10 +64,26 @@
 
 namespace fedshard::federation {
 
-/// The settings of median and trimmed_mean.
+/// The settings of median.
 struct robust_mean_config {
   /// Ignored: both modes give the same plan (every replica gathers the whole fragment).
   sync_mode sync = sync_mode::hierarchical;
+};
+
+/// The fraction num / den of the included groups that trimmed_mean drops at each end.
+struct trim_fraction {
+  int num = 1;
+  int den = 4;
+
+  friend bool operator==(const trim_fraction&, const trim_fraction&) = default;
+};
+
+/// The settings of trimmed_mean.
+struct trimmed_mean_config {
+  /// Ignored: both modes give the same plan (every replica gathers the whole fragment).
+  sync_mode sync = sync_mode::hierarchical;
+  /// floor(n num / den) values dropped from each end of n; den > 0, 0 <= num / den < 1/2.
+  trim_fraction trim{};
 };
 
 namespace detail {
@@ -81,29 +98,40 @@ inline bool nan_last_less(float a, float b) noexcept {
 
 /// The median of values sorted by nan_last_less (at least one).
 struct median_rule {
+  using config = robust_mean_config;
   static constexpr std::string_view name = "median";
-  static float combine(std::span<const float> sorted) noexcept {
+  explicit median_rule(const config&) noexcept {}
+  float combine(std::span<const float> sorted) const noexcept {
     const std::size_t n = sorted.size(), h = n / 2;
     if (n % 2 == 1) return sorted[h];
     return (sorted[h - 1] + sorted[h]) / 2.0f;
   }
 };
 
-/// The mean of values sorted by nan_last_less (at least one) without floor(n Num / Den) of
-/// them at each end, summed in ascending order.
-template <int Num, int Den>
-struct trimmed_rule {
-  static_assert(Den > 0 && Num >= 0 && 2 * Num < Den,
-                "federation::trimmed_mean<Num, Den> trims Num / Den from each end: it needs "
-                "Den > 0 and 0 <= Num / Den < 1/2 (use federation::median for the middle)");
+/// The mean of values sorted by nan_last_less (at least one) without floor(n num / den) of
+/// them at each end (config::trim), summed in ascending order.
+class trimmed_rule {
+ public:
+  using config = trimmed_mean_config;
   static constexpr std::string_view name = "trimmed_mean";
-  static float combine(std::span<const float> sorted) noexcept {
+  /// invalid_argument unless 0 <= num / den < 1/2 with den > 0.
+  explicit trimmed_rule(const config& c) : num_(c.trim.num), den_(c.trim.den) {
+    FEDSHARD_EXPECTS(c.trim.den > 0 && c.trim.num >= 0 && 2 * c.trim.num < c.trim.den,
+                     "trimmed_mean: the fraction trimmed from each end, trim = num / den, must be "
+                     "in [0, 1/2) with den > 0, found ",
+                     c.trim.num, " / ", c.trim.den, " (use federation::median for the middle)");
+  }
+  float combine(std::span<const float> sorted) const noexcept {
     const std::size_t n = sorted.size();
-    const std::size_t k = n * static_cast<std::size_t>(Num) / static_cast<std::size_t>(Den);
+    const std::size_t k = n * static_cast<std::size_t>(num_) / static_cast<std::size_t>(den_);
     float sum = 0.0f;
     for (std::size_t i = k; i < n - k; ++i) sum += sorted[i];
     return sum / static_cast<float>(n - 2 * k);
   }
+
+ private:
+  int num_;
+  int den_;
 };
 
 }  // namespace detail
@@ -118,13 +146,14 @@ class basic_robust_mean {
                 "not written yet, so use federation::average in device memory");
 
  public:
-  using config = robust_mean_config;
+  /// The Rule's settings (robust_mean_config, trimmed_mean_config).
+  using config = typename Rule::config;
   template <space::MemorySpace T>
   using in_space = basic_robust_mean<Rule, T>;
   static constexpr std::string_view name = Rule::name;
   static constexpr bool syncs = true;
 
-  basic_robust_mean() : space_(space::space_ref<S>::make()) {}
+  basic_robust_mean() : rule_(config{}), space_(space::space_ref<S>::make()) {}
   basic_robust_mean(config c, std::vector<std::size_t> sizes)
       : basic_robust_mean(c, std::move(sizes), space::space_ref<S>::make()) {}
   basic_robust_mean(config c, std::vector<std::size_t> sizes, S& s)
@@ -180,7 +209,7 @@ class basic_robust_mean {
     for (std::size_t e = 0; e < n; ++e) {
       for (std::size_t k = 0; k < groups_.size(); ++k) values_[k] = all[groups_[k] * n + e];
       std::sort(values_.begin(), values_.end(), detail::nan_last_less);
-      buf[e] = Rule::combine(values_);
+      buf[e] = rule_.combine(values_);
     }
     pending_[i] = false;
   }
@@ -202,8 +231,8 @@ class basic_robust_mean {
   std::vector<optim::state_tensor> state() { return {}; }
 
  private:
-  basic_robust_mean(config, std::vector<std::size_t> sizes, space::space_ref<S> sr)
-      : space_(std::move(sr)), sizes_(std::move(sizes)), pending_(sizes_.size(), false) {
+  basic_robust_mean(config c, std::vector<std::size_t> sizes, space::space_ref<S> sr)
+      : rule_(c), space_(std::move(sr)), sizes_(std::move(sizes)), pending_(sizes_.size(), false) {
     gathered_.resize(sizes_.size());
   }
 
@@ -217,6 +246,7 @@ class basic_robust_mean {
                      " elements, found a buffer of ", buf.size());
   }
 
+  Rule rule_;                  // first: bad settings throw before anything is allocated
   space::space_ref<S> space_;  // before the buffers: they go back to it
   std::vector<std::size_t> sizes_;
   std::vector<typename S::template buffer<float>> gathered_;  // role gathered, per fragment
@@ -228,9 +258,9 @@ class basic_robust_mean {
 /// The coordinate-wise median of the groups' parameters, on the host.
 using median = basic_robust_mean<detail::median_rule>;
 
-/// The coordinate-wise mean of the groups' parameters without the floor(n Num / Den) lowest
-/// and highest values of each element (n: the included groups), on the host.
-template <int Num, int Den>
-using trimmed_mean = basic_robust_mean<detail::trimmed_rule<Num, Den>>;
+/// The coordinate-wise mean of the groups' parameters without the floor(n num / den) lowest
+/// and highest values of each element (n: the included groups; num / den: config::trim,
+/// 1/4 unless set), on the host.
+using trimmed_mean = basic_robust_mean<detail::trimmed_rule>;
 
 }  // namespace fedshard::federation

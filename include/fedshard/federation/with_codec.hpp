@@ -7,10 +7,17 @@
 /// begin/end transforms, its state, the averages inside a group and of inner moments.
 /// `sync_codec_t<F>` names a policy's codec (identity for policies without one).
 ///
-///   with_codec<average, codec::cast<fp8_e4m3>>            fp8 parameter averaging
-///   with_codec<outer_optimizer<outer_sgd>, codec::topk<>>  SparseLoCo (see sparseloco)
+/// Its config is F's with one more member, `codec`: the codec's run-time settings (topk's
+/// chunk, k, bits and beta; the codec's defaults unless set), checked when the policy is
+/// built.
+///
+///   with_codec<average, codec::cast<fp8_e4m3>>          fp8 parameter averaging
+///   with_codec<outer_optimizer<outer_sgd>, codec::topk>  SparseLoCo (see sparseloco)
 
+#include <concepts>
+#include <cstddef>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "fedshard/codec/codec.hpp"
@@ -27,11 +34,19 @@ inline bool averages_fragment_across_groups(const comm_op& op) {
          op.in.role == role::fragment && op.out.role == role::fragment;
 }
 
-/// F with its fragment's cross-group average encoded by Codec (settings: Codec's defaults).
+/// The settings of with_codec: those of the policy (FConfig) and the codec's (`codec`).
+template <class FConfig, class CodecConfig>
+struct with_codec_config : FConfig {
+  /// The codec's run-time settings.
+  CodecConfig codec{};
+};
+
+/// F with its fragment's cross-group average encoded by Codec, with the codec settings of
+/// its config.
 template <class F, codec::Codec Codec>
 class with_codec : public F {
  public:
-  using config = typename F::config;
+  using config = with_codec_config<typename F::config, typename Codec::config>;
   using sync_codec = Codec;
   /// The same in memory space S (F's in_space).
   template <class S>
@@ -40,16 +55,28 @@ class with_codec : public F {
   /// A codec runs on the whole federation axis, not among a heterogeneous mesh's holders.
   static constexpr bool heterogeneous_groups = false;
 
-  using F::F;
-  with_codec() = default;
+  /// F built from c and fragment sizes (and space s), its codec from c.codec;
+  /// invalid_argument when the codec refuses c.codec.
+  with_codec(const config& c, std::vector<std::size_t> sizes)
+      : F(base_config(c), std::move(sizes)), codec_(codec::spec_of<Codec>(c.codec)) {}
+  template <class S>
+  requires std::constructible_from<F, const typename F::config&, std::vector<std::size_t>, S&>
+  with_codec(const config& c, std::vector<std::size_t> sizes, S& s)
+      : F(base_config(c), std::move(sizes), s), codec_(codec::spec_of<Codec>(c.codec)) {}
+  with_codec() : codec_(codec::spec_of<Codec>()) {}
 
   /// F's sync plan, its cross-group fragment averages encoded.
   plan sync_plan(const sync_context& ctx) const {
     plan p = F::sync_plan(ctx);
     for (comm_op& op : p.ops)
-      if (averages_fragment_across_groups(op)) op.codec = codec::spec_of<Codec>();
+      if (averages_fragment_across_groups(op)) op.codec = codec_;
     return p;
   }
+
+ private:
+  static const typename F::config& base_config(const config& c) noexcept { return c; }
+
+  codec::spec codec_;
 };
 
 /// The codec of FederationPolicy F's cross-group average: F::sync_codec, else the identity.

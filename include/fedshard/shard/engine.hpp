@@ -115,7 +115,7 @@ class engine {
         owners_((owners.check(layout_, m.shape().groups), owners)),
         held_(owners_.held_by(m.coords().group, layout_.num_units())),
         offsets_(held_offsets(layout_, held_)),
-        plan_(only_held(P::step_plan(layout_, m.shape(), prec_))),
+        plan_(only_held(step_plan_of<P>(layout_, m.shape(), prec_, settings))),
         read_plan_(only_held(ops::read_units(layout_, m.shape()))),
         setup_plan_(layout_check_plan(axis::world, m.size())),
         interp_(m, *space_),

@@ -11,8 +11,10 @@
 ///     the model acquires a unit (role params, phase forward or backward), the reductions when
 ///     a unit's gradients are ready (role grad into grad_shard). Order: forward gathers by
 ///     ascending unit, then backward ops by descending unit.
-///  5. Optionally, `P::settings` (run-time settings: trainer_options::shard, settings_of_t)
-///     and `P::runtime<S>`, run-time state the engine holds and calls where the plan needs
+///  5. Optionally, `P::settings` (run-time settings: trainer_options::shard, settings_of_t),
+///     with `P::step_plan(layout, shape, precision, settings)` when the step plan depends on
+///     them (with_gather_codec's codec settings; step_plan_of calls the one P has), and
+///     `P::runtime<S>`, run-time state the engine holds and calls where the plan needs
 ///     more than its buffers (shard::sparse's masks and packed buffers; shard/engine.hpp).
 /// The shard engine (shard/engine.hpp) runs the plan through the interpreter; what it stores
 /// and frees follows from the plan (a unit gathered again in backward is freed after
@@ -77,6 +79,17 @@ struct settings_of<P> {
 };
 template <class P>
 using settings_of_t = typename settings_of<P>::type;
+
+/// P's step plan with settings c (requirement 5): P::step_plan(l, s, p, c) where P declares
+/// it, else P::step_plan(l, s, p).
+template <ShardPolicy P>
+plan step_plan_of(const flat_layout& l, const mesh_shape& s, const precision& p,
+                  const settings_of_t<P>& c) {
+  if constexpr (requires { P::step_plan(l, s, p, c); })
+    return P::step_plan(l, s, p, c);
+  else
+    return P::step_plan(l, s, p);
+}
 
 /// Builders of the ops shard policies are made of.
 namespace ops {

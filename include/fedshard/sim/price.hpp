@@ -180,6 +180,9 @@ struct algorithm_options {
   typename A::federation_policy::config federation{};
   /// The schedule's settings (K, H, fragments, delay, mixing), from the algorithm's defaults.
   typename A::sync_schedule::config schedule = A::default_schedule();
+  /// The shard policy's settings where its step plan reads them (with_gather_codec's codec
+  /// settings; shard::sparse's are priced by price_sparse's own).
+  shard::settings_of_t<typename A::shard_policy> shard{};
   /// The inner optimizer's state buffers (2 for AdamW), for plans that average them.
   int inner_state_buffers = 2;
   /// Steps the cadence is read over; 0: the schedule config's `period` when it has one (the
@@ -241,6 +244,7 @@ class algorithm_model_of final : public algorithm_model {
  public:
   explicit algorithm_model_of(const algorithm_options<A>& o)
       : schedule_(o.schedule),
+        shard_(o.shard),
         policy_(o.federation, {}),
         owners_(federation::owners_of<federation_type>(o.federation)),
         inner_state_buffers_(o.inner_state_buffers),
@@ -266,7 +270,7 @@ class algorithm_model_of final : public algorithm_model {
   plan step_plan(const flat_layout& layout, const mesh_shape& shape,
                  const shard::precision& prec) const override {
     prec.check();
-    return shard_type::step_plan(layout, shape, prec);
+    return shard::step_plan_of<shard_type>(layout, shape, prec, shard_);
   }
   std::vector<plan> sync_plans(const flat_layout& layout, const mesh_shape& shape,
                                const mesh_coords& coords, std::int64_t round) const override {
@@ -301,6 +305,7 @@ class algorithm_model_of final : public algorithm_model {
   }
 
   schedule_type schedule_;
+  shard::settings_of_t<shard_type> shard_;
   federation_type policy_;
   shard::ownership owners_;
   int inner_state_buffers_;
@@ -493,8 +498,9 @@ algorithm_desc describe_named(std::string_view n, const algorithm_settings& s) {
   } else {
     using B = with_sync_codec<A, codec::cast<bf16>>;
     algorithm_options<B> b;
-    b.federation = o.federation;
+    static_cast<typename A::federation_policy::config&>(b.federation) = o.federation;
     b.schedule = o.schedule;
+    b.shard = o.shard;
     b.inner_state_buffers = o.inner_state_buffers;
     b.cadence_window = o.cadence_window;
     return describe<B>(std::string(n), b);

@@ -139,11 +139,12 @@ using streaming_diloco =
 
 /// SparseLoCo (arXiv 2508.15706): H inner steps (H = 30 unless told otherwise), then each
 /// group's pseudo-gradient goes through an error-feedback top-64-of-4096, 2-bit codec
-/// (codec::topk<>, β = 0.95); the decoded mean drives an outer SGD step with lr 1.
+/// (codec::topk, β = 0.95; chunk, k, bits and β in trainer_options::federation.codec); the
+/// decoded mean drives an outer SGD step with lr 1.
 template <int H = 30>
 using sparseloco = algorithm<
     shard::hybrid_shard,
-    federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, codec::topk<>>,
+    federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, codec::topk>,
     schedule::periodic, defaults<schedule::periodic::config{.period = H}>>;
 /// GASLoC (arXiv 2606.11081): H inner steps (H = 500 unless told otherwise, as diloco),
 /// then each group exchanges its pseudo-gradient with one random peer (federation::gossip:
@@ -153,11 +154,12 @@ template <int H = 500>
 using gasloc = algorithm<shard::hybrid_shard, federation::gossip, schedule::periodic,
                          defaults<schedule::periodic::config{.period = H}>>;
 /// FL+HSDP whose parameter gathers travel as int8 with one scale per 256 values (ZeRO++'s
-/// qwZ): about 4x fewer gather bytes inside a group; K = 8 unless told otherwise.
+/// qwZ; the block size in trainer_options::shard.codec): about 4x fewer gather bytes inside
+/// a group; K = 8 unless told otherwise.
 template <int K = 8>
-using fl_hsdp_int8 = algorithm<shard::with_gather_codec<shard::hybrid_shard, codec::int8_block<>>,
-                               federation::average, schedule::periodic,
-                               defaults<schedule::periodic::config{.period = K}>>;
+using fl_hsdp_int8 =
+    algorithm<shard::with_gather_codec<shard::hybrid_shard, codec::int8_block>, federation::average,
+              schedule::periodic, defaults<schedule::periodic::config{.period = K}>>;
 
 /// SCAPE (arXiv 2607.01678): FSDP whose reduce_scatters and gathers carry only the elements of
 /// a mask agreed from the optimizer's first moments (shard::sparse; density, refresh period
