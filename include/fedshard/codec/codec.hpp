@@ -25,6 +25,11 @@
 ///     elements of a wire of encoded_bytes(n) bytes (std::span<const std::byte>, aligned);
 ///  6. `C::stateful` (bool); when true, `c.residual()` (const) gives the state as a
 ///     std::span<const float> of n elements, and `c.reset()` zeroes it.
+///  7. Optionally `static constexpr float encode_passes, decode_passes`: the memory passes over
+///     n f32 elements its kernels make (the simulator prices codec time by them); default those
+///     of a dense codec, 1.5 and 2.5 (encode: read the input, write a smaller wire; decode:
+///     read the wire, read and write the output). Detected in codec_capabilities<C> alone; one
+///     without the other, or `encoding_passes` / `decoding_passes`, is a compile error.
 /// Encoding is deterministic: the same state and input give the same wire, bit for bit.
 /// Inputs are finite (a NaN or infinity in the input gives unspecified values in the wire,
 /// never a crash or an out-of-bounds write).
@@ -34,7 +39,9 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <utility>
 
+#include "fedshard/core/member_names.hpp"
 #include "fedshard/error.hpp"
 
 namespace fedshard::codec {
@@ -61,6 +68,38 @@ concept Codec = std::default_initializable<typename C::config> &&
   { cc.residual() } -> std::same_as<std::span<const float>>;
   c.reset();
 });
+
+namespace detail {
+// The member names codec_capabilities<C> looks for: its own and near misses of them.
+FEDSHARD_MEMBER_NAME(encode_passes)
+FEDSHARD_MEMBER_NAME(decode_passes)
+FEDSHARD_MEMBER_NAME(encoding_passes)
+FEDSHARD_MEMBER_NAME(decoding_passes)
+}  // namespace detail
+
+/// The optional requirement 7 of Codec C, detected here and nowhere else.
+template <class C>
+struct codec_capabilities {
+  /// 7.
+  static constexpr bool passes = requires {
+    { C::encode_passes + C::decode_passes } -> std::convertible_to<float>;
+  };
+  static_assert(!detail::names_encoding_passes<C> && !detail::names_decoding_passes<C>,
+                "Codec: the codec has a member `encoding_passes` or `decoding_passes`; did you "
+                "mean `encode_passes` and `decode_passes` (requirement 7, codec/codec.hpp)?");
+  static_assert((!detail::names_encode_passes<C> && !detail::names_decode_passes<C>) || passes,
+                "Codec: the codec declares one of `encode_passes` and `decode_passes` without "
+                "the other, or not as numbers (requirement 7): the simulator would price it "
+                "as a dense codec");
+
+  /// The memory passes of C's kernels: (encode, decode).
+  static constexpr std::pair<float, float> passes_or_default() noexcept {
+    if constexpr (passes)
+      return {static_cast<float>(C::encode_passes), static_cast<float>(C::decode_passes)};
+    else
+      return {1.5f, 2.5f};
+  }
+};
 
 namespace detail {
 

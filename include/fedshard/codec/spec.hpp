@@ -112,15 +112,10 @@ struct spec {
   }
 };
 
-/// The memory passes of a codec's kernels: C::encode_passes and C::decode_passes where the
-/// codec declares them, else those of a dense codec (encode: read the input, write a smaller
-/// wire; decode: read the wire, read and write the output).
+/// The memory passes of a codec's kernels (requirement 7 of Codec).
 template <class C>
 constexpr std::pair<float, float> passes_of() noexcept {
-  if constexpr (requires { C::encode_passes + C::decode_passes; })
-    return {static_cast<float>(C::encode_passes), static_cast<float>(C::decode_passes)};
-  else
-    return {1.5f, 2.5f};
+  return codec_capabilities<C>::passes_or_default();
 }
 
 /// The spec of Codec C with settings cfg; invalid_argument when C refuses them (checked by

@@ -8,7 +8,10 @@
 /// gpu_inproc): `c.after(ev)` makes its later calls wait for event ev of S without the host
 /// waiting, and `c.record()` returns an event of S that completes with the calls made so
 /// far. The interpreter chains such calls with events; with any other communicator it waits
-/// on the host for the work its calls read.
+/// on the host for the work its calls read. Optionally `c.make_space()` returns a
+/// std::unique_ptr to a space of its own (a device space bound to c's device, NCCL); without
+/// it the trainer default-constructs space_of_t<C> (make_space below: the one place that
+/// detects it).
 
 #include <concepts>
 #include <memory>
