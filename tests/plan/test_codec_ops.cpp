@@ -196,3 +196,34 @@ TEST_CASE("a stateful codec keeps its residual between firings of the same op") 
     CHECK(std::memcmp(state.data(), mine.data(), len * sizeof(float)) == 0);
   });
 }
+
+TEST_CASE("set_included: an encoded average combines only the ranks of the mask it was given") {
+  // Three groups on the federation axis; the round includes groups 0 and 2 (group 1 left out,
+  // as an elastic round decides). Values exact in bf16: group 0 {1, -2}, group 1 {100, 100},
+  // group 2 {3, 6}. With the mask: ({1, -2} + {3, 6}) / 2 = {2, 2} on every rank, group 1's
+  // too; with the mask cleared: ({1, -2} + {100, 100} + {3, 6}) / 3 = {104/3, 104/3}.
+  const auto spec = codec::spec_of<codec::cast<bf16>>();
+  const std::vector<std::vector<float>> values{{1.0f, -2.0f}, {100.0f, 100.0f}, {3.0f, 6.0f}};
+  test::spawn_ranks(3, [&](communicator& world) {
+    mesh m(world, {.groups = 3, .replicas = 1, .shards = 1});
+    interpreter<communicator> interp(m);
+    comm_op op = op_of(comm_kind::all_reduce, 2, 3, spec);
+    op.axis = axis::federation;
+    const auto mine = values[static_cast<std::size_t>(world.rank())];
+
+    interp.set_included(axis::federation, {1, 0, 1});
+    std::vector<float> x = mine;
+    interp.run(op, bind(x, x));
+    CHECK(x == std::vector<float>{2.0f, 2.0f});
+
+    interp.set_included(axis::federation, {});
+    x = mine;
+    interp.run(op, bind(x, x));
+    CHECK(x == std::vector<float>{104.0f / 3.0f, 104.0f / 3.0f});
+
+    CHECK_THROWS_WITH_AS(interp.set_included(axis::federation, {1, 1}),
+                         doctest::Contains("a mask of 3 ranks (the federation axis) or none, "
+                                           "found 2"),
+                         invalid_argument);
+  });
+}
