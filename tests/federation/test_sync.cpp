@@ -9,10 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "fedshard/codec/cast.hpp"
 #include "fedshard/comm/inproc.hpp"
+#include "fedshard/core/fp8.hpp"
 #include "fedshard/federation/average.hpp"
 #include "fedshard/federation/outer_optimizer.hpp"
 #include "fedshard/federation/outer_rules.hpp"
+#include "fedshard/federation/with_codec.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/plan/interpreter.hpp"
 #include "fedshard/schedule/periodic.hpp"
@@ -271,5 +274,27 @@ TEST_CASE("role gathered is bound to the policy's gathered(f), and refused witho
     CHECK_THROWS_WITH_AS(t.after_step(in, 0, 0, master, {}),
                          doctest::Contains("holds no buffer of role gathered"), invalid_argument);
     in.wait_all();
+  });
+}
+
+TEST_CASE("the round's participants reach the encoded average: the synchronizer sets the mask") {
+  // Three groups of one rank; the included source (an elastic round's, here a fixed one) says
+  // groups 0 and 2 take part. The bf16-encoded average then combines their values only:
+  // groups hold 1, 100 and 3 (exact in bf16), so every rank's master becomes (1 + 3) / 2 = 2,
+  // the left-out group's too (it takes the round's result, as a heal would give it).
+  const mesh_shape shape{3, 1, 1};
+  const std::vector<float> held{1.0f, 100.0f, 3.0f};
+  test::spawn_ranks(3, [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    interpreter<inproc::communicator> in(m);
+    const flat_layout l(four_units(), 1);
+    synchronizer<with_codec<average, codec::cast<bf16>>, schedule::periodic> sync(
+        {}, {.period = 1}, l, shape, m.coords(), 0);
+    sync.set_included_source([] { return std::vector<std::uint8_t>{1, 0, 1}; });
+    std::vector<float> master(l.total_shard_numel(), held[std::size_t(m.coords().group)]);
+    sync.reset(master);
+    sync.after_step(in, 0, 0, master, {});
+    CHECK(sync.syncs_applied() == 1);
+    for (float v : master) REQUIRE(v == 2.0f);
   });
 }
