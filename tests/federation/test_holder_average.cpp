@@ -127,30 +127,12 @@ TEST_CASE("with every group holding everything the plan is average's") {
   //  - reference: replica 1 only receives replica 0's broadcast of the 256 B.
   const operand whole{.role = role::fragment};
   const operand half{.role = role::fragment, .piece = axis::replica};
-  const comm_op gather{.kind = comm_kind::all_gather,
-                       .axis = axis::replica,
-                       .dtype = dtype::f32,
-                       .bytes = 256,
-                       .ranks = 2,
-                       .trigger = trigger::sync_finish,
-                       .phase = phase::sync,
-                       .fragment = 0,
-                       .in = half,
-                       .out = whole,
-                       .overlappable = false};
-  const std::vector<comm_op> hierarchical{{.kind = comm_kind::all_reduce,
-                                           .axis = axis::federation,
-                                           .dtype = dtype::f32,
-                                           .bytes = 128,
-                                           .ranks = 3,
-                                           .reduce = reduce_op::avg,
-                                           .trigger = trigger::sync_exchange,
-                                           .phase = phase::sync,
-                                           .fragment = 0,
-                                           .in = half,
-                                           .out = half,
-                                           .overlappable = false},
-                                          gather};
+  const comm_op gather = test::sync_op(comm_kind::all_gather, axis::replica, dtype::f32, 256, 2, {},
+                                       trigger::sync_finish, 0, half, whole);
+  const std::vector<comm_op> hierarchical{
+      test::sync_op(comm_kind::all_reduce, axis::federation, dtype::f32, 128, 3, reduce_op::avg,
+                    trigger::sync_exchange, 0, half, half),
+      gather};
   comm_op bcast = gather;
   bcast.kind = comm_kind::broadcast;
   bcast.in = {};
