@@ -13,34 +13,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "support/bits.hpp"
+
 namespace {
 
-using fedshard::bf16;
-using fedshard::dtype;
-using fedshard::f16;
-namespace kernels = fedshard::kernels;
-
-template <class T>
-std::uint64_t bits_of(T v) {
-  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
-    return v.bits;
-  } else {
-    std::uint64_t u = 0;
-    std::memcpy(&u, &v, sizeof(T));
-    return u;
-  }
-}
-
-template <class T>
-bool is_nan(T v) {
-  return std::isnan(static_cast<double>(fedshard::to_accum(v)));
-}
-
-/// Same bits, or both NaN.
-template <class T>
-bool same(T a, T b) {
-  return bits_of(a) == bits_of(b) || (is_nan(a) && is_nan(b));
-}
+using namespace fedshard;
+using fedshard::test::bits_of;
 
 /// Values of T: every pattern for 16-bit types, random ones (and specials) otherwise.
 template <class T>
@@ -76,7 +54,7 @@ TEST_CASE_TEMPLATE_DEFINE("scale multiplies in the accumulation type and rounds 
     const A a = static_cast<A>(alpha);
     for (std::size_t i = 0; i < in.size(); ++i) {
       const T expected = fedshard::from_accum<T>(fedshard::to_accum(in[i]) * a);
-      REQUIRE(same(x[i], expected));
+      REQUIRE(fedshard::test::same_value(x[i], expected));
     }
     std::vector<T> erased = in;  // the type-erased loop agrees
     kernels::scale(fedshard::view(std::span<T>(erased)), alpha);

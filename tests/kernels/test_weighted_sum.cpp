@@ -12,24 +12,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "support/bits.hpp"
+
 namespace {
 
-using fedshard::bf16;
-using fedshard::const_buffer_view;
-using fedshard::dtype;
-using fedshard::f16;
-namespace kernels = fedshard::kernels;
-
-template <class T>
-std::uint64_t bits_of(T v) {
-  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
-    return v.bits;
-  } else {
-    std::uint64_t u = 0;
-    std::memcpy(&u, &v, sizeof(T));
-    return u;
-  }
-}
+using namespace fedshard;
+using fedshard::test::bits_of;
 
 template <class T>
 double value_of(T v) {
