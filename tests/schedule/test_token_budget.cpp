@@ -6,34 +6,21 @@
 #include <vector>
 
 #include "fedshard/error.hpp"
+#include "support/schedule_steps.hpp"
 
 namespace fs = fedshard::schedule;
 using fs::sync_action;
 
 namespace {
 
-// The steps in [0, steps) after which a group whose step carries tokens(step) tokens syncs,
-// feeding the schedule the progress a synchronizer would (tokens since the last sync).
-template <class Tokens>
-std::vector<std::int64_t> sync_steps(const fs::token_budget& s, std::int64_t steps, Tokens tokens) {
-  std::vector<std::int64_t> out;
-  fs::sync_progress p;
-  for (std::int64_t step = 0; step < steps; ++step) {
-    p.step = step;
-    p.tokens += tokens(step);
-    const sync_action a = s.action(0, p);
-    if (a == sync_action::start_and_apply) {
-      out.push_back(step);
-      p.tokens = 0;
-      ++p.syncs;
-    } else {
-      CHECK(a == sync_action::none);
-    }
-  }
-  return out;
-}
+using fedshard::test::steps;
 
-using steps = std::vector<std::int64_t>;
+// The steps in [0, n) after which a group whose step carries tokens(step) tokens syncs.
+template <class Tokens>
+steps sync_steps(const fs::token_budget& s, std::int64_t n, Tokens tokens) {
+  return fedshard::test::progress_sync_steps(
+      s, n, [&](std::int64_t step, fs::sync_progress& p) { p.tokens += tokens(step); });
+}
 
 }  // namespace
 

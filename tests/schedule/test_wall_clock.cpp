@@ -7,30 +7,21 @@
 #include <vector>
 
 #include "fedshard/error.hpp"
+#include "support/schedule_steps.hpp"
 
 namespace fs = fedshard::schedule;
 using fs::sync_action;
 
 namespace {
 
-// The steps after which a group whose step s ends at seconds(s) syncs, as a synchronizer
-// would feed the schedule.
-template <class Clock>
-std::vector<std::int64_t> sync_steps(const fs::wall_clock& s, std::int64_t steps, Clock seconds) {
-  std::vector<std::int64_t> out;
-  fs::sync_progress p;
-  for (std::int64_t step = 0; step < steps; ++step) {
-    p.step = step;
-    p.seconds = seconds(step);
-    if (s.action(0, p) == sync_action::start_and_apply) {
-      out.push_back(step);
-      ++p.syncs;
-    }
-  }
-  return out;
-}
+using fedshard::test::steps;
 
-using steps = std::vector<std::int64_t>;
+// The steps in [0, n) after which a group whose step s ends at seconds(s) syncs.
+template <class Clock>
+steps sync_steps(const fs::wall_clock& s, std::int64_t n, Clock seconds) {
+  return fedshard::test::progress_sync_steps(
+      s, n, [&](std::int64_t step, fs::sync_progress& p) { p.seconds = seconds(step); });
+}
 
 }  // namespace
 
