@@ -11,18 +11,8 @@
 namespace fs = fedshard::schedule;
 using fs::sync_action;
 
-namespace {
-
 using fedshard::test::steps;
-
-// The steps in [0, n) after which a group whose step carries tokens(step) tokens syncs.
-template <class Tokens>
-steps sync_steps(const fs::token_budget& s, std::int64_t n, Tokens tokens) {
-  return fedshard::test::progress_sync_steps(
-      s, n, [&](std::int64_t step, fs::sync_progress& p) { p.tokens += tokens(step); });
-}
-
-}  // namespace
+using fedshard::test::token_sync_steps;
 
 TEST_CASE("token_budget syncs after the step at which the tokens since the last sync reach N") {
   const fs::token_budget s({.tokens = 10, .syncs = 3});
@@ -31,15 +21,15 @@ TEST_CASE("token_budget syncs after the step at which the tokens since the last 
   CHECK(s.fragments() == 1);
   CHECK(s.mixing() == 1.0f);
   // 5 per step: exactly N after every second step.
-  CHECK(sync_steps(s, 8, [](std::int64_t) { return 5; }) == steps{1, 3, 5, 7});
+  CHECK(token_sync_steps(s, 8, [](std::int64_t) { return 5; }) == steps{1, 3, 5, 7});
   // 4 per step: 12 >= 10 after step 2; the 2 beyond N are not carried over.
-  CHECK(sync_steps(s, 9, [](std::int64_t) { return 4; }) == steps{2, 5, 8});
+  CHECK(token_sync_steps(s, 9, [](std::int64_t) { return 4; }) == steps{2, 5, 8});
   // Uneven steps: 3, 9 | 1, 1, 20 | 10
   const std::vector<std::int64_t> t{3, 9, 1, 1, 20, 10, 0};
-  CHECK(sync_steps(s, 7, [&](std::int64_t i) { return t[static_cast<std::size_t>(i)]; }) ==
+  CHECK(token_sync_steps(s, 7, [&](std::int64_t i) { return t[static_cast<std::size_t>(i)]; }) ==
         steps{1, 4, 5});
   // A step of more than N tokens syncs alone.
-  CHECK(sync_steps(s, 3, [](std::int64_t) { return 25; }) == steps{0, 1, 2});
+  CHECK(token_sync_steps(s, 3, [](std::int64_t) { return 25; }) == steps{0, 1, 2});
 }
 
 TEST_CASE("token_budget's answer depends on the progress alone, not on the step") {

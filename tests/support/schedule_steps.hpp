@@ -51,4 +51,18 @@ steps progress_sync_steps(const S& s, std::int64_t n, Feed feed) {
   return out;
 }
 
+/// The steps in [0, n) after which a group whose step carries tokens(step) tokens syncs.
+template <class S, class Tokens>
+steps token_sync_steps(const S& s, std::int64_t n, Tokens tokens) {
+  return progress_sync_steps(
+      s, n, [&](std::int64_t step, schedule::sync_progress& p) { p.tokens += tokens(step); });
+}
+
+/// The steps in [0, n) after which a group whose step `step` ends at seconds(step) syncs.
+template <class S, class Clock>
+steps clock_sync_steps(const S& s, std::int64_t n, Clock seconds) {
+  return progress_sync_steps(
+      s, n, [&](std::int64_t step, schedule::sync_progress& p) { p.seconds = seconds(step); });
+}
+
 }  // namespace fedshard::test
