@@ -9,14 +9,13 @@
 #include <vector>
 
 #include "support/op_lists.hpp"
+#include "support/policy_checks.hpp"
 
 using namespace fedshard;
 using fedshard::federation::average;
 
 TEST_CASE("average models FederationPolicy, syncs the parameters only, without weights") {
-  CHECK(federation::FederationPolicy<average>);
-  CHECK(average::name == "average");
-  CHECK(average::syncs);
+  test::check_federation_policy<average>("average", true);
   CHECK(average({}, {16}).state().empty());  // nothing to checkpoint
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "support/op_lists.hpp"
+#include "support/policy_checks.hpp"
 
 using namespace fedshard;
 using federation::sync_info;
@@ -29,9 +30,7 @@ sync_info info(const std::vector<double>& tokens, int group) {
 }  // namespace
 
 TEST_CASE("weighted_average models FederationPolicy and exchanges the weights first") {
-  CHECK(federation::FederationPolicy<weighted_average>);
-  CHECK(weighted_average::name == "weighted_average");
-  CHECK(weighted_average::syncs);
+  test::check_federation_policy<weighted_average>("weighted_average", true);
   weighted_average w({}, {8});
   CHECK(w.state().empty());
   // G = 3 groups of R = 2 replicas x S = 2 shards; this rank is replica 1, shard 0 of group 1;
