@@ -31,6 +31,19 @@ namespace ft = fedshard::test;
 
 using ft::log_sink;
 
+/// A fresh file store in a temporary directory, and the sink of the links' log.
+struct store_and_log {
+  ft::temp_dir dir;
+  std::shared_ptr<gl::file_store> st = std::make_shared<gl::file_store>(dir.path());
+  log_sink sink;
+};
+
+/// One failed check per complaint a group's thread wrote down.
+void fail_on_each(const std::vector<std::vector<std::string>>& seen) {
+  for (const auto& r : seen)
+    for (const auto& s : r) FAIL_CHECK(s);
+}
+
 el::options quick(log_sink& sink, double join = 10.0) {  // long where nobody should be missing
   el::options o;
   o.join_timeout = std::chrono::duration<double>(join);
@@ -46,10 +59,8 @@ float value_of(int g, int l, int e, int i) {
 
 }  // namespace
 
-TEST_CASE("elastic: with every group there the round is everyone's and the mean is exact") {
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
-  log_sink sink;
+TEST_CASE_FIXTURE(store_and_log,
+                  "elastic: with every group there the round is everyone's and the mean is exact") {
   const int G = 3, L = 2, n = 5;
   auto seen = ft::on_threads(G * L, [&](int id) {
     const int g = id / L, l = id % L;
@@ -80,10 +91,9 @@ TEST_CASE("elastic: with every group there the round is everyone's and the mean 
   CHECK(seen[0][2].find("round 2 (step 29)") != std::string::npos);
 }
 
-TEST_CASE("elastic: partial participation samples the same groups everywhere and averages them") {
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
-  log_sink sink;
+TEST_CASE_FIXTURE(
+    store_and_log,
+    "elastic: partial participation samples the same groups everywhere and averages them") {
   const int G = 4, L = 2;
   auto seen = ft::on_threads(G * L, [&](int id) {
     const int g = id / L, l = id % L;
@@ -109,11 +119,9 @@ TEST_CASE("elastic: partial participation samples the same groups everywhere and
   for (const auto& s : seen[0]) CHECK(s.size() == 2);  // no error lines
 }
 
-TEST_CASE(
+TEST_CASE_FIXTURE(
+    store_and_log,
     "elastic: a group that never comes is left out after the join timeout, then not waited for") {
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
-  log_sink sink;
   const int G = 3, L = 1;
   const double join = 2.0;
   auto seen = ft::on_threads(2, [&](int g) {  // group 2 is never started
@@ -138,10 +146,9 @@ TEST_CASE(
   CHECK(sink.has("left out {2}"));
 }
 
-TEST_CASE("elastic: a member that dies inside a round: the others retry without it and go on") {
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
-  log_sink sink;
+TEST_CASE_FIXTURE(
+    store_and_log,
+    "elastic: a member that dies inside a round: the others retry without it and go on") {
   const int G = 3;
   const double join = 3.0;
   auto seen = ft::on_threads(G, [&](int g) {
@@ -171,19 +178,17 @@ TEST_CASE("elastic: a member that dies inside a round: the others retry without 
     if (v != 3.0f) out.push_back(concat("round 2 sum ", v));
     return out;
   });
-  for (const auto& r : seen)
-    for (const auto& s : r) FAIL_CHECK(s);
+  fail_on_each(seen);
   CHECK(sink.has("failed ("));
   CHECK(sink.has("dropped 1 group(s), going on with 2"));
 }
 
-TEST_CASE("elastic: the lowest member dies inside a round: the survivors' mean is theirs alone") {
+TEST_CASE_FIXTURE(
+    store_and_log,
+    "elastic: the lowest member dies inside a round: the survivors' mean is theirs alone") {
   // Groups 0, 1, 2 put in 1, 2, 3; group 0 leaves the round before the all_reduce, so the
   // retry among groups 1 and 2 averages (2 + 3) / 2 = 2.5 on both (the members the retry
   // dropped are no longer read from the gathered blocks).
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
-  log_sink sink;
   const int G = 3;
   auto seen = ft::on_threads(G, [&](int g) {
     std::vector<std::string> out;
@@ -198,17 +203,14 @@ TEST_CASE("elastic: the lowest member dies inside a round: the survivors' mean i
     if (v != 2.5f) out.push_back(concat("group ", g, ": round 0 mean ", v));
     return out;
   });
-  for (const auto& r : seen)
-    for (const auto& s : r) FAIL_CHECK(s);
+  fail_on_each(seen);
   CHECK(sink.has("dropped 1 group(s), going on with 2"));
 }
 
-TEST_CASE(
+TEST_CASE_FIXTURE(
+    store_and_log,
     "elastic: NaN and outliers are rejected on all links of the group, with a log line, by "
     "default") {
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
-  log_sink sink;
   const int G = 4, L = 2, n = 8;
   auto seen = ft::on_threads(G * L, [&](int id) {
     const int g = id / L, l = id % L;
@@ -248,9 +250,7 @@ TEST_CASE(
   CHECK(sink.has("rejected group 3 in round 1: update norm"));
 }
 
-TEST_CASE("elastic: bad settings are refused with what was expected") {
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
+TEST_CASE_FIXTURE(store_and_log, "elastic: bad settings are refused with what was expected") {
   CHECK_THROWS_WITH_AS(el::link(st, 3, 3, 1, 0), doctest::Contains("group must be in [0, groups)"),
                        fedshard::invalid_argument);
   CHECK_THROWS_WITH_AS(el::link(st, 3, 0, 2, 2),
@@ -329,8 +329,7 @@ TEST_CASE(
       if (v != 3.0f) out.push_back(concat("round 1 sum ", v, " (", r.text(), ")"));
       return out;
     });
-    for (const auto& r : seen)
-      for (const auto& s : r) FAIL_CHECK(s);
+    fail_on_each(seen);
   }
 }
 

@@ -21,6 +21,7 @@
 
 #include "fedshard/comm/elastic.hpp"
 #include "fedshard/comm/signed_store.hpp"
+#include "support/error_of.hpp"
 #include "support/gloo_support.hpp"
 #include "support/log_sink.hpp"
 
@@ -79,17 +80,6 @@ std::string write_file(const std::filesystem::path& p, const std::string& bytes,
   std::ofstream(p, std::ios::binary) << bytes;
   ::chmod(p.c_str(), mode);
   return p.string();
-}
-
-/// The message of the invalid_argument that f throws ("" when it throws nothing).
-template <class F>
-std::string refusal(F&& f) {
-  try {
-    f();
-  } catch (const fedshard::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace
@@ -360,14 +350,14 @@ TEST_CASE("signed_store: the secret from an environment variable or a file") {
   }
   {
     env_var e(var, "hunter2");
-    const auto msg = refusal(load);
+    const auto msg = ft::error_of(load);
     CHECK(msg.find("environment variable FEDSHARD_TEST_SECRET is 7 bytes; at least 16") !=
           std::string::npos);
     CHECK(msg.find("hunter2") == std::string::npos);
   }
   {
     env_var e(var, "");
-    CHECK(refusal(load).find("is 0 bytes") != std::string::npos);
+    CHECK(ft::error_of(load).find("is 0 bytes") != std::string::npos);
   }
   ft::temp_dir dir;
   const auto good =
@@ -376,34 +366,35 @@ TEST_CASE("signed_store: the secret from an environment variable or a file") {
     env_var f(file_var, good);
     CHECK(load() == std::optional<std::string>("0123456789abcdef0123456789abcdef"));
     env_var e(var, "0123456789abcdef");
-    CHECK(refusal(load).find("both FEDSHARD_TEST_SECRET and FEDSHARD_TEST_SECRET_FILE are set") !=
+    CHECK(ft::error_of(load).find(
+              "both FEDSHARD_TEST_SECRET and FEDSHARD_TEST_SECRET_FILE are set") !=
           std::string::npos);
   }
   {
     env_var f(file_var, write_file(dir.path() / "open", "0123456789abcdef0123\n", 0644));
-    const auto msg = refusal(load);
+    const auto msg = ft::error_of(load);
     CHECK(msg.find("may be read or written by group or others (mode 0644)") != std::string::npos);
     CHECK(msg.find("chmod 600") != std::string::npos);
   }
   {
     env_var f(file_var, write_file(dir.path() / "short", "tiny\r\n", 0600));
-    const auto msg = refusal(load);
+    const auto msg = ft::error_of(load);
     CHECK(msg.find("named by FEDSHARD_TEST_SECRET_FILE is 4 bytes; at least 16") !=
           std::string::npos);
     CHECK(msg.find("tiny") == std::string::npos);
   }
   {
     env_var f(file_var, (dir.path() / "missing").string());
-    CHECK(refusal(load).find("cannot read the file") != std::string::npos);
+    CHECK(ft::error_of(load).find("cannot read the file") != std::string::npos);
   }
   {
     env_var f(file_var, "");
-    CHECK(refusal(load).find("FEDSHARD_TEST_SECRET_FILE is set but names no file") !=
+    CHECK(ft::error_of(load).find("FEDSHARD_TEST_SECRET_FILE is set but names no file") !=
           std::string::npos);
   }
   // Too short in the constructor, with the length and not the bytes.
   auto inner = std::make_shared<gl::file_store>(dir.path() / "store");
-  const auto msg = refusal([&] { gl::signed_store s(inner, "fifteen bytes!!"); });
+  const auto msg = ft::error_of([&] { gl::signed_store s(inner, "fifteen bytes!!"); });
   CHECK(msg.find("is 15 bytes; at least 16 are needed") != std::string::npos);
   CHECK(msg.find("fifteen") == std::string::npos);
 }
