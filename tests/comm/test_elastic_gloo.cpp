@@ -17,13 +17,13 @@
 #include <vector>
 
 #include "fedshard/comm/elastic.hpp"
+#include "support/elastic_options.hpp"
 #include "support/gloo_support.hpp"
 #include "support/log_sink.hpp"
 
 namespace {
 
-using fedshard::dtype;
-using fedshard::reduce_op;
+using namespace fedshard;
 using fedshard::detail::concat;
 namespace el = fedshard::elastic;
 namespace gl = fedshard::gloo;
@@ -44,14 +44,6 @@ void fail_on_each(const std::vector<std::vector<std::string>>& seen) {
     for (const auto& s : r) FAIL_CHECK(s);
 }
 
-el::options quick(log_sink& sink, double join = 10.0) {  // long where nobody should be missing
-  el::options o;
-  o.join_timeout = std::chrono::duration<double>(join);
-  o.transport = ft::gloo_timeout(20);
-  o.log = sink.fn();
-  return o;
-}
-
 /// The value group g's rank l puts in element i in round e.
 float value_of(int g, int l, int e, int i) {
   return 1.0f + 0.5f * g + 0.25f * l + 0.125f * e + 0.001f * i;
@@ -64,7 +56,7 @@ TEST_CASE_FIXTURE(store_and_log,
   const int G = 3, L = 2, n = 5;
   auto seen = ft::on_threads(G * L, [&](int id) {
     const int g = id / L, l = id % L;
-    el::link lk(st, G, g, L, l, quick(sink));
+    el::link lk(st, G, g, L, l, ft::elastic_options(sink));
     std::vector<std::string> rounds;
     for (int e = 0; e < 3; ++e) {
       const auto& r = lk.begin_round(10 * e + 9);
@@ -97,7 +89,7 @@ TEST_CASE_FIXTURE(
   const int G = 4, L = 2;
   auto seen = ft::on_threads(G * L, [&](int id) {
     const int g = id / L, l = id % L;
-    el::options o = quick(sink);
+    el::options o = ft::elastic_options(sink);
     o.sample = {.fraction = 0.5, .min_groups = 1, .seed = 42};
     el::link lk(st, G, g, L, l, o);
     std::vector<std::string> out;
@@ -125,7 +117,7 @@ TEST_CASE_FIXTURE(
   const int G = 3, L = 1;
   const double join = 2.0;
   auto seen = ft::on_threads(2, [&](int g) {  // group 2 is never started
-    el::link lk(st, G, g, L, 0, quick(sink, join));
+    el::link lk(st, G, g, L, 0, ft::elastic_options(sink, join));
     std::vector<double> waits;
     for (int e = 0; e < 3; ++e) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -153,7 +145,7 @@ TEST_CASE_FIXTURE(
   const double join = 3.0;
   auto seen = ft::on_threads(G, [&](int g) {
     std::vector<std::string> out;
-    auto lk = std::make_unique<el::link>(st, G, g, 1, 0, quick(sink, join));
+    auto lk = std::make_unique<el::link>(st, G, g, 1, 0, ft::elastic_options(sink, join));
     float v = static_cast<float>(g + 1);
     lk->begin_round(0);
     lk->all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
@@ -192,7 +184,7 @@ TEST_CASE_FIXTURE(
   const int G = 3;
   auto seen = ft::on_threads(G, [&](int g) {
     std::vector<std::string> out;
-    auto lk = std::make_unique<el::link>(st, G, g, 1, 0, quick(sink, 3.0));
+    auto lk = std::make_unique<el::link>(st, G, g, 1, 0, ft::elastic_options(sink, 3.0));
     lk->begin_round(0);
     if (g == 0) {
       lk.reset();
@@ -214,7 +206,7 @@ TEST_CASE_FIXTURE(
   const int G = 4, L = 2, n = 8;
   auto seen = ft::on_threads(G * L, [&](int id) {
     const int g = id / L, l = id % L;
-    el::options o = quick(sink);  // screening as it comes: no clip_ratio set here
+    el::options o = ft::elastic_options(sink);  // screening as it comes: no clip_ratio set here
     el::link lk(st, G, g, L, l, o);
     std::vector<std::string> out;
     for (int e = 0; e < 2; ++e) {
@@ -298,7 +290,7 @@ TEST_CASE(
     struct gone {};
     auto seen = ft::on_threads(G, [&](int g) {
       std::vector<std::string> out;
-      el::options o = quick(sink, 10.0);
+      el::options o = ft::elastic_options(sink, 10.0);
       const std::string w = when;
       if (g == 2 && w != "between")
         o.on_phase = [w](std::string_view phase, std::int64_t round) {
@@ -378,7 +370,7 @@ TEST_CASE("elastic: a Redis server killed mid-run and restarted loses no group")
       auto st = std::make_shared<gl::redis_store>(
           "127.0.0.1", server.port(),
           std::chrono::milliseconds(static_cast<std::int64_t>(reconnect * 1000)));
-      el::options o = quick(sink, 2.0);
+      el::options o = ft::elastic_options(sink, 2.0);
       el::link lk(st, G, g, 1, 0, o);
       for (std::int64_t e = 0; lk.round().round < rounds - 1; ++e) {
         const auto& r = lk.begin_round(e);
