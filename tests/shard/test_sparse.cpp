@@ -168,23 +168,31 @@ TEST_CASE("the sparse plan is the base plan op for op, packed to k_u per shard")
                   invalid_argument);
 }
 
+namespace {
+
+/// The sparse run of base policy P with settings s on shape ends, on every rank, with the
+/// parameters of P's dense run, bit for bit.
+template <class P>
+void check_same_as_dense(mesh_shape shape, int steps, shard::sparse_settings s) {
+  using S = sparse_alg<P>;
+  const auto a = final_params<S>(shape, steps, with<S>(s));
+  const auto b = final_params<dense_alg<P>>(shape, steps);
+  for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+}
+
+}  // namespace
+
 TEST_CASE("density 1 equals the base policy bit for bit") {
   const shard::sparse_settings all{.density = 1.0, .refresh_period = 2};
   constexpr int steps = 6;
   SUBCASE("full_shard") {
-    using S = sparse_alg<shard::full_shard>;
-    const auto a = final_params<S>({1, 1, 2}, steps, with<S>(all));
-    const auto b = final_params<dense_alg<shard::full_shard>>({1, 1, 2}, steps);
-    for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+    check_same_as_dense<shard::full_shard>({1, 1, 2}, steps, all);
   }
   SUBCASE("full_shard, per-tensor quotas and small tensors dense") {
-    using S = sparse_alg<shard::full_shard>;
     shard::sparse_settings q = all;
     q.per_tensor = true;
     q.dense_below = 13;
-    const auto a = final_params<S>({1, 1, 2}, steps, with<S>(q));
-    const auto b = final_params<dense_alg<shard::full_shard>>({1, 1, 2}, steps);
-    for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+    check_same_as_dense<shard::full_shard>({1, 1, 2}, steps, q);
   }
   SUBCASE("full_shard, bf16 parameters") {
     using S = sparse_alg<shard::full_shard>;
@@ -197,16 +205,10 @@ TEST_CASE("density 1 equals the base policy bit for bit") {
     for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
   }
   SUBCASE("shard_grad_op with replicas") {
-    using S = sparse_alg<shard::shard_grad_op>;
-    const auto a = final_params<S>({1, 2, 2}, steps, with<S>(all));
-    const auto b = final_params<dense_alg<shard::shard_grad_op>>({1, 2, 2}, steps);
-    for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+    check_same_as_dense<shard::shard_grad_op>({1, 2, 2}, steps, all);
   }
   SUBCASE("hybrid_shard") {
-    using S = sparse_alg<shard::hybrid_shard>;
-    const auto a = final_params<S>({1, 2, 2}, steps, with<S>(all));
-    const auto b = final_params<dense_alg<shard::hybrid_shard>>({1, 2, 2}, steps);
-    for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+    check_same_as_dense<shard::hybrid_shard>({1, 2, 2}, steps, all);
   }
 }
 
