@@ -73,22 +73,10 @@ TEST_CASE("scale of exact values") {
   CHECK(h[1].bits == bf16(1.0f).bits);  // 3 * float(1/3) = 1 after rounding to bf16
 }
 
-template <class X, class Y>
-struct pair_of {
-  using x = X;
-  using y = Y;
-};
-
-TEST_CASE_TEMPLATE("axpy adds a * x to y for every dtype pair", P, pair_of<float, float>,
-                   pair_of<float, double>, pair_of<float, bf16>, pair_of<float, f16>,
-                   pair_of<double, float>, pair_of<double, double>, pair_of<double, bf16>,
-                   pair_of<double, f16>, pair_of<bf16, float>, pair_of<bf16, double>,
-                   pair_of<bf16, bf16>, pair_of<bf16, f16>, pair_of<f16, float>,
-                   pair_of<f16, double>, pair_of<f16, bf16>, pair_of<f16, f16>) {
-  using X = typename P::x;
-  using Y = typename P::y;
-  using A =
-      std::conditional_t<std::is_same_v<X, double> || std::is_same_v<Y, double>, double, float>;
+TEST_CASE_TEMPLATE("axpy adds a * x to y for every dtype pair", P, FEDSHARD_TEST_ELEMENT_PAIRS) {
+  using X = typename P::first;
+  using Y = typename P::second;
+  using A = test::accum_of_t<X, Y>;
   std::mt19937 rng(5);
   std::uniform_real_distribution<double> value(-100.0, 100.0);
   const std::size_t n = 1000;

@@ -1,6 +1,6 @@
 #pragma once
 /// Test support: bit patterns of the element types (float, double, bf16, f16), for checks
-/// that compare results bit for bit.
+/// that compare results bit for bit, and every pair of them as TEST_CASE_TEMPLATE arguments.
 
 #include <bit>
 #include <cstdint>
@@ -47,4 +47,33 @@ bool same_value(T a, T b) {
   return same_bits(a, b);
 }
 
+/// Two element types, one TEST_CASE_TEMPLATE argument (FEDSHARD_TEST_ELEMENT_PAIRS).
+template <class A, class B>
+struct type_pair {
+  using first = A;
+  using second = B;
+};
+
+/// The type two element types accumulate in: double if either is double, else float.
+template <class A, class B>
+using accum_of_t =
+    std::conditional_t<std::is_same_v<A, double> || std::is_same_v<B, double>, double, float>;
+
 }  // namespace fedshard::test
+
+/// The 16 ordered pairs of float, double, bf16 and f16.
+#define FEDSHARD_TEST_ELEMENT_PAIRS                                                              \
+  fedshard::test::type_pair<float, float>, fedshard::test::type_pair<float, double>,             \
+      fedshard::test::type_pair<float, fedshard::bf16>,                                          \
+      fedshard::test::type_pair<float, fedshard::f16>, fedshard::test::type_pair<double, float>, \
+      fedshard::test::type_pair<double, double>,                                                 \
+      fedshard::test::type_pair<double, fedshard::bf16>,                                         \
+      fedshard::test::type_pair<double, fedshard::f16>,                                          \
+      fedshard::test::type_pair<fedshard::bf16, float>,                                          \
+      fedshard::test::type_pair<fedshard::bf16, double>,                                         \
+      fedshard::test::type_pair<fedshard::bf16, fedshard::bf16>,                                 \
+      fedshard::test::type_pair<fedshard::bf16, fedshard::f16>,                                  \
+      fedshard::test::type_pair<fedshard::f16, float>,                                           \
+      fedshard::test::type_pair<fedshard::f16, double>,                                          \
+      fedshard::test::type_pair<fedshard::f16, fedshard::bf16>,                                  \
+      fedshard::test::type_pair<fedshard::f16, fedshard::f16>
