@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fedshard/comm/inproc.hpp"
+#include "support/error_of.hpp"
 #include "support/spawn_ranks.hpp"
 
 namespace {
@@ -201,17 +202,6 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-/// The message of the invalid_argument f throws ("" if it throws nothing).
-template <class F>
-std::string invalid_message(F&& f) {
-  try {
-    f();
-  } catch (const fedshard::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST_CASE("front-ends: all_reduce passes pointers, size and dtype; sizes must match") {
@@ -228,7 +218,7 @@ TEST_CASE("front-ends: all_reduce passes pointers, size and dtype; sizes must ma
   CHECK(c.calls[0].op == reduce_op::min);
 
   std::vector<double> short_out(4);
-  const std::string msg = invalid_message([&] {
+  const std::string msg = fedshard::test::error_of([&] {
     fedshard::all_reduce(c, std::span<const double>(in), std::span<double>(short_out),
                          reduce_op::sum);
   });
@@ -276,7 +266,7 @@ TEST_CASE("front-ends: all_gather needs out = in * size and passes the input cou
   std::vector<f16> wrong(11);
   for (bool async : {false, true}) {
     CAPTURE(async);
-    const std::string msg = invalid_message([&] {
+    const std::string msg = fedshard::test::error_of([&] {
       if (async)
         (void)fedshard::all_gather_async(c, std::span<const f16>(in), std::span<f16>(wrong));
       else
@@ -310,7 +300,7 @@ TEST_CASE("front-ends: reduce_scatter needs in = out * size and passes the outpu
   std::vector<float> wrong(7);
   for (bool async : {false, true}) {
     CAPTURE(async);
-    const std::string msg = invalid_message([&] {
+    const std::string msg = fedshard::test::error_of([&] {
       if (async)
         (void)fedshard::reduce_scatter_async(c, std::span<const float>(wrong),
                                              std::span<float>(out), reduce_op::sum);

@@ -17,13 +17,13 @@
 #include <vector>
 
 #include "fedshard/comm/elastic.hpp"
+#include "support/elastic_options.hpp"
 #include "support/gloo_support.hpp"
 #include "support/log_sink.hpp"
 
 namespace {
 
-using fedshard::dtype;
-using fedshard::reduce_op;
+using namespace fedshard;
 using fedshard::detail::concat;
 namespace el = fedshard::elastic;
 namespace gl = fedshard::gloo;
@@ -31,12 +31,17 @@ namespace ft = fedshard::test;
 
 using ft::log_sink;
 
-el::options quick(log_sink& sink, double join = 10.0) {  // long where nobody should be missing
-  el::options o;
-  o.join_timeout = std::chrono::duration<double>(join);
-  o.transport = ft::gloo_timeout(20);
-  o.log = sink.fn();
-  return o;
+/// A fresh file store in a temporary directory, and the sink of the links' log.
+struct store_and_log {
+  ft::temp_dir dir;
+  std::shared_ptr<gl::file_store> st = std::make_shared<gl::file_store>(dir.path());
+  log_sink sink;
+};
+
+/// One failed check per complaint a group's thread wrote down.
+void fail_on_each(const std::vector<std::vector<std::string>>& seen) {
+  for (const auto& r : seen)
+    for (const auto& s : r) FAIL_CHECK(s);
 }
 
 /// The value group g's rank l puts in element i in round e.
@@ -46,14 +51,12 @@ float value_of(int g, int l, int e, int i) {
 
 }  // namespace
 
-TEST_CASE("elastic: with every group there the round is everyone's and the mean is exact") {
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
-  log_sink sink;
+TEST_CASE_FIXTURE(store_and_log,
+                  "elastic: with every group there the round is everyone's and the mean is exact") {
   const int G = 3, L = 2, n = 5;
   auto seen = ft::on_threads(G * L, [&](int id) {
     const int g = id / L, l = id % L;
-    el::link lk(st, G, g, L, l, quick(sink));
+    el::link lk(st, G, g, L, l, ft::elastic_options(sink));
     std::vector<std::string> rounds;
     for (int e = 0; e < 3; ++e) {
       const auto& r = lk.begin_round(10 * e + 9);
@@ -80,14 +83,13 @@ TEST_CASE("elastic: with every group there the round is everyone's and the mean 
   CHECK(seen[0][2].find("round 2 (step 29)") != std::string::npos);
 }
 
-TEST_CASE("elastic: partial participation samples the same groups everywhere and averages them") {
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
-  log_sink sink;
+TEST_CASE_FIXTURE(
+    store_and_log,
+    "elastic: partial participation samples the same groups everywhere and averages them") {
   const int G = 4, L = 2;
   auto seen = ft::on_threads(G * L, [&](int id) {
     const int g = id / L, l = id % L;
-    el::options o = quick(sink);
+    el::options o = ft::elastic_options(sink);
     o.sample = {.fraction = 0.5, .min_groups = 1, .seed = 42};
     el::link lk(st, G, g, L, l, o);
     std::vector<std::string> out;
@@ -109,15 +111,13 @@ TEST_CASE("elastic: partial participation samples the same groups everywhere and
   for (const auto& s : seen[0]) CHECK(s.size() == 2);  // no error lines
 }
 
-TEST_CASE(
+TEST_CASE_FIXTURE(
+    store_and_log,
     "elastic: a group that never comes is left out after the join timeout, then not waited for") {
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
-  log_sink sink;
   const int G = 3, L = 1;
   const double join = 2.0;
   auto seen = ft::on_threads(2, [&](int g) {  // group 2 is never started
-    el::link lk(st, G, g, L, 0, quick(sink, join));
+    el::link lk(st, G, g, L, 0, ft::elastic_options(sink, join));
     std::vector<double> waits;
     for (int e = 0; e < 3; ++e) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -138,15 +138,14 @@ TEST_CASE(
   CHECK(sink.has("left out {2}"));
 }
 
-TEST_CASE("elastic: a member that dies inside a round: the others retry without it and go on") {
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
-  log_sink sink;
+TEST_CASE_FIXTURE(
+    store_and_log,
+    "elastic: a member that dies inside a round: the others retry without it and go on") {
   const int G = 3;
   const double join = 3.0;
   auto seen = ft::on_threads(G, [&](int g) {
     std::vector<std::string> out;
-    auto lk = std::make_unique<el::link>(st, G, g, 1, 0, quick(sink, join));
+    auto lk = std::make_unique<el::link>(st, G, g, 1, 0, ft::elastic_options(sink, join));
     float v = static_cast<float>(g + 1);
     lk->begin_round(0);
     lk->all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
@@ -171,23 +170,21 @@ TEST_CASE("elastic: a member that dies inside a round: the others retry without 
     if (v != 3.0f) out.push_back(concat("round 2 sum ", v));
     return out;
   });
-  for (const auto& r : seen)
-    for (const auto& s : r) FAIL_CHECK(s);
+  fail_on_each(seen);
   CHECK(sink.has("failed ("));
   CHECK(sink.has("dropped 1 group(s), going on with 2"));
 }
 
-TEST_CASE("elastic: the lowest member dies inside a round: the survivors' mean is theirs alone") {
+TEST_CASE_FIXTURE(
+    store_and_log,
+    "elastic: the lowest member dies inside a round: the survivors' mean is theirs alone") {
   // Groups 0, 1, 2 put in 1, 2, 3; group 0 leaves the round before the all_reduce, so the
   // retry among groups 1 and 2 averages (2 + 3) / 2 = 2.5 on both (the members the retry
   // dropped are no longer read from the gathered blocks).
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
-  log_sink sink;
   const int G = 3;
   auto seen = ft::on_threads(G, [&](int g) {
     std::vector<std::string> out;
-    auto lk = std::make_unique<el::link>(st, G, g, 1, 0, quick(sink, 3.0));
+    auto lk = std::make_unique<el::link>(st, G, g, 1, 0, ft::elastic_options(sink, 3.0));
     lk->begin_round(0);
     if (g == 0) {
       lk.reset();
@@ -198,21 +195,18 @@ TEST_CASE("elastic: the lowest member dies inside a round: the survivors' mean i
     if (v != 2.5f) out.push_back(concat("group ", g, ": round 0 mean ", v));
     return out;
   });
-  for (const auto& r : seen)
-    for (const auto& s : r) FAIL_CHECK(s);
+  fail_on_each(seen);
   CHECK(sink.has("dropped 1 group(s), going on with 2"));
 }
 
-TEST_CASE(
+TEST_CASE_FIXTURE(
+    store_and_log,
     "elastic: NaN and outliers are rejected on all links of the group, with a log line, by "
     "default") {
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
-  log_sink sink;
   const int G = 4, L = 2, n = 8;
   auto seen = ft::on_threads(G * L, [&](int id) {
     const int g = id / L, l = id % L;
-    el::options o = quick(sink);  // screening as it comes: no clip_ratio set here
+    el::options o = ft::elastic_options(sink);  // screening as it comes: no clip_ratio set here
     el::link lk(st, G, g, L, l, o);
     std::vector<std::string> out;
     for (int e = 0; e < 2; ++e) {
@@ -248,9 +242,7 @@ TEST_CASE(
   CHECK(sink.has("rejected group 3 in round 1: update norm"));
 }
 
-TEST_CASE("elastic: bad settings are refused with what was expected") {
-  ft::temp_dir dir;
-  auto st = std::make_shared<gl::file_store>(dir.path());
+TEST_CASE_FIXTURE(store_and_log, "elastic: bad settings are refused with what was expected") {
   CHECK_THROWS_WITH_AS(el::link(st, 3, 3, 1, 0), doctest::Contains("group must be in [0, groups)"),
                        fedshard::invalid_argument);
   CHECK_THROWS_WITH_AS(el::link(st, 3, 0, 2, 2),
@@ -298,7 +290,7 @@ TEST_CASE(
     struct gone {};
     auto seen = ft::on_threads(G, [&](int g) {
       std::vector<std::string> out;
-      el::options o = quick(sink, 10.0);
+      el::options o = ft::elastic_options(sink, 10.0);
       const std::string w = when;
       if (g == 2 && w != "between")
         o.on_phase = [w](std::string_view phase, std::int64_t round) {
@@ -329,8 +321,7 @@ TEST_CASE(
       if (v != 3.0f) out.push_back(concat("round 1 sum ", v, " (", r.text(), ")"));
       return out;
     });
-    for (const auto& r : seen)
-      for (const auto& s : r) FAIL_CHECK(s);
+    fail_on_each(seen);
   }
 }
 
@@ -379,7 +370,7 @@ TEST_CASE("elastic: a Redis server killed mid-run and restarted loses no group")
       auto st = std::make_shared<gl::redis_store>(
           "127.0.0.1", server.port(),
           std::chrono::milliseconds(static_cast<std::int64_t>(reconnect * 1000)));
-      el::options o = quick(sink, 2.0);
+      el::options o = ft::elastic_options(sink, 2.0);
       el::link lk(st, G, g, 1, 0, o);
       for (std::int64_t e = 0; lk.round().round < rounds - 1; ++e) {
         const auto& r = lk.begin_round(e);

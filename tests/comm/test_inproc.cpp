@@ -21,8 +21,7 @@
 
 namespace {
 
-using fedshard::dtype;
-using fedshard::reduce_op;
+using namespace fedshard;
 using fedshard::detail::concat;
 using fedshard::inproc::communicator;
 namespace ft = fedshard::test;

@@ -21,14 +21,14 @@
 
 #include "fedshard/comm/elastic.hpp"
 #include "fedshard/comm/signed_store.hpp"
+#include "support/elastic_options.hpp"
+#include "support/error_of.hpp"
 #include "support/gloo_support.hpp"
 #include "support/log_sink.hpp"
 
 namespace {
 
-using fedshard::dtype;
-using fedshard::reduce_op;
-using fedshard::detail::concat;
+using namespace fedshard;
 namespace el = fedshard::elastic;
 namespace gl = fedshard::gloo;
 namespace ft = fedshard::test;
@@ -48,12 +48,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 using ft::log_sink;
 
+/// The links' options, under the job name the rogue writes as.
 el::options quick(log_sink& sink, double join, double op = 20.0) {
-  el::options o;
+  el::options o = ft::elastic_options(sink, join, op);
   o.job = "job";
-  o.join_timeout = std::chrono::duration<double>(join);
-  o.transport = ft::gloo_timeout(op);
-  o.log = sink.fn();
   return o;
 }
 
@@ -79,17 +77,6 @@ std::string write_file(const std::filesystem::path& p, const std::string& bytes,
   std::ofstream(p, std::ios::binary) << bytes;
   ::chmod(p.c_str(), mode);
   return p.string();
-}
-
-/// The message of the invalid_argument that f throws ("" when it throws nothing).
-template <class F>
-std::string refusal(F&& f) {
-  try {
-    f();
-  } catch (const fedshard::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace
@@ -232,17 +219,18 @@ TEST_CASE("signed_store: a rogue's arrival and forged decision do not reach elas
     const auto& r = lk.begin_round(0);
     const double waited = seconds_since(t0);
     if (waited < 0.9 * join || waited > join + 2.0)
-      out.push_back(concat("round 0 took ", waited, " s (join timeout ", join, " s)"));
+      out.push_back(detail::concat("round 0 took ", waited, " s (join timeout ", join, " s)"));
     if (r.members != std::vector<int>{0, 1} || r.left_out != std::vector<int>{2} ||
         r.participants != std::vector<int>{0, 1})
       out.push_back("round 0: " + r.text());
     auto v = in[static_cast<std::size_t>(g)];
     lk.all_reduce(v.data(), v.data(), 3, dtype::f32, reduce_op::avg);
     if (v != std::vector<float>{2.0f, 1.5f, 2.0f})
-      out.push_back(concat("round 0 mean ", v[0], ' ', v[1], ' ', v[2]));
+      out.push_back(detail::concat("round 0 mean ", v[0], ' ', v[1], ' ', v[2]));
     t0 = std::chrono::steady_clock::now();
     const auto& r1 = lk.begin_round(1);  // group 2 never counted as there: not waited for
-    if (seconds_since(t0) > 0.9 * join) out.push_back(concat("round 1 took ", seconds_since(t0)));
+    if (seconds_since(t0) > 0.9 * join)
+      out.push_back(detail::concat("round 1 took ", seconds_since(t0)));
     if (r1.members != std::vector<int>{0, 1}) out.push_back("round 1: " + r1.text());
     return out;
   });
@@ -269,10 +257,10 @@ TEST_CASE("signed_store: with both groups of 2 there a forged decision does not 
     float v = g == 0 ? 0.25f : 1.75f;  // mean 1.0
     lk.all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
     const double took = seconds_since(t0);
-    if (took >= 1.0) out.push_back(concat("round 0 took ", took, " s"));
+    if (took >= 1.0) out.push_back(detail::concat("round 0 took ", took, " s"));
     if (r.members != std::vector<int>{0, 1} || !r.left_out.empty())
       out.push_back("round 0: " + r.text());
-    if (v != 1.0f) out.push_back(concat("mean ", v));
+    if (v != 1.0f) out.push_back(detail::concat("mean ", v));
     return out;
   });
   for (const auto& r : seen)
@@ -296,7 +284,7 @@ TEST_CASE("signed_store: without signing the same forgery takes round 0 from the
       out.push_back("round: " + r.text());
     float v = g == 0 ? 0.25f : 1.75f;  // only group 0's value is combined
     lk.all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
-    if (v != 0.25f) out.push_back(concat("mean ", v));
+    if (v != 0.25f) out.push_back(detail::concat("mean ", v));
     return out;
   });
   for (const auto& r : seen)
@@ -327,7 +315,7 @@ TEST_CASE("signed_store: elastic rounds with every group there give the exact me
       lk.all_reduce(v.data(), v.data(), n, dtype::f32, reduce_op::avg);
       for (int i = 0; i < n; ++i) {
         const float want = (value_of(0, l, e, i) + value_of(1, l, e, i) + value_of(2, l, e, i)) / 3;
-        if (v[i] != want) out.push_back(concat("round ", e, " element ", i, ": ", v[i]));
+        if (v[i] != want) out.push_back(detail::concat("round ", e, " element ", i, ": ", v[i]));
       }
     }
     return out;
@@ -360,14 +348,14 @@ TEST_CASE("signed_store: the secret from an environment variable or a file") {
   }
   {
     env_var e(var, "hunter2");
-    const auto msg = refusal(load);
+    const auto msg = ft::error_of(load);
     CHECK(msg.find("environment variable FEDSHARD_TEST_SECRET is 7 bytes; at least 16") !=
           std::string::npos);
     CHECK(msg.find("hunter2") == std::string::npos);
   }
   {
     env_var e(var, "");
-    CHECK(refusal(load).find("is 0 bytes") != std::string::npos);
+    CHECK(ft::error_of(load).find("is 0 bytes") != std::string::npos);
   }
   ft::temp_dir dir;
   const auto good =
@@ -376,34 +364,35 @@ TEST_CASE("signed_store: the secret from an environment variable or a file") {
     env_var f(file_var, good);
     CHECK(load() == std::optional<std::string>("0123456789abcdef0123456789abcdef"));
     env_var e(var, "0123456789abcdef");
-    CHECK(refusal(load).find("both FEDSHARD_TEST_SECRET and FEDSHARD_TEST_SECRET_FILE are set") !=
+    CHECK(ft::error_of(load).find(
+              "both FEDSHARD_TEST_SECRET and FEDSHARD_TEST_SECRET_FILE are set") !=
           std::string::npos);
   }
   {
     env_var f(file_var, write_file(dir.path() / "open", "0123456789abcdef0123\n", 0644));
-    const auto msg = refusal(load);
+    const auto msg = ft::error_of(load);
     CHECK(msg.find("may be read or written by group or others (mode 0644)") != std::string::npos);
     CHECK(msg.find("chmod 600") != std::string::npos);
   }
   {
     env_var f(file_var, write_file(dir.path() / "short", "tiny\r\n", 0600));
-    const auto msg = refusal(load);
+    const auto msg = ft::error_of(load);
     CHECK(msg.find("named by FEDSHARD_TEST_SECRET_FILE is 4 bytes; at least 16") !=
           std::string::npos);
     CHECK(msg.find("tiny") == std::string::npos);
   }
   {
     env_var f(file_var, (dir.path() / "missing").string());
-    CHECK(refusal(load).find("cannot read the file") != std::string::npos);
+    CHECK(ft::error_of(load).find("cannot read the file") != std::string::npos);
   }
   {
     env_var f(file_var, "");
-    CHECK(refusal(load).find("FEDSHARD_TEST_SECRET_FILE is set but names no file") !=
+    CHECK(ft::error_of(load).find("FEDSHARD_TEST_SECRET_FILE is set but names no file") !=
           std::string::npos);
   }
   // Too short in the constructor, with the length and not the bytes.
   auto inner = std::make_shared<gl::file_store>(dir.path() / "store");
-  const auto msg = refusal([&] { gl::signed_store s(inner, "fifteen bytes!!"); });
+  const auto msg = ft::error_of([&] { gl::signed_store s(inner, "fifteen bytes!!"); });
   CHECK(msg.find("is 15 bytes; at least 16 are needed") != std::string::npos);
   CHECK(msg.find("fifteen") == std::string::npos);
 }
@@ -442,8 +431,9 @@ TEST_CASE(
   }
   auto inner = std::make_shared<gl::redis_store>("127.0.0.1", server.port());
   auto st = std::make_shared<gl::signed_store>(inner, secret_a);
-  const auto job = concat("signed-", ::getpid());  // a shared server: keys of this process only
-  std::vector<char> zeros(40, '\0');               // a tag and a value may hold NUL bytes
+  const auto job =
+      detail::concat("signed-", ::getpid());  // a shared server: keys of this process only
+  std::vector<char> zeros(40, '\0');          // a tag and a value may hold NUL bytes
   CHECK(st->try_set(job + "/zeros", zeros));
   CHECK_FALSE(st->try_set(job + "/zeros", gl::bytes_of("other")));
   CHECK(st->get(job + "/zeros") == zeros);
@@ -518,11 +508,13 @@ TEST_CASE("signed_store: a rogue writing fake arrivals and beats all along stall
         for (int i = 0; !done.load(); ++i) {
           for (int e = 0; e < 6; ++e) {
             for (int g = 0; g < 3; ++g)
-              inner->set(concat("job/r", e, "/arrive/", g, "/0"), gl::bytes_of("0 member 1"));
-            inner->set(concat("job/r", e, "/decision"), gl::bytes_of("0 0 2\n1 2\n1 2\n0\n0\n"));
+              inner->set(detail::concat("job/r", e, "/arrive/", g, "/0"),
+                         gl::bytes_of("0 member 1"));
+            inner->set(detail::concat("job/r", e, "/decision"),
+                       gl::bytes_of("0 0 2\n1 2\n1 2\n0\n0\n"));
           }
           for (int g = 0; g < 3; ++g)
-            inner->set(concat("job/beat/", g), gl::bytes_of(concat("1 ", i)));
+            inner->set(detail::concat("job/beat/", g), gl::bytes_of(detail::concat("1 ", i)));
           std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
       });
@@ -538,7 +530,7 @@ TEST_CASE("signed_store: a rogue writing fake arrivals and beats all along stall
         float v = g == 0 ? 0.25f : 1.75f;
         lk.all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
         if (r.members != std::vector<int>{0, 1} || v != 1.0f)
-          out.push_back(concat("round ", e, ": ", r.text(), " mean ", v));
+          out.push_back(detail::concat("round ", e, ": ", r.text(), " mean ", v));
         slowest[static_cast<std::size_t>(g)] =
             std::max(slowest[static_cast<std::size_t>(g)], seconds_since(t_round));
       }

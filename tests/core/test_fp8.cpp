@@ -4,14 +4,17 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
+#include "support/bits.hpp"
+
 namespace {
 
 using fedshard::fp8_e4m3;
+using fedshard::test::bits_of;
+using fedshard::test::float_of;
 
 /// The exact value of an E4M3 pattern from the format's definition (NaN for 0x7F/0xFF).
 double value_ref(std::uint32_t b) {
@@ -40,18 +43,6 @@ std::uint8_t round_ref(double x) {
     if (d < db || (d == db && (c & 1u) == 0)) best = c;
   }
   return static_cast<std::uint8_t>(sign | best);
-}
-
-float float_of(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "fedshard/space/host_space.hpp"
 #include "fedshard/trainer/trainer.hpp"
 #include "gpu/device_mlp.hpp"
+#include "support/plain_units.hpp"
 
 namespace {
 
@@ -23,30 +24,14 @@ using fedshard_examples::mlp_batch;
 using fedshard_examples::mlp_config;
 
 /// A step context over plain full buffers of a host space (one rank, no sharding).
-struct plain_ctx {
+struct plain_ctx : fedshard::test::plain_units {
   using space_type = fedshard::space::host_space;
   space_type sp;
   space_type::stream st;
-  fedshard::flat_layout l;
-  std::vector<std::vector<float>> p, g;
 
-  explicit plain_ctx(const host_mlp& m) : l(m.units(), 1) {
-    for (std::size_t u = 0; u < l.num_units(); ++u) {
-      auto v = m.initial_values(l, u);
-      v.resize(l.unit(u).padded_numel, 0.0f);
-      p.push_back(v);
-      g.emplace_back(v.size(), 0.0f);
-    }
-  }
+  using plain_units::plain_units;
   space_type& space() { return sp; }
   space_type::stream& stream() { return st; }
-  const fedshard::flat_layout& layout() const { return l; }
-  std::span<const float> acquire(std::size_t u, fedshard::phase = fedshard::phase::forward) {
-    return p[u];
-  }
-  void release(std::size_t) {}
-  std::span<float> grad_buffer(std::size_t u) { return g[u]; }
-  void grads_ready(std::size_t) {}
 };
 
 void check_gradients(mlp_config cfg) {

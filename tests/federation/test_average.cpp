@@ -9,14 +9,13 @@
 #include <vector>
 
 #include "support/op_lists.hpp"
+#include "support/policy_checks.hpp"
 
 using namespace fedshard;
 using fedshard::federation::average;
 
 TEST_CASE("average models FederationPolicy, syncs the parameters only, without weights") {
-  CHECK(federation::FederationPolicy<average>);
-  CHECK(average::name == "average");
-  CHECK(average::syncs);
+  test::check_federation_policy<average>("average", true);
   CHECK(average({}, {16}).state().empty());  // nothing to checkpoint
 }
 
@@ -35,29 +34,11 @@ TEST_CASE("average's sync plan, written out: the parameters only, no weights, no
   SUBCASE("hierarchical: each replica averages its half, then the replicas gather") {
     // all_reduce of 16 f32 = 64 B over the 2 groups: each rank sends 2 (2 - 1) / 2 x 64 = 64 B;
     // all_gather of the 128 B fragment over the 2 replicas: (2 - 1) / 2 x 128 = 64 B.
-    const std::vector<comm_op> want{{.kind = comm_kind::all_reduce,
-                                     .axis = axis::federation,
-                                     .dtype = dtype::f32,
-                                     .bytes = 64,
-                                     .ranks = 2,
-                                     .reduce = reduce_op::avg,
-                                     .trigger = trigger::sync_exchange,
-                                     .phase = phase::sync,
-                                     .fragment = 3,
-                                     .in = half,
-                                     .out = half,
-                                     .overlappable = false},
-                                    {.kind = comm_kind::all_gather,
-                                     .axis = axis::replica,
-                                     .dtype = dtype::f32,
-                                     .bytes = 128,
-                                     .ranks = 2,
-                                     .trigger = trigger::sync_finish,
-                                     .phase = phase::sync,
-                                     .fragment = 3,
-                                     .in = half,
-                                     .out = fragment,
-                                     .overlappable = false}};
+    const std::vector<comm_op> want{
+        test::sync_op(comm_kind::all_reduce, axis::federation, dtype::f32, 64, 2, reduce_op::avg,
+                      trigger::sync_exchange, 3, half, half),
+        test::sync_op(comm_kind::all_gather, axis::replica, dtype::f32, 128, 2, {},
+                      trigger::sync_finish, 3, half, fragment)};
     for (int replica : {0, 1}) {
       CAPTURE(replica);
       const plan p =
@@ -70,31 +51,12 @@ TEST_CASE("average's sync plan, written out: the parameters only, no weights, no
   SUBCASE("reference: replica 0 averages the whole fragment, then broadcasts it") {
     // all_reduce of 128 B over the 2 groups: 2 (2 - 1) / 2 x 128 = 128 B sent by replica 0;
     // the broadcast from replica 0: 128 B (bus factor 1); replica 1 only receives it.
-    const comm_op bcast{.kind = comm_kind::broadcast,
-                        .axis = axis::replica,
-                        .dtype = dtype::f32,
-                        .bytes = 128,
-                        .ranks = 2,
-                        .root = 0,
-                        .trigger = trigger::sync_finish,
-                        .phase = phase::sync,
-                        .fragment = 3,
-                        .in = {},
-                        .out = fragment,
-                        .overlappable = false};
-    const std::vector<comm_op> want0{{.kind = comm_kind::all_reduce,
-                                      .axis = axis::federation,
-                                      .dtype = dtype::f32,
-                                      .bytes = 128,
-                                      .ranks = 2,
-                                      .reduce = reduce_op::avg,
-                                      .trigger = trigger::sync_exchange,
-                                      .phase = phase::sync,
-                                      .fragment = 3,
-                                      .in = fragment,
-                                      .out = fragment,
-                                      .overlappable = false},
-                                     bcast};
+    const comm_op bcast = test::sync_op(comm_kind::broadcast, axis::replica, dtype::f32, 128, 2, {},
+                                        trigger::sync_finish, 3, {}, fragment);
+    const std::vector<comm_op> want0{
+        test::sync_op(comm_kind::all_reduce, axis::federation, dtype::f32, 128, 2, reduce_op::avg,
+                      trigger::sync_exchange, 3, fragment, fragment),
+        bcast};
     const average a({federation::sync_mode::reference}, {32});
     const plan p0 = a.sync_plan(ctx_at(0));
     CHECK(test::compare_ops(p0.ops, want0) == "");

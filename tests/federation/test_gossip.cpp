@@ -62,6 +62,20 @@ std::set<std::pair<int, int>> edges(const gossip_config& c, int G, std::int64_t 
   return out;
 }
 
+/// Runs body(mesh, interpreter, layout) on every rank of shape: the rank's mesh over an inproc
+/// world, an interpreter over it and the two units laid out over the shape's shards; then
+/// waits for every plan the body left in flight.
+template <class F>
+void on_gossip_ranks(const mesh_shape& shape, F body) {
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    interpreter<inproc::communicator> in(m);
+    const flat_layout l(two_units(), shape.shards);
+    body(m, in, l);
+    in.wait_all();
+  });
+}
+
 }  // namespace
 
 TEST_CASE("each group's peer count is the degree; with G odd at degree 1 one group is idle") {
@@ -119,10 +133,7 @@ TEST_CASE("every rank runs the same matching: each receives its peers' stepped m
   auto value = [](int g, int k) { return 1.0f + static_cast<float>(g) + 10.0f * k; };
   std::mutex mu;
   std::vector<std::vector<std::vector<int>>> peers_seen(4, std::vector<std::vector<int>>(12));
-  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
-    mesh m(world, shape);
-    interpreter<inproc::communicator> in(m);
-    const flat_layout l(two_units(), 1);
+  on_gossip_ranks(shape, [&](auto& m, auto& in, const flat_layout& l) {
     synchronizer<gossip, schedule::periodic> s(cfg, {.period = 1}, l, shape, m.coords(), 0);
     const int g = m.coords().group;
     std::vector<float> master(l.total_shard_numel(), 0.0f);
@@ -146,9 +157,8 @@ TEST_CASE("every rank runs the same matching: each receives its peers' stepped m
         CHECK(theirs + zeros == got.size());
       }
       std::lock_guard lock(mu);
-      peers_seen[static_cast<std::size_t>(k)][static_cast<std::size_t>(world.rank())] = expected;
+      peers_seen[static_cast<std::size_t>(k)][static_cast<std::size_t>(m.rank())] = expected;
     }
-    in.wait_all();
   });
   for (int k = 0; k < 4; ++k) {
     const auto& seen = peers_seen[static_cast<std::size_t>(k)];
@@ -172,10 +182,7 @@ TEST_CASE(
   const mesh_shape shape{5, 1, 2};
   const gossip_config cfg{
       .degree = 1, .alpha = 0.5f, .lr = 1.0f, .momentum = 0.0f, .nesterov = false, .seed = 5};
-  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
-    mesh m(world, shape);
-    interpreter<inproc::communicator> in(m);
-    const flat_layout l(two_units(), 2);
+  on_gossip_ranks(shape, [&](auto& m, auto& in, const flat_layout& l) {
     synchronizer<gossip, schedule::periodic> s(cfg, {.period = 1}, l, shape, m.coords(), 0);
     const int g = m.coords().group;
     std::vector<float> master(l.total_shard_numel(), 0.0f);
@@ -187,7 +194,6 @@ TEST_CASE(
         peers.empty() ? static_cast<float>(3 * g + 1)
                       : (static_cast<float>(3 * g + 1) + static_cast<float>(3 * peers[0] + 1)) / 2;
     for (float x : master) CHECK(x == expected);
-    in.wait_all();
   });
 }
 
@@ -199,10 +205,7 @@ TEST_CASE("the complete graph with α = 1/G is DiLoCo's outer step (bit for bit 
   for (sync_mode mode : {sync_mode::hierarchical, sync_mode::reference}) {
     CAPTURE(to_string(mode));
     const mesh_shape shape{4, 2, 1};
-    test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
-      mesh m(world, shape);
-      interpreter<inproc::communicator> in(m);
-      const flat_layout l(two_units(), 1);
+    on_gossip_ranks(shape, [&](auto& m, auto& in, const flat_layout& l) {
       const int g = m.coords().group;
       for (const auto& [lr, mu, rounds] : {std::tuple{0.5f, 0.5f, 3}, std::tuple{0.7f, 0.9f, 3}}) {
         synchronizer<gossip, schedule::periodic> gs({.sync = mode,
@@ -231,7 +234,6 @@ TEST_CASE("the complete graph with α = 1/G is DiLoCo's outer step (bit for bit 
         }
         CHECK(gs.policy().outer_steps(0) == rounds);
       }
-      in.wait_all();
     });
   }
 }
@@ -243,10 +245,7 @@ TEST_CASE("the wire carries each round's plan: O(degree) bytes, whatever G") {
       CAPTURE(degree);
       const mesh_shape shape{5, 2, 1};  // odd G: at degree 1 one group idles each round
       const gossip_config cfg{.sync = mode, .degree = degree, .alpha = 0.25f, .seed = 2};
-      test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
-        mesh m(world, shape);
-        interpreter<inproc::communicator> in(m);
-        const flat_layout l(two_units(), 1);
+      on_gossip_ranks(shape, [&](auto& m, auto& in, const flat_layout& l) {
         synchronizer<gossip, schedule::periodic> s(cfg, {.period = 1}, l, shape, m.coords(), 0);
         const int g = m.coords().group;
         std::vector<float> master(l.total_shard_numel(), 1.0f);
@@ -266,7 +265,6 @@ TEST_CASE("the wire carries each round's plan: O(degree) bytes, whatever G") {
           CHECK(s.sync_plan(0).wire_bytes_on(axis::federation) ==
                 static_cast<double>(peers) * share * static_cast<double>(numel * 4));
         }
-        in.wait_all();
       });
     }
 }
@@ -332,10 +330,7 @@ TEST_CASE("a checkpoint between rounds keeps the anchors, the momentum and the r
   // which then runs rounds 2 and 3 with the matchings and the state the first one has.
   const mesh_shape shape{4, 1, 1};
   const gossip_config cfg{.degree = 1, .alpha = 0.5f, .seed = 21};
-  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
-    mesh m(world, shape);
-    interpreter<inproc::communicator> in(m);
-    const flat_layout l(two_units(), 1);
+  on_gossip_ranks(shape, [&](auto& m, auto& in, const flat_layout& l) {
     using S = synchronizer<gossip, schedule::periodic>;
     const int g = m.coords().group;
     S a(cfg, {.period = 1}, l, shape, m.coords(), 0);
@@ -363,7 +358,6 @@ TEST_CASE("a checkpoint between rounds keeps the anchors, the momentum and the r
       CHECK(a.sync_plan(0).ops == b.sync_plan(0).ops);
     }
     CHECK(b.policy().outer_steps(0) == 4);
-    in.wait_all();
   });
 }
 
@@ -422,10 +416,7 @@ TEST_CASE("streaming gossip: each fragment has its own rounds; the wire is each 
   // 8 steps, its exchanges in flight for a step while the other fragment's may start.
   const mesh_shape shape{4, 1, 2};
   const gossip_config cfg{.degree = 2, .alpha = 0.25f, .seed = 8};
-  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
-    mesh m(world, shape);
-    interpreter<inproc::communicator> in(m);
-    const flat_layout l(two_units(), 2);
+  on_gossip_ranks(shape, [&](auto& m, auto& in, const flat_layout& l) {
     synchronizer<gossip, schedule::streaming> s(
         cfg, {.period = 4, .fragments = 2, .delay = 1, .alpha = 0.5f}, l, shape, m.coords(), 0);
     const int g = m.coords().group;
@@ -447,6 +438,5 @@ TEST_CASE("streaming gossip: each fragment has its own rounds; the wire is each 
     CHECK(applied == std::vector<std::int64_t>{2, 2});
     CHECK(in.traffic().same_traffic(planned));
     for (float x : master) CHECK(std::isfinite(x));
-    in.wait_all();
   });
 }

@@ -20,6 +20,7 @@
 #include "support/files.hpp"
 #include "support/op_lists.hpp"
 #include "support/plan_checks.hpp"
+#include "support/policy_checks.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
 
@@ -105,6 +106,15 @@ float holders_mean(shard::group_set h, std::size_t u, std::size_t i) {
   return s / static_cast<float>(std::popcount(h));
 }
 
+/// Runs body(mesh, group) on every rank of shape, its mesh over an inproc world.
+template <class F>
+void on_groups(const mesh_shape& shape, F body) {
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    body(m, m.coords().group);
+  });
+}
+
 using fomoe_sgd = algorithm<shard::hybrid_shard, federation::holder_average, schedule::periodic>;
 using average_sgd = algorithm<shard::hybrid_shard, federation::average, schedule::periodic>;
 using weighted_sgd =
@@ -113,8 +123,7 @@ using weighted_sgd =
 }  // namespace
 
 TEST_CASE("holder_average models FederationPolicy; fomoe is HSDP + holder_average every K") {
-  CHECK(federation::FederationPolicy<holder_average>);
-  CHECK(holder_average::name == "holder_average");
+  test::check_federation_policy<holder_average>("holder_average", true);
   CHECK(std::is_same_v<fomoe::federation_policy, holder_average>);
   CHECK(fomoe::default_schedule().period == 8);
 }
@@ -127,30 +136,12 @@ TEST_CASE("with every group holding everything the plan is average's") {
   //  - reference: replica 1 only receives replica 0's broadcast of the 256 B.
   const operand whole{.role = role::fragment};
   const operand half{.role = role::fragment, .piece = axis::replica};
-  const comm_op gather{.kind = comm_kind::all_gather,
-                       .axis = axis::replica,
-                       .dtype = dtype::f32,
-                       .bytes = 256,
-                       .ranks = 2,
-                       .trigger = trigger::sync_finish,
-                       .phase = phase::sync,
-                       .fragment = 0,
-                       .in = half,
-                       .out = whole,
-                       .overlappable = false};
-  const std::vector<comm_op> hierarchical{{.kind = comm_kind::all_reduce,
-                                           .axis = axis::federation,
-                                           .dtype = dtype::f32,
-                                           .bytes = 128,
-                                           .ranks = 3,
-                                           .reduce = reduce_op::avg,
-                                           .trigger = trigger::sync_exchange,
-                                           .phase = phase::sync,
-                                           .fragment = 0,
-                                           .in = half,
-                                           .out = half,
-                                           .overlappable = false},
-                                          gather};
+  const comm_op gather = test::sync_op(comm_kind::all_gather, axis::replica, dtype::f32, 256, 2, {},
+                                       trigger::sync_finish, 0, half, whole);
+  const std::vector<comm_op> hierarchical{
+      test::sync_op(comm_kind::all_reduce, axis::federation, dtype::f32, 128, 3, reduce_op::avg,
+                    trigger::sync_exchange, 0, half, half),
+      gather};
   comm_op bcast = gather;
   bcast.kind = comm_kind::broadcast;
   bcast.in = {};
@@ -230,9 +221,7 @@ TEST_CASE("every group holding everything equals average bit for bit, on several
       const shard::ownership all{
           .groups = shape.groups,
           .holders = std::vector<shard::group_set>(units_n, shard::all_groups(shape.groups))};
-      test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
-        mesh m(world, shape);
-        const int g = m.coords().group;
+      on_groups(shape, [&](auto& m, int g) {
         experts_trainer<fomoe_sgd> h(m, {g}, {.lr = 0.0f}, one_sync<fomoe_sgd>({mode, all}));
         experts_trainer<average_sgd> a(m, {g}, {.lr = 0.0f}, one_sync<average_sgd>({mode}));
         h.step(0);
@@ -255,9 +244,7 @@ TEST_CASE("with a mask each element is the mean over its holders; one holder: un
     for (auto mode : {federation::sync_mode::hierarchical, federation::sync_mode::reference}) {
       CAPTURE(shape.replicas);
       CAPTURE(shape.shards);
-      test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
-        mesh m(world, shape);
-        const int g = m.coords().group;
+      on_groups(shape, [&](auto& m, int g) {
         const auto owners = experts_on_4();
         experts_trainer<fomoe_sgd> t(m, {g}, {.lr = 0.0f},
                                      one_sync<fomoe_sgd>({.sync = mode, .owners = owners}));
@@ -280,9 +267,7 @@ TEST_CASE("with a mask each element is the mean over its holders; one holder: un
 }
 
 TEST_CASE("a group allocates nothing for units it does not hold; hooks refuse them") {
-  test::spawn_ranks(8, [](inproc::communicator& world) {
-    mesh m(world, {4, 1, 2});
-    const int g = m.coords().group;
+  on_groups(mesh_shape{4, 1, 2}, [&](auto& m, int g) {
     const auto owners = experts_on_4();
     trainer<experts_model, fomoe, optim::adamw, inproc::communicator> t(
         m, {g}, {.lr = 0.0f}, one_sync<fomoe>({.owners = owners}));
@@ -313,9 +298,7 @@ TEST_CASE("a group allocates nothing for units it does not hold; hooks refuse th
 }
 
 TEST_CASE("the wire moves what the plan says, and less than average") {
-  test::spawn_ranks(8, [](inproc::communicator& world) {
-    mesh m(world, {4, 2, 1});
-    const int g = m.coords().group;
+  on_groups(mesh_shape{4, 2, 1}, [&](auto& m, int g) {
     experts_trainer<fomoe_sgd> h(m, {g}, {.lr = 0.0f},
                                  one_sync<fomoe_sgd>({.owners = experts_on_4()}));
     experts_trainer<average_sgd> a(m, {g}, {.lr = 0.0f}, one_sync<average_sgd>());
@@ -359,9 +342,7 @@ TEST_CASE("bad masks are invalid_argument on every rank") {
 }
 
 TEST_CASE("token-weighted: every group holding everything is weighted_average, bit for bit") {
-  test::spawn_ranks(8, [](inproc::communicator& world) {
-    mesh m(world, {4, 2, 1});
-    const int g = m.coords().group;
+  on_groups(mesh_shape{4, 2, 1}, [&](auto& m, int g) {
     experts_trainer<fomoe_sgd> h(m, {g, -1, g + 1}, {.lr = 0.0f},
                                  one_sync<fomoe_sgd>({.weighted = true}));
     experts_trainer<weighted_sgd> w(m, {g, -1, g + 1}, {.lr = 0.0f}, one_sync<weighted_sgd>());
@@ -377,9 +358,7 @@ TEST_CASE("token-weighted with a mask: each element is the weighted mean over it
   for (const mesh_shape shape : {mesh_shape{4, 1, 1}, mesh_shape{4, 2, 1}, mesh_shape{4, 1, 2}}) {
     CAPTURE(shape.replicas);
     CAPTURE(shape.shards);
-    test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
-      mesh m(world, shape);
-      const int g = m.coords().group;
+    on_groups(shape, [&](auto& m, int g) {
       const auto owners = experts_on_4();
       experts_trainer<fomoe_sgd> t(m, {g, -1, g + 1}, {.lr = 0.0f},
                                    one_sync<fomoe_sgd>({.owners = owners, .weighted = true}));
@@ -414,9 +393,7 @@ TEST_CASE("token-weighted with a mask: each element is the weighted mean over it
 
 TEST_CASE("token-weighted: holders without tokens are refused on every rank") {
   std::vector<std::string> errors(4);
-  test::spawn_ranks(4, [&](inproc::communicator& world) {
-    mesh m(world, {4, 1, 1});
-    const int g = m.coords().group;
+  on_groups(mesh_shape{4, 1, 1}, [&](auto& m, int g) {
     // e0's holders {0, 1} process no tokens
     experts_trainer<fomoe_sgd> t(m, {g, -1, g <= 1 ? 0 : 1}, {.lr = 0.0f},
                                  one_sync<fomoe_sgd>({.owners = experts_on_4(), .weighted = true}));
@@ -432,9 +409,7 @@ TEST_CASE("token-weighted: holders without tokens are refused on every rank") {
 
 TEST_CASE("a checkpoint with ownership masks restores into the same masks only") {
   test::temp_dir dir("fedshard-holders");
-  test::spawn_ranks(8, [&](inproc::communicator& world) {
-    mesh m(world, {4, 1, 2});
-    const int g = m.coords().group;
+  on_groups(mesh_shape{4, 1, 2}, [&](auto& m, int g) {
     const auto owners = experts_on_4();
     auto opts = one_sync<fomoe_sgd>({.owners = owners});
     opts.total_steps = 2;

@@ -7,13 +7,13 @@
 #include <limits>
 #include <vector>
 
+#include "support/policy_checks.hpp"
+
 using namespace fedshard;
 using fedshard::federation::none;
 
 TEST_CASE("none models FederationPolicy and never syncs") {
-  CHECK(federation::FederationPolicy<none>);
-  CHECK(none::name == "none");
-  CHECK_FALSE(none::syncs);
+  test::check_federation_policy<none>("none", false);
   none n({}, {16, 32});
   CHECK(n.sync_plan({.shape = {4, 2, 1}, .numel = 32}).ops.empty());  // nothing moves
   CHECK(n.state().empty());

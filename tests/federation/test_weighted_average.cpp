@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "support/op_lists.hpp"
+#include "support/policy_checks.hpp"
 
 using namespace fedshard;
 using federation::sync_info;
@@ -29,9 +30,7 @@ sync_info info(const std::vector<double>& tokens, int group) {
 }  // namespace
 
 TEST_CASE("weighted_average models FederationPolicy and exchanges the weights first") {
-  CHECK(federation::FederationPolicy<weighted_average>);
-  CHECK(weighted_average::name == "weighted_average");
-  CHECK(weighted_average::syncs);
+  test::check_federation_policy<weighted_average>("weighted_average", true);
   weighted_average w({}, {8});
   CHECK(w.state().empty());
   // G = 3 groups of R = 2 replicas x S = 2 shards; this rank is replica 1, shard 0 of group 1;
@@ -43,52 +42,15 @@ TEST_CASE("weighted_average models FederationPolicy and exchanges the weights fi
   const federation::sync_context ctx{.shape = {3, 2, 2}, .coords = {1, 1, 0}, .numel = 48};
   const operand tokens{.role = role::tokens};
   const operand half{.role = role::fragment, .piece = axis::replica};
-  const std::vector<comm_op> want{{.kind = comm_kind::all_reduce,
-                                   .axis = axis::group,
-                                   .dtype = dtype::f64,
-                                   .bytes = 8,
-                                   .ranks = 4,
-                                   .reduce = reduce_op::sum,
-                                   .trigger = trigger::sync_prepare,
-                                   .phase = phase::sync,
-                                   .fragment = 0,
-                                   .in = tokens,
-                                   .out = tokens,
-                                   .overlappable = false},
-                                  {.kind = comm_kind::all_gather,
-                                   .axis = axis::federation,
-                                   .dtype = dtype::f64,
-                                   .bytes = 24,
-                                   .ranks = 3,
-                                   .trigger = trigger::sync_prepare,
-                                   .phase = phase::sync,
-                                   .fragment = 0,
-                                   .in = tokens,
-                                   .out = {.role = role::group_tokens},
-                                   .overlappable = false},
-                                  {.kind = comm_kind::all_reduce,
-                                   .axis = axis::federation,
-                                   .dtype = dtype::f32,
-                                   .bytes = 96,
-                                   .ranks = 3,
-                                   .reduce = reduce_op::avg,
-                                   .trigger = trigger::sync_exchange,
-                                   .phase = phase::sync,
-                                   .fragment = 0,
-                                   .in = half,
-                                   .out = half,
-                                   .overlappable = false},
-                                  {.kind = comm_kind::all_gather,
-                                   .axis = axis::replica,
-                                   .dtype = dtype::f32,
-                                   .bytes = 192,
-                                   .ranks = 2,
-                                   .trigger = trigger::sync_finish,
-                                   .phase = phase::sync,
-                                   .fragment = 0,
-                                   .in = half,
-                                   .out = {.role = role::fragment},
-                                   .overlappable = false}};
+  const std::vector<comm_op> want{
+      test::sync_op(comm_kind::all_reduce, axis::group, dtype::f64, 8, 4, reduce_op::sum,
+                    trigger::sync_prepare, 0, tokens, tokens),
+      test::sync_op(comm_kind::all_gather, axis::federation, dtype::f64, 24, 3, {},
+                    trigger::sync_prepare, 0, tokens, {.role = role::group_tokens}),
+      test::sync_op(comm_kind::all_reduce, axis::federation, dtype::f32, 96, 3, reduce_op::avg,
+                    trigger::sync_exchange, 0, half, half),
+      test::sync_op(comm_kind::all_gather, axis::replica, dtype::f32, 192, 2, {},
+                    trigger::sync_finish, 0, half, {.role = role::fragment})};
   const plan p = w.sync_plan(ctx);
   CHECK(test::compare_ops(p.ops, want) == "");
   CHECK(p.wire_bytes_on(axis::group) == 12.0);

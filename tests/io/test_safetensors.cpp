@@ -123,13 +123,22 @@ TEST_CASE(
   CHECK_THROWS_WITH_AS(st::read_f32(info, "ids"), doctest::Contains("dtype I64"), invalid_argument);
 }
 
+namespace {
+
+/// The bytes of sample_tensors() as write_file writes them (to dir/good.safetensors).
+std::string sample_file_bytes(const temp_dir& dir) {
+  const auto path = dir.path / "good.safetensors";
+  st::write_file(path, sample_tensors());
+  return read_all(path);
+}
+
+}  // namespace
+
 TEST_CASE(
     "read_info refuses a malformed file with an error naming the file, the tensor, what "
     "it expected and what it found") {
   temp_dir dir;
-  const auto good = dir.path / "good.safetensors";
-  st::write_file(good, sample_tensors());
-  const auto [header, data] = split(read_all(good));
+  const auto [header, data] = split(sample_file_bytes(dir));
   const auto bad = dir.path / "bad.safetensors";
 
   struct refusal {
@@ -308,9 +317,7 @@ TEST_CASE(
   // data, the header's text edited, the file cut or grown), from a fixed seed. Never a crash,
   // an exception other than invalid_argument, or a tensor read at another size.
   temp_dir dir;
-  const auto good_path = dir.path / "good.safetensors";
-  st::write_file(good_path, sample_tensors());
-  const std::string good = read_all(good_path);
+  const std::string good = sample_file_bytes(dir);
   std::uint64_t n = 0;
   std::memcpy(&n, good.data(), 8);
   const auto path = dir.path / "fuzz.safetensors";

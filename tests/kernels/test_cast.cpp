@@ -13,12 +13,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "support/bits.hpp"
+
 namespace {
 
-using fedshard::bf16;
-using fedshard::dtype;
-using fedshard::f16;
-namespace kernels = fedshard::kernels;
+using namespace fedshard;
+using fedshard::test::bits_of;
+using fedshard::test::float_of;
 
 // ---- A reference for rounding to bf16/f16 that knows nothing of the kernels ----
 
@@ -74,28 +75,6 @@ std::uint16_t round_ref(double d) {
   const double midpoint = (below + above) / 2;  // exact: 12 significant bits at most
   const std::uint32_t r = a < midpoint ? lo : a > midpoint ? hi : ((lo & 1u) ? hi : lo);
   return static_cast<std::uint16_t>(sign | r);
-}
-
-std::uint32_t bits_of(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-std::uint64_t bits_of(double d) {
-  std::uint64_t u;
-  std::memcpy(&u, &d, 8);
-  return u;
-}
-float float_of(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-std::uint16_t bits_of(bf16 v) {
-  return v.bits;
-}
-std::uint16_t bits_of(f16 v) {
-  return v.bits;
 }
 
 template <class T>

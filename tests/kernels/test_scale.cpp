@@ -13,34 +13,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "support/bits.hpp"
+
 namespace {
 
-using fedshard::bf16;
-using fedshard::dtype;
-using fedshard::f16;
-namespace kernels = fedshard::kernels;
-
-template <class T>
-std::uint64_t bits_of(T v) {
-  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
-    return v.bits;
-  } else {
-    std::uint64_t u = 0;
-    std::memcpy(&u, &v, sizeof(T));
-    return u;
-  }
-}
-
-template <class T>
-bool is_nan(T v) {
-  return std::isnan(static_cast<double>(fedshard::to_accum(v)));
-}
-
-/// Same bits, or both NaN.
-template <class T>
-bool same(T a, T b) {
-  return bits_of(a) == bits_of(b) || (is_nan(a) && is_nan(b));
-}
+using namespace fedshard;
+using fedshard::test::bits_of;
 
 /// Values of T: every pattern for 16-bit types, random ones (and specials) otherwise.
 template <class T>
@@ -76,7 +54,7 @@ TEST_CASE_TEMPLATE_DEFINE("scale multiplies in the accumulation type and rounds 
     const A a = static_cast<A>(alpha);
     for (std::size_t i = 0; i < in.size(); ++i) {
       const T expected = fedshard::from_accum<T>(fedshard::to_accum(in[i]) * a);
-      REQUIRE(same(x[i], expected));
+      REQUIRE(fedshard::test::same_value(x[i], expected));
     }
     std::vector<T> erased = in;  // the type-erased loop agrees
     kernels::scale(fedshard::view(std::span<T>(erased)), alpha);
@@ -95,22 +73,10 @@ TEST_CASE("scale of exact values") {
   CHECK(h[1].bits == bf16(1.0f).bits);  // 3 * float(1/3) = 1 after rounding to bf16
 }
 
-template <class X, class Y>
-struct pair_of {
-  using x = X;
-  using y = Y;
-};
-
-TEST_CASE_TEMPLATE("axpy adds a * x to y for every dtype pair", P, pair_of<float, float>,
-                   pair_of<float, double>, pair_of<float, bf16>, pair_of<float, f16>,
-                   pair_of<double, float>, pair_of<double, double>, pair_of<double, bf16>,
-                   pair_of<double, f16>, pair_of<bf16, float>, pair_of<bf16, double>,
-                   pair_of<bf16, bf16>, pair_of<bf16, f16>, pair_of<f16, float>,
-                   pair_of<f16, double>, pair_of<f16, bf16>, pair_of<f16, f16>) {
-  using X = typename P::x;
-  using Y = typename P::y;
-  using A =
-      std::conditional_t<std::is_same_v<X, double> || std::is_same_v<Y, double>, double, float>;
+TEST_CASE_TEMPLATE("axpy adds a * x to y for every dtype pair", P, FEDSHARD_TEST_ELEMENT_PAIRS) {
+  using X = typename P::first;
+  using Y = typename P::second;
+  using A = test::accum_of_t<X, Y>;
   std::mt19937 rng(5);
   std::uniform_real_distribution<double> value(-100.0, 100.0);
   const std::size_t n = 1000;

@@ -12,24 +12,12 @@
 #include <type_traits>
 #include <vector>
 
+#include "support/bits.hpp"
+
 namespace {
 
-using fedshard::bf16;
-using fedshard::const_buffer_view;
-using fedshard::dtype;
-using fedshard::f16;
-namespace kernels = fedshard::kernels;
-
-template <class T>
-std::uint64_t bits_of(T v) {
-  if constexpr (std::is_same_v<T, bf16> || std::is_same_v<T, f16>) {
-    return v.bits;
-  } else {
-    std::uint64_t u = 0;
-    std::memcpy(&u, &v, sizeof(T));
-    return u;
-  }
-}
+using namespace fedshard;
+using fedshard::test::bits_of;
 
 template <class T>
 double value_of(T v) {
@@ -104,23 +92,11 @@ TEST_CASE("random f32 weighted sums: k-order float accumulation, close to double
   }
 }
 
-template <class In, class Out>
-struct pair_of {
-  using in = In;
-  using out = Out;
-};
-
 TEST_CASE_TEMPLATE("every input/output dtype pair accumulates in accum_t and rounds once", P,
-                   pair_of<float, float>, pair_of<float, double>, pair_of<float, bf16>,
-                   pair_of<float, f16>, pair_of<double, float>, pair_of<double, double>,
-                   pair_of<double, bf16>, pair_of<double, f16>, pair_of<bf16, float>,
-                   pair_of<bf16, double>, pair_of<bf16, bf16>, pair_of<bf16, f16>,
-                   pair_of<f16, float>, pair_of<f16, double>, pair_of<f16, bf16>,
-                   pair_of<f16, f16>) {
-  using In = typename P::in;
-  using Out = typename P::out;
-  using A =
-      std::conditional_t<std::is_same_v<In, double> || std::is_same_v<Out, double>, double, float>;
+                   FEDSHARD_TEST_ELEMENT_PAIRS) {
+  using In = typename P::first;
+  using Out = typename P::second;
+  using A = test::accum_of_t<In, Out>;
   std::mt19937 rng(37);
   std::uniform_real_distribution<double> value(-50.0, 50.0);
   const std::size_t k = 4, n = 300;

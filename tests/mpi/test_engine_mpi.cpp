@@ -7,7 +7,6 @@
 #include <mpi.h>
 
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "fedshard/comm/inproc.hpp"
@@ -20,27 +19,14 @@
 #include "fedshard/shard/shard_grad_op.hpp"
 #include "mpi/mpi_support.hpp"
 #include "support/collective_checks.hpp"
-#include "support/tiny_mlp.hpp"
+#include "support/engine_runs.hpp"
 
 using namespace fedshard;
-using fedshard::test::tiny_mlp;
 
 namespace {
 
-constexpr int kSteps = 5;
-constexpr int kBatchPerRank = 3;
-constexpr std::uint64_t kSeed = 7;
-constexpr float kLr = 0.2f;
-
-struct run_result {
-  std::vector<std::vector<float>> units;  // full parameters after training
-  std::vector<float> losses;
-  traffic_counters traffic;
-  plan step_plan;
-  std::size_t padded_numel = 0;
-  traffic_counters planned;        // the step plan x kSteps, with the algorithms MPI runs
-  std::int64_t gathering_ops = 0;  // ops of the step plan that MPI runs as gather_all
-};
+using namespace fedshard::test::engine_runs;
+using run_result = rank_run;
 
 /// Every rank's reported (or planned) bytes per axis, added up over MPI_COMM_WORLD.
 traffic_counters world_sum(const traffic_counters& mine) {
@@ -60,39 +46,14 @@ traffic_counters world_sum(const traffic_counters& mine) {
   return s;
 }
 
-/// Trains the MLP for kSteps with policy P on this rank of world (of shape.size() ranks).
+/// The run of P (support/engine_runs.hpp) on this rank of world (of shape.size() ranks),
+/// whose construction moved the bytes of its setup plan (the layout check).
 template <class P, class C>
 run_result train_on(C& world, mesh_shape shape, shard::precision prec = {}) {
-  run_result out;
-  tiny_mlp model;
   mesh m(world, shape);
-  shard::engine<P, C> e(m, model.units(), prec);
-  CHECK(e.traffic().same_traffic(traffic_counters::of(e.setup_plan())));  // the layout check
-  e.traffic().reset();
-  for (std::size_t u = 0; u < e.layout().num_units(); ++u)
-    e.set_unit(u, model.init_unit(e.layout(), u, kSeed));
-  const int group_size = shape.replicas * shape.shards;
-  const int local = m.coords().replica * shape.shards + m.coords().shard;
-  for (int step = 0; step < kSteps; ++step) {
-    std::vector<test::sample> batch;
-    for (int i = 0; i < kBatchPerRank; ++i)
-      batch.push_back(model.make_sample(
-          kSeed, static_cast<std::uint64_t>((step * group_size + local) * kBatchPerRank + i)));
-    e.begin_step();
-    out.losses.push_back(model.forward_backward(e, batch));
-    e.finish_backward();
-    auto p = e.master();
-    auto g = e.grad();
-    for (std::size_t i = 0; i < p.size(); ++i) p[i] -= kLr * g[i];
-  }
-  out.traffic = e.traffic();  // the steps only
-  for (std::size_t u = 0; u < e.layout().num_units(); ++u) out.units.push_back(e.gather_unit(u));
-  out.step_plan = e.step_plan();
-  const auto algo = [&](const comm_op& op) { return e.interp().algorithm_of(op); };
-  out.planned = traffic_counters::of(out.step_plan, kSteps, algo);
-  for (const comm_op& op : out.step_plan.ops)
-    out.gathering_ops += algo(op) == wire_algorithm::gather_all ? 1 : 0;
-  out.padded_numel = e.layout().total_padded_numel();
+  space::host_space space;
+  run_result out = train_rank<P>(m, space, prec);
+  CHECK(out.setup_traffic.same_traffic(traffic_counters::of(out.setup_plan)));
   return out;
 }
 
@@ -113,15 +74,6 @@ run_result train_inproc(mesh_shape shape, shard::precision prec = {}) {
     if (world.rank() == 0) out = std::move(r);
   });
   return out;
-}
-
-bool bit_equal(const run_result& a, const run_result& b) {
-  if (a.units.size() != b.units.size()) return false;
-  for (std::size_t u = 0; u < a.units.size(); ++u)
-    if (a.units[u].size() != b.units[u].size() ||
-        std::memcmp(a.units[u].data(), b.units[u].data(), a.units[u].size() * sizeof(float)) != 0)
-      return false;
-  return true;
 }
 
 std::uint64_t digest(const run_result& r) {

@@ -292,20 +292,22 @@ TEST_CASE("check accepts consistent ops and names what is wrong with the others"
   c = ok;
   c.peer = 1;
   fails(c, "only send_recv, send and recv name a peer, expected -1, found 1");
-  c = ok;  // a send reads its input only, a recv writes its output only
-  c.kind = comm_kind::send;
-  c.reduce.reset();
-  c.peer = 1;
+  // a send reads its input only, a recv writes its output only
+  const auto to_peer_1 = [&](comm_kind k) {
+    comm_op o = ok;
+    o.kind = k;
+    o.reduce.reset();
+    o.peer = 1;
+    return o;
+  };
+  c = to_peer_1(comm_kind::send);
   fails(c, "a send op has no output, found one");
   c.out = {};
   CHECK_NOTHROW(check(c));
   c.ranks = 1;
   c.peer = 0;
   fails(c, "a send op needs a peer: ranks must be >= 2, found 1");
-  c = ok;
-  c.kind = comm_kind::recv;
-  c.reduce.reset();
-  c.peer = 1;
+  c = to_peer_1(comm_kind::recv);
   fails(c, "a recv op has no input, found one");
   c.in = {};
   CHECK_NOTHROW(check(c));

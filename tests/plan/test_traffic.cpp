@@ -18,29 +18,31 @@ comm_op make(comm_kind k, axis a, std::int64_t bytes, int ranks) {
   return op;
 }
 
+/// An axis's counters: calls, payload bytes and seconds.
+void check_counts(const axis_traffic& t, std::int64_t calls, std::int64_t payload, double seconds) {
+  CHECK(t.calls == calls);
+  CHECK(t.payload_bytes == payload);
+  CHECK(t.seconds == seconds);
+}
+
 }  // namespace
 
 TEST_CASE("record counts an op on its own axis only") {
   traffic_counters c;
   for (axis a : all_axes) CHECK(c[a] == axis_traffic{});
   c.record(make(comm_kind::all_reduce, axis::replica, 1000, 4), 0.25);
-  CHECK(c[axis::replica].calls == 1);
-  CHECK(c[axis::replica].payload_bytes == 1000);
+  check_counts(c[axis::replica], 1, 1000, 0.25);
   CHECK(c[axis::replica].wire_bytes == 1500.0);
-  CHECK(c[axis::replica].seconds == 0.25);
   for (axis a : all_axes)
     if (a != axis::replica) CHECK(c[a] == axis_traffic{});
 
   c.record(make(comm_kind::all_gather, axis::replica, 400, 4));  // no time given
-  CHECK(c[axis::replica].calls == 2);
-  CHECK(c[axis::replica].payload_bytes == 1400);
+  check_counts(c[axis::replica], 2, 1400, 0.25);
   CHECK(c[axis::replica].wire_bytes == 1500.0 + 300.0);
-  CHECK(c[axis::replica].seconds == 0.25);
 
   // one rank: a call with payload, nothing on the wire
   c.record(make(comm_kind::all_reduce, axis::federation, 64, 1));
-  CHECK(c[axis::federation].calls == 1);
-  CHECK(c[axis::federation].payload_bytes == 64);
+  check_counts(c[axis::federation], 1, 64, 0.0);
   CHECK(c[axis::federation].wire_bytes == 0.0);
 }
 
@@ -49,12 +51,8 @@ TEST_CASE("add_time adds seconds without counting a call") {
   c.record(make(comm_kind::broadcast, axis::world, 10, 2), 1.0);
   c.add_time(axis::world, 0.5);
   c.add_time(axis::shard, 2.0);
-  CHECK(c[axis::world].calls == 1);
-  CHECK(c[axis::world].payload_bytes == 10);
-  CHECK(c[axis::world].seconds == 1.5);
-  CHECK(c[axis::shard].calls == 0);
-  CHECK(c[axis::shard].payload_bytes == 0);
-  CHECK(c[axis::shard].seconds == 2.0);
+  check_counts(c[axis::world], 1, 10, 1.5);
+  check_counts(c[axis::shard], 0, 0, 2.0);
 }
 
 TEST_CASE("total sums every axis; reset clears them") {

@@ -7,27 +7,15 @@
 #include <vector>
 
 #include "fedshard/error.hpp"
+#include "support/schedule_steps.hpp"
 
 namespace fs = fedshard::schedule;
 using fs::sync_action;
 
 namespace {
 
-// The steps in [0, steps) after which fragment 0 syncs; every other answer must be none.
-template <class S>
-std::vector<std::int64_t> sync_steps(const S& s, std::int64_t total, std::int64_t steps) {
-  std::vector<std::int64_t> out;
-  for (std::int64_t step = 0; step < steps; ++step) {
-    const sync_action a = s.action(0, step, total);
-    if (a == sync_action::start_and_apply)
-      out.push_back(step);
-    else
-      CHECK(a == sync_action::none);
-  }
-  return out;
-}
-
-using steps = std::vector<std::int64_t>;
+using fedshard::test::steps;
+using fedshard::test::sync_steps;
 
 fs::periodic every(int k) {
   return fs::periodic({.period = k});

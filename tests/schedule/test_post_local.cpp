@@ -6,28 +6,13 @@
 #include <vector>
 
 #include "fedshard/error.hpp"
+#include "support/schedule_steps.hpp"
 
 namespace fs = fedshard::schedule;
 using fs::sync_action;
 
-namespace {
-
-using steps = std::vector<std::int64_t>;
-
-// The steps in [0, n) after which fragment 0 syncs; every other answer must be none.
-steps sync_steps(const fs::post_local& s, std::int64_t total, std::int64_t n) {
-  steps out;
-  for (std::int64_t step = 0; step < n; ++step) {
-    const sync_action a = s.action(0, step, total);
-    if (a == sync_action::start_and_apply)
-      out.push_back(step);
-    else
-      CHECK(a == sync_action::none);
-  }
-  return out;
-}
-
-}  // namespace
+using fedshard::test::steps;
+using fedshard::test::sync_steps;
 
 TEST_CASE("post_local syncs every step before switch_step, then every k steps and at the end") {
   const fs::post_local s({.switch_step = 4, .k = 3});

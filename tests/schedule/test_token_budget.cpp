@@ -6,36 +6,13 @@
 #include <vector>
 
 #include "fedshard/error.hpp"
+#include "support/schedule_steps.hpp"
 
 namespace fs = fedshard::schedule;
 using fs::sync_action;
 
-namespace {
-
-// The steps in [0, steps) after which a group whose step carries tokens(step) tokens syncs,
-// feeding the schedule the progress a synchronizer would (tokens since the last sync).
-template <class Tokens>
-std::vector<std::int64_t> sync_steps(const fs::token_budget& s, std::int64_t steps, Tokens tokens) {
-  std::vector<std::int64_t> out;
-  fs::sync_progress p;
-  for (std::int64_t step = 0; step < steps; ++step) {
-    p.step = step;
-    p.tokens += tokens(step);
-    const sync_action a = s.action(0, p);
-    if (a == sync_action::start_and_apply) {
-      out.push_back(step);
-      p.tokens = 0;
-      ++p.syncs;
-    } else {
-      CHECK(a == sync_action::none);
-    }
-  }
-  return out;
-}
-
-using steps = std::vector<std::int64_t>;
-
-}  // namespace
+using fedshard::test::steps;
+using fedshard::test::token_sync_steps;
 
 TEST_CASE("token_budget syncs after the step at which the tokens since the last sync reach N") {
   const fs::token_budget s({.tokens = 10, .syncs = 3});
@@ -44,15 +21,15 @@ TEST_CASE("token_budget syncs after the step at which the tokens since the last 
   CHECK(s.fragments() == 1);
   CHECK(s.mixing() == 1.0f);
   // 5 per step: exactly N after every second step.
-  CHECK(sync_steps(s, 8, [](std::int64_t) { return 5; }) == steps{1, 3, 5, 7});
+  CHECK(token_sync_steps(s, 8, [](std::int64_t) { return 5; }) == steps{1, 3, 5, 7});
   // 4 per step: 12 >= 10 after step 2; the 2 beyond N are not carried over.
-  CHECK(sync_steps(s, 9, [](std::int64_t) { return 4; }) == steps{2, 5, 8});
+  CHECK(token_sync_steps(s, 9, [](std::int64_t) { return 4; }) == steps{2, 5, 8});
   // Uneven steps: 3, 9 | 1, 1, 20 | 10
   const std::vector<std::int64_t> t{3, 9, 1, 1, 20, 10, 0};
-  CHECK(sync_steps(s, 7, [&](std::int64_t i) { return t[static_cast<std::size_t>(i)]; }) ==
+  CHECK(token_sync_steps(s, 7, [&](std::int64_t i) { return t[static_cast<std::size_t>(i)]; }) ==
         steps{1, 4, 5});
   // A step of more than N tokens syncs alone.
-  CHECK(sync_steps(s, 3, [](std::int64_t) { return 25; }) == steps{0, 1, 2});
+  CHECK(token_sync_steps(s, 3, [](std::int64_t) { return 25; }) == steps{0, 1, 2});
 }
 
 TEST_CASE("token_budget's answer depends on the progress alone, not on the step") {

@@ -7,32 +7,13 @@
 #include <vector>
 
 #include "fedshard/error.hpp"
+#include "support/schedule_steps.hpp"
 
 namespace fs = fedshard::schedule;
 using fs::sync_action;
 
-namespace {
-
-// The steps after which a group whose step s ends at seconds(s) syncs, as a synchronizer
-// would feed the schedule.
-template <class Clock>
-std::vector<std::int64_t> sync_steps(const fs::wall_clock& s, std::int64_t steps, Clock seconds) {
-  std::vector<std::int64_t> out;
-  fs::sync_progress p;
-  for (std::int64_t step = 0; step < steps; ++step) {
-    p.step = step;
-    p.seconds = seconds(step);
-    if (s.action(0, p) == sync_action::start_and_apply) {
-      out.push_back(step);
-      ++p.syncs;
-    }
-  }
-  return out;
-}
-
-using steps = std::vector<std::int64_t>;
-
-}  // namespace
+using fedshard::test::clock_sync_steps;
+using fedshard::test::steps;
 
 TEST_CASE("wall_clock syncs sync k once the group's clock reaches (k + 1) T, without drift") {
   const fs::wall_clock s({.seconds = 1.0, .syncs = 4});
@@ -42,17 +23,18 @@ TEST_CASE("wall_clock syncs sync k once the group's clock reaches (k + 1) T, wit
   CHECK(s.due(2) == 3.0);
   // A fast group (0.3 s a step) and a slow one (0.9 s a step) make their k-th syncs at the
   // first step ending at or after k seconds: different steps, the same count.
-  const auto fast = sync_steps(s, 14, [](std::int64_t i) { return 0.3 * double(i + 1); });
-  const auto slow = sync_steps(s, 5, [](std::int64_t i) { return 0.9 * double(i + 1); });
+  const auto fast = clock_sync_steps(s, 14, [](std::int64_t i) { return 0.3 * double(i + 1); });
+  const auto slow = clock_sync_steps(s, 5, [](std::int64_t i) { return 0.9 * double(i + 1); });
   CHECK(fast == steps{3, 6, 9, 13});  // 1.2 s, 2.1 s, 3.0 s, 4.2 s
   CHECK(slow == steps{1, 2, 3, 4});   // 1.8 s, 2.7 s, 3.6 s, 4.5 s
   // Waiting at a sync does not shift the next due time: a step that ends late (2.5 s) is
   // followed by the next sync at 3 s, not 3.5 s.
   const std::vector<double> t{0.5, 1.0, 2.5, 2.9, 3.0, 3.1};
-  CHECK(sync_steps(s, 6, [&](std::int64_t i) { return t[static_cast<std::size_t>(i)]; }) ==
+  CHECK(clock_sync_steps(s, 6, [&](std::int64_t i) { return t[static_cast<std::size_t>(i)]; }) ==
         steps{1, 2, 4});
   // A group slower than T syncs after every step until it caught up.
-  CHECK(sync_steps(s, 3, [](std::int64_t i) { return 2.5 * double(i + 1); }) == steps{0, 1, 2});
+  CHECK(clock_sync_steps(s, 3, [](std::int64_t i) { return 2.5 * double(i + 1); }) ==
+        steps{0, 1, 2});
 }
 
 TEST_CASE("wall_clock refuses bad settings and arguments, naming what it found") {

@@ -14,7 +14,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <span>
 #include <string>
 #include <thread>
@@ -29,6 +28,7 @@
 #include "fedshard/shard/hybrid_shard.hpp"
 #include "fedshard/shard/replicate.hpp"
 #include "fedshard/shard/shard_grad_op.hpp"
+#include "support/engine_runs.hpp"
 #include "support/extra_copy_comm.hpp"
 #include "support/spaces.hpp"
 #include "support/spawn_ranks.hpp"
@@ -39,90 +39,32 @@ using fedshard::test::tiny_mlp;
 
 namespace {
 
-constexpr int kSteps = 5;
-constexpr int kBatchPerRank = 3;
-constexpr std::uint64_t kSeed = 7;
-constexpr float kLr = 0.2f;
+using namespace fedshard::test::engine_runs;
 
-struct run_result {
-  std::vector<std::vector<float>> units;  // full parameters after training (from rank 0)
-  std::vector<float> losses;              // rank 0's loss per step
-  traffic_counters traffic;               // rank 0's counters over the steps
-  traffic_counters setup_traffic;         // ... over construction
-  traffic_counters read_traffic;          // ... reading the units at the end
-  plan step_plan, setup_plan, read_plan;
-  std::size_t padded_numel = 0;
+/// Rank 0's run, with every rank's counters and step plan over the steps.
+struct run_result : rank_run {
   std::vector<traffic_counters> rank_traffic;  // every rank's counters over the steps
   std::vector<plan> rank_step_plans;           // every rank's step plan
 };
 
-/// p -= lr * g, queued on the engine's compute stream like an optimizer step.
-struct sgd_step {
-  float lr;
-  FEDSHARD_HOST_DEVICE void operator()(float& p, float g) const { p -= lr * g; }
-};
-
-/// Trains the MLP for kSteps with policy P on a world of shape.size() ranks, with the
-/// communicator and memory space of Sp (support/spaces.hpp); the group's ranks split each
-/// step's batch of group_size * kBatchPerRank samples by local rank.
+/// The run of P (support/engine_runs.hpp) on a world of shape.size() inproc ranks, with the
+/// communicator and memory space of Sp (support/spaces.hpp).
 template <class P, class Sp = test::on_host>
 run_result train(mesh_shape shape, shard::precision prec = {}, int batch_per_rank = kBatchPerRank) {
   run_result out;
-  tiny_mlp model;
   out.rank_traffic.resize(static_cast<std::size_t>(shape.size()));
   out.rank_step_plans.resize(static_cast<std::size_t>(shape.size()));
   test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
     auto comm = Sp::wrap(world);
     mesh m(comm, shape);
     typename Sp::space space;
-    shard::engine<P, typename Sp::comm, typename Sp::space> e(m, space, model.units(), prec);
-    const traffic_counters setup = e.traffic();
-    e.traffic().reset();
-    for (std::size_t u = 0; u < e.layout().num_units(); ++u)
-      e.set_unit(u, model.init_unit(e.layout(), u, kSeed));
-    const int group_size = shape.replicas * shape.shards;
-    const int local = m.coords().replica * shape.shards + m.coords().shard;
-    std::vector<float> losses;
-    for (int step = 0; step < kSteps; ++step) {
-      std::vector<test::sample> batch;
-      for (int i = 0; i < batch_per_rank; ++i)
-        batch.push_back(model.make_sample(
-            kSeed, static_cast<std::uint64_t>((step * group_size + local) * batch_per_rank + i)));
-      e.begin_step();
-      losses.push_back(model.forward_backward(e, batch));
-      e.finish_backward();
-      e.space().for_each(e.compute_stream(), sgd_step{kLr}, e.master(),
-                         std::span<const float>(e.grad()));
-    }
-    const traffic_counters steps = e.traffic();
-    e.traffic().reset();
-    out.rank_traffic[static_cast<std::size_t>(world.rank())] = steps;
-    out.rank_step_plans[static_cast<std::size_t>(world.rank())] = e.step_plan();
-    std::vector<std::vector<float>> units;
-    for (std::size_t u = 0; u < e.layout().num_units(); ++u) units.push_back(e.gather_unit(u));
-    if (world.rank() == 0) {
-      out.units = units;
-      out.losses = losses;
-      out.traffic = steps;
-      out.setup_traffic = setup;
-      out.read_traffic = e.traffic();
-      out.step_plan = e.step_plan();
-      out.setup_plan = e.setup_plan();
-      out.read_plan = e.read_plan();
-      out.padded_numel = e.layout().total_padded_numel();
-    }
+    rank_run r = train_rank<P>(m, space, prec, batch_per_rank);
+    const auto rank = static_cast<std::size_t>(world.rank());
+    out.rank_traffic[rank] = r.traffic;
+    out.rank_step_plans[rank] = r.step_plan;
+    if (rank == 0) static_cast<rank_run&>(out) = std::move(r);
   });
   return out;
-}
-
-bool bit_equal(const run_result& a, const run_result& b) {
-  if (a.units.size() != b.units.size()) return false;
-  for (std::size_t u = 0; u < a.units.size(); ++u) {
-    if (a.units[u].size() != b.units[u].size()) return false;
-    if (std::memcmp(a.units[u].data(), b.units[u].data(), a.units[u].size() * sizeof(float)) != 0)
-      return false;
-  }
-  return true;
 }
 
 double max_rel_diff(const run_result& a, const run_result& b) {

@@ -15,11 +15,6 @@ using shard::hybrid_shard;
 
 namespace {
 
-using test::step_op;
-comm_op op(comm_kind k, axis a, std::int64_t bytes, dtype t, int unit, phase when, int ranks) {
-  return step_op(k, a, bytes, t, unit, when, ranks);
-}
-
 double theta(const flat_layout& l, dtype t) {
   return static_cast<double>(l.total_padded_numel() * size_of(t));
 }
@@ -45,27 +40,24 @@ TEST_CASE("hybrid_shard step plan of the tiny MLP on R = 2, S = 2, op by op") {
   const auto f = phase::forward, b = phase::backward;
   const auto S = axis::shard, R = axis::replica;
   const auto p32 = dtype::f32, p16 = dtype::bf16;
+  // kind, axis, unit, phase; bytes, dtype, ranks on 1 x 2 x 2 in f32; on 4 x 3 x 2 in bf16
+  const test::step_op_pair ops[] = {{all_gather, S, 0, f, 640, p32, 2, 320, p16, 2},
+                                    {all_gather, S, 1, f, 1152, p32, 2, 576, p16, 2},
+                                    {all_gather, S, 2, f, 384, p32, 2, 192, p16, 2},
+                                    {all_gather, S, 2, b, 384, p32, 2, 192, p16, 2},
+                                    {reduce_scatter, S, 2, b, 384, p32, 2, 192, p16, 2},
+                                    {all_reduce, R, 2, b, 192, p32, 2, 96, p16, 3},
+                                    {all_gather, S, 1, b, 1152, p32, 2, 576, p16, 2},
+                                    {reduce_scatter, S, 1, b, 1152, p32, 2, 576, p16, 2},
+                                    {all_reduce, R, 1, b, 576, p32, 2, 288, p16, 3},
+                                    {all_gather, S, 0, b, 640, p32, 2, 320, p16, 2},
+                                    {reduce_scatter, S, 0, b, 640, p32, 2, 320, p16, 2},
+                                    {all_reduce, R, 0, b, 320, p32, 2, 160, p16, 3}};
   SUBCASE("f32") {
-    const plan p = hybrid_shard::step_plan(l, {1, 2, 2}, {});
-    const std::vector<comm_op> expected{
-        op(all_gather, S, 640, p32, 0, f, 2),     op(all_gather, S, 1152, p32, 1, f, 2),
-        op(all_gather, S, 384, p32, 2, f, 2),     op(all_gather, S, 384, p32, 2, b, 2),
-        op(reduce_scatter, S, 384, p32, 2, b, 2), op(all_reduce, R, 192, p32, 2, b, 2),
-        op(all_gather, S, 1152, p32, 1, b, 2),    op(reduce_scatter, S, 1152, p32, 1, b, 2),
-        op(all_reduce, R, 576, p32, 1, b, 2),     op(all_gather, S, 640, p32, 0, b, 2),
-        op(reduce_scatter, S, 640, p32, 0, b, 2), op(all_reduce, R, 320, p32, 0, b, 2)};
-    CHECK(p.ops == expected);
+    CHECK(hybrid_shard::step_plan(l, {1, 2, 2}, {}).ops == test::step_ops_of(ops, 0));
   }
   SUBCASE("bf16 everywhere, 3 replicas in 4 groups") {
-    const plan p = hybrid_shard::step_plan(l, {4, 3, 2}, {p16, p16});
-    const std::vector<comm_op> expected{
-        op(all_gather, S, 320, p16, 0, f, 2),     op(all_gather, S, 576, p16, 1, f, 2),
-        op(all_gather, S, 192, p16, 2, f, 2),     op(all_gather, S, 192, p16, 2, b, 2),
-        op(reduce_scatter, S, 192, p16, 2, b, 2), op(all_reduce, R, 96, p16, 2, b, 3),
-        op(all_gather, S, 576, p16, 1, b, 2),     op(reduce_scatter, S, 576, p16, 1, b, 2),
-        op(all_reduce, R, 288, p16, 1, b, 3),     op(all_gather, S, 320, p16, 0, b, 2),
-        op(reduce_scatter, S, 320, p16, 0, b, 2), op(all_reduce, R, 160, p16, 0, b, 3)};
-    CHECK(p.ops == expected);
+    CHECK(hybrid_shard::step_plan(l, {4, 3, 2}, {p16, p16}).ops == test::step_ops_of(ops, 1));
   }
 }
 

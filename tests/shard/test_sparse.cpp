@@ -168,23 +168,31 @@ TEST_CASE("the sparse plan is the base plan op for op, packed to k_u per shard")
                   invalid_argument);
 }
 
+namespace {
+
+/// The sparse run of base policy P with settings s on shape ends, on every rank, with the
+/// parameters of P's dense run, bit for bit.
+template <class P>
+void check_same_as_dense(mesh_shape shape, int steps, shard::sparse_settings s) {
+  using S = sparse_alg<P>;
+  const auto a = final_params<S>(shape, steps, with<S>(s));
+  const auto b = final_params<dense_alg<P>>(shape, steps);
+  for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+}
+
+}  // namespace
+
 TEST_CASE("density 1 equals the base policy bit for bit") {
   const shard::sparse_settings all{.density = 1.0, .refresh_period = 2};
   constexpr int steps = 6;
   SUBCASE("full_shard") {
-    using S = sparse_alg<shard::full_shard>;
-    const auto a = final_params<S>({1, 1, 2}, steps, with<S>(all));
-    const auto b = final_params<dense_alg<shard::full_shard>>({1, 1, 2}, steps);
-    for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+    check_same_as_dense<shard::full_shard>({1, 1, 2}, steps, all);
   }
   SUBCASE("full_shard, per-tensor quotas and small tensors dense") {
-    using S = sparse_alg<shard::full_shard>;
     shard::sparse_settings q = all;
     q.per_tensor = true;
     q.dense_below = 13;
-    const auto a = final_params<S>({1, 1, 2}, steps, with<S>(q));
-    const auto b = final_params<dense_alg<shard::full_shard>>({1, 1, 2}, steps);
-    for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+    check_same_as_dense<shard::full_shard>({1, 1, 2}, steps, q);
   }
   SUBCASE("full_shard, bf16 parameters") {
     using S = sparse_alg<shard::full_shard>;
@@ -197,16 +205,10 @@ TEST_CASE("density 1 equals the base policy bit for bit") {
     for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
   }
   SUBCASE("shard_grad_op with replicas") {
-    using S = sparse_alg<shard::shard_grad_op>;
-    const auto a = final_params<S>({1, 2, 2}, steps, with<S>(all));
-    const auto b = final_params<dense_alg<shard::shard_grad_op>>({1, 2, 2}, steps);
-    for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+    check_same_as_dense<shard::shard_grad_op>({1, 2, 2}, steps, all);
   }
   SUBCASE("hybrid_shard") {
-    using S = sparse_alg<shard::hybrid_shard>;
-    const auto a = final_params<S>({1, 2, 2}, steps, with<S>(all));
-    const auto b = final_params<dense_alg<shard::hybrid_shard>>({1, 2, 2}, steps);
-    for (std::size_t r = 0; r < a.size(); ++r) CHECK(bit_equal(a[r], b[r]));
+    check_same_as_dense<shard::hybrid_shard>({1, 2, 2}, steps, all);
   }
 }
 
@@ -318,20 +320,33 @@ TEST_CASE_TEMPLATE("at density 0.1 the shard axis carries 0.1x the base's bytes 
   }
 }
 
-TEST_CASE("every rank agrees on the mask; each shard holds k_u of it, its top by |exp_avg|") {
+namespace {
+
+/// Trains sparse hybrid_shard with settings c on 1 x 2 x 2 ranks (model80, 5 steps), has the
+/// ranks agree on the mask of the refresh after the last step, and calls body(trainer, mesh,
+/// rank) on each.
+template <class F>
+void after_mask_refresh(shard::sparse_settings c, F body) {
   using S = sparse_alg<shard::hybrid_shard>;
   constexpr mesh_shape shape{1, 2, 2};
-  const auto opts = with<S>({.density = 0.1, .refresh_period = 2});
-  std::vector<std::vector<std::vector<std::uint32_t>>> masks(4);
-  std::vector<std::vector<std::uint32_t>> words(4);
+  const auto opts = with<S>(c);
   test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
     mesh m(world, shape);
     mlp_trainer<S> t(m, model80(), {.lr = 2e-2f}, opts);
     const int local = m.coords().replica * 2 + m.coords().shard;
     for (int s = 0; s < 5; ++s) t.step(t.model().batch(kData, s, 0, 1, local, 4, 2));
+    t.engine().runtime().agree(t.engine().interp());
+    body(t, m, static_cast<std::size_t>(world.rank()));
+  });
+}
+
+}  // namespace
+
+TEST_CASE("every rank agrees on the mask; each shard holds k_u of it, its top by |exp_avg|") {
+  std::vector<std::vector<std::vector<std::uint32_t>>> masks(4);
+  std::vector<std::vector<std::uint32_t>> words(4);
+  after_mask_refresh({.density = 0.1, .refresh_period = 2}, [&](auto& t, auto&, std::size_t r) {
     auto& rt = t.engine().runtime();
-    rt.agree(t.engine().interp());  // the mask of the refresh after the last step
-    const auto r = static_cast<std::size_t>(world.rank());
     for (std::size_t u = 0; u < 3; ++u) masks[r].push_back(rt.mask(u));
     words[r].assign(rt.mask_words_all().begin(), rt.mask_words_all().end());
     // The bits this rank sent are the top k of its shard's |exp_avg| as the last refresh
@@ -369,20 +384,11 @@ TEST_CASE("every rank agrees on the mask; each shard holds k_u of it, its top by
 }
 
 TEST_CASE("per-tensor quotas: every rank agrees; each tensor slice holds its top, the biases all") {
-  using S = sparse_alg<shard::hybrid_shard>;
-  constexpr mesh_shape shape{1, 2, 2};
   const shard::sparse_settings c{
       .density = 0.1, .refresh_period = 2, .per_tensor = true, .dense_below = 13};
-  const auto opts = with<S>(c);
   std::vector<std::vector<std::vector<std::uint32_t>>> masks(4);
-  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
-    mesh m(world, shape);
-    mlp_trainer<S> t(m, model80(), {.lr = 2e-2f}, opts);
-    const int local = m.coords().replica * 2 + m.coords().shard;
-    for (int s = 0; s < 5; ++s) t.step(t.model().batch(kData, s, 0, 1, local, 4, 2));
+  after_mask_refresh(c, [&](auto& t, auto& m, std::size_t r) {
     auto& rt = t.engine().runtime();
-    rt.agree(t.engine().interp());
-    const auto r = static_cast<std::size_t>(world.rank());
     for (std::size_t u = 0; u < 3; ++u) masks[r].push_back(rt.mask(u));
     const auto m1 = t.optimizer().state()[0].data;
     const auto mine = rt.mask_words_mine();

@@ -19,9 +19,7 @@
 
 using namespace fedshard;
 using namespace fedshard::sim;
-using fedshard::test::error_of;
-using fedshard::test::free_links;
-using fedshard::test::small_gpt;
+using namespace fedshard::test;  // the fixtures of support/sim.hpp
 
 namespace {
 

@@ -35,6 +35,7 @@
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
 #include "fedshard/error.hpp"
+#include "support/bits.hpp"
 
 namespace fedshard::test {
 
@@ -108,26 +109,6 @@ T input_value(std::uint64_t seed, int id, std::int64_t i) {
     return static_cast<float>(v);
   else
     return T(static_cast<float>(v));
-}
-
-/// True when v is a NaN.
-template <class T>
-bool is_nan(T v) {
-  const auto a = to_accum(v);
-  return a != a;
-}
-
-/// True when a and b have the same bit pattern.
-template <class T>
-bool same_bits(T a, T b) {
-  return std::memcmp(&a, &b, sizeof(T)) == 0;
-}
-
-/// True when a and b are both NaN or have the same bits (a NaN's payload is not specified).
-template <class T>
-bool same_value(T a, T b) {
-  if (is_nan(a) || is_nan(b)) return is_nan(a) && is_nan(b);
-  return same_bits(a, b);
 }
 
 /// A value and its bit pattern, for messages.

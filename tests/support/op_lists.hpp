@@ -1,8 +1,11 @@
 #pragma once
 /// Test support: compare a plan's ops with an op list written out by hand, and say which op
-/// differs and how, so a failure reads as "op 1: got ..., want ...".
+/// differs and how, so a failure reads as "op 1: got ..., want ..."; write a sync plan's op
+/// on a line.
 
 #include <cstddef>
+#include <cstdint>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +33,27 @@ inline std::string compare_ops(const std::vector<comm_op>& got, const std::vecto
       << (i < want.size() ? describe_fully(want[i]) : std::string("(none)"));
   }
   return s.str();
+}
+
+/// An op of a federation sync plan (phase sync, not overlappable), its fields given in
+/// comm_op's order: what it does, on which axis, in which dtype, its bytes (nccl-tests S),
+/// its ranks, the reduction (none for a gather or broadcast: root 0), the sync trigger that
+/// starts it, the fragment, and the buffers it reads and writes.
+inline comm_op sync_op(comm_kind kind, axis on, dtype type, std::int64_t bytes, int ranks,
+                       std::optional<reduce_op> reduce, trigger when, int fragment, operand in,
+                       operand out) {
+  return {.kind = kind,
+          .axis = on,
+          .dtype = type,
+          .bytes = bytes,
+          .ranks = ranks,
+          .reduce = reduce,
+          .trigger = when,
+          .phase = phase::sync,
+          .fragment = fragment,
+          .in = in,
+          .out = out,
+          .overlappable = false};
 }
 
 }  // namespace fedshard::test

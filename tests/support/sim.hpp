@@ -8,6 +8,7 @@
 #include "fedshard/sim/compute.hpp"
 #include "fedshard/sim/price.hpp"
 #include "fedshard/sim/topology.hpp"
+#include "support/error_of.hpp"
 
 namespace fedshard::test {
 
@@ -25,17 +26,6 @@ inline sim::cluster free_links(sim::cluster c) {
 /// GPT-2 small, 2 sequences of 1024 tokens per GPU.
 inline sim::workload small_gpt() {
   return {sim::gpt2_small(), 2, 1024, 0, false};
-}
-
-/// The message of the invalid_argument f throws ("" when it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const invalid_argument& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace fedshard::test

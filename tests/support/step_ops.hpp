@@ -3,6 +3,8 @@
 /// reads, writes and waits for), so policy tests compare plans with explicit expectations.
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "fedshard/plan/comm_op.hpp"
 
@@ -34,6 +36,30 @@ inline comm_op step_op(comm_kind k, axis a, std::int64_t bytes, dtype t, int uni
     op.in = op.out = {.role = role::grad};
   }
   return op;
+}
+
+/// A step op in two settings of one plan test, side by side: its kind, axis, unit and phase,
+/// then its bytes, dtype and ranks in setting 0 and in setting 1.
+struct step_op_pair {
+  comm_kind kind;
+  axis a;
+  int unit;
+  phase when;
+  std::int64_t bytes0;
+  dtype type0;
+  int ranks0;
+  std::int64_t bytes1;
+  dtype type1;
+  int ranks1;
+};
+
+/// The step ops of setting k (0 or 1) of a table of step_op_pair, in order.
+inline std::vector<comm_op> step_ops_of(std::span<const step_op_pair> rows, int k) {
+  std::vector<comm_op> out;
+  for (const step_op_pair& r : rows)
+    out.push_back(k == 0 ? step_op(r.kind, r.a, r.bytes0, r.type0, r.unit, r.when, r.ranks0)
+                         : step_op(r.kind, r.a, r.bytes1, r.type1, r.unit, r.when, r.ranks1));
+  return out;
 }
 
 }  // namespace fedshard::test
