@@ -65,9 +65,9 @@ TEST_CASE("demo on 4 groups with a slow site and experts") {
   // issue 16's rows: fomoe syncs every K and needs the experts, gasloc every H
   CHECK(demo::row_of("fomoe").needs_experts);
   CHECK(demo::options_of<fedshard::fomoe>(s, "fomoe").schedule.period == s.k);
-  CHECK(demo::options_of<fedshard::gasloc<>>(s, "gasloc").schedule.period == s.h);
+  CHECK(demo::options_of<fedshard::gasloc>(s, "gasloc").schedule.period == s.h);
   CHECK(!demo::row_of("gasloc").needs_experts);
-  CHECK(demo::options_of<fedshard::gasloc<>>(s, "gasloc").federation.momentum == 0.5f);
+  CHECK(demo::options_of<fedshard::gasloc>(s, "gasloc").federation.momentum == 0.5f);
   CHECK(demo::options_of<fedshard::diloco>(s, "diloco").federation.rule.momentum == 0.9f);
   // issue 17's row: fl_scape_fsdp runs SCAPE on fl_fsdp's mesh and cadence, at density 0.05;
   // scape_fsdp on fsdp's mesh

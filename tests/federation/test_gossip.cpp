@@ -302,7 +302,7 @@ TEST_CASE("gasloc trains in the trainer: one exchange per sync on the wire; comp
   const mesh_shape shape{4, 2, 1};
   std::vector<test::run_outcome> gl(8), complete(8), dl(8);
   test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
-    gl[static_cast<std::size_t>(world.rank())] = test::train_mlp<gasloc<2>>(world, shape, 6, 2);
+    gl[static_cast<std::size_t>(world.rank())] = test::train_mlp<gasloc>(world, shape, 6, 2);
   });
   for (const auto& r : gl) {
     CHECK(r.syncs == 3);
@@ -313,8 +313,8 @@ TEST_CASE("gasloc trains in the trainer: one exchange per sync on the wire; comp
   // The complete graph with α = 1/4 is DiLoCo's step up to the summation order.
   test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
     const auto r = static_cast<std::size_t>(world.rank());
-    complete[r] = test::train_mlp_with<gasloc<2>>(
-        world, shape, 6, 2, {.degree = gossip_config::complete, .alpha = 0.25f});
+    complete[r] = test::train_mlp_with<gasloc>(world, shape, 6, 2,
+                                               {.degree = gossip_config::complete, .alpha = 0.25f});
     dl[r] = test::train_mlp<diloco>(world, shape, 6, 2);
   });
   for (std::size_t r = 0; r < 8; ++r) {
@@ -363,19 +363,20 @@ TEST_CASE("a checkpoint between rounds keeps the anchors, the momentum and the r
 
 namespace {
 
-/// gasloc<2> (degree 2, 6 steps) trained in space Sp: every rank's parameters; the wire
+/// gasloc with H = 2 (degree 2, 6 steps) trained in space Sp: every rank's parameters; the wire
 /// checked against the plans step by step.
 template <class Sp>
 std::vector<std::vector<float>> gasloc_run(const mesh_shape& shape) {
   std::mutex mu;
   std::vector<std::string> mismatches;
-  trainer_options<gasloc<2>> o;
+  trainer_options<gasloc> o;
+  o.schedule.period = 2;
   o.total_steps = 6;
   o.federation = {.degree = 2, .alpha = 0.25f, .seed = 17};
   auto out = test::collect_ranks(shape.size(), [&](inproc::communicator& world) {
     auto comm = Sp::wrap(world);
     mesh m(comm, shape);
-    trainer<test::mlp_model, gasloc<2>, optim::adamw, typename Sp::comm, typename Sp::space> t(
+    trainer<test::mlp_model, gasloc, optim::adamw, typename Sp::comm, typename Sp::space> t(
         m, test::mlp_model{}, {.lr = 0.02f}, o);
     const int g = m.coords().group;
     const int gs = shape.replicas * shape.shards;

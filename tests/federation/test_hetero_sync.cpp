@@ -256,11 +256,11 @@ TEST_CASE("policies that cannot sync groups of different shapes are refused on e
             std::string::npos);
     }
   };
-  refused.template operator()<gasloc<1>>("gossip");
+  refused.template operator()<gasloc>("gossip");
   refused.template operator()<fomoe>("holder_average");
   refused.template
   operator()<algorithm<shard::hybrid_shard, federation::median, schedule::periodic>>("median");
-  refused.template operator()<sparseloco<1>>("outer_sgd");
+  refused.template operator()<sparseloco>("outer_sgd");
 }
 
 TEST_CASE("a shard policy that cannot run on a group's shape fails every rank, naming it") {

@@ -129,7 +129,7 @@ TEST_CASE("mpi trainer: sparseloco and fl_hsdp_int8 (codecs) end bit-identical t
   auto o = every<small_sparseloco>(2);
   o.federation.codec = {.chunk = 32, .k = 4, .bits = 2};
   check_mpi_equals_inproc<small_sparseloco, optim::adamw>({2, 1, 2}, 12, {.lr = 1e-2f}, o);
-  check_mpi_equals_inproc<fl_hsdp_int8<>, optim::adamw>({2, 1, 2}, 6, {.lr = 1e-2f});
+  check_mpi_equals_inproc<fl_hsdp_int8, optim::adamw>({2, 1, 2}, 6, {.lr = 1e-2f});
 }
 
 namespace {
@@ -139,18 +139,18 @@ using zero2_weighted =
 }  // namespace
 
 TEST_CASE_TEMPLATE("mpi trainer: every alias and a custom algorithm put their plans on the wire", A,
-                   ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8<>, diloco,
-                   streaming_diloco, sparseloco<>, zero2_weighted, gasloc<>) {
+                   ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco,
+                   sparseloco, zero2_weighted, gasloc) {
   trainer_options<A> o;
   mesh_shape shape{2, 2, 1};
   if constexpr (std::is_same_v<A, ddp> || std::is_same_v<A, hsdp>) shape = {1, 2, 2};
   if constexpr (std::is_same_v<A, zero2> || std::is_same_v<A, fsdp>) shape = {1, 1, 4};
-  if constexpr (std::is_same_v<A, fl_fsdp> || std::is_same_v<A, fl_hsdp_int8<>>) shape = {2, 1, 2};
+  if constexpr (std::is_same_v<A, fl_fsdp> || std::is_same_v<A, fl_hsdp_int8>) shape = {2, 1, 2};
   if constexpr (std::is_same_v<typename A::sync_schedule, schedule::periodic>)
     o.schedule = {.period = 3};
   if constexpr (std::is_same_v<A, streaming_diloco>)
     o.schedule = {.period = 4, .fragments = 2, .delay = 1, .alpha = 0.5f};
-  if constexpr (std::is_same_v<A, gasloc<>>) {  // a ring of 4 groups: two exchanges a sync
+  if constexpr (std::is_same_v<A, gasloc>) {  // a ring of 4 groups: two exchanges a sync
     shape = {4, 1, 1};
     o.federation = {.degree = 2, .alpha = 0.25f, .seed = 9};
   }

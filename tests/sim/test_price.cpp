@@ -325,13 +325,14 @@ TEST_CASE("run_traffic fires gossip's plan of each round: an odd G's idle group 
   // 3 groups at degree 1: one group idles each round, a different one as the matchings
   // change; 8 steps syncing every 2, so 4 rounds, on a 3 x 1 x 2 mesh.
   const shard::precision prec{dtype::bf16, dtype::f32};
-  algorithm_options<gasloc<2>> o;
+  algorithm_options<gasloc> o;
+  o.schedule.period = 2;
   o.federation = {.degree = 1, .alpha = 0.5f, .seed = 1};
-  const algorithm_desc a = describe<gasloc<2>>("gasloc", o);
+  const algorithm_desc a = describe<gasloc>("gasloc", o);
   CHECK(a.plan_per_round());
   const mesh_shape shape{3, 1, 2};
   const auto units = test::mlp_model{}.units();
-  const recorded run = train<gasloc<2>>(shape, 8, 8, o, prec);
+  const recorded run = train<gasloc>(shape, 8, 8, o, prec);
   std::set<std::int64_t> calls_seen;
   for (int r = 0; r < shape.size(); ++r) {
     CAPTURE(r);
@@ -354,7 +355,8 @@ TEST_CASE("gossip's federation time per sync does not grow with G; average's doe
     cluster c = a100_4gpu_node();
     c.sites = G;
     const mesh_shape shape{G, 1, 4};
-    const step_price g = price(describe<gasloc<8>>("gasloc"), w, shape, c);
+    const step_price g =
+        price(describe<gasloc>("gasloc", {.schedule = {.period = 8}}), w, shape, c);
     const step_price a =
         price(describe<diloco>("diloco", {.schedule = {.period = 8}}), w, shape, c);
     const axis_price& gf = g.axes[static_cast<std::size_t>(axis::federation)];
@@ -367,9 +369,10 @@ TEST_CASE("gossip's federation time per sync does not grow with G; average's doe
     CHECK(af.sync_seconds > average_sync);
     average_sync = af.sync_seconds;
     // The priced bytes are the plan's: the rank's fragment shard, once each way.
-    const flat_layout l =
-        describe<gasloc<8>>("gasloc").layout(transformer_units(w.model, dtype::bf16), shape);
-    const auto plans = describe<gasloc<8>>("gasloc").sync_plans(l, shape, 0);
+    const flat_layout l = describe<gasloc>("gasloc", {.schedule = {.period = 8}})
+                              .layout(transformer_units(w.model, dtype::bf16), shape);
+    const auto plans =
+        describe<gasloc>("gasloc", {.schedule = {.period = 8}}).sync_plans(l, shape, 0);
     CHECK(gf.sync_bytes == plans.at(0).wire_bytes_on(axis::federation));
   }
   CHECK(average_sync > 2 * gossip_sync);  // at G = 16

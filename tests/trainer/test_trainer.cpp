@@ -364,7 +364,7 @@ using fp8_average =
 
 TEST_CASE_TEMPLATE(
     "every alias and custom algorithms train, and the wire carries their plans op by op", A, ddp,
-    zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8<>, diloco, streaming_diloco, sparseloco<>,
+    zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco, sparseloco,
     zero2_weighted, fsdp_photon, fp8_average) {
   trainer_options<A> o;
   mesh_shape shape{2, 1, 2};
@@ -386,7 +386,7 @@ TEST_CASE_TEMPLATE(
   // ddp/zero2/fsdp/hsdp run one group of 4 ranks; the federated ones 2 groups.
   if constexpr (std::is_same_v<A, ddp> || std::is_same_v<A, hsdp>) shape = {1, 2, 2};
   if constexpr (std::is_same_v<A, zero2> || std::is_same_v<A, fsdp>) shape = {1, 1, 4};
-  if constexpr (std::is_same_v<A, fl_hsdp> || std::is_same_v<A, sparseloco<>>) shape = {2, 2, 1};
+  if constexpr (std::is_same_v<A, fl_hsdp> || std::is_same_v<A, sparseloco>) shape = {2, 2, 1};
   const auto out = train<A, optim::adamw>(shape, 24, {.lr = 1e-2f}, o, 4);
   for (int r = 0; r < shape.size(); ++r) CHECK(out.eval_after[r] < 0.7f * out.eval_before[r]);
   // Every step put on the wire exactly the ops of the plans (see support/plan_checks.hpp).
@@ -581,9 +581,9 @@ TEST_CASE(
 }
 
 TEST_CASE("fl_hsdp_int8 with blocks of 32 (trainer_options::shard.codec) runs its own plan") {
-  auto o = every<fl_hsdp_int8<>>(3);
+  auto o = every<fl_hsdp_int8>(3);
   o.shard.codec.block = 32;
-  const auto out = train<fl_hsdp_int8<>, optim::adamw>({2, 1, 2}, 6, {.lr = 1e-2f}, o);
+  const auto out = train<fl_hsdp_int8, optim::adamw>({2, 1, 2}, 6, {.lr = 1e-2f}, o);
   for (const auto& m : out.wire_mismatches) FAIL_CHECK(m);
   int gathers = 0;
   for (const auto& op : out.step_plans[0].ops)
@@ -599,8 +599,8 @@ TEST_CASE("fl_hsdp_int8 with blocks of 32 (trainer_options::shard.codec) runs it
 
 TEST_CASE("fl_hsdp_int8: the gathers move about 4x fewer bytes and training still converges") {
   const auto f32 = train<fl_hsdp, optim::adamw>({2, 1, 2}, 24, {.lr = 1e-2f}, every<fl_hsdp>(3), 4);
-  const auto int8 = train<fl_hsdp_int8<>, optim::adamw>({2, 1, 2}, 24, {.lr = 1e-2f},
-                                                        every<fl_hsdp_int8<>>(3), 4);
+  const auto int8 =
+      train<fl_hsdp_int8, optim::adamw>({2, 1, 2}, 24, {.lr = 1e-2f}, every<fl_hsdp_int8>(3), 4);
   for (const auto& m : int8.wire_mismatches) FAIL_CHECK(m);
   double gather_f32 = 0, gather_int8 = 0;
   for (const auto& op : f32.step_plans[0].ops)

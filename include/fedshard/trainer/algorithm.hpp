@@ -141,25 +141,22 @@ using streaming_diloco =
 /// group's pseudo-gradient goes through an error-feedback top-64-of-4096, 2-bit codec
 /// (codec::topk, β = 0.95; chunk, k, bits and β in trainer_options::federation.codec); the
 /// decoded mean drives an outer SGD step with lr 1.
-template <int H = 30>
 using sparseloco = algorithm<
     shard::hybrid_shard,
     federation::with_codec<federation::outer_optimizer<federation::outer_sgd>, codec::topk>,
-    schedule::periodic, defaults<schedule::periodic::config{.period = H}>>;
+    schedule::periodic, defaults<schedule::periodic::config{.period = 30}>>;
 /// GASLoC (arXiv 2606.11081): H inner steps (H = 500 unless told otherwise, as diloco),
 /// then each group exchanges its pseudo-gradient with one random peer (federation::gossip:
 /// degree, α, seed and the outer Nesterov step's lr and γ in its config), mixes and takes
 /// the outer step on its own anchor. Inside a worker it runs HSDP.
-template <int H = 500>
 using gasloc = algorithm<shard::hybrid_shard, federation::gossip, schedule::periodic,
-                         defaults<schedule::periodic::config{.period = H}>>;
+                         defaults<schedule::periodic::config{.period = 500}>>;
 /// FL+HSDP whose parameter gathers travel as int8 with one scale per 256 values (ZeRO++'s
 /// qwZ; the block size in trainer_options::shard.codec): about 4x fewer gather bytes inside
 /// a group; K = 8 unless told otherwise.
-template <int K = 8>
 using fl_hsdp_int8 =
     algorithm<shard::with_gather_codec<shard::hybrid_shard, codec::int8_block>, federation::average,
-              schedule::periodic, defaults<schedule::periodic::config{.period = K}>>;
+              schedule::periodic, defaults<schedule::periodic::config{.period = 8}>>;
 
 /// SCAPE (arXiv 2607.01678): FSDP whose reduce_scatters and gathers carry only the elements of
 /// a mask agreed from the optimizer's first moments (shard::sparse; density, refresh period
@@ -173,11 +170,12 @@ using fl_scape_fsdp =
     algorithm<shard::sparse<shard::full_shard>, federation::average, schedule::periodic,
               defaults<schedule::periodic::config{.period = 8}>>;
 
-/// The catalogue: calls `f.template operator()<A>(name)` for every named algorithm above, with
-/// its default numbers (sparseloco<30>, gasloc<500>, fl_hsdp_int8<8>), in the order ddp, zero2,
-/// fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco, sparseloco, gasloc,
-/// fomoe, scape_fsdp, fl_scape_fsdp. It is the one list that tools (the simulator's names, the
-/// demo's rows, the lists in their messages) read, so a new alias is added here once.
+/// The catalogue: calls `f.template operator()<A>(name)` for every named algorithm above (every
+/// number in them a run-time setting of trainer_options, from the alias's default), in the
+/// order ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco,
+/// sparseloco, gasloc, fomoe, scape_fsdp, fl_scape_fsdp. It is the one list that tools (the
+/// simulator's names, the demo's rows, the lists in their messages) read, so a new alias is added
+/// here once.
 template <class F>
 constexpr void for_each_algorithm(F&& f) {
   f.template operator()<ddp>(std::string_view("ddp"));
@@ -186,11 +184,11 @@ constexpr void for_each_algorithm(F&& f) {
   f.template operator()<hsdp>(std::string_view("hsdp"));
   f.template operator()<fl_fsdp>(std::string_view("fl_fsdp"));
   f.template operator()<fl_hsdp>(std::string_view("fl_hsdp"));
-  f.template operator()<fl_hsdp_int8<>>(std::string_view("fl_hsdp_int8"));
+  f.template operator()<fl_hsdp_int8>(std::string_view("fl_hsdp_int8"));
   f.template operator()<diloco>(std::string_view("diloco"));
   f.template operator()<streaming_diloco>(std::string_view("streaming_diloco"));
-  f.template operator()<sparseloco<>>(std::string_view("sparseloco"));
-  f.template operator()<gasloc<>>(std::string_view("gasloc"));
+  f.template operator()<sparseloco>(std::string_view("sparseloco"));
+  f.template operator()<gasloc>(std::string_view("gasloc"));
   f.template operator()<fomoe>(std::string_view("fomoe"));
   f.template operator()<scape_fsdp>(std::string_view("scape_fsdp"));
   f.template operator()<fl_scape_fsdp>(std::string_view("fl_scape_fsdp"));
