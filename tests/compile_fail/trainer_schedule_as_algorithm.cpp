@@ -1,14 +1,16 @@
 // A sync schedule where trainer's algorithm belongs is named as such, with what to write instead.
 // expect: A is a sync schedule.*Write fedshard::algorithm<ShardPolicy, FederationPolicy, A>
 #include "fedshard/comm/inproc.hpp"
-#include "fedshard/optim/sgd.hpp"
+#include "fedshard/optim/adamw.hpp"
 #include "fedshard/trainer/trainer.hpp"
 #include "support/tiny_mlp.hpp"
 
-using namespace fedshard;
+namespace fs = fedshard;
 #ifdef FEDSHARD_COMPILE_OK
-using checked = trainer<test::mlp_model, diloco, optim::sgd, inproc::communicator>;
+using wanted = fs::diloco;  // what the message points to: an algorithm with that schedule
 #else
-using checked = trainer<test::mlp_model, schedule::periodic, optim::sgd, inproc::communicator>;
+using wanted = fs::schedule::periodic;
 #endif
-[[maybe_unused]] constexpr auto size = sizeof(checked);
+static_assert(
+    sizeof(fs::trainer<fs::test::mlp_model, wanted, fs::optim::adamw, fs::inproc::communicator>) >
+    0);
