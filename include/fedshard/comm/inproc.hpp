@@ -796,6 +796,52 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
 
 static_assert(Communicator<communicator>);
 
+namespace detail {
+/// The message of a caught exception (the "unknown exception" of one that is not a
+/// std::exception).
+inline std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+  }
+  return "unknown exception";
+}
+
+/// Runs body(c) on n threads, c being rank r's Comm, which make(c, r) emplaces into an empty
+/// std::optional<Comm>; returns when all have returned. A rank that throws is recorded in w
+/// (its peers blocked in collectives then throw peer_failure), and the exception of the rank
+/// that failed first is rethrown. The communicator outlives the catch, so a failure is
+/// recorded before its async work is drained.
+template <class Comm, class Make, class F>
+void run_ranks(world_state& w, int n, Make&& make, F&& body) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      std::optional<Comm> c;
+      try {
+        make(c, r);
+        body(*c);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        w.fail(r, what_of(errors[static_cast<std::size_t>(r)]));
+      }
+      c.reset();
+      w.exited[static_cast<std::size_t>(r)].store(true);
+    });
+  }
+  for (auto& t : threads) t.join();
+  const int first = w.first_failure().first;
+  if (first >= 0 && errors[static_cast<std::size_t>(first)])
+    std::rethrow_exception(errors[static_cast<std::size_t>(first)]);
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+}  // namespace detail
+
 /// Runs body(communicator& world) on n threads, one per rank, and returns when all have
 /// returned. If any rank throws, peers blocked in collectives throw peer_failure, and run()
 /// rethrows the exception of the rank that failed first.
@@ -808,38 +854,8 @@ void run(int n, F&& body, options opt = {}) {
   std::vector<int> ranks(static_cast<std::size_t>(n));
   std::iota(ranks.begin(), ranks.end(), 0);
   auto group = std::make_shared<detail::group_state>(world, std::move(ranks));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      // The communicator outlives the catch below, so a failure is recorded before its async
-      // work is drained.
-      std::optional<communicator> c;
-      try {
-        c.emplace(group, r);
-        body(*c);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-        std::string what = "unknown exception";
-        try {
-          throw;
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        world->fail(r, what);
-      }
-      c.reset();
-      world->exited[static_cast<std::size_t>(r)].store(true);
-    });
-  }
-  for (auto& t : threads) t.join();
-  const int first = world->first_failure().first;
-  if (first >= 0 && errors[static_cast<std::size_t>(first)])
-    std::rethrow_exception(errors[static_cast<std::size_t>(first)]);
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  detail::run_ranks<communicator>(
+      *world, n, [&](std::optional<communicator>& c, int r) { c.emplace(group, r); }, body);
 }
 
 }  // namespace fedshard::inproc

@@ -26,3 +26,21 @@
   };                                                                                \
   template <class T>                                                                \
   inline constexpr bool names_##member = names_##member##_in<T>::value;
+
+/// FEDSHARD_MEMBER_TYPE_OR(trait, member, fallback): declares `trait<T>`, whose `type` is
+/// T::member when T declares a type of that name, else the fallback type, and `trait_t<T>`.
+/// For an optional member type a concept header declares with its default.
+#define FEDSHARD_MEMBER_TYPE_OR(trait, member, ...) \
+  template <class T>                                \
+  struct trait {                                    \
+    using type = __VA_ARGS__;                       \
+  };                                                \
+  template <class T>                                \
+  requires requires {                               \
+    typename T::member;                             \
+  }                                                 \
+  struct trait<T> {                                 \
+    using type = typename T::member;                \
+  };                                                \
+  template <class T>                                \
+  using trait##_t = typename trait<T>::type;

@@ -702,38 +702,13 @@ void run(int n, F&& body, options opt = {}) {
   std::vector<int> ranks(static_cast<std::size_t>(n));
   std::iota(ranks.begin(), ranks.end(), 0);
   auto group = std::make_shared<detail::gpu_group>(world, std::move(ranks), devs);
-  auto& host = *world->host;
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      std::optional<communicator> c;
-      try {
+  inproc::detail::run_ranks<communicator>(
+      *world->host, n,
+      [&](std::optional<communicator>& c, int r) {
         FEDSHARD_CUDA_TRY(cudaSetDevice(devs[static_cast<std::size_t>(r)]));
         c.emplace(group, r);
-        body(*c);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-        std::string what = "unknown exception";
-        try {
-          throw;
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        host.fail(r, what);
-      }
-      c.reset();
-      host.exited[static_cast<std::size_t>(r)].store(true);
-    });
-  }
-  for (auto& t : threads) t.join();
-  const int first = host.first_failure().first;
-  if (first >= 0 && errors[static_cast<std::size_t>(first)])
-    std::rethrow_exception(errors[static_cast<std::size_t>(first)]);
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+      },
+      body);
 }
 
 }  // namespace fedshard::gpu_inproc

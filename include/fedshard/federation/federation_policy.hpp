@@ -53,6 +53,8 @@
 ///     Default false.
 /// 16. `config::owners` (a shard::ownership): which groups hold which units (holder_average).
 ///     Default: every group holds every unit.
+/// 17. `using sync_codec = C` (a codec::Codec): the cross-group average travels encoded by C
+///     (with_codec); sync_codec_t<F> names it. Default: codec::identity (f32 on the wire).
 
 #include <concepts>
 #include <cstddef>
@@ -63,6 +65,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "fedshard/codec/identity.hpp"
 #include "fedshard/core/member_names.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/optimizer.hpp"
@@ -272,20 +275,12 @@ shard::ownership owners_of(const typename F::config& c) {
     return {};
 }
 
-/// Policy F in memory space S (requirement 10).
+/// The codec of F's cross-group average (capability 17).
+FEDSHARD_MEMBER_TYPE_OR(sync_codec, sync_codec, codec::identity)
+
+/// Policy F in memory space S (requirement 10): F itself when it declares no in_space.
 template <class F, class S>
-struct in_space {
-  using type = F;
-};
-template <class F, class S>
-requires requires {
-  typename F::template in_space<S>;
-}
-struct in_space<F, S> {
-  using type = typename F::template in_space<S>;
-};
-template <class F, class S>
-using in_space_t = typename in_space<F, S>::type;
+using in_space_t = typename space::in_space_or<F, S, std::type_identity<F>>::type;
 
 namespace detail {
 /// A policy without buffers of its own: begin, end and reset change nothing, in any space.

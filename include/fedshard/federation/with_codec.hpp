@@ -5,7 +5,7 @@
 /// carries Codec (plan/comm_op.hpp: each group's contribution is encoded, the wires are
 /// all-gathered and decoded in group order into f32). Everything else of F is unchanged: its
 /// begin/end transforms, its state, the averages inside a group and of inner moments.
-/// `sync_codec_t<F>` names a policy's codec (identity for policies without one).
+/// It declares `sync_codec` (FederationPolicy capability 17).
 ///
 /// Its config is F's with one more member, `codec`: the codec's run-time settings (topk's
 /// chunk, k, bits and beta; the codec's defaults unless set), checked when the policy is
@@ -78,20 +78,5 @@ class with_codec : public F {
 
   codec::spec codec_;
 };
-
-/// The codec of FederationPolicy F's cross-group average: F::sync_codec, else the identity.
-template <class F>
-struct sync_codec {
-  using type = codec::identity;
-};
-template <class F>
-requires requires {
-  typename F::sync_codec;
-}
-struct sync_codec<F> {
-  using type = typename F::sync_codec;
-};
-template <class F>
-using sync_codec_t = typename sync_codec<F>::type;
 
 }  // namespace fedshard::federation

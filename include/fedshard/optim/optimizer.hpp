@@ -95,22 +95,19 @@ concept ShardOptimizer = std::movable<O> && std::default_initializable<typename 
   { co.size() } -> std::same_as<std::size_t>;
 };
 
-/// Optimizer O for shards in memory space S (requirement 9).
+namespace detail {
+/// An optimizer without in_space<S>: itself, on host memory only.
 template <class O, class S>
-struct in_space {
+struct host_only {
   static_assert(std::is_same_v<S, space::host_space>,
                 "fedshard::optim::in_space_t: this optimizer has no in_space<S> for this memory "
                 "space; it runs on host memory only (give it `template <class S> using in_space`)");
   using type = O;
 };
+}  // namespace detail
+
+/// Optimizer O for shards in memory space S (requirement 9).
 template <class O, class S>
-requires requires {
-  typename O::template in_space<S>;
-}
-struct in_space<O, S> {
-  using type = typename O::template in_space<S>;
-};
-template <class O, class S>
-using in_space_t = typename in_space<O, S>::type;
+using in_space_t = typename space::in_space_or<O, S, detail::host_only<O, S>>::type;
 
 }  // namespace fedshard::optim

@@ -76,6 +76,16 @@ struct axis_traffic {
   double received = 0;  ///< bytes this rank received: likewise
 
   friend bool operator==(const axis_traffic&, const axis_traffic&) = default;
+  /// Adds another set of counters, field by field.
+  axis_traffic& operator+=(const axis_traffic& o) {
+    calls += o.calls;
+    payload_bytes += o.payload_bytes;
+    wire_bytes += o.wire_bytes;
+    seconds += o.seconds;
+    sent += o.sent;
+    received += o.received;
+    return *this;
+  }
 };
 
 /// The algorithm c, the communicator of op's axis, runs what op carries with (the call
@@ -139,29 +149,13 @@ class traffic_counters {
   /// Sums over all axes.
   axis_traffic total() const {
     axis_traffic s;
-    for (const auto& t : per_axis_) {
-      s.calls += t.calls;
-      s.payload_bytes += t.payload_bytes;
-      s.wire_bytes += t.wire_bytes;
-      s.seconds += t.seconds;
-      s.sent += t.sent;
-      s.received += t.received;
-    }
+    for (const auto& t : per_axis_) s += t;
     return s;
   }
   void reset() { per_axis_ = {}; }
   /// Adds another rank's (or run's) counters, axis by axis.
   traffic_counters& operator+=(const traffic_counters& o) {
-    for (std::size_t i = 0; i < per_axis_.size(); ++i) {
-      auto& a = per_axis_[i];
-      const auto& b = o.per_axis_[i];
-      a.calls += b.calls;
-      a.payload_bytes += b.payload_bytes;
-      a.wire_bytes += b.wire_bytes;
-      a.seconds += b.seconds;
-      a.sent += b.sent;
-      a.received += b.received;
-    }
+    for (std::size_t i = 0; i < per_axis_.size(); ++i) per_axis_[i] += o.per_axis_[i];
     return *this;
   }
   /// The counters of several ranks added up.

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "fedshard/core/dtype.hpp"
+#include "fedshard/core/member_names.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/plan/comm_op.hpp"
@@ -66,19 +67,7 @@ struct no_settings {
 };
 
 /// P::settings when the policy has run-time settings (shard::sparse), else no_settings.
-template <class P>
-struct settings_of {
-  using type = no_settings;
-};
-template <class P>
-requires requires {
-  typename P::settings;
-}
-struct settings_of<P> {
-  using type = typename P::settings;
-};
-template <class P>
-using settings_of_t = typename settings_of<P>::type;
+FEDSHARD_MEMBER_TYPE_OR(settings_of, settings, no_settings)
 
 /// P's step plan with settings c (requirement 5): P::step_plan(l, s, p, c) where P declares
 /// it, else P::step_plan(l, s, p).

@@ -169,4 +169,20 @@ std::size_t common_size(const char* what, std::span<T>... spans) {
 }
 }  // namespace detail
 
+/// X::in_space<S> when X declares that member template, else Fallback::type (instantiated
+/// only then): the one detection of the rebinding to another memory space that optimizers
+/// (optim/optimizer.hpp, requirement 9) and federation policies (federation_policy.hpp,
+/// requirement 10) declare; each concept says what its Fallback is.
+template <class X, class S, class Fallback>
+struct in_space_or {
+  using type = typename Fallback::type;
+};
+template <class X, class S, class Fallback>
+requires requires {
+  typename X::template in_space<S>;
+}
+struct in_space_or<X, S, Fallback> {
+  using type = typename X::template in_space<S>;
+};
+
 }  // namespace fedshard::space

@@ -17,25 +17,14 @@
 #include <memory>
 #include <type_traits>
 
+#include "fedshard/core/member_names.hpp"
 #include "fedshard/space/host_space.hpp"
 #include "fedshard/space/memory_space.hpp"
 
 namespace fedshard::space {
 
 /// The memory space of C's buffers: C::memory_space, else host_space.
-template <class C>
-struct space_of {
-  using type = host_space;
-};
-template <class C>
-requires requires {
-  typename C::memory_space;
-}
-struct space_of<C> {
-  using type = typename C::memory_space;
-};
-template <class C>
-using space_of_t = typename space_of<C>::type;
+FEDSHARD_MEMBER_TYPE_OR(space_of, memory_space, host_space)
 
 /// C's calls are queued on a stream of S, in call order (see the file comment).
 template <class C, class S>
