@@ -13,9 +13,7 @@ namespace fedshard::federation {
 
 /// Plain averaging of the groups' parameters.
 struct average : detail::stateless {
-  struct config {
-    sync_mode sync = sync_mode::hierarchical;
-  };
+  using config = sync_config;
   static constexpr std::string_view name = "average";
   static constexpr bool syncs = true;
   /// Syncs groups of different shapes too (federation/overlap.hpp).

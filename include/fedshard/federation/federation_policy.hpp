@@ -275,6 +275,11 @@ shard::ownership owners_of(const typename F::config& c) {
     return {};
 }
 
+/// The config of a policy whose only setting is how it syncs (none, average).
+struct sync_config {
+  sync_mode sync = sync_mode::hierarchical;
+};
+
 /// The codec of F's cross-group average (capability 17).
 FEDSHARD_MEMBER_TYPE_OR(sync_codec, sync_codec, codec::identity)
 

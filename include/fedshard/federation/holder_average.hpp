@@ -242,32 +242,9 @@ class basic_holder_average : public detail::stateless {
                          .out = range,
                          .overlappable = false,
                          .members = h == shard::all_groups(G) ? 0 : h};
-    comm_op within = across;  // shares the result with the group's other replicas
-    within.axis = axis::replica;
-    within.ranks = R;
-    within.reduce.reset();
-    within.members = 0;
-    within.trigger = trigger::sync_finish;
-    if (config_.sync == sync_mode::hierarchical && n % static_cast<std::size_t>(R) == 0) {
-      operand piece = range;
-      piece.piece = axis::replica;
-      comm_op ar = across;
-      ar.bytes = bytes / R;
-      ar.in = ar.out = piece;
-      p.ops.push_back(ar);
-      if (R > 1) {
-        within.kind = comm_kind::all_gather;
-        within.in = piece;
-        p.ops.push_back(within);
-      }
-      return;
-    }
-    if (ctx.coords.replica == 0) p.ops.push_back(across);
-    if (R > 1) {
-      within.kind = comm_kind::broadcast;
-      within.in = {};
-      p.ops.push_back(within);
-    }
+    append_average(p, across,
+                   config_.sync == sync_mode::hierarchical && n % static_cast<std::size_t>(R) == 0,
+                   ctx.coords.replica, R, trigger::sync_finish);
   }
 
   config config_{};

@@ -11,9 +11,7 @@ namespace fedshard::federation {
 
 /// No federation: nothing moves on the federation axis.
 struct none : detail::stateless {
-  struct config {
-    sync_mode sync = sync_mode::hierarchical;
-  };
+  using config = sync_config;
   static constexpr std::string_view name = "none";
   static constexpr bool syncs = false;
 

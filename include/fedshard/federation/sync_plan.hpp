@@ -19,6 +19,40 @@ inline std::size_t padded_fragment_numel(std::size_t numel, int replicas) {
   return (numel + q - 1) / q * q;
 }
 
+/// Appends to p the ops that average `across` (an all_reduce of operand across.in over the
+/// federation axis) and share the result with the group's R replicas at `finish`:
+/// hierarchical, each replica averages its 1/R piece and the replicas all-gather the pieces;
+/// otherwise replica 0 averages the whole and broadcasts it.
+inline void append_average(plan& p, const comm_op& across, bool hierarchical, int replica, int R,
+                           trigger finish) {
+  comm_op within = across;
+  within.axis = axis::replica;
+  within.ranks = R;
+  within.reduce.reset();
+  within.members = 0;
+  within.trigger = finish;
+  if (hierarchical) {
+    operand piece = across.in;
+    piece.piece = axis::replica;
+    comm_op ar = across;
+    ar.bytes = across.bytes / R;
+    ar.in = ar.out = piece;
+    p.ops.push_back(ar);
+    if (R > 1) {
+      within.kind = comm_kind::all_gather;
+      within.in = piece;
+      p.ops.push_back(within);
+    }
+    return;
+  }
+  if (replica == 0) p.ops.push_back(across);
+  if (R > 1) {
+    within.kind = comm_kind::broadcast;
+    within.in = {};
+    p.ops.push_back(within);
+  }
+}
+
 /// The ops that average the f32 buffer `what` (a fragment or a moment, ctx.numel elements)
 /// over the federation axis for this rank: the cross-group average runs at trigger
 /// `start`, sharing it with the group's other replicas at trigger `finish`.
@@ -51,29 +85,7 @@ inline plan average_ops(const sync_context& ctx, sync_mode mode, operand what, t
                        .in = what,
                        .out = what,
                        .overlappable = false};
-  // Shares the result with the group's other replicas, at `finish`.
-  auto within_group = [&](comm_kind k, operand in) {
-    comm_op op = across;
-    op.kind = k;
-    op.axis = axis::replica;
-    op.ranks = R;
-    op.reduce.reset();
-    op.trigger = finish;
-    op.in = in;
-    return op;
-  };
-  if (mode == sync_mode::hierarchical) {
-    operand piece = what;
-    piece.piece = axis::replica;
-    comm_op ar = across;
-    ar.bytes = bytes / R;
-    ar.in = ar.out = piece;
-    p.ops.push_back(ar);
-    if (R > 1) p.ops.push_back(within_group(comm_kind::all_gather, piece));
-    return p;
-  }
-  if (ctx.coords.replica == 0) p.ops.push_back(across);
-  if (R > 1) p.ops.push_back(within_group(comm_kind::broadcast, {}));
+  append_average(p, across, mode == sync_mode::hierarchical, ctx.coords.replica, R, finish);
   return p;
 }
 
