@@ -115,7 +115,8 @@ struct world_state {
   }
 };
 
-struct p2p_op {
+/// What a posted send or receive carries and who it is between (inproc's and gpu_inproc's).
+struct p2p_message {
   bool is_send = false;
   const void* sbuf = nullptr;
   void* rbuf = nullptr;
@@ -124,6 +125,26 @@ struct p2p_op {
   int src = 0;  // member indices
   int dst = 0;
   int tag = 0;
+
+  /// Rank me's send to (or receive from) peer.
+  static p2p_message of(bool is_send, const void* sbuf, void* rbuf, std::int64_t n, dtype t, int me,
+                        int peer, int tag) {
+    return {.is_send = is_send,
+            .sbuf = sbuf,
+            .rbuf = rbuf,
+            .count = n,
+            .type = t,
+            .src = is_send ? me : peer,
+            .dst = is_send ? peer : me,
+            .tag = tag};
+  }
+  /// True when o is the other end of this message (a receive for a send, the same tag).
+  bool matches(const p2p_message& o) const {
+    return is_send != o.is_send && src == o.src && dst == o.dst && tag == o.tag;
+  }
+};
+
+struct p2p_op : p2p_message {
   bool done = false;  // guarded by group_state::p2p_mu
   std::string error;  // set when the matched peer disagreed
 };
@@ -564,10 +585,6 @@ class p2p_request final : public fedshard::detail::request_state {
   std::unique_ptr<p2p_op> op_;
 };
 
-inline bool p2p_matches(const p2p_op& a, const p2p_op& b) {
-  return a.is_send != b.is_send && a.src == b.src && a.dst == b.dst && a.tag == b.tag;
-}
-
 /// Posts a send or receive; if the peer's matching operation is already posted, completes
 /// both by copying directly from the sender's buffer into the receiver's.
 inline void p2p_post(group_state& g, p2p_op& op) {
@@ -575,7 +592,7 @@ inline void p2p_post(group_state& g, p2p_op& op) {
   {
     std::lock_guard lock(g.p2p_mu);
     auto it = std::find_if(g.posted.begin(), g.posted.end(),
-                           [&](const p2p_op* q) { return p2p_matches(*q, op); });
+                           [&](const p2p_op* q) { return q->matches(op); });
     if (it == g.posted.end()) {
       g.posted.push_back(&op);
       return;
@@ -642,14 +659,7 @@ inline std::unique_ptr<p2p_op> make_p2p(bool is_send, const void* sbuf, void* rb
                                         dtype t, int me, int peer, int tag, int size) {
   fedshard::detail::check_p2p_args(is_send, is_send ? sbuf : rbuf, n, t, peer, size);
   auto op = std::make_unique<p2p_op>();
-  op->is_send = is_send;
-  op->sbuf = sbuf;
-  op->rbuf = rbuf;
-  op->count = n;
-  op->type = t;
-  op->src = is_send ? me : peer;
-  op->dst = is_send ? peer : me;
-  op->tag = tag;
+  static_cast<p2p_message&>(*op) = p2p_message::of(is_send, sbuf, rbuf, n, t, me, peer, tag);
   return op;
 }
 

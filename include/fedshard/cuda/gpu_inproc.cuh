@@ -196,15 +196,7 @@ struct gpu_world {
 };
 
 /// A send or receive posted by one rank, shared with the rank that matches it.
-struct p2p_op {
-  bool is_send = false;
-  const void* sbuf = nullptr;
-  void* rbuf = nullptr;
-  std::int64_t count = 0;
-  dtype type = dtype::f32;
-  int src = 0;  // member indices
-  int dst = 0;
-  int tag = 0;
+struct p2p_op : inproc::detail::p2p_message {
   gpu::cuda_event posted;  // the poster's stream when it posted
   // Set by the rank that matched it (guarded by group_state::p2p_mu):
   bool done = false;
@@ -547,22 +539,14 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     moved_ += fedshard::detail::p2p_moved(is_send, n, t, me_, peer);
     gpu::device_guard guard(rd_->device);
     auto op = std::make_shared<detail::p2p_op>();
-    op->is_send = is_send;
-    op->sbuf = sbuf;
-    op->rbuf = rbuf;
-    op->count = n;
-    op->type = t;
-    op->src = is_send ? me_ : peer;
-    op->dst = is_send ? peer : me_;
-    op->tag = tag;
+    static_cast<inproc::detail::p2p_message&>(*op) =
+        inproc::detail::p2p_message::of(is_send, sbuf, rbuf, n, t, me_, peer, tag);
     op->posted = gpu::cuda_event::record(rd_->events, rd_->stream.get());
     std::shared_ptr<detail::p2p_op> other;
     {
       std::lock_guard lock(h.p2p_mu);
-      auto it = std::find_if(pending_p2p().begin(), pending_p2p().end(), [&](const auto& q) {
-        return q->is_send != op->is_send && q->src == op->src && q->dst == op->dst &&
-               q->tag == op->tag;
-      });
+      auto it = std::find_if(pending_p2p().begin(), pending_p2p().end(),
+                             [&](const auto& q) { return q->matches(*op); });
       if (it == pending_p2p().end()) {
         pending_p2p().push_back(op);
       } else {

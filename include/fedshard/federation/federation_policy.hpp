@@ -302,6 +302,23 @@ struct stateless {
   void reset(int, std::span<const float>) {}
   std::vector<optim::state_tensor> state() { return {}; }
 };
+
+/// A policy whose begin scales its buffer on a stream of its memory space and whose end and
+/// reset change nothing (weighted_average, holder_average): stateless's members, and begin()
+/// without a stream (host buffers) on a stream of Self's space, done when it returns. Self
+/// provides begin(f, buf, info, stream) and space(), and says `using begins_only::begin;`.
+template <class Self>
+struct begins_only : stateless {
+  using stateless::end;
+  using stateless::reset;
+  void begin(int f, std::span<float> buf, const sync_info& info) {
+    auto& self = static_cast<Self&>(*this);
+    auto& s = self.space();
+    auto st = s.make_stream();
+    self.begin(f, buf, info, st);
+    s.synchronize(st);
+  }
+};
 }  // namespace detail
 
 }  // namespace fedshard::federation

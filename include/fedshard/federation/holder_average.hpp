@@ -66,7 +66,7 @@ struct holder_average_config {
 /// Averaging of each unit over the groups that hold it, in memory space S (holder_average
 /// is the host one); see the file comment.
 template <space::MemorySpace S = space::host_space>
-class basic_holder_average : public detail::stateless {
+class basic_holder_average : public detail::begins_only<basic_holder_average<S>> {
  public:
   using config = holder_average_config;
   template <space::MemorySpace T>
@@ -152,14 +152,11 @@ class basic_holder_average : public detail::stateless {
       at += r.numel;
     }
   }
-  /// begin() on a stream of its own, done when it returns in host_space.
-  void begin(int f, std::span<float> buf, const sync_info& info) {
-    auto st = space_->make_stream();
-    begin(f, buf, info, st);
-    space_->synchronize(st);
-  }
-  using detail::stateless::end;
-  using detail::stateless::reset;
+  /// begin() without a stream, done when it returns (host buffers); end() and reset():
+  /// nothing to do.
+  using detail::begins_only<basic_holder_average>::begin;
+  /// The memory space its work runs in.
+  S& space() noexcept { return *space_; }
 
  private:
   /// A run: consecutive units (by index) with the same holders, back to back in the buffer.

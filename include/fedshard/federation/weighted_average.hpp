@@ -32,7 +32,7 @@ struct weighted_average_config {
 /// Token-weighted averaging of the groups' parameters, in memory space S (weighted_average
 /// is the host one).
 template <space::MemorySpace S = space::host_space>
-class basic_weighted_average : public detail::stateless {
+class basic_weighted_average : public detail::begins_only<basic_weighted_average<S>> {
  public:
   using config = weighted_average_config;
   template <space::MemorySpace T>
@@ -82,14 +82,11 @@ class basic_weighted_average : public detail::stateless {
     if (scale == 1.0) return;
     space_->for_each(st, kernels::scale_by_update{static_cast<float>(scale)}, buf);
   }
-  /// begin() on a stream of its own, done when it returns in host_space.
-  void begin(int f, std::span<float> buf, const sync_info& info) {
-    auto st = space_->make_stream();
-    begin(f, buf, info, st);
-    space_->synchronize(st);
-  }
-  using detail::stateless::end;
-  using detail::stateless::reset;
+  /// begin() without a stream, done when it returns (host buffers); end() and reset():
+  /// nothing to do.
+  using detail::begins_only<basic_weighted_average>::begin;
+  /// The memory space its work runs in.
+  S& space() noexcept { return *space_; }
 
  private:
   config config_{};
