@@ -204,46 +204,7 @@ FEDSHARD_DETAIL_TOPK_BODY std::uint32_t topk_kth_body(const std::uint32_t* __res
   return t;
 }
 
-FEDSHARD_TARGET_PORTABLE inline std::uint32_t topk_kth_portable(const std::uint32_t* v,
-                                                                std::size_t c, std::size_t k,
-                                                                std::uint32_t lower) noexcept {
-  return topk_kth_body(v, c, k, lower);
-}
-
-template <std::size_t Fixed, bool Decay>
-FEDSHARD_TARGET_PORTABLE inline std::uint32_t topk_fold_portable(float* e, const float* delta,
-                                                                 std::size_t m, float beta,
-                                                                 std::uint32_t* colmax,
-                                                                 std::size_t k) noexcept {
-  return topk_fold_body<Fixed, Decay>(e, delta, m, beta, colmax, k);
-}
 #if FEDSHARD_DISPATCH
-template <std::size_t Fixed, bool Decay>
-FEDSHARD_TARGET_AVX2 inline std::uint32_t topk_fold_avx2(float* e, const float* delta,
-                                                         std::size_t m, float beta,
-                                                         std::uint32_t* colmax,
-                                                         std::size_t k) noexcept {
-  return topk_fold_body<Fixed, Decay>(e, delta, m, beta, colmax, k);
-}
-template <std::size_t Fixed, bool Decay>
-FEDSHARD_TARGET_AVX512 inline std::uint32_t topk_fold_avx512(float* e, const float* delta,
-                                                             std::size_t m, float beta,
-                                                             std::uint32_t* colmax,
-                                                             std::size_t k) noexcept {
-  return topk_fold_body<Fixed, Decay>(e, delta, m, beta, colmax, k);
-}
-
-FEDSHARD_TARGET_AVX2 inline std::uint32_t topk_kth_avx2(const std::uint32_t* v, std::size_t c,
-                                                        std::size_t k,
-                                                        std::uint32_t lower) noexcept {
-  return topk_kth_body(v, c, k, lower);
-}
-FEDSHARD_TARGET_AVX512 inline std::uint32_t topk_kth_avx512(const std::uint32_t* v, std::size_t c,
-                                                            std::size_t k,
-                                                            std::uint32_t lower) noexcept {
-  return topk_kth_body(v, c, k, lower);
-}
-
 /// The lanes of a mask of 8 in increasing order, one per byte (then zeros), for each mask.
 inline constexpr auto topk_compress8 = [] {
   struct table {
@@ -313,15 +274,8 @@ FEDSHARD_TARGET_AVX512 inline std::size_t topk_gather_avx512(const float* e, std
 /// topk_kth_body with the instruction set `which`.
 inline std::uint32_t topk_kth_on(kernels::isa which, const std::uint32_t* v, std::size_t c,
                                  std::size_t k, std::uint32_t lower) noexcept {
-#if FEDSHARD_DISPATCH
-  if (which == kernels::isa::avx512 && kernels::detected_isa() >= kernels::isa::avx512)
-    return topk_kth_avx512(v, c, k, lower);
-  if (which >= kernels::isa::avx2 && kernels::detected_isa() >= kernels::isa::avx2)
-    return topk_kth_avx2(v, c, k, lower);
-#else
-  (void)which;
-#endif
-  return topk_kth_portable(v, c, k, lower);
+  return kernels::call_on(which,
+                          [=]() FEDSHARD_ALWAYS_INLINE { return topk_kth_body(v, c, k, lower); });
 }
 
 /// topk_gather_portable with the instruction set `which`.
@@ -343,15 +297,9 @@ inline std::size_t topk_gather_on(kernels::isa which, const float* e, std::size_
 template <std::size_t Fixed, bool Decay>
 std::uint32_t topk_fold_isa(kernels::isa which, float* e, const float* delta, std::size_t m,
                             float beta, std::uint32_t* colmax, std::size_t k) noexcept {
-#if FEDSHARD_DISPATCH
-  if (which == kernels::isa::avx512 && kernels::detected_isa() >= kernels::isa::avx512)
-    return topk_fold_avx512<Fixed, Decay>(e, delta, m, beta, colmax, k);
-  if (which >= kernels::isa::avx2 && kernels::detected_isa() >= kernels::isa::avx2)
-    return topk_fold_avx2<Fixed, Decay>(e, delta, m, beta, colmax, k);
-#else
-  (void)which;
-#endif
-  return topk_fold_portable<Fixed, Decay>(e, delta, m, beta, colmax, k);
+  return kernels::call_on(which, [=]() FEDSHARD_ALWAYS_INLINE {
+    return topk_fold_body<Fixed, Decay>(e, delta, m, beta, colmax, k);
+  });
 }
 
 /// The K whose fold is compiled for it (topk's default).

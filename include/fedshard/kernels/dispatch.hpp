@@ -139,6 +139,45 @@ inline std::vector<isa> supported_isas() {
   return out;
 }
 
+#if FEDSHARD_DISPATCH
+/// On a lambda or function: always inlined, so that its body is compiled into the
+/// dispatched copy that calls it (call_on).
+#define FEDSHARD_ALWAYS_INLINE __attribute__((always_inline))
+#else
+#define FEDSHARD_ALWAYS_INLINE
+#endif
+
+namespace detail {
+template <class F>
+FEDSHARD_TARGET_PORTABLE inline auto call_portable(F f) noexcept {
+  return f();
+}
+#if FEDSHARD_DISPATCH
+template <class F>
+FEDSHARD_TARGET_AVX2 inline auto call_avx2(F f) noexcept {
+  return f();
+}
+template <class F>
+FEDSHARD_TARGET_AVX512 inline auto call_avx512(F f) noexcept {
+  return f();
+}
+#endif
+}  // namespace detail
+
+/// f() compiled for the instruction set `which` (or the widest narrower one this CPU runs).
+/// f's call operator, and what it calls, must be FEDSHARD_ALWAYS_INLINE: then they are
+/// compiled into each dispatched copy with its instruction set.
+template <class F>
+inline auto call_on(isa which, F f) noexcept {
+#if FEDSHARD_DISPATCH
+  if (which == isa::avx512 && detected_isa() >= isa::avx512) return detail::call_avx512(f);
+  if (which >= isa::avx2 && detected_isa() >= isa::avx2) return detail::call_avx2(f);
+#else
+  (void)which;
+#endif
+  return detail::call_portable(f);
+}
+
 /// Lowers the process-wide limit for its lifetime (tests and benchmarks; not thread-safe
 /// against kernels running on other threads at the moment it changes).
 class isa_limit_guard {
