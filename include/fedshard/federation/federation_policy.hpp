@@ -32,7 +32,8 @@
 ///     synchronizer registers each as "federation.fragment<f>.<name>").
 /// 10. Memory spaces: F works on host memory (host_space: its buffers and streams);
 ///     `F::in_space<S>` is the same policy in memory space S, with F's config, built from
-///     (config, fragment_sizes, S&). A policy with no buffers of its own and begin/end/reset
+///     (config, fragment_sizes, S&) (a class template over one space declares it by deriving
+///     from space::same_in_every_space). A policy with no buffers of its own and begin/end/reset
 ///     templates over the stream type works in any space as it is (in_space_t<F, S> is F).
 ///
 /// Optional capabilities (declared here, detected once in federation::capabilities<F>, each with

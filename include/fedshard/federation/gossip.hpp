@@ -273,11 +273,9 @@ inline plan gossip_ops(const gossip_config& cfg, const sync_context& ctx) {
 /// GASLoC's gossip with the outer rule of outer_optimizer, in memory space S (see the file
 /// comment).
 template <space::MemorySpace S = space::host_space>
-class basic_gossip {
+class basic_gossip : public space::same_in_every_space<basic_gossip> {
  public:
   using config = gossip_config;
-  template <space::MemorySpace T>
-  using in_space = basic_gossip<T>;
   static constexpr std::string_view name = "gossip";
   static constexpr bool syncs = true;
   /// The peers change every round: the synchronizer asks for the plan at every sync.

@@ -66,11 +66,10 @@ struct holder_average_config {
 /// Averaging of each unit over the groups that hold it, in memory space S (holder_average
 /// is the host one); see the file comment.
 template <space::MemorySpace S = space::host_space>
-class basic_holder_average : public detail::begins_only<basic_holder_average<S>> {
+class basic_holder_average : public detail::begins_only<basic_holder_average<S>>,
+                             public space::same_in_every_space<basic_holder_average> {
  public:
   using config = holder_average_config;
-  template <space::MemorySpace T>
-  using in_space = basic_holder_average<T>;
   static constexpr std::string_view name = "holder_average";
   static constexpr bool syncs = true;
 

@@ -32,11 +32,10 @@ struct weighted_average_config {
 /// Token-weighted averaging of the groups' parameters, in memory space S (weighted_average
 /// is the host one).
 template <space::MemorySpace S = space::host_space>
-class basic_weighted_average : public detail::begins_only<basic_weighted_average<S>> {
+class basic_weighted_average : public detail::begins_only<basic_weighted_average<S>>,
+                               public space::same_in_every_space<basic_weighted_average> {
  public:
   using config = weighted_average_config;
-  template <space::MemorySpace T>
-  using in_space = basic_weighted_average<T>;
   static constexpr std::string_view name = "weighted_average";
   static constexpr bool syncs = true;
   /// Syncs groups of different shapes too (federation/overlap.hpp).

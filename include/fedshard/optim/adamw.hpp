@@ -34,11 +34,9 @@ struct adamw_config {
 /// AdamW on a shard of n floats in memory space S; models ShardOptimizer (adamw is the host
 /// one).
 template <space::MemorySpace S = space::host_space>
-class basic_adamw {
+class basic_adamw : public space::same_in_every_space<basic_adamw> {
  public:
   using config = adamw_config;
-  template <space::MemorySpace T>
-  using in_space = basic_adamw<T>;
 
   /// Validates cfg as torch does and allocates the two zeroed moment buffers in s.
   basic_adamw(config cfg, std::size_t n, S& s)

@@ -25,8 +25,9 @@
 ///  9. Memory spaces: `O::in_space<S>` is the same optimizer for shards in the memory space S
 ///     (space/memory_space.hpp), with `S::config == O::config`: built from (config, n, S&),
 ///     its state buffers in S, `step(param, grad, lr, stream)` queued on a stream of S; O
-///     itself keeps its state in host memory (host_space). An optimizer without in_space runs
-///     on host memory only (in_space_t refuses it for other spaces).
+///     itself keeps its state in host memory (host_space). A class template over one space
+///     declares it by deriving from space::same_in_every_space. An optimizer without
+///     in_space runs on host memory only (in_space_t refuses it for other spaces).
 
 #include <concepts>
 #include <cstddef>

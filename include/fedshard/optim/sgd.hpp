@@ -50,11 +50,9 @@ struct sgd_config {
 /// SGD on a shard of n floats in memory space S; models ShardOptimizer (sgd is the host
 /// one).
 template <space::MemorySpace S = space::host_space>
-class basic_sgd {
+class basic_sgd : public space::same_in_every_space<basic_sgd> {
  public:
   using config = sgd_config;
-  template <space::MemorySpace T>
-  using in_space = basic_sgd<T>;
 
   /// Validates cfg as torch does and allocates the zeroed momentum buffer in s (when
   /// has_buffer(cfg)).

@@ -169,6 +169,14 @@ std::size_t common_size(const char* what, std::span<T>... spans) {
 }
 }  // namespace detail
 
+/// A base of class template X<S> over one memory space that declares X's rebinding to
+/// another space (in_space<T> = X<T>): `class basic_sgd : public same_in_every_space<basic_sgd>`.
+template <template <MemorySpace> class X>
+struct same_in_every_space {
+  template <MemorySpace T>
+  using in_space = X<T>;
+};
+
 /// X::in_space<S> when X declares that member template, else Fallback::type (instantiated
 /// only then): the one detection of the rebinding to another memory space that optimizers
 /// (optim/optimizer.hpp, requirement 9) and federation policies (federation_policy.hpp,
