@@ -30,10 +30,10 @@
 ///            per round) and `latest` = e. Members: groups arrived with all ranks, with each
 ///            rank's token; joiners among them: arrived as joiners, or dropped or marked
 ///            unhealthy (rejected for non-finite values, or a failed heal) in round e-1;
-///            participants: the other members, sampled by options::participation; donor: the
-///            lowest participant candidate. With no candidate (every member a joiner: all
-///            restarted, or back after the store was away) the lowest joiner becomes the
-///            donor and the others heal from it;
+///            participants: the other members (the federation's participation stage may
+///            narrow them to a sample: set_participants); donor: the lowest of them. With
+///            none (every member a joiner: all restarted, or back after the store was away)
+///            the lowest joiner becomes the donor and the others heal from it;
 ///   READ     every rank waits for the decision: a rank other than the leader as long as its
 ///            leader beats; a joining leader as long as some other group beats (they may
 ///            train long between syncs), and it decides the round itself when every live
@@ -148,15 +148,6 @@
 
 namespace fedshard::elastic {
 
-/// Each round a seeded sample of the live groups combines its models (Flower's fraction_fit):
-/// max(min_groups, ceil(fraction x candidates)) of them, at most all; the same sample on every
-/// rank (it is part of the round's decision).
-struct participation {
-  double fraction = 1.0;
-  int min_groups = 1;
-  std::uint64_t seed = 0;
-};
-
 /// Settings of an elastic link (the groups of one run must agree on all but the timeouts).
 struct options {
   /// Namespace of the run's keys in the store.
@@ -165,7 +156,6 @@ struct options {
   std::chrono::duration<double> join_timeout{10.0};
   /// Settings of the rounds' Gloo contexts (their timeout bounds every collective).
   gloo::options transport{};
-  participation sample{};
   /// Reject a participant whose input holds a NaN or an infinity.
   bool reject_nonfinite = true;
   /// Reject a participant whose distance from the coordinate-wise median exceeds clip_ratio
@@ -194,13 +184,15 @@ struct options {
 
 /// What a round decided.
 struct round_info {
-  std::int64_t round = -1;        ///< its number, from 0
-  std::int64_t step = 0;          ///< the donor's step: the sync after that step
-  std::vector<int> members;       ///< groups in the round's context, ascending
-  std::vector<int> participants;  ///< members whose inputs are combined
-  std::vector<int> joiners;       ///< members that heal in this round
-  std::vector<int> left_out;      ///< expected groups that did not arrive in time
-  int donor = -1;                 ///< the member joiners receive state from (-1: none)
+  std::int64_t round = -1;   ///< its number, from 0
+  std::int64_t step = 0;     ///< the donor's step: the sync after that step
+  std::vector<int> members;  ///< groups in the round's context, ascending
+  /// Members that may contribute (not joiners); the federation's participation stage
+  /// samples among them (set_participants).
+  std::vector<int> participants;
+  std::vector<int> joiners;   ///< members that heal in this round
+  std::vector<int> left_out;  ///< expected groups that did not arrive in time
+  int donor = -1;             ///< the member joiners receive state from (-1: none)
   /// The incarnation of each member's ranks: members.size() x ranks per group tokens, in
   /// member order (see the file comment).
   std::vector<std::uint64_t> incarnations;
@@ -324,25 +316,6 @@ inline std::uint64_t mix(std::uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
-}
-
-/// The participation sample of round e among `candidates` (ascending): a seeded shuffle,
-/// the first k, ascending.
-inline std::vector<int> sample_of(std::vector<int> candidates, const participation& p,
-                                  std::int64_t e) {
-  const int n = static_cast<int>(candidates.size());
-  if (p.fraction >= 1.0 || n == 0) return candidates;
-  int k = static_cast<int>(std::ceil(p.fraction * n - 1e-9));
-  k = std::clamp(std::max(k, p.min_groups), std::min(1, n), n);
-  std::uint64_t s = mix(p.seed ^ mix(static_cast<std::uint64_t>(e)));
-  for (int i = n - 1; i > 0; --i) {
-    s = mix(s);
-    std::swap(candidates[static_cast<std::size_t>(i)],
-              candidates[static_cast<std::size_t>(s % static_cast<std::uint64_t>(i + 1))]);
-  }
-  candidates.resize(static_cast<std::size_t>(k));
-  std::sort(candidates.begin(), candidates.end());
-  return candidates;
 }
 
 /// A fresh incarnation token: never 0 (0 means "any incarnation" to a watcher).
@@ -495,9 +468,6 @@ class link : public blocking_calls<link> {
                      "elastic::link: local_rank must be in [0, group_size), found ", local_rank,
                      " of ", group_size);
     FEDSHARD_EXPECTS(o_.join_timeout.count() > 0, "elastic::link: join_timeout must be > 0");
-    FEDSHARD_EXPECTS(o_.sample.fraction > 0 && o_.sample.fraction <= 1,
-                     "elastic::link: participation fraction must be in (0, 1], found ",
-                     o_.sample.fraction);
     FEDSHARD_EXPECTS(o_.clip_ratio >= 0, "elastic::link: clip_ratio must be >= 0, found ",
                      o_.clip_ratio);
     FEDSHARD_EXPECTS(o_.beat_period.count() > 0 && o_.missed_beats >= 1,
@@ -636,6 +606,19 @@ class link : public blocking_calls<link> {
   const round_info& round() const noexcept { return round_; }
   /// True when this group heals in the current round.
   bool joining() const { return round_.has(round_.joiners, group_); }
+  /// Narrows the current round's participants to the groups `mask` marks (a mask over the
+  /// G groups): the federation's participation stage (federation/participation.hpp) draws
+  /// that sample; the link only combines whom it is given. Every rank of the round calls it
+  /// with the same mask before the round's collectives.
+  void set_participants(const std::vector<std::uint8_t>& mask) {
+    FEDSHARD_EXPECTS(static_cast<int>(mask.size()) == groups_,
+                     "elastic::link::set_participants: a mask of ", groups_, " groups, found ",
+                     mask.size());
+    std::vector<int> kept;
+    for (int g : round_.participants)
+      if (mask[static_cast<std::size_t>(g)] != 0) kept.push_back(g);
+    round_.participants = std::move(kept);
+  }
   /// Participants of the current op, as a mask over the G groups (rejected ones cleared).
   std::vector<std::uint8_t> included() const {
     std::vector<std::uint8_t> m(static_cast<std::size_t>(groups_), 0);
@@ -1036,7 +1019,7 @@ class link : public blocking_calls<link> {
       candidates.push_back(r.joiners.front());
       r.joiners.erase(r.joiners.begin());
     }
-    r.participants = detail::sample_of(candidates, o_.sample, e);
+    r.participants = candidates;
     r.donor = candidates.empty() ? -1 : candidates.front();
     for (int g : expected)
       if (!r.has(r.members, g)) r.left_out.push_back(g);

@@ -40,6 +40,7 @@
 #include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/overlap.hpp"
+#include "fedshard/federation/participation.hpp"
 #include "fedshard/federation/sync_plan.hpp"
 #include "fedshard/kernels/sync.hpp"
 #include "fedshard/mesh/mesh.hpp"
@@ -235,6 +236,15 @@ class synchronizer {
   void set_included_source(std::function<std::vector<std::uint8_t>()> source) {
     included_source_ = std::move(source);
   }
+
+  /// Which groups each sync combines (federation/participation.hpp); invalid_argument for
+  /// settings it cannot use. Default: every group.
+  void set_participation(const participation& p) {
+    federation::check(p);
+    participation_ = p;
+  }
+  /// The participation settings (set_participation).
+  const participation& participation_settings() const noexcept { return participation_; }
 
   /// Counts a step's tokens toward every fragment's weight.
   void add_tokens(std::int64_t tokens) {
@@ -807,6 +817,7 @@ class synchronizer {
   int inner_state_buffers_ = 0;
   std::int64_t syncs_applied_ = 0;
   std::function<std::vector<std::uint8_t>()> included_source_;
+  participation participation_{};
   std::vector<std::uint8_t> included_;
   bool members_split_ = false;               // split_members ran for the policy's member_sets
   std::vector<std::uint64_t> overlap_sets_;  // holder sets still to split (overlap.hpp)

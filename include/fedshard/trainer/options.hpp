@@ -8,6 +8,7 @@
 
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
+#include "fedshard/federation/participation.hpp"
 #include "fedshard/mesh/axis.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/shard/shard_policy.hpp"
@@ -30,6 +31,9 @@ struct trainer_options {
   typename A::federation_policy::config federation{};
   /// The schedule's settings (K, H, fragments, delay, mixing), from the algorithm's defaults.
   typename A::sync_schedule::config schedule = A::default_schedule();
+  /// Which groups each sync combines: a seeded sample (federation/participation.hpp; in an
+  /// elastic round, among its members that are not joiners). Default: every group.
+  federation::participation participation{};
   /// The shard policy's settings (shard::sparse's density, refresh period); none for most.
   shard::settings_of_t<typename A::shard_policy> shard{};
   /// Where the trainer's log lines go (what a resharding load dropped or initialised), on
