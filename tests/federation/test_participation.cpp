@@ -1,18 +1,32 @@
 /// Tests of the federation's participation stage (federation/participation.hpp): the sample's
 /// size, its values for fixed seeds (worked out apart from the library: a Fisher-Yates
 /// shuffle driven by splitmix64, seeded with seed ^ mix(round), first k kept, ascending),
-/// masks drawn among eligible groups, and the settings it refuses.
+/// masks drawn among eligible groups, the settings it refuses; the interpreter combining only
+/// the included ranks of plain ops on inproc (no elastic link), and a synchronizer whose
+/// sample decides what its average combines.
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <vector>
 
+#include "fedshard/comm/inproc.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/federation/average.hpp"
 #include "fedshard/federation/participation.hpp"
+#include "fedshard/federation/sync.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "fedshard/plan/interpreter.hpp"
+#include "fedshard/schedule/periodic.hpp"
+#include "support/spawn_ranks.hpp"
 
 namespace {
 using namespace fedshard;
+using namespace fedshard::federation;
 using federation::participation;
 using federation::sample_of;
 using federation::sampled_mask;
@@ -62,4 +76,124 @@ TEST_CASE("participation: settings it cannot use are refused with what was expec
   CHECK_THROWS_WITH_AS(federation::check({.fraction = 0.5, .min_groups = 0}),
                        doctest::Contains("min_groups must be >= 1, found 0"), invalid_argument);
   CHECK_NOTHROW(federation::check({}));
+}
+
+// ------------------------------------------------- the stage run through the interpreter
+
+namespace {
+
+using fedshard::inproc::communicator;
+
+comm_op federation_op(comm_kind k, std::int64_t elems, std::optional<reduce_op> r) {
+  return {.kind = k,
+          .axis = axis::federation,
+          .dtype = dtype::f32,
+          .bytes = elems * 4,
+          .ranks = 3,
+          .reduce = r,
+          .in = {.role = role::value, .index = 0},
+          .out = {.role = role::value, .index = 1}};
+}
+
+auto bind(std::vector<float>& in, std::vector<float>& out) {
+  return [&](const comm_op&, const operand& o) {
+    auto& v = o.index == 0 ? in : out;
+    return buffer_view{v.data(), v.size(), dtype::f32};
+  };
+}
+
+std::vector<unit_spec> two_units() {
+  return {{"a", {{"w", {6}}}}, {"b", {{"w", {2}}}}};
+}
+
+}  // namespace
+
+TEST_CASE("the interpreter combines only the included ranks of plain ops, on inproc") {
+  // Three groups of one rank; the mask includes groups 0 and 2. Values exact in f32:
+  // group 0 {1, -2}, group 1 {100, 100}, group 2 {3, 6}.
+  //   avg all_reduce: ({1, -2} + {3, 6}) / 2 = {2, 2} on every rank, group 1's too;
+  //   sum all_reduce: {4, 4};
+  //   all_gather of {10g + 1}: {1, 0, 21} (group 1's slot zeroed);
+  //   reduce_scatter (sum) of {g+1, 10(g+1), 100(g+1)}: {1+3, 10+30, 100+300}, rank r keeps
+  //   element r: 4, 40, 400;
+  //   nobody included: each rank keeps its own input.
+  const std::vector<std::vector<float>> values{{1.0f, -2.0f}, {100.0f, 100.0f}, {3.0f, 6.0f}};
+  test::spawn_ranks(3, [&](communicator& world) {
+    mesh m(world, {.groups = 3, .replicas = 1, .shards = 1});
+    interpreter<communicator> in(m);
+    in.wire().keep_calls(true);
+    const int g = world.rank();
+    const auto mine = values[static_cast<std::size_t>(g)];
+    in.set_included(axis::federation, {1, 0, 1});
+
+    std::vector<float> x = mine, y(2);
+    in.run(federation_op(comm_kind::all_reduce, 2, reduce_op::avg), bind(x, y));
+    CHECK(y == std::vector<float>{2.0f, 2.0f});
+    in.run(federation_op(comm_kind::all_reduce, 2, reduce_op::sum), bind(x, x));  // in place
+    CHECK(x == std::vector<float>{4.0f, 4.0f});
+
+    std::vector<float> one{10.0f * static_cast<float>(g) + 1.0f}, all(3, -1.0f);
+    in.run(federation_op(comm_kind::all_gather, 3, std::nullopt), bind(one, all));
+    CHECK(all == std::vector<float>{1.0f, 0.0f, 21.0f});
+
+    const auto k = static_cast<float>(g + 1);
+    std::vector<float> three{k, 10 * k, 100 * k}, part(1);
+    in.run(federation_op(comm_kind::reduce_scatter, 3, reduce_op::sum), bind(three, part));
+    CHECK(part[0] == std::vector<float>{4.0f, 40.0f, 400.0f}[static_cast<std::size_t>(g)]);
+
+    in.set_included(axis::federation, {0, 0, 0});
+    x = mine;
+    in.run(federation_op(comm_kind::all_reduce, 2, reduce_op::avg), bind(x, y));
+    CHECK(y == mine);
+
+    // Each ran as the all_gather of every rank's input: 2, 2, 1, 3, 2 elements per rank.
+    std::vector<std::int64_t> gathered;
+    for (const wire_call& w : in.wire().calls()) {
+      CHECK(w.kind == comm_kind::all_gather);
+      gathered.push_back(w.bytes);
+    }
+    CHECK(gathered == std::vector<std::int64_t>{24, 24, 12, 36, 24});
+  });
+}
+
+TEST_CASE("every rank included: the same bits as the backend's own all_reduce") {
+  test::spawn_ranks(3, [&](communicator& world) {
+    mesh m(world, {.groups = 3, .replicas = 1, .shards = 1});
+    interpreter<communicator> in(m);
+    std::vector<float> x(37), plain(37), masked(37);
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = std::sin(0.37f * static_cast<float>(i) + 1.3f * static_cast<float>(world.rank()));
+    in.run(federation_op(comm_kind::all_reduce, 37, reduce_op::avg), bind(x, plain));
+    in.set_included(axis::federation, {1, 1, 1});
+    in.run(federation_op(comm_kind::all_reduce, 37, reduce_op::avg), bind(x, masked));
+    CHECK(std::memcmp(plain.data(), masked.data(), plain.size() * sizeof(float)) == 0);
+  });
+}
+
+TEST_CASE("a synchronizer's participation stage samples the groups its average combines") {
+  // Four groups of one rank, fraction 0.5, seed 42: sync 0 combines groups {0, 2}, sync 1
+  // groups {0, 3} (the samples of rounds 0 and 1 above). Groups hold 1, 100, 3, 1000 before
+  // sync 0: every master becomes (1 + 3) / 2 = 2; they hold 11, 110, 13, 1010 before sync 1:
+  // (11 + 1010) / 2 = 510.5 everywhere, the groups left out included.
+  const std::vector<float> held{1.0f, 100.0f, 3.0f, 1000.0f};
+  const mesh_shape shape{4, 1, 1};
+  test::spawn_ranks(4, [&](communicator& world) {
+    mesh m(world, shape);
+    interpreter<communicator> in(m);
+    const flat_layout l(two_units(), 1);
+    synchronizer<average, schedule::periodic> sync({}, {.period = 1}, l, shape, m.coords(), 0);
+    sync.set_participation({.fraction = 0.5, .min_groups = 1, .seed = 42});
+    const float mine = held[static_cast<std::size_t>(world.rank())];
+    std::vector<float> master(l.total_shard_numel(), mine);
+    sync.reset(master);
+    sync.after_step(in, 0, 0, master, {});
+    for (float v : master) REQUIRE(v == 2.0f);
+    std::fill(master.begin(), master.end(), mine + 10.0f);
+    sync.after_step(in, 1, 0, master, {});
+    CHECK(sync.syncs_applied() == 2);
+    for (float v : master) REQUIRE(v == 510.5f);
+    CHECK_THROWS_WITH_AS(sync.set_participation({.fraction = 2}),
+                         doctest::Contains("fraction must be in (0, 1], found 2"),
+                         invalid_argument);
+  });
 }

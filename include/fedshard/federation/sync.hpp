@@ -650,7 +650,12 @@ class synchronizer {
 
   sync_info info(int f) {
     const auto& fr = at(f);
-    if (included_source_) included_ = included_source_();
+    if (included_source_)  // the round's own participants (an elastic link samples them)
+      included_ = included_source_();
+    else if (participation_.fraction < 1)  // the participation stage: this sync's sample
+      included_ = sampled_mask(shape_.groups, {}, participation_, round(f));
+    else
+      included_.clear();
     return {.fragment = f,
             .groups = shape_.groups,
             .group = coords_.group,
@@ -765,7 +770,10 @@ class synchronizer {
     // snapshot has read it; it does not wait for the averaging, which stays in flight.
     space_->wait(compute, space_->record(sync_));
     policy_.begin(f, fr.buf.span(), info(f), sync_);
-    interp.set_included(axis::federation, included_);  // encoded averages decode these groups
+    // The ops combine these groups; a link with rounds combines its participants itself.
+    interp.set_included(axis::federation, included_,
+                        included_source_ ? interpreter<C, S>::mask_scope::encoded_ops
+                                         : interpreter<C, S>::mask_scope::all_ops);
     fr.start = interp.fire(fr.plan, point(trigger::sync_exchange, f), binder(f), sync_);
     fr.stage = sync_stage::in_flight;
   }
