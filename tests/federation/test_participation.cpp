@@ -68,14 +68,14 @@ TEST_CASE("participation: a mask drawn among the eligible groups") {
 }
 
 TEST_CASE("participation: settings it cannot use are refused with what was expected") {
-  CHECK_THROWS_WITH_AS(federation::check({.fraction = 0}),
+  CHECK_THROWS_WITH_AS(federation::check(participation{.fraction = 0}),
                        doctest::Contains("fraction must be in (0, 1], found 0"), invalid_argument);
-  CHECK_THROWS_WITH_AS(federation::check({.fraction = 1.5}),
+  CHECK_THROWS_WITH_AS(federation::check(participation{.fraction = 1.5}),
                        doctest::Contains("fraction must be in (0, 1], found 1.5"),
                        invalid_argument);
-  CHECK_THROWS_WITH_AS(federation::check({.fraction = 0.5, .min_groups = 0}),
+  CHECK_THROWS_WITH_AS(federation::check(participation{.fraction = 0.5, .min_groups = 0}),
                        doctest::Contains("min_groups must be >= 1, found 0"), invalid_argument);
-  CHECK_NOTHROW(federation::check({}));
+  CHECK_NOTHROW(federation::check(participation{}));
 }
 
 // ------------------------------------------------- the stage run through the interpreter
@@ -195,5 +195,53 @@ TEST_CASE("a synchronizer's participation stage samples the groups its average c
     CHECK_THROWS_WITH_AS(sync.set_participation({.fraction = 2}),
                          doctest::Contains("fraction must be in (0, 1], found 2"),
                          invalid_argument);
+  });
+}
+
+TEST_CASE("a synchronizer's screening leaves out NaN and outlier groups, on inproc") {
+  // Four groups of one rank, screening on (reject_nonfinite, clip_ratio 3), every group a
+  // candidate. Sync 0: groups hold 1, NaN, 3, 2: group 1 is rejected, every master becomes
+  // (1 + 3 + 2) / 3 = 2. Sync 1: they hold 11, 12, 13, 1e6: per element the median (the
+  // third smallest of 4) is 13, distances 2, 1, 0 and 1e6 - 13 (x sqrt(N) over the N
+  // elements); the median distance is 2 sqrt(N), so group 3 (far above 3 x that) is rejected:
+  // (11 + 12 + 13) / 3 = 12.
+  const mesh_shape shape{4, 1, 1};
+  const std::vector<float> first{1.0f, std::nanf(""), 3.0f, 2.0f};
+  const std::vector<float> second{11.0f, 12.0f, 13.0f, 1e6f};
+  test::spawn_ranks(4, [&](communicator& world) {
+    mesh m(world, shape);
+    interpreter<communicator> in(m);
+    const flat_layout l(two_units(), 1);
+    synchronizer<average, schedule::periodic> sync({}, {.period = 1}, l, shape, m.coords(), 0);
+    sync.set_screening({});
+    const auto g = static_cast<std::size_t>(world.rank());
+    std::vector<float> master(l.total_shard_numel(), first[g]);
+    sync.reset(master);
+    sync.after_step(in, 0, 0, master, {});
+    for (float v : master) REQUIRE(v == 2.0f);
+    std::fill(master.begin(), master.end(), second[g]);
+    sync.after_step(in, 1, 0, master, {});
+    for (float v : master) REQUIRE(v == 12.0f);
+    CHECK_THROWS_WITH_AS(sync.set_screening({.clip_ratio = -1}),
+                         doctest::Contains("clip_ratio must be finite and >= 0, found -1"),
+                         invalid_argument);
+  });
+}
+
+TEST_CASE("screening without an agreement needs groups of one rank") {
+  // Two groups of two replicas: each replica would judge its own shard's statistics.
+  const mesh_shape shape{2, 2, 1};
+  test::spawn_ranks(4, [&](communicator& world) {
+    mesh m(world, shape);
+    interpreter<communicator> in(m);
+    const flat_layout l(two_units(), 2);
+    synchronizer<average, schedule::periodic> sync({}, {.period = 1}, l, shape, m.coords(), 0);
+    sync.set_screening({});
+    std::vector<float> master(l.total_shard_numel(), 1.0f);
+    sync.reset(master);
+    CHECK_THROWS_WITH_AS(sync.after_step(in, 0, 0, master, {}),
+                         doctest::Contains("without one it needs groups of one rank, found 2 x 1"),
+                         invalid_argument);
+    in.wait_all();
   });
 }

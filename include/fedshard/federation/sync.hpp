@@ -234,8 +234,11 @@ class synchronizer {
   /// Where sync_info::included comes from (a federation axis whose groups come and go, e.g.
   /// elastic::link::included); asked at every begin() and end(). Unset: every group.
   void set_included_source(std::function<std::vector<std::uint8_t>()> source) {
-    included_source_ = std::move(source);
+    hooks_.included = std::move(source);
   }
+  /// What a federation axis with rounds offers the participation stage (its groups, an
+  /// agreement for screening, where verdicts go): federation/heal.hpp sets it each round.
+  void set_round_hooks(round_hooks h) { hooks_ = std::move(h); }
 
   /// Which groups each sync combines (federation/participation.hpp); invalid_argument for
   /// settings it cannot use. Default: every group.
@@ -245,6 +248,14 @@ class synchronizer {
   }
   /// The participation settings (set_participation).
   const participation& participation_settings() const noexcept { return participation_; }
+  /// Robust aggregation's settings (federation/participation.hpp); invalid_argument for
+  /// settings it cannot use. Default: off (the trainer turns it on over an elastic link).
+  void set_screening(const screening& s) {
+    federation::check(s);
+    screening_ = s;
+  }
+  /// The screening settings (set_screening).
+  const screening& screening_settings() const noexcept { return screening_; }
 
   /// Counts a step's tokens toward every fragment's weight.
   void add_tokens(std::int64_t tokens) {
@@ -650,10 +661,12 @@ class synchronizer {
 
   sync_info info(int f) {
     const auto& fr = at(f);
-    if (included_source_)  // the round's own participants (an elastic link samples them)
-      included_ = included_source_();
+    if (hooks_.included)  // the round's own participants (sampled in begin_elastic_round)
+      included_ = hooks_.included();
     else if (participation_.fraction < 1)  // the participation stage: this sync's sample
       included_ = sampled_mask(shape_.groups, {}, participation_, round(f));
+    else if (screening_.on())  // every group, screened
+      included_.assign(static_cast<std::size_t>(shape_.groups), 1);
     else
       included_.clear();
     return {.fragment = f,
@@ -770,12 +783,28 @@ class synchronizer {
     // snapshot has read it; it does not wait for the averaging, which stays in flight.
     space_->wait(compute, space_->record(sync_));
     policy_.begin(f, fr.buf.span(), info(f), sync_);
-    // The ops combine these groups; a link with rounds combines its participants itself.
-    interp.set_included(axis::federation, included_,
-                        included_source_ ? interpreter<C, S>::mask_scope::encoded_ops
-                                         : interpreter<C, S>::mask_scope::all_ops);
+    interp.set_included(axis::federation, included_);  // the ops combine these groups
+    set_screen(interp);
     fr.start = interp.fire(fr.plan, point(trigger::sync_exchange, f), binder(f), sync_);
     fr.stage = sync_stage::in_flight;
+  }
+
+  /// Installs the screening stage (federation/participation.hpp) on the federation axis.
+  template <Communicator C>
+  void set_screen(interpreter<C, S>& interp) {
+    if (!screening_.on() && !hooks_.included) {
+      interp.set_screen(axis::federation, {});
+      return;
+    }
+    FEDSHARD_EXPECTS(!screening_.on() || hooks_.agree || shape_.replicas * shape_.shards == 1,
+                     "synchronizer: screening (reject_nonfinite, clip_ratio) gives one verdict "
+                     "per group through the federation axis's agreement (an elastic link); "
+                     "without one it needs groups of one rank, found ",
+                     shape_.replicas, " x ", shape_.shards, " (turn it off: screening::off())");
+    interp.set_screen(axis::federation,
+                      [this](const gathered_inputs& in, std::vector<std::uint8_t>& included) {
+                        screen(in, included, screening_, hooks_);
+                      });
   }
 
   /// Finishes the averaging in flight inside the group (sync_finish), queued on the sync
@@ -824,8 +853,9 @@ class synchronizer {
   policy_type policy_;
   int inner_state_buffers_ = 0;
   std::int64_t syncs_applied_ = 0;
-  std::function<std::vector<std::uint8_t>()> included_source_;
+  round_hooks hooks_;  // a federation axis with rounds (set_round_hooks)
   participation participation_{};
+  screening screening_ = screening::off();
   std::vector<std::uint8_t> included_;
   bool members_split_ = false;               // split_members ran for the policy's member_sets
   std::vector<std::uint64_t> overlap_sets_;  // holder sets still to split (overlap.hpp)

@@ -49,6 +49,8 @@
 /// included count), or, for an all_gather, keeps their blocks and zeroes the others'. With
 /// every rank included the result is bit-identical to the backends' own collective. Such
 /// ops run on host memory. Nobody included: a rank keeps its own input.
+/// Between the gather and the reduction a screening stage (set_screen) may leave more ranks
+/// out.
 
 #include <algorithm>
 #include <compare>
@@ -56,6 +58,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -89,6 +92,18 @@ struct ticket {
   std::uint64_t id = 0;
   friend bool operator==(const ticket&, const ticket&) = default;
 };
+
+/// The inputs a masked op gathered (interpreter::set_screen): `ranks` blocks of `count`
+/// elements of `type`, `stride` bytes apart, in rank order.
+struct gathered_inputs {
+  const std::byte* blocks = nullptr;
+  std::size_t stride = 0;
+  int ranks = 0;
+  std::int64_t count = 0;
+  dtype type = dtype::f32;
+};
+/// A screening stage: clears the ranks of `included` whose gathered input it rejects.
+using screen_fn = std::function<void(const gathered_inputs&, std::vector<std::uint8_t>& included)>;
 
 /// Runs plans on the communicators of a mesh over Communicator C, with buffers in memory space
 /// S (C's: space/space_of.hpp); see the file comment.
@@ -245,22 +260,22 @@ class interpreter {
     }
   }
 
-  /// Which ops set_included's mask applies to: every combining op, or encoded ops only
-  /// (where the axis's communicator itself combines only its own participants).
-  enum class mask_scope { all_ops, encoded_ops };
-
   /// Which ranks of axis a the combining ops fired from now on combine (1) and which they
   /// leave out (0), by axis rank; empty = all (the default). See the file comment. The
   /// federation stage that decides a sync's participants (federation/sync.hpp) sets it; the
   /// interpreter asks no backend.
-  void set_included(axis a, std::vector<std::uint8_t> mask,
-                    mask_scope scope = mask_scope::all_ops) {
+  void set_included(axis a, std::vector<std::uint8_t> mask) {
     FEDSHARD_EXPECTS(mask.empty() || static_cast<int>(mask.size()) == mesh_->axis_size(a),
                      "interpreter::set_included: a mask of ", mesh_->axis_size(a), " ranks (the ",
                      to_string(a), " axis) or none, found ", mask.size());
     included_[index(a)] = std::move(mask);
-    scope_[index(a)] = scope;
   }
+
+  /// Called by a masked all_reduce or reduce_scatter of axis a once every rank's input is
+  /// gathered, before the included blocks are reduced: it may clear ranks of the mask (the
+  /// federation's screening: federation/participation.hpp); those stay cleared for the ops
+  /// fired later, until the next set_included. Empty: none.
+  void set_screen(axis a, screen_fn f) { screens_[index(a)] = std::move(f); }
 
   /// Collective over axis a (every rank of it passes the same sets in the same order): makes
   /// the sub-communicator of each set of axis ranks (bit k: rank k of the axis) that this
@@ -468,7 +483,7 @@ class interpreter {
     const auto a = index(op.axis);
     const bool combines = op.kind == comm_kind::all_reduce ||
                           op.kind == comm_kind::reduce_scatter || op.kind == comm_kind::all_gather;
-    return combines && op.members == 0 && !included_[a].empty() && scope_[a] == mask_scope::all_ops;
+    return combines && op.members == 0 && !included_[a].empty();
   }
   /// The all_gather a masked op runs as: every rank's input (op.dtype).
   static comm_op gathered(const comm_op& op) {
@@ -654,6 +669,7 @@ class interpreter {
       return;
     }
     const auto me = static_cast<std::size_t>(mesh_->axis_rank(op.axis));
+    screen(b, block);
     std::size_t used = 0;  // the included blocks, moved to the front in rank order
     for (std::size_t r = 0; r < ranks; ++r) {
       if (b.included[r] == 0) continue;
@@ -669,6 +685,26 @@ class interpreter {
                                       static_cast<int>(used), whole, static_cast<std::int64_t>(n));
     if (op.kind == comm_kind::reduce_scatter)
       std::memcpy(out, whole + me * (block / ranks), block / ranks);
+  }
+
+  /// Runs the axis's screening stage on masked op b's gathered blocks (`block` bytes each):
+  /// the ranks it clears leave b's mask and the axis's.
+  void screen(bound_op& b, std::size_t block) {
+    const screen_fn& f = screens_[index(b.op.axis)];
+    if (!f) return;
+    const auto before = b.included;
+    f(gathered_inputs{.blocks = b.wire,
+                      .stride = block,
+                      .ranks = b.op.ranks,
+                      .count = static_cast<std::int64_t>(block / size_of(b.op.dtype)),
+                      .type = b.op.dtype},
+      b.included);
+    FEDSHARD_EXPECTS(b.included.size() == before.size(), "interpreter: the screening stage of ",
+                     describe(b.op), " changed the mask's size from ", before.size(), " to ",
+                     b.included.size());
+    auto& axis_mask = included_[index(b.op.axis)];
+    for (std::size_t r = 0; r < before.size(); ++r)
+      if (before[r] != 0 && b.included[r] == 0 && r < axis_mask.size()) axis_mask[r] = 0;
   }
 
   /// Where an encoded op's codec object is kept: the op's place in the plans (its trigger,
@@ -762,8 +798,8 @@ class interpreter {
   stream_type own_stream_;
   wire_log log_;
   std::optional<wire_tap<C>> taps_[5];
-  std::vector<std::uint8_t> included_[5];  // by axis: set_included's masks
-  mask_scope scope_[5] = {};               // by axis: the ops each mask applies to
+  std::vector<std::uint8_t> included_[5];                           // by axis: set_included's masks
+  screen_fn screens_[5];                                            // by axis: set_screen's stages
   std::map<site, typename S::template buffer<std::byte>> gathers_;  // masked ops' inputs
   struct member_comm {
     C comm;

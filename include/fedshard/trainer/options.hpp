@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "fedshard/core/dtype.hpp"
@@ -34,6 +35,10 @@ struct trainer_options {
   /// Which groups each sync combines: a seeded sample (federation/participation.hpp; in an
   /// elastic round, among its members that are not joiners). Default: every group.
   federation::participation participation{};
+  /// Robust aggregation (federation/participation.hpp): a group whose update holds NaN/inf
+  /// or lies too far from the others' median is left out of the sync. Unset: on
+  /// (screening{}) over an elastic federation axis, off otherwise.
+  std::optional<federation::screening> screening{};
   /// The shard policy's settings (shard::sparse's density, refresh period); none for most.
   shard::settings_of_t<typename A::shard_policy> shard{};
   /// Where the trainer's log lines go (what a resharding load dropped or initialised), on
