@@ -251,7 +251,8 @@ std::string begin_elastic_round(Sync& sync, Mesh& m, std::int64_t step, std::int
   auto& link = m.federation().federation_side();
   const auto& round = link.begin_round(step);
   // The participation stage: the sample of the round's participants (its members that are
-  // not joiners), the same on every rank; the link combines only those.
+  // not joiners), the same on every rank; the sync's ops combine only those (the link keeps
+  // them for its direct collectives and its round report).
   std::vector<std::uint8_t> eligible(static_cast<std::size_t>(link.size()), 0);
   for (int g : round.participants) eligible[static_cast<std::size_t>(g)] = 1;
   link.set_participants(

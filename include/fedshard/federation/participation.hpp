@@ -19,6 +19,11 @@
 /// the group's ranks by the federation axis's agreement (round_hooks::agree; elastic::link's
 /// agreed_sum, through the store, since the groups' own axes may be busy with other
 /// collectives when the op completes); without one, only groups of one rank screen.
+///
+/// Limits: without a federation axis with rounds, a group screened out inside a sync is still
+/// listed in the sync_info::included that the policy's end() sees (the ops fired after the
+/// screen leave it out), and with several fragments in flight the sync_after ops of one use
+/// the mask of the fragment started last.
 
 #include <algorithm>
 #include <cmath>

@@ -659,8 +659,8 @@ class synchronizer {
     space_->synchronize(sync_);
   }
 
-  sync_info info(int f) {
-    const auto& fr = at(f);
+  /// The participation stage's mask of fragment f's current sync, into included_.
+  void refresh_included(int f) {
     if (hooks_.included)  // the round's own participants (sampled in begin_elastic_round)
       included_ = hooks_.included();
     else if (participation_.fraction < 1)  // the participation stage: this sync's sample
@@ -669,6 +669,11 @@ class synchronizer {
       included_.assign(static_cast<std::size_t>(shape_.groups), 1);
     else
       included_.clear();
+  }
+
+  sync_info info(int f) {
+    const auto& fr = at(f);
+    refresh_included(f);
     return {.fragment = f,
             .groups = shape_.groups,
             .group = coords_.group,
@@ -767,6 +772,10 @@ class synchronizer {
       interp.split_members(axis::federation, overlap_sets_);
       overlap_sets_.clear();
     }
+    // The groups this sync combines, from its first op (the weights' gather) on.
+    refresh_included(f);
+    interp.set_included(axis::federation, included_);
+    set_screen(interp);
     if (fr.exchanges_tokens) {  // the weights, on the host for the policy's begin()
       const double mine = static_cast<double>(fr.tokens);
       space_->from_host(sync_, const_buffer_view{&mine, 1, dtype::f64}, fr.tokens_buf.view());
@@ -783,8 +792,6 @@ class synchronizer {
     // snapshot has read it; it does not wait for the averaging, which stays in flight.
     space_->wait(compute, space_->record(sync_));
     policy_.begin(f, fr.buf.span(), info(f), sync_);
-    interp.set_included(axis::federation, included_);  // the ops combine these groups
-    set_screen(interp);
     fr.start = interp.fire(fr.plan, point(trigger::sync_exchange, f), binder(f), sync_);
     fr.stage = sync_stage::in_flight;
   }
