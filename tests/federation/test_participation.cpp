@@ -19,6 +19,7 @@
 #include "fedshard/federation/average.hpp"
 #include "fedshard/federation/participation.hpp"
 #include "fedshard/federation/sync.hpp"
+#include "fedshard/federation/weighted_average.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/plan/interpreter.hpp"
 #include "fedshard/schedule/periodic.hpp"
@@ -243,5 +244,33 @@ TEST_CASE("screening without an agreement needs groups of one rank") {
                          doctest::Contains("without one it needs groups of one rank, found 2 x 1"),
                          invalid_argument);
     in.wait_all();
+  });
+}
+
+TEST_CASE("weighted_average under a sample: the weights' gather sees this sync's groups") {
+  // Four groups of one rank, fraction 0.5, seed 42: sync 0 combines {0, 2}, sync 1 {0, 3}.
+  // Sync 0: every group counted 1 token, groups hold 1, 100, 3, 1000: (1 + 3) / 2 = 2.
+  // Sync 1: groups 0 and 3 counted 1 and 3 tokens and hold 2 and 6 (the others 50 and 7):
+  // scales 2 x 1 / 4 = 0.5 and 2 x 3 / 4 = 1.5, (0.5 x 2 + 1.5 x 6) / 2 = 5. Had the weights
+  // been gathered under sync 0's mask, group 3's weight would read 0.
+  const mesh_shape shape{4, 1, 1};
+  const std::vector<float> first{1.0f, 100.0f, 3.0f, 1000.0f}, second{2.0f, 50.0f, 7.0f, 6.0f};
+  test::spawn_ranks(4, [&](communicator& world) {
+    mesh m(world, shape);
+    interpreter<communicator> in(m);
+    const flat_layout l(two_units(), 1);
+    synchronizer<weighted_average, schedule::periodic> sync({}, {.period = 1}, l, shape, m.coords(),
+                                                            0);
+    sync.set_participation({.fraction = 0.5, .min_groups = 1, .seed = 42});
+    const auto g = static_cast<std::size_t>(world.rank());
+    std::vector<float> master(l.total_shard_numel(), first[g]);
+    sync.reset(master);
+    sync.add_tokens(1);
+    sync.after_step(in, 0, 0, master, {});
+    for (float v : master) REQUIRE(v == 2.0f);
+    std::fill(master.begin(), master.end(), second[g]);
+    sync.add_tokens(g == 3 ? 3 : 1);
+    sync.after_step(in, 1, 0, master, {});
+    for (float v : master) REQUIRE(v == 5.0f);
   });
 }
