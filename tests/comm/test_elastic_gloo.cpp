@@ -1,10 +1,11 @@
 /// Tests of elastic::link on thread ranks (groups of 1 or 2 ranks meeting through a file
 /// store): rounds decide the same members and participants on every rank, averages combine
-/// the participants only (partial participation matches a hand-computed mean), a group that
+/// the participants they are given (a sample matches a hand-computed mean), a group that
 /// does not come is left out after the join timeout and later rounds do not wait for it, one
-/// that dies inside an all_reduce leaves the survivors' exact mean of their own inputs, a
-/// group that sends NaN or an outlier is rejected on all its links with a log line, and the
-/// bad input a user can give is refused with a message.
+/// that dies inside an all_reduce leaves the survivors' exact mean of their own inputs, the
+/// federation's screening through the link's agreement rejects a group that sends NaN or an
+/// outlier on all its links with a log line, and the bad input a user can give is refused
+/// with a message.
 
 #include <doctest/doctest.h>
 
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "fedshard/comm/elastic.hpp"
+#include "fedshard/federation/participation.hpp"
 #include "support/elastic_options.hpp"
 #include "support/gloo_support.hpp"
 #include "support/log_sink.hpp"
@@ -85,16 +87,18 @@ TEST_CASE_FIXTURE(store_and_log,
 
 TEST_CASE_FIXTURE(
     store_and_log,
-    "elastic: partial participation samples the same groups everywhere and averages them") {
+    "elastic: the participants it is given are the ones combined, the same everywhere") {
   const int G = 4, L = 2;
   auto seen = ft::on_threads(G * L, [&](int id) {
     const int g = id / L, l = id % L;
-    el::options o = ft::elastic_options(sink);
-    o.sample = {.fraction = 0.5, .min_groups = 1, .seed = 42};
-    el::link lk(st, G, g, L, l, o);
+    el::link lk(st, G, g, L, l, ft::elastic_options(sink));
     std::vector<std::string> out;
     for (int e = 0; e < 6; ++e) {
       const auto& r = lk.begin_round(e);
+      if (r.participants != std::vector<int>{0, 1, 2, 3}) out.push_back("not every group");
+      // The federation's sample (federation/participation.hpp), as begin_elastic_round draws it.
+      lk.set_participants(fedshard::federation::sampled_mask(
+          G, {}, {.fraction = 0.5, .min_groups = 1, .seed = 42}, r.round));
       if (r.participants.size() != 2) out.push_back("not 2 participants");
       float v = value_of(g, l, e, 0);
       lk.all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
@@ -201,43 +205,50 @@ TEST_CASE_FIXTURE(
 
 TEST_CASE_FIXTURE(
     store_and_log,
-    "elastic: NaN and outliers are rejected on all links of the group, with a log line, by "
-    "default") {
+    "elastic: the federation's screening rejects NaN and outliers on all links of the group, "
+    "agreed through the link, with a log line") {
+  // The screening stage (federation::screen) run as the interpreter runs it on an op's
+  // gathered inputs, with the link's round hooks (as federation/heal.hpp wires them).
+  // Round 0: group 1's second link holds a NaN, its first does not: the agreed statistics
+  // reject group 1 on both links: included {1, 0, 1, 1}. Round 1: group 1, rejected for the
+  // NaN, heals (a joiner: not included by the link); group 3's first link holds an outlier
+  // (1e6 among values near 1): with 3 groups live it is rejected: included {1, 0, 1, 0}.
   const int G = 4, L = 2, n = 8;
   auto seen = ft::on_threads(G * L, [&](int id) {
     const int g = id / L, l = id % L;
-    el::options o = ft::elastic_options(sink);  // screening as it comes: no clip_ratio set here
-    el::link lk(st, G, g, L, l, o);
+    el::link lk(st, G, g, L, l, ft::elastic_options(sink));
+    const fedshard::federation::round_hooks hooks{
+        .included = [&lk] { return lk.included(); },
+        .agree = [&lk](const std::vector<double>& v) { return lk.agreed_sum(v); },
+        .reject = [&lk](int h, const std::string& why,
+                        bool unhealthy) { lk.reject(h, why, unhealthy); }};
     std::vector<std::string> out;
     for (int e = 0; e < 2; ++e) {
       const auto& r = lk.begin_round(e);
-      // Group 1, rejected for a NaN in round 0, heals in round 1: a joiner, not combined.
       if (r.joiners != (e == 0 ? std::vector<int>{} : std::vector<int>{1}))
         out.push_back(concat("round ", e, ": joiners ", r.text()));
-      std::vector<float> v(n);
+      std::vector<float> v(n), all(static_cast<std::size_t>(G * n));
       for (int i = 0; i < n; ++i) v[i] = value_of(g, 0, 0, i);
-      // Round 0: group 1's second link holds a NaN; round 1: group 3's first link an outlier.
       if (e == 0 && g == 1 && l == 1) v[3] = std::nanf("");
       if (e == 1 && g == 3 && l == 0) v[5] = 1e6f;
-      lk.all_reduce(v.data(), v.data(), n, dtype::f32, reduce_op::avg);
-      const int bad = e == 0 ? 1 : 3;
-      for (int i = 0; i < n; ++i) {
-        // Round 0: the mean of groups 0, 2, 3; round 1: of groups 0 and 2.
-        float want = 0;
-        for (int h = 0; h < G; ++h)
-          if (h != bad && (e == 0 || h != 1)) want += value_of(h, 0, 0, i);
-        want /= e == 0 ? 3 : 2;
-        if (v[i] != want)
-          out.push_back(concat("round ", e, " element ", i, ": ", v[i], " != ", want));
-      }
-      if (lk.rejected() != std::vector<int>{bad})
+      lk.all_gather(v.data(), all.data(), n, dtype::f32);
+      auto included = lk.included();
+      fedshard::federation::screen({.blocks = reinterpret_cast<const std::byte*>(all.data()),
+                                    .stride = n * sizeof(float),
+                                    .ranks = G,
+                                    .count = n,
+                                    .type = dtype::f32},
+                                   included, {}, hooks);
+      const auto want =
+          e == 0 ? std::vector<std::uint8_t>{1, 0, 1, 1} : std::vector<std::uint8_t>{1, 0, 1, 0};
+      if (included != want) out.push_back(concat("round ", e, ": wrong mask"));
+      if (lk.included() != want) out.push_back(concat("round ", e, ": the link's mask"));
+      if (lk.rejected() != std::vector<int>{e == 0 ? 1 : 3})
         out.push_back(concat("round ", e, ": rejected list"));
     }
     return out;
   });
-  for (const auto& r : seen) CHECK(r.empty());
-  for (const auto& r : seen)
-    for (const auto& s : r) MESSAGE(s);
+  fail_on_each(seen);
   CHECK(sink.has("rejected group 1 in round 0: 1 non-finite value(s)"));
   CHECK(sink.has("rejected group 3 in round 1: update norm"));
 }
@@ -247,10 +258,6 @@ TEST_CASE_FIXTURE(store_and_log, "elastic: bad settings are refused with what wa
                        fedshard::invalid_argument);
   CHECK_THROWS_WITH_AS(el::link(st, 3, 0, 2, 2),
                        doctest::Contains("local_rank must be in [0, group_size)"),
-                       fedshard::invalid_argument);
-  el::options o;
-  o.sample.fraction = 0;
-  CHECK_THROWS_WITH_AS(el::link(st, 3, 0, 1, 0, o), doctest::Contains("fraction must be in (0, 1]"),
                        fedshard::invalid_argument);
   el::options b;
   b.beat_period = std::chrono::duration<double>(0);

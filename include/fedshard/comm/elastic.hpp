@@ -30,10 +30,10 @@
 ///            per round) and `latest` = e. Members: groups arrived with all ranks, with each
 ///            rank's token; joiners among them: arrived as joiners, or dropped or marked
 ///            unhealthy (rejected for non-finite values, or a failed heal) in round e-1;
-///            participants: the other members, sampled by options::participation; donor: the
-///            lowest participant candidate. With no candidate (every member a joiner: all
-///            restarted, or back after the store was away) the lowest joiner becomes the
-///            donor and the others heal from it;
+///            participants: the other members (the federation's participation stage may
+///            narrow them to a sample: set_participants); donor: the lowest of them. With
+///            none (every member a joiner: all restarted, or back after the store was away)
+///            the lowest joiner becomes the donor and the others heal from it;
 ///   READ     every rank waits for the decision: a rank other than the leader as long as its
 ///            leader beats; a joining leader as long as some other group beats (they may
 ///            train long between syncs), and it decides the round itself when every live
@@ -74,20 +74,17 @@
 /// the store is away are not made up; each group trains on.
 ///
 /// Collectives of a round (the rank is the group g, the size the configured G):
-///  - all_reduce combines the participants' inputs in group order with the rank-order
-///    reduction (comm/detail/reduction.hpp); avg divides by the number of participants. When
-///    every group participates the result is bit-identical to inproc's over G ranks;
-///  - all_gather: the participants' blocks in their group's slot, zeros in the others';
-///  - robust aggregation (options::reject_nonfinite, options::clip_ratio): before an
-///    all_reduce combines, every participant's input is checked: a non-finite value, or a
-///    distance from the round's coordinate-wise median above clip_ratio x the median of the
-///    participants' distances, rejects the group for this op (and the rest of the round),
-///    with one log line naming group, round and reason; a group rejected for non-finite
-///    values is marked unhealthy and heals in its next round. The groups' ranks agree on the
-///    verdict through the store: each link's lowest member creates its statistics' key; a
-///    reader that waited join_timeout for one creates it empty instead, so whichever came
-///    first counts for every reader, and a group is rejected on all its shards or on none;
-///    a rejected input is never combined;
+///  - all_reduce combines the participants' inputs (less the groups the federation
+///    rejected: reject()) in group order with the rank-order reduction
+///    (comm/detail/reduction.hpp); avg divides by their number. When every group
+///    participates the result is bit-identical to inproc's over G ranks;
+///  - all_gather: those groups' blocks in their group's slot, zeros in the others';
+///  - the federation's participation stage (federation/participation.hpp) decides whom a
+///    sync combines and screens their inputs; the link offers it what it needs of the round:
+///    set_participants (the sample), included(), agreed_sum() (one verdict for a group on all
+///    its shards, the same in every group: statistics agreed through the store, a wait that
+///    is never fatal) and reject() (logged, and a group rejected for non-finite values is
+///    marked unhealthy: it heals in its next round);
 ///  - broadcast from a member; send and recv between members; barrier.
 /// Outside a round (before the first) the link is the group alone (a communicator of one).
 ///
@@ -96,12 +93,10 @@
 /// reduce_scatter is an all_reduce of the whole input), so it moves what the members
 /// actually combined, and nothing alone.
 ///
-/// Limits: screening judges all_reduce inputs (an encoded op's all_gather of wires is not
-/// screened; use median / trimmed_mean for coordinate-wise robustness there); a group
-/// rejected inside an op leaves weighted_average's scales, computed before the op, as they
-/// were (plain averages and outer optimizers stay exact); a round ends when the next begins,
-/// so a schedule whose federation ops outlive the step they start in (a delayed sync that
-/// averages inner moments after the next fragment's round began) is not supported; links of
+/// Limits: a group rejected inside an op leaves weighted_average's scales, computed before
+/// the op, as they were (plain averages and outer optimizers stay exact); a round ends when the
+/// next begins, so a schedule whose federation ops outlive the step they start in (a delayed sync
+/// that averages inner moments after the next fragment's round began) is not supported; links of
 /// one group that see different failures inside a round may drop a group on one shard and
 /// not on another: that group heals in its next round, and the survivors agree on every
 /// shard; store keys are never deleted (a few per rank and round).
@@ -144,18 +139,8 @@
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
 #include "fedshard/error.hpp"
-#include "fedshard/kernels/cast.hpp"
 
 namespace fedshard::elastic {
-
-/// Each round a seeded sample of the live groups combines its models (Flower's fraction_fit):
-/// max(min_groups, ceil(fraction x candidates)) of them, at most all; the same sample on every
-/// rank (it is part of the round's decision).
-struct participation {
-  double fraction = 1.0;
-  int min_groups = 1;
-  std::uint64_t seed = 0;
-};
 
 /// Settings of an elastic link (the groups of one run must agree on all but the timeouts).
 struct options {
@@ -165,15 +150,6 @@ struct options {
   std::chrono::duration<double> join_timeout{10.0};
   /// Settings of the rounds' Gloo contexts (their timeout bounds every collective).
   gloo::options transport{};
-  participation sample{};
-  /// Reject a participant whose input holds a NaN or an infinity.
-  bool reject_nonfinite = true;
-  /// Reject a participant whose distance from the coordinate-wise median exceeds clip_ratio
-  /// times the median distance (0 = off; needs 3 or more participants). On by default: one
-  /// group sending finite but wild values (x1e6) would otherwise be averaged into every
-  /// model. Honest groups trained on the same task sit at comparable distances (ratios near
-  /// 1); 3 leaves room for groups whose data differ.
-  double clip_ratio = 3.0;
   /// Where the link's log lines go (default: stderr).
   std::function<void(const std::string&)> log{};
   /// How often each group's leader beats (see the file comment).
@@ -194,13 +170,15 @@ struct options {
 
 /// What a round decided.
 struct round_info {
-  std::int64_t round = -1;        ///< its number, from 0
-  std::int64_t step = 0;          ///< the donor's step: the sync after that step
-  std::vector<int> members;       ///< groups in the round's context, ascending
-  std::vector<int> participants;  ///< members whose inputs are combined
-  std::vector<int> joiners;       ///< members that heal in this round
-  std::vector<int> left_out;      ///< expected groups that did not arrive in time
-  int donor = -1;                 ///< the member joiners receive state from (-1: none)
+  std::int64_t round = -1;   ///< its number, from 0
+  std::int64_t step = 0;     ///< the donor's step: the sync after that step
+  std::vector<int> members;  ///< groups in the round's context, ascending
+  /// Members that may contribute (not joiners); the federation's participation stage
+  /// samples among them (set_participants).
+  std::vector<int> participants;
+  std::vector<int> joiners;   ///< members that heal in this round
+  std::vector<int> left_out;  ///< expected groups that did not arrive in time
+  int donor = -1;             ///< the member joiners receive state from (-1: none)
   /// The incarnation of each member's ranks: members.size() x ranks per group tokens, in
   /// member order (see the file comment).
   std::vector<std::uint64_t> incarnations;
@@ -324,25 +302,6 @@ inline std::uint64_t mix(std::uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
-}
-
-/// The participation sample of round e among `candidates` (ascending): a seeded shuffle,
-/// the first k, ascending.
-inline std::vector<int> sample_of(std::vector<int> candidates, const participation& p,
-                                  std::int64_t e) {
-  const int n = static_cast<int>(candidates.size());
-  if (p.fraction >= 1.0 || n == 0) return candidates;
-  int k = static_cast<int>(std::ceil(p.fraction * n - 1e-9));
-  k = std::clamp(std::max(k, p.min_groups), std::min(1, n), n);
-  std::uint64_t s = mix(p.seed ^ mix(static_cast<std::uint64_t>(e)));
-  for (int i = n - 1; i > 0; --i) {
-    s = mix(s);
-    std::swap(candidates[static_cast<std::size_t>(i)],
-              candidates[static_cast<std::size_t>(s % static_cast<std::uint64_t>(i + 1))]);
-  }
-  candidates.resize(static_cast<std::size_t>(k));
-  std::sort(candidates.begin(), candidates.end());
-  return candidates;
 }
 
 /// A fresh incarnation token: never 0 (0 means "any incarnation" to a watcher).
@@ -495,11 +454,6 @@ class link : public blocking_calls<link> {
                      "elastic::link: local_rank must be in [0, group_size), found ", local_rank,
                      " of ", group_size);
     FEDSHARD_EXPECTS(o_.join_timeout.count() > 0, "elastic::link: join_timeout must be > 0");
-    FEDSHARD_EXPECTS(o_.sample.fraction > 0 && o_.sample.fraction <= 1,
-                     "elastic::link: participation fraction must be in (0, 1], found ",
-                     o_.sample.fraction);
-    FEDSHARD_EXPECTS(o_.clip_ratio >= 0, "elastic::link: clip_ratio must be >= 0, found ",
-                     o_.clip_ratio);
     FEDSHARD_EXPECTS(o_.beat_period.count() > 0 && o_.missed_beats >= 1,
                      "elastic::link: beat_period must be > 0 s and missed_beats >= 1, found ",
                      o_.beat_period.count(), " s and ", o_.missed_beats);
@@ -636,6 +590,19 @@ class link : public blocking_calls<link> {
   const round_info& round() const noexcept { return round_; }
   /// True when this group heals in the current round.
   bool joining() const { return round_.has(round_.joiners, group_); }
+  /// Narrows the current round's participants to the groups `mask` marks (a mask over the
+  /// G groups): the federation's participation stage (federation/participation.hpp) draws
+  /// that sample; the link only combines whom it is given. Every rank of the round calls it
+  /// with the same mask before the round's collectives.
+  void set_participants(const std::vector<std::uint8_t>& mask) {
+    FEDSHARD_EXPECTS(static_cast<int>(mask.size()) == groups_,
+                     "elastic::link::set_participants: a mask of ", groups_, " groups, found ",
+                     mask.size());
+    std::vector<int> kept;
+    for (int g : round_.participants)
+      if (mask[static_cast<std::size_t>(g)] != 0) kept.push_back(g);
+    round_.participants = std::move(kept);
+  }
   /// Participants of the current op, as a mask over the G groups (rejected ones cleared).
   std::vector<std::uint8_t> included() const {
     std::vector<std::uint8_t> m(static_cast<std::size_t>(groups_), 0);
@@ -643,8 +610,52 @@ class link : public blocking_calls<link> {
       if (!round_.has(rejected_, g)) m[static_cast<std::size_t>(g)] = 1;
     return m;
   }
-  /// Groups rejected in the current round.
+  /// Groups rejected in the current round (reject()).
   const std::vector<int>& rejected() const noexcept { return rejected_; }
+  /// Records the federation's verdict (its screening: federation/participation.hpp): group g
+  /// leaves the current round (its input is combined no more; the outcome lists it); why is
+  /// logged once per round's lowest member; unhealthy marks it to heal in its next round.
+  void reject(int g, const std::string& why, bool unhealthy) {
+    FEDSHARD_EXPECTS(g >= 0 && g < groups_, "elastic::link::reject: group must be in [0, ", groups_,
+                     "), found ", g);
+    if (round_.has(rejected_, g)) return;
+    rejected_.push_back(g);
+    if (unhealthy) mark("unhealthy", g);
+    if (local_ == 0 && !round_.members.empty() && group_ == round_.members.front())
+      log(detail::concat("fedshard elastic: rejected group ", g, " in round ", round_.round, ": ",
+                         why));
+  }
+  /// Agreement among the round's groups: every rank of this link passes the same values
+  /// (computed from what the round's collectives gave them all); returns their element-wise
+  /// sum over the group's links, in local rank order, the same on every rank of every member
+  /// group. Each link's lowest member writes its values to the store (create-if-absent);
+  /// a reader that waited join_timeout for one, or whose writer died, creates it empty
+  /// (counted as zeros): whichever came first counts for every reader. Nothing when this
+  /// group is alone (outside a round, or left alone by a store that failed: then it is).
+  std::optional<std::vector<double>> agreed_sum(const std::vector<double>& mine) {
+    if (round_.round < 0 || round_.members.size() < 2) return std::nullopt;
+    try {
+      const auto base = key(detail::concat("r", round_.round, "/agree", agreements_++, "/"));
+      if (group_ == round_.members.front()) {
+        std::ostringstream os;
+        os.precision(17);
+        for (double v : mine) os << v << '\n';
+        st_->try_set(base + std::to_string(local_), gloo::bytes_of(os.str()));
+      }
+      std::vector<double> sum(mine.size(), 0.0);
+      for (int l = 0; l < group_size_; ++l) {
+        std::istringstream is(agreed(base + std::to_string(l)));
+        std::vector<double> v;
+        for (double x = 0; is >> x;) v.push_back(x);
+        if (v.size() != sum.size()) continue;  // empty (its writer is gone) or damaged
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += v[i];
+      }
+      return sum;
+    } catch (const gloo::store_error& e) {  // no verdict to agree on: this group alone
+      store_failed(e);
+      return std::nullopt;
+    }
+  }
   /// Rounds this link took part in (begin_round calls).
   std::int64_t rounds_seen() const noexcept { return rounds_seen_; }
 
@@ -656,15 +667,6 @@ class link : public blocking_calls<link> {
     std::vector<std::byte> all(bytes * round_.members.size());
     gather_members(in, all.data(), bytes, n, t);
     const auto M = round_.members.size();  // after the gather: a retry may have dropped members
-    if (o_.reject_nonfinite || o_.clip_ratio > 0) {
-      try {
-        screen(all.data(), bytes, n, t);
-      } catch (const gloo::store_error& e) {  // no verdict to agree on: this group alone
-        store_failed(e);
-        if (out != in) std::memcpy(out, in, bytes);
-        return;
-      }
-    }
     std::vector<std::byte> picked;
     int count = 0;
     for (std::size_t i = 0; i < M; ++i) {
@@ -842,6 +844,7 @@ class link : public blocking_calls<link> {
       dropped_.clear();
       heal_failed_ = false;
       ops_ = 0;
+      agreements_ = 0;
       if (r.has(r.members, group_) && token_in(r, group_, local_) == life_->token) {
         round_ = std::move(r);
         break;
@@ -1036,7 +1039,7 @@ class link : public blocking_calls<link> {
       candidates.push_back(r.joiners.front());
       r.joiners.erase(r.joiners.begin());
     }
-    r.participants = detail::sample_of(candidates, o_.sample, e);
+    r.participants = candidates;
     r.donor = candidates.empty() ? -1 : candidates.front();
     for (int g : expected)
       if (!r.has(r.members, g)) r.left_out.push_back(g);
@@ -1262,44 +1265,6 @@ class link : public blocking_calls<link> {
     round_.participants = parts;
   }
 
-  /// Robust aggregation: judges every participant's block of an all_reduce (see the file
-  /// comment); the groups' links agree through the store.
-  void screen(const std::byte* all, std::size_t bytes, std::int64_t n, dtype t) {
-    const std::int64_t k = ops_ - 1;  // the gather just done
-    const auto M = round_.members.size();
-    std::vector<std::size_t> live;
-    for (std::size_t i = 0; i < M; ++i)
-      if (round_.has(round_.participants, round_.members[i]) &&
-          !round_.has(rejected_, round_.members[i]))
-        live.push_back(i);
-    if (live.empty() || M < 2) return;
-    // Per member: non-finite count and squared distance from the coordinate-wise median.
-    std::vector<double> nonfinite(M, 0), dist2(M, 0);
-    member_stats(all, bytes, n, t, live, nonfinite, dist2);
-    // This link's statistics, created by its lowest member; summed over the group's links.
-    const auto base = key(detail::concat("r", round_.round, "/op", k, "/stats/"));
-    if (group_ == round_.members.front()) {
-      std::ostringstream os;
-      os.precision(17);
-      for (std::size_t i = 0; i < M; ++i)
-        os << round_.members[i] << ' ' << nonfinite[i] << ' ' << dist2[i] << '\n';
-      st_->try_set(base + std::to_string(local_), gloo::bytes_of(os.str()));
-    }
-    std::vector<double> nf(static_cast<std::size_t>(groups_), 0),
-        d2(static_cast<std::size_t>(groups_), 0);
-    for (int l = 0; l < group_size_; ++l) {
-      std::istringstream is(agreed(base + std::to_string(l)));
-      int g = 0;
-      double a = 0, b = 0;
-      while (is >> g >> a >> b) {
-        if (g < 0 || g >= groups_) continue;
-        nf[static_cast<std::size_t>(g)] += a;
-        d2[static_cast<std::size_t>(g)] += b;
-      }
-    }
-    judge(live, nf, d2);
-  }
-
   /// The value of key once it exists; after join_timeout, or once the round's lowest member
   /// (every link's first writer) is dead, "" created in its place unless it appeared
   /// meanwhile (create-if-absent: every reader takes whichever came first).
@@ -1324,71 +1289,6 @@ class link : public blocking_calls<link> {
     return found ? std::string(v.begin(), v.end()) : proposal;
   }
 
-  /// For each live member i of this link's gathered blocks `all`: its non-finite values
-  /// (nonfinite[i]) and, with clip_ratio, its squared distance from the coordinate-wise
-  /// median of the live members (dist2[i]).
-  void member_stats(const std::byte* all, std::size_t bytes, std::int64_t n, dtype t,
-                    const std::vector<std::size_t>& live, std::vector<double>& nonfinite,
-                    std::vector<double>& dist2) const {
-    std::vector<double> column(live.size());
-    visit(t, [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      auto at = [&](std::size_t i, std::int64_t j) {
-        T v;
-        std::memcpy(&v, all + i * bytes + static_cast<std::size_t>(j) * sizeof(T), sizeof(T));
-        return static_cast<double>(kernels::operand_fn<T, fedshard::detail::accum_t<T>>{}(v));
-      };
-      for (std::int64_t j = 0; j < n; ++j) {
-        std::size_t c = 0;
-        for (std::size_t i : live) {
-          const double v = at(i, j);
-          if (!std::isfinite(v)) nonfinite[i] += 1;
-          column[c++] = std::isfinite(v) ? v : 0.0;
-        }
-        if (o_.clip_ratio <= 0) continue;
-        auto mid = column.begin() + static_cast<std::ptrdiff_t>(column.size() / 2);
-        std::nth_element(column.begin(), mid, column.end());
-        const double median = *mid;
-        for (std::size_t i : live) {
-          const double v = at(i, j);
-          if (std::isfinite(v)) dist2[i] += (v - median) * (v - median);
-        }
-      }
-    });
-  }
-
-  /// Rejects the live members whose group-wide statistics (nf: non-finite values, d2:
-  /// squared distance, indexed by group) fail the options, logging each once.
-  void judge(const std::vector<std::size_t>& live, const std::vector<double>& nf,
-             const std::vector<double>& d2) {
-    std::vector<double> norms;
-    for (std::size_t i : live)
-      if (nf[static_cast<std::size_t>(round_.members[i])] == 0)
-        norms.push_back(std::sqrt(d2[static_cast<std::size_t>(round_.members[i])]));
-    double median_norm = 0;
-    if (!norms.empty()) {
-      std::sort(norms.begin(), norms.end());
-      median_norm = norms[norms.size() / 2];
-    }
-    for (std::size_t i : live) {
-      const int g = round_.members[i];
-      const auto gi = static_cast<std::size_t>(g);
-      std::string reason;
-      if (o_.reject_nonfinite && nf[gi] > 0) {
-        reason = detail::concat(nf[gi], " non-finite value(s); it heals in its next round");
-        mark("unhealthy", g);
-      } else if (o_.clip_ratio > 0 && live.size() >= 3 && median_norm > 0 &&
-                 std::sqrt(d2[gi]) > o_.clip_ratio * median_norm)
-        reason = detail::concat("update norm ", std::sqrt(d2[gi]), " > clip_ratio ", o_.clip_ratio,
-                                " x median ", median_norm);
-      if (reason.empty()) continue;
-      rejected_.push_back(g);
-      if (local_ == 0 && group_ == round_.members.front())
-        log(detail::concat("fedshard elastic: rejected group ", g, " in round ", round_.round, ": ",
-                           reason));
-    }
-  }
-
   std::shared_ptr<gloo::store> st_;
   int groups_;
   int group_;
@@ -1407,6 +1307,7 @@ class link : public blocking_calls<link> {
   bool heal_failed_ = false;
   std::int64_t next_round_ = 0;
   std::int64_t ops_ = 0;
+  std::int64_t agreements_ = 0;  // agreed_sum calls in the current round
   std::int64_t rounds_seen_ = 0;
   bool ever_member_ = false;
   moved_bytes moved_{};

@@ -40,6 +40,7 @@
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/federation/participation.hpp"
 #include "fedshard/mesh/axis.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/plan/interpreter.hpp"
@@ -233,11 +234,13 @@ heal_report heal(interpreter<C, S>& in, const heal_round& r, State&& state, Take
 
 /// Where a sync may start after 0-based `step` of a run of `total_steps` and the mesh's
 /// federation axis is an elastic link (comm/elastic.hpp): when the schedule starts a sync of
-/// any fragment, begins the link's round, heals its joiners (`heal_fn(heal_round)` runs the
-/// heal, returning its heal_report) and makes `sync` combine the round's participants. A
-/// heal that throws fedshard::error is reported to the link (heal_failed: a joiner heals in
-/// its next round) and the sync goes on. Returns the line to log when this rank took a
-/// donor's state, else "".
+/// any fragment, begins the link's round, draws its participation sample
+/// (federation/participation.hpp, the sync's participation_settings()), gives the sync the
+/// link's round (its groups, its agreement for screening, where verdicts go), heals its joiners
+/// (`heal_fn(heal_round)` runs the heal, returning its heal_report) and makes `sync` combine the
+/// round's participants. A heal that throws fedshard::error is reported to the link (heal_failed: a
+/// joiner heals in its next round) and the sync goes on. Returns the line to log when this rank
+/// took a donor's state, else "".
 template <class Sync, class Mesh, class Heal>
 std::string begin_elastic_round(Sync& sync, Mesh& m, std::int64_t step, std::int64_t total_steps,
                                 Heal&& heal_fn) {
@@ -247,7 +250,18 @@ std::string begin_elastic_round(Sync& sync, Mesh& m, std::int64_t step, std::int
   if (!starts) return {};
   auto& link = m.federation().federation_side();
   const auto& round = link.begin_round(step);
-  sync.set_included_source([&link] { return link.included(); });
+  // The participation stage: the sample of the round's participants (its members that are
+  // not joiners), the same on every rank; the sync's ops combine only those (the link keeps
+  // them for its direct collectives and its round report).
+  std::vector<std::uint8_t> eligible(static_cast<std::size_t>(link.size()), 0);
+  for (int g : round.participants) eligible[static_cast<std::size_t>(g)] = 1;
+  link.set_participants(
+      sampled_mask(link.size(), eligible, sync.participation_settings(), round.round));
+  sync.set_round_hooks(
+      {.included = [&link] { return link.included(); },
+       .agree = [&link](const std::vector<double>& v) { return link.agreed_sum(v); },
+       .reject = [&link](int g, const std::string& why,
+                         bool unhealthy) { link.reject(g, why, unhealthy); }});
   if (round.joiners.empty()) return {};
   heal_report h;
   try {

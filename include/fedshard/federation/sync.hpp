@@ -40,6 +40,7 @@
 #include "fedshard/error.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/overlap.hpp"
+#include "fedshard/federation/participation.hpp"
 #include "fedshard/federation/sync_plan.hpp"
 #include "fedshard/kernels/sync.hpp"
 #include "fedshard/mesh/mesh.hpp"
@@ -233,8 +234,28 @@ class synchronizer {
   /// Where sync_info::included comes from (a federation axis whose groups come and go, e.g.
   /// elastic::link::included); asked at every begin() and end(). Unset: every group.
   void set_included_source(std::function<std::vector<std::uint8_t>()> source) {
-    included_source_ = std::move(source);
+    hooks_.included = std::move(source);
   }
+  /// What a federation axis with rounds offers the participation stage (its groups, an
+  /// agreement for screening, where verdicts go): federation/heal.hpp sets it each round.
+  void set_round_hooks(round_hooks h) { hooks_ = std::move(h); }
+
+  /// Which groups each sync combines (federation/participation.hpp); invalid_argument for
+  /// settings it cannot use. Default: every group.
+  void set_participation(const participation& p) {
+    federation::check(p);
+    participation_ = p;
+  }
+  /// The participation settings (set_participation).
+  const participation& participation_settings() const noexcept { return participation_; }
+  /// Robust aggregation's settings (federation/participation.hpp); invalid_argument for
+  /// settings it cannot use. Default: off (the trainer turns it on over an elastic link).
+  void set_screening(const screening& s) {
+    federation::check(s);
+    screening_ = s;
+  }
+  /// The screening settings (set_screening).
+  const screening& screening_settings() const noexcept { return screening_; }
 
   /// Counts a step's tokens toward every fragment's weight.
   void add_tokens(std::int64_t tokens) {
@@ -638,9 +659,21 @@ class synchronizer {
     space_->synchronize(sync_);
   }
 
+  /// The participation stage's mask of fragment f's current sync, into included_.
+  void refresh_included(int f) {
+    if (hooks_.included)  // the round's own participants (sampled in begin_elastic_round)
+      included_ = hooks_.included();
+    else if (participation_.fraction < 1)  // the participation stage: this sync's sample
+      included_ = sampled_mask(shape_.groups, {}, participation_, round(f));
+    else if (screening_.on())  // every group, screened
+      included_.assign(static_cast<std::size_t>(shape_.groups), 1);
+    else
+      included_.clear();
+  }
+
   sync_info info(int f) {
     const auto& fr = at(f);
-    if (included_source_) included_ = included_source_();
+    refresh_included(f);
     return {.fragment = f,
             .groups = shape_.groups,
             .group = coords_.group,
@@ -739,6 +772,10 @@ class synchronizer {
       interp.split_members(axis::federation, overlap_sets_);
       overlap_sets_.clear();
     }
+    // The groups this sync combines, from its first op (the weights' gather) on.
+    refresh_included(f);
+    interp.set_included(axis::federation, included_);
+    set_screen(interp);
     if (fr.exchanges_tokens) {  // the weights, on the host for the policy's begin()
       const double mine = static_cast<double>(fr.tokens);
       space_->from_host(sync_, const_buffer_view{&mine, 1, dtype::f64}, fr.tokens_buf.view());
@@ -755,9 +792,26 @@ class synchronizer {
     // snapshot has read it; it does not wait for the averaging, which stays in flight.
     space_->wait(compute, space_->record(sync_));
     policy_.begin(f, fr.buf.span(), info(f), sync_);
-    interp.set_included(axis::federation, included_);  // encoded averages decode these groups
     fr.start = interp.fire(fr.plan, point(trigger::sync_exchange, f), binder(f), sync_);
     fr.stage = sync_stage::in_flight;
+  }
+
+  /// Installs the screening stage (federation/participation.hpp) on the federation axis.
+  template <Communicator C>
+  void set_screen(interpreter<C, S>& interp) {
+    if (!screening_.on() && !hooks_.included) {
+      interp.set_screen(axis::federation, {});
+      return;
+    }
+    FEDSHARD_EXPECTS(!screening_.on() || hooks_.agree || shape_.replicas * shape_.shards == 1,
+                     "synchronizer: screening (reject_nonfinite, clip_ratio) gives one verdict "
+                     "per group through the federation axis's agreement (an elastic link); "
+                     "without one it needs groups of one rank, found ",
+                     shape_.replicas, " x ", shape_.shards, " (turn it off: screening::off())");
+    interp.set_screen(axis::federation,
+                      [this](const gathered_inputs& in, std::vector<std::uint8_t>& included) {
+                        screen(in, included, screening_, hooks_);
+                      });
   }
 
   /// Finishes the averaging in flight inside the group (sync_finish), queued on the sync
@@ -806,7 +860,9 @@ class synchronizer {
   policy_type policy_;
   int inner_state_buffers_ = 0;
   std::int64_t syncs_applied_ = 0;
-  std::function<std::vector<std::uint8_t>()> included_source_;
+  round_hooks hooks_;  // a federation axis with rounds (set_round_hooks)
+  participation participation_{};
+  screening screening_ = screening::off();
   std::vector<std::uint8_t> included_;
   bool members_split_ = false;               // split_members ran for the policy's member_sets
   std::vector<std::uint64_t> overlap_sets_;  // holder sets still to split (overlap.hpp)

@@ -38,6 +38,19 @@
 /// rank's slot of a wire buffer, the slots are all-gathered as f32 words, and when the call
 /// completed every slot is decoded in rank order into the zeroed output, accumulating in
 /// f32 (then divided by the ranks for avg).
+///
+/// Included ranks (set_included): the federation stage that decides which groups a sync
+/// combines (federation/participation.hpp) gives the interpreter a mask over an axis's ranks;
+/// the combining ops fired on that axis afterwards combine only the ranks it marks, on any
+/// backend. An encoded op decodes only their wires; a plain all_reduce, reduce_scatter or
+/// all_gather runs as an all_gather of every rank's input (the wire tap records that
+/// all_gather) and, once it completed, the host reduces the included ranks' blocks in rank
+/// order with the backends' own reduction (comm/detail/reduction.hpp: avg divides by the
+/// included count), or, for an all_gather, keeps their blocks and zeroes the others'. With
+/// every rank included the result is bit-identical to the backends' own collective. Such
+/// ops run on host memory. Nobody included: a rank keeps its own input.
+/// Between the gather and the reduction a screening stage (set_screen) may leave more ranks
+/// out.
 
 #include <algorithm>
 #include <compare>
@@ -45,6 +58,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -55,6 +69,7 @@
 
 #include "fedshard/codec/spec.hpp"
 #include "fedshard/comm/communicator.hpp"
+#include "fedshard/comm/detail/reduction.hpp"
 #include "fedshard/comm/request.hpp"
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
@@ -77,6 +92,18 @@ struct ticket {
   std::uint64_t id = 0;
   friend bool operator==(const ticket&, const ticket&) = default;
 };
+
+/// The inputs a masked op gathered (interpreter::set_screen): `ranks` blocks of `count`
+/// elements of `type`, `stride` bytes apart, in rank order.
+struct gathered_inputs {
+  const std::byte* blocks = nullptr;
+  std::size_t stride = 0;
+  int ranks = 0;
+  std::int64_t count = 0;
+  dtype type = dtype::f32;
+};
+/// A screening stage: clears the ranks of `included` whose gathered input it rejects.
+using screen_fn = std::function<void(const gathered_inputs&, std::vector<std::uint8_t>& included)>;
 
 /// Runs plans on the communicators of a mesh over Communicator C, with buffers in memory space
 /// S (C's: space/space_of.hpp); see the file comment.
@@ -233,15 +260,22 @@ class interpreter {
     }
   }
 
-  /// Which ranks of axis a the encoded ops fired from now on combine (1) and which they leave
-  /// out (0), by axis rank; empty = all (the default). The federation stage that decides a
-  /// round's participants (federation/sync.hpp) sets it; the interpreter asks no backend.
+  /// Which ranks of axis a the combining ops fired from now on combine (1) and which they
+  /// leave out (0), by axis rank; empty = all (the default). See the file comment. The
+  /// federation stage that decides a sync's participants (federation/sync.hpp) sets it; the
+  /// interpreter asks no backend.
   void set_included(axis a, std::vector<std::uint8_t> mask) {
     FEDSHARD_EXPECTS(mask.empty() || static_cast<int>(mask.size()) == mesh_->axis_size(a),
                      "interpreter::set_included: a mask of ", mesh_->axis_size(a), " ranks (the ",
                      to_string(a), " axis) or none, found ", mask.size());
     included_[index(a)] = std::move(mask);
   }
+
+  /// Called by a masked all_reduce or reduce_scatter of axis a once every rank's input is
+  /// gathered, before the included blocks are reduced: it may clear ranks of the mask (the
+  /// federation's screening: federation/participation.hpp); those stay cleared for the ops
+  /// fired later, until the next set_included. Empty: none.
+  void set_screen(axis a, screen_fn f) { screens_[index(a)] = std::move(f); }
 
   /// Collective over axis a (every rank of it passes the same sets in the same order): makes
   /// the sub-communicator of each set of axis ranks (bit k: rank k of the axis) that this
@@ -309,7 +343,9 @@ class interpreter {
     std::byte* stage_out = nullptr;
     codec::erased* coder = nullptr;      // encoded ops: the rank's codec object
     std::byte* wire = nullptr;           // encoded ops: every rank's slot (ranks x slot bytes)
-    std::vector<std::uint8_t> included;  // encoded ops: the ranks decoded (empty: all)
+    std::vector<std::uint8_t> included;  // encoded and masked ops: the ranks combined
+    bool masked = false;                 // a plain op combining the included ranks only
+    void* masked_out = nullptr;          // where a masked op's result goes (in op.dtype)
     request req;
   };
 
@@ -372,6 +408,7 @@ class interpreter {
       if (!block && !b.req.test()) return;
       b.req.wait();
       if (b.coder != nullptr) decode(b);
+      if (b.masked) combine_included(b);
       if (b.staged) cast_back(b, *c.stream);
       ++c.next;
       if (c.finished()) {
@@ -424,8 +461,37 @@ class interpreter {
           staging(&codecs_.find(site_of(op))->second, static_cast<std::size_t>(carried(op).bytes));
       // An output in another dtype: decoded into f32 staging, then cast (cast_back).
       if (b.staged) b.stage_out = staging(b.out.data, b.out.count * sizeof(float));
+    } else if (masks(op)) {
+      FEDSHARD_EXPECTS(S::host_accessible, "interpreter: ", describe(op),
+                       ": combining the included ranks runs on host memory, but the buffers are "
+                       "in ",
+                       S::name, " memory");
+      b.masked = true;
+      b.included = included_[index(op.axis)];
+      // Every rank's input, and past them a reduce_scatter's whole result.
+      const auto bytes = static_cast<std::size_t>(
+          gathered(op).bytes + (op.kind == comm_kind::reduce_scatter ? op.bytes : 0));
+      auto& buf = gathers_[site_of(op)];
+      if (buf.size() < bytes) buf = space_->template allocate<std::byte>(bytes);
+      b.wire = buf.data();
     }
     return b;
+  }
+
+  /// True when op combines only set_included's ranks through combine_included.
+  bool masks(const comm_op& op) const {
+    const auto a = index(op.axis);
+    const bool combines = op.kind == comm_kind::all_reduce ||
+                          op.kind == comm_kind::reduce_scatter || op.kind == comm_kind::all_gather;
+    return combines && op.members == 0 && !included_[a].empty();
+  }
+  /// The all_gather a masked op runs as: every rank's input (op.dtype).
+  static comm_op gathered(const comm_op& op) {
+    comm_op g = op;
+    g.kind = comm_kind::all_gather;
+    if (op.kind != comm_kind::all_gather) g.bytes = op.bytes * op.ranks;
+    g.reduce.reset();
+    return g;
   }
 
   /// A point-to-point op names another rank of its axis as its peer, and a send_recv's
@@ -553,6 +619,10 @@ class interpreter {
       in = b.stage_in;
       out = b.stage_out;
     }
+    if (b.masked) {
+      start_masked(b, c, st, in, out);
+      return;
+    }
     if constexpr (ordered) {
       c.after(space_->record(st));
       b.req = start_op(c, op, in, out);
@@ -562,6 +632,79 @@ class interpreter {
       space_->synchronize(st);
       b.req = start_op(c, op, in, out);
     }
+  }
+
+  /// Starts masked op b (see the file comment): the all_gather of every rank's input into
+  /// b.wire, on the host once st reached the op; combined when it completed (step), or at
+  /// once where the communicator is stream-ordered.
+  void start_masked(bound_op& b, wire_tap<C>& c, stream_type& st, const void* in, void* out) {
+    b.masked_out = out;
+    space_->synchronize(st);
+    if constexpr (ordered) {
+      c.after(space_->record(st));
+      b.req = start_op(c, gathered(b.op), in, b.wire);
+      space_->synchronize(c.record());
+      combine_included(b);
+      if (b.staged) cast_back(b, st);
+    } else {
+      b.req = start_op(c, gathered(b.op), in, b.wire);
+    }
+  }
+
+  /// Combines the included ranks' blocks of masked op b's gathered inputs into its output
+  /// (see the file comment).
+  void combine_included(bound_op& b) {
+    const comm_op& op = b.op;
+    const std::size_t esz = size_of(op.dtype);
+    const auto n = static_cast<std::size_t>(op.bytes) / esz;  // the op's whole array
+    const auto ranks = static_cast<std::size_t>(op.ranks);
+    const std::size_t block = (op.kind == comm_kind::all_gather ? n / ranks : n) * esz;
+    auto* out = static_cast<std::byte*>(b.masked_out);
+    if (op.kind == comm_kind::all_gather) {
+      for (std::size_t r = 0; r < ranks; ++r)
+        if (b.included[r] != 0)
+          std::memcpy(out + r * block, b.wire + r * block, block);
+        else
+          std::memset(out + r * block, 0, block);
+      return;
+    }
+    const auto me = static_cast<std::size_t>(mesh_->axis_rank(op.axis));
+    screen(b, block);
+    std::size_t used = 0;  // the included blocks, moved to the front in rank order
+    for (std::size_t r = 0; r < ranks; ++r) {
+      if (b.included[r] == 0) continue;
+      if (used != r) std::memmove(b.wire + used * block, b.wire + r * block, block);
+      ++used;
+    }
+    // A reduce_scatter reduces its whole array past the blocks, then keeps this rank's part.
+    std::byte* whole = op.kind == comm_kind::all_reduce ? out : b.wire + ranks * block;
+    if (used == 0)  // nobody included: this rank's own input (its block is still in place)
+      std::memmove(whole, b.wire + me * block, block);
+    else
+      fedshard::detail::reduce_blocks(op.dtype, op.reduce.value(), b.wire, block,
+                                      static_cast<int>(used), whole, static_cast<std::int64_t>(n));
+    if (op.kind == comm_kind::reduce_scatter)
+      std::memcpy(out, whole + me * (block / ranks), block / ranks);
+  }
+
+  /// Runs the axis's screening stage on masked op b's gathered blocks (`block` bytes each):
+  /// the ranks it clears leave b's mask and the axis's.
+  void screen(bound_op& b, std::size_t block) {
+    const screen_fn& f = screens_[index(b.op.axis)];
+    if (!f) return;
+    const auto before = b.included;
+    f(gathered_inputs{.blocks = b.wire,
+                      .stride = block,
+                      .ranks = b.op.ranks,
+                      .count = static_cast<std::int64_t>(block / size_of(b.op.dtype)),
+                      .type = b.op.dtype},
+      b.included);
+    FEDSHARD_EXPECTS(b.included.size() == before.size(), "interpreter: the screening stage of ",
+                     describe(b.op), " changed the mask's size from ", before.size(), " to ",
+                     b.included.size());
+    auto& axis_mask = included_[index(b.op.axis)];
+    for (std::size_t r = 0; r < before.size(); ++r)
+      if (before[r] != 0 && b.included[r] == 0 && r < axis_mask.size()) axis_mask[r] = 0;
   }
 
   /// Where an encoded op's codec object is kept: the op's place in the plans (its trigger,
@@ -655,7 +798,9 @@ class interpreter {
   stream_type own_stream_;
   wire_log log_;
   std::optional<wire_tap<C>> taps_[5];
-  std::vector<std::uint8_t> included_[5];  // by axis: set_included's masks
+  std::vector<std::uint8_t> included_[5];                           // by axis: set_included's masks
+  screen_fn screens_[5];                                            // by axis: set_screen's stages
+  std::map<site, typename S::template buffer<std::byte>> gathers_;  // masked ops' inputs
   struct member_comm {
     C comm;
     std::optional<wire_tap<C>> tap;  // on comm, recording on the federation axis

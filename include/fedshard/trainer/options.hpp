@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/reduce_op.hpp"
+#include "fedshard/federation/participation.hpp"
 #include "fedshard/mesh/axis.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/shard/shard_policy.hpp"
@@ -30,6 +32,13 @@ struct trainer_options {
   typename A::federation_policy::config federation{};
   /// The schedule's settings (K, H, fragments, delay, mixing), from the algorithm's defaults.
   typename A::sync_schedule::config schedule = A::default_schedule();
+  /// Which groups each sync combines: a seeded sample (federation/participation.hpp; in an
+  /// elastic round, among its members that are not joiners). Default: every group.
+  federation::participation participation{};
+  /// Robust aggregation (federation/participation.hpp): a group whose update holds NaN/inf
+  /// or lies too far from the others' median is left out of the sync. Unset: on
+  /// (screening{}) over an elastic federation axis, off otherwise.
+  std::optional<federation::screening> screening{};
   /// The shard policy's settings (shard::sparse's density, refresh period); none for most.
   shard::settings_of_t<typename A::shard_policy> shard{};
   /// Where the trainer's log lines go (what a resharding load dropped or initialised), on

@@ -98,6 +98,9 @@ class trainer final {
               federation::overlap_of<shard_policy>(m, engine_.layout())) {
     FEDSHARD_EXPECTS(opts_.total_steps >= 0, "trainer: total_steps must be >= 0, found ",
                      opts_.total_steps);
+    sync_.set_participation(opts_.participation);
+    sync_.set_screening(opts_.screening.value_or(
+        elastic_federation ? federation::screening{} : federation::screening::off()));
     sync_.check_run(opts_.total_steps, engine_.step_plan(), shard_policy::name);
     engine_.set_max_live_units(opts_.max_live_units);
     engine_.attach_optimizer(optimizer_, opt);
