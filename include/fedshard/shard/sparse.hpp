@@ -262,6 +262,62 @@ inline plan sparsify(const plan& base, const std::vector<std::size_t>& k) {
   return out;
 }
 
+/// What one step of shard::sparse<Base> carries: the one definition of its step kinds, which
+/// the run-time object runs and the simulator prices (see the file comment's "Steps").
+struct sparse_step_kind {
+  bool packed_gathers = false;     ///< the gathers carry the last masked update's elements
+  bool packed_reductions = false;  ///< the reductions carry the mask's elements (masked step)
+  /// The mask exchange issued after the previous step's optimizer step is on its way when
+  /// this step starts (its first packed reduction waits for it).
+  bool mask_exchange = false;
+  friend auto operator<=>(const sparse_step_kind&, const sparse_step_kind&) = default;
+};
+
+/// True when step t (from 0) under settings c is a masked one, given whether a mask is in use:
+/// every step with a mask except the dense ones of dense_every.
+inline bool sparse_reduces_packed(const sparse_settings& c, std::int64_t t, bool has_mask) {
+  return has_mask && !(c.dense_every > 0 && (t + 1) % c.dense_every == 0);
+}
+
+/// True when a mask is computed (and its exchange issued) after step t under settings c.
+inline bool sparse_refreshes_after(const sparse_settings& c, std::int64_t t) {
+  const std::int64_t after = t + 1 - c.dense_steps;
+  return after >= 0 && after % c.refresh_period == 0;
+}
+
+/// The kind of step t under settings c: `has_mask` whether a mask is in use, `copies_current`
+/// whether the previous step was a masked update and nothing else wrote the master since.
+inline sparse_step_kind sparse_kind_of(const sparse_settings& c, std::int64_t t, bool has_mask,
+                                       bool copies_current) {
+  return {.packed_gathers = copies_current,
+          .packed_reductions = sparse_reduces_packed(c, t, has_mask),
+          .mask_exchange = t > 0 && sparse_refreshes_after(c, t - 1)};
+}
+
+/// The kind of step t of a run from step 0 under settings c (no checkpoint load on the way):
+/// a mask is in use from step dense_steps on; `written` says whether something else than the
+/// previous step's update (a federation sync) wrote the master after it.
+inline sparse_step_kind sparse_kind_in_run(const sparse_settings& c, std::int64_t t, bool written) {
+  const bool previous_masked = t > 0 && sparse_reduces_packed(c, t - 1, t - 1 >= c.dense_steps);
+  return sparse_kind_of(c, t, t >= c.dense_steps, previous_masked && !written);
+}
+
+/// The plan of a step of kind k: Base's step plan `dense` with its acquire ops from `packed`
+/// (sparsify's) when k.packed_gathers and its other ops from it when k.packed_reductions,
+/// op for op; the mask exchange is not in it (it is fired on demand after the optimizer step).
+inline plan sparse_step_plan(const plan& dense, const plan& packed, const sparse_step_kind& k) {
+  FEDSHARD_EXPECTS(dense.ops.size() == packed.ops.size(), "shard::sparse: the packed plan has ",
+                   packed.ops.size(), " ops, the base plan ", dense.ops.size());
+  plan out;
+  out.ops.reserve(dense.ops.size());
+  for (std::size_t i = 0; i < dense.ops.size(); ++i) {
+    const bool gather = dense.ops[i].trigger == trigger::acquire;
+    out.ops.push_back((gather ? k.packed_gathers : k.packed_reductions) ? packed.ops[i]
+                                                                        : dense.ops[i]);
+  }
+  return out;
+}
+
 /// shard::sparse's counters as its checkpoint record "sparse.progress" holds them.
 struct sparse_progress {
   std::int64_t steps = 0;      ///< optimizer steps taken through shard::sparse
@@ -295,7 +351,6 @@ class sparse_runtime {
         mask_op_(mask_exchange(offsets.back(), s)),
         valid_(l.num_units(), false),
         exact_(l.num_units(), false),
-        gather_sparse_(l.num_units(), false),
         unpack_(l.num_units(), false) {
     const std::size_t U = l.num_units();
     constexpr std::size_t most = std::numeric_limits<std::uint32_t>::max();
@@ -352,24 +407,23 @@ class sparse_runtime {
     std::fill(exact_.begin(), exact_.end(), false);
   }
 
-  /// A step starts: the gathers of units whose copy is valid are packed, the reductions are
-  /// packed when a mask exists (or is on its way).
+  /// A step starts: its kind (sparse_kind_of) and the plan of that kind. The gathers are
+  /// packed when every held unit's copy differs from the master at the last masked update's
+  /// elements only, the reductions when a mask is in use (or on its way).
   void begin_step() {
-    step_sparse_ = has_mask() && !(cfg_.dense_every > 0 && (steps_ + 1) % cfg_.dense_every == 0);
-    for (std::size_t u = 0; u < valid_.size(); ++u) gather_sparse_[u] = valid_[u] && gmask_;
-    active_.ops.clear();
-    for (std::size_t i = 0; i < dense_.ops.size(); ++i) {
-      const comm_op& op = dense_.ops[i];
-      const auto u = static_cast<std::size_t>(op.unit);
-      const bool gather = op.trigger == trigger::acquire;
-      active_.ops.push_back((gather ? gather_sparse_[u] : step_sparse_) ? sparse_.ops[i] : op);
-    }
+    bool current = gmask_ != nullptr;
+    for (std::size_t u = 0; u < valid_.size(); ++u) current = current && (!held_[u] || valid_[u]);
+    kind_ = sparse_kind_of(cfg_, steps_, has_mask(), current);
+    active_ = sparse_step_plan(dense_, sparse_, kind_);
   }
+
+  /// The kind of the step begun last.
+  const sparse_step_kind& kind() const noexcept { return kind_; }
 
   /// Before unit u's gather is fired: packs this rank's masked master values (packed gather).
   void before_gather(std::size_t u, std::span<const float> master) {
     unpack_[u] = true;
-    if (!gather_sparse_[u]) return;
+    if (!kind_.packed_gathers) return;
     const auto& idx = (*gmask_)[u];
     const std::size_t k = k_[u], base = static_cast<std::size_t>(shard_) * shard_numel(u);
     float* out = pshard_.data() + poff_[u];
@@ -382,7 +436,7 @@ class sparse_runtime {
   void after_gather(std::size_t u, std::span<float> params) {
     if (!unpack_[u]) return;
     unpack_[u] = false;
-    if (gather_sparse_[u]) {
+    if (kind_.packed_gathers) {
       const auto& idx = (*gmask_)[u];
       const float* in = pgathered_.data() + poff_[u] * static_cast<std::size_t>(shape_.shards);
       for (std::size_t j = 0; j < idx.size(); ++j) params[idx[j]] = in[j];
@@ -394,7 +448,7 @@ class sparse_runtime {
   /// gradient at the mask's elements (packed reduction).
   template <class Interp>
   void before_reduce(std::size_t u, std::span<const float> grad, Interp& interp) {
-    if (!step_sparse_) return;
+    if (!kind_.packed_reductions) return;
     agree(interp);
     const auto& idx = (*rmask_)[u];
     float* out = pgrad_.data() + poff_[u] * static_cast<std::size_t>(shape_.shards);
@@ -404,7 +458,7 @@ class sparse_runtime {
   /// After every reduction completed: unit u's gradient shard holds its reduced masked
   /// values, zero elsewhere.
   void after_reduce(std::size_t u, std::span<float> grad_shard) {
-    if (!step_sparse_) return;
+    if (!kind_.packed_reductions) return;
     std::fill(grad_shard.begin(), grad_shard.end(), 0.0f);
     const auto& idx = (*rmask_)[u];
     const std::size_t k = k_[u], base = static_cast<std::size_t>(shard_) * shard_numel(u);
@@ -462,7 +516,7 @@ class sparse_runtime {
                       typename S::stream& st, Interp& interp) {
     FEDSHARD_EXPECTS(packed_type_ != nullptr && *packed_type_ == typeid(O),
                      "shard::sparse: optimizer_step needs the optimizer given to attach()");
-    if (!step_sparse_) {
+    if (!kind_.packed_reductions) {
       main.step(master, grad, lr, st);
       invalidate();  // every element changed
     } else {
@@ -700,9 +754,8 @@ class sparse_runtime {
   comm_op mask_op_;
   std::vector<bool> valid_;  // by unit: the copy differs from the master only at gmask_
   std::vector<bool> exact_;  // by unit: the copy equals the master
-  std::vector<bool> gather_sparse_;
   std::vector<bool> unpack_;
-  bool step_sparse_ = false;
+  sparse_step_kind kind_;
   bool pending_ = false;
   ticket ticket_{};
   std::int64_t steps_ = 0;
@@ -739,6 +792,12 @@ struct sparse {
                           const settings& c) {
     c.check();
     return sparsify(Base::step_plan(l, s, p), shard::masked_counts(l, c));
+  }
+  /// The plan of a step of kind k under settings c (every unit held): sparse_step_plan of
+  /// step_plan and sparse_plan.
+  static plan kind_plan(const flat_layout& l, const mesh_shape& s, const precision& p,
+                        const settings& c, const sparse_step_kind& k) {
+    return sparse_step_plan(step_plan(l, s, p), sparse_plan(l, s, p, c), k);
   }
 };
 
