@@ -37,13 +37,13 @@
 ///    indices: every rank knows the mask), S x k_u values, reduce-scattered into the rank's
 ///    k_u (then averaged over the replicas, packed, where Base does that) and unpacked into
 ///    its gradient shard (zero elsewhere).
-///  - optimizer: only masked elements are updated. The masked parameters, gradients and
-///    optimizer state are packed into a second optimizer object of sum k_u elements, which
-///    takes the step (with the step count of the main one) and is unpacked back; the main
-///    optimizer's step count then advances by one. An element-wise optimizer
-///    (optim/optimizer.hpp, requirement 4) gives bit for bit what a full step gives at the
-///    masked elements, and unmasked elements keep their parameter and their whole optimizer
-///    state (no weight decay either, as in the paper). The cost is O(sum k_u) per step.
+///  - optimizer: only masked elements are updated, by optim::masked (optim/masked.hpp): the
+///    masked parameters, gradients and optimizer state are packed into a second optimizer
+///    object of sum k_u elements, which takes the step (with the step count of the main
+///    one) and is unpacked back; the main optimizer's step count then advances by one. An
+///    element-wise optimizer (optim/optimizer.hpp, requirement 4) gives bit for bit what a full
+///    step gives at the masked elements, and unmasked elements keep their parameter and their whole
+///    optimizer state (no weight decay either, as in the paper). The cost is O(sum k_u) per step.
 ///  - gather: the parameters the last masked update changed (the previous step's mask) are
 ///    packed from each rank's master and all-gathered, S x k_u values, and written into the
 ///    unit's gathered buffer; every other element there still holds the current value.
@@ -77,7 +77,9 @@
 ///
 /// Plans: step_plan() is Base's, which the dense steps run; sparse_plan() the steps with a
 /// mask (ops of role `packed`), op for op Base's with the packed sizes; mask_plan() the
-/// exchange. Host memory only: there are no device pack/unpack kernels yet.
+/// exchange. Packing and unpacking by index are kernels/index.hpp's (gather_index,
+/// scatter_index); the run-time object still runs them as host loops around the engine's
+/// firings, so it runs on host memory only.
 
 #include <algorithm>
 #include <bit>
@@ -98,6 +100,8 @@
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/state_registry.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/kernels/index.hpp"
+#include "fedshard/optim/masked.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/plan/interpreter.hpp"
 #include "fedshard/shard/flat_layout.hpp"
@@ -332,7 +336,12 @@ class sparse_runtime {
   static_assert(std::is_same_v<S, space::host_space>,
                 "fedshard::shard::sparse runs on host memory only (space::host_space): there are "
                 "no device kernels for its mask, pack and unpack yet");
-  using mask_set = std::vector<std::vector<std::uint32_t>>;  // by unit: S x k_u indices
+  /// A mask: by unit, its S x k_u indices into the padded unit; and this rank's k_u of each
+  /// held unit as master offsets, back to back (unit u's from poff_[u] on).
+  struct mask_set {
+    std::vector<std::vector<std::uint32_t>> unit;
+    std::vector<std::uint32_t> own;
+  };
 
  public:
   /// For the mesh shape s (this rank at shard index `shard`), the units `held` (empty: all)
@@ -370,7 +379,6 @@ class sparse_runtime {
     pgathered_.assign(SK, 0.0f);
     pgrad_.assign(SK, 0.0f);
     pgrad_shard_.assign(K, 0.0f);
-    pparam_.assign(K, 0.0f);
     words_mine_.assign(mask_words(offsets.back()), 0u);
     words_all_.assign(words_mine_.size() * static_cast<std::size_t>(s.shards), 0u);
     active_ = dense_;
@@ -393,7 +401,7 @@ class sparse_runtime {
   /// The elements (indices into the padded unit u, ascending, S x k_u of them) of the mask
   /// the reductions and the optimizer use; empty before the first mask.
   std::vector<std::uint32_t> mask(std::size_t u) const {
-    return rmask_ ? (*rmask_)[u] : std::vector<std::uint32_t>{};
+    return rmask_ ? rmask_->unit[u] : std::vector<std::uint32_t>{};
   }
   /// The mask's bits as this rank exchanged them last: its words (its master, 32 elements
   /// to a word) and everyone's, in shard order.
@@ -424,11 +432,8 @@ class sparse_runtime {
   void before_gather(std::size_t u, std::span<const float> master) {
     unpack_[u] = true;
     if (!kind_.packed_gathers) return;
-    const auto& idx = (*gmask_)[u];
-    const std::size_t k = k_[u], base = static_cast<std::size_t>(shard_) * shard_numel(u);
-    float* out = pshard_.data() + poff_[u];
-    for (std::size_t j = 0; j < k; ++j)
-      out[j] = master[idx[static_cast<std::size_t>(shard_) * k + j] - base];
+    kernels::gather_index(master, own(*gmask_, u), static_cast<std::uint32_t>(offsets_[u]),
+                          std::span<float>(pshard_).subspan(poff_[u], k_[u]));
   }
 
   /// After unit u's gather completed: writes the gathered masked values into its copy; the
@@ -437,9 +442,10 @@ class sparse_runtime {
     if (!unpack_[u]) return;
     unpack_[u] = false;
     if (kind_.packed_gathers) {
-      const auto& idx = (*gmask_)[u];
-      const float* in = pgathered_.data() + poff_[u] * static_cast<std::size_t>(shape_.shards);
-      for (std::size_t j = 0; j < idx.size(); ++j) params[idx[j]] = in[j];
+      const auto& idx = gmask_->unit[u];
+      const std::size_t n = static_cast<std::size_t>(shape_.shards);
+      kernels::scatter_index(std::span<const float>(pgathered_).subspan(poff_[u] * n, idx.size()),
+                             std::span<const std::uint32_t>(idx), 0, params);
     }
     valid_[u] = exact_[u] = true;
   }
@@ -450,9 +456,10 @@ class sparse_runtime {
   void before_reduce(std::size_t u, std::span<const float> grad, Interp& interp) {
     if (!kind_.packed_reductions) return;
     agree(interp);
-    const auto& idx = (*rmask_)[u];
-    float* out = pgrad_.data() + poff_[u] * static_cast<std::size_t>(shape_.shards);
-    for (std::size_t j = 0; j < idx.size(); ++j) out[j] = grad[idx[j]];
+    const auto& idx = rmask_->unit[u];
+    const std::size_t n = static_cast<std::size_t>(shape_.shards);
+    kernels::gather_index(grad, std::span<const std::uint32_t>(idx), 0,
+                          std::span<float>(pgrad_).subspan(poff_[u] * n, idx.size()));
   }
 
   /// After every reduction completed: unit u's gradient shard holds its reduced masked
@@ -460,11 +467,8 @@ class sparse_runtime {
   void after_reduce(std::size_t u, std::span<float> grad_shard) {
     if (!kind_.packed_reductions) return;
     std::fill(grad_shard.begin(), grad_shard.end(), 0.0f);
-    const auto& idx = (*rmask_)[u];
-    const std::size_t k = k_[u], base = static_cast<std::size_t>(shard_) * shard_numel(u);
-    const float* in = pgrad_shard_.data() + poff_[u];
-    for (std::size_t j = 0; j < k; ++j)
-      grad_shard[idx[static_cast<std::size_t>(shard_) * k + j] - base] = in[j];
+    kernels::scatter_index(std::span<const float>(pgrad_shard_).subspan(poff_[u], k_[u]),
+                           own(*rmask_, u), static_cast<std::uint32_t>(offsets_[u]), grad_shard);
   }
 
   /// The buffer of a packed operand of op.
@@ -501,10 +505,7 @@ class sparse_runtime {
                      "so the optimizer needs a state 'exp_avg' (adamw) or 'momentum_buffer' (sgd "
                      "with momentum > 0); found state {",
                      names, "}");
-    if constexpr (std::is_constructible_v<O, typename O::config, std::size_t, S&>)
-      packed_opt_ = std::make_shared<O>(cfg, poff_.back(), space);
-    else
-      packed_opt_ = std::make_shared<O>(cfg, poff_.back());
+    packed_opt_ = std::make_shared<optim::masked<O, S>>(cfg, poff_.back(), space);
     packed_type_ = &typeid(O);
   }
 
@@ -521,19 +522,8 @@ class sparse_runtime {
       invalidate();  // every element changed
     } else {
       agree(interp);
-      O& packed = *static_cast<O*>(packed_opt_.get());
-      own_indices();
-      auto ms = main.state();
-      auto ps = packed.state();
-      for (std::size_t t = 0; t < ms.size(); ++t)
-        for (std::size_t j = 0; j < own_.size(); ++j) ps[t].data[j] = ms[t].data[own_[j]];
-      for (std::size_t j = 0; j < own_.size(); ++j) pparam_[j] = master[own_[j]];
-      packed.set_step_count(main.step_count());
-      packed.step(std::span<float>(pparam_), std::span<const float>(pgrad_shard_), lr, st);
-      for (std::size_t j = 0; j < own_.size(); ++j) master[own_[j]] = pparam_[j];
-      for (std::size_t t = 0; t < ms.size(); ++t)
-        for (std::size_t j = 0; j < own_.size(); ++j) ms[t].data[own_[j]] = ps[t].data[j];
-      main.set_step_count(main.step_count() + 1);
+      static_cast<optim::masked<O, S>*>(packed_opt_.get())
+          ->step(main, master, pgrad_shard_, rmask_->own, lr, st);
       // A copy that was exact now differs at the mask's elements only: the next gathers
       // carry those.
       for (std::size_t u = 0; u < valid_.size(); ++u) {
@@ -542,27 +532,15 @@ class sparse_runtime {
       }
       gmask_ = rmask_;
     }
-    ++steps_;
-    const std::int64_t after = steps_ - cfg_.dense_steps;
-    if (after >= 0 && after % cfg_.refresh_period == 0) refresh(main, interp);
+    if (sparse_refreshes_after(cfg_, steps_++)) refresh(main, interp);
   }
 
  private:
   std::size_t shard_numel(std::size_t u) const { return layout_->unit(u).shard_numel; }
 
-  /// The master offsets of this rank's masked elements (by unit, ascending) under rmask_.
-  void own_indices() {
-    if (own_for_ == rmask_.get()) return;
-    own_.assign(poff_.back(), 0);
-    for (std::size_t u = 0; u < k_.size(); ++u) {
-      if (!held_[u]) continue;
-      const auto& idx = (*rmask_)[u];
-      const std::size_t k = k_[u], base = static_cast<std::size_t>(shard_) * shard_numel(u);
-      for (std::size_t j = 0; j < k; ++j)
-        own_[poff_[u] + j] = static_cast<std::uint32_t>(
-            offsets_[u] + idx[static_cast<std::size_t>(shard_) * k + j] - base);
-    }
-    own_for_ = rmask_.get();
+  /// This rank's k_u masked elements of unit u in mask m, as master offsets.
+  std::span<const std::uint32_t> own(const mask_set& m, std::size_t u) const {
+    return std::span<const std::uint32_t>(m.own).subspan(poff_[u], k_[u]);
   }
 
   /// Computes this rank's mask bits from main's first moment and issues their exchange.
@@ -679,10 +657,12 @@ class sparse_runtime {
   std::shared_ptr<const mask_set> decode(std::span<const std::uint32_t> all,
                                          std::string& why) const {
     const std::size_t W = words_mine_.size(), shards = static_cast<std::size_t>(shape_.shards);
-    auto next = std::make_shared<mask_set>(k_.size());
+    auto next = std::make_shared<mask_set>();
+    next->unit.resize(k_.size());
+    next->own.reserve(poff_.back());
     for (std::size_t u = 0; u < k_.size(); ++u) {
       if (!held_[u]) continue;
-      auto& idx = (*next)[u];
+      auto& idx = next->unit[u];
       idx.reserve(k_[u] * shards);
       const std::size_t n = shard_numel(u), at = offsets_[u];
       for (std::size_t s = 0; s < shards; ++s) {
@@ -697,6 +677,10 @@ class sparse_runtime {
                                        " elements, expected ", k_[u]);
         return nullptr;
       }
+      const std::size_t mine = static_cast<std::size_t>(shard_) * k_[u];
+      for (std::size_t j = 0; j < k_[u]; ++j)
+        next->own.push_back(
+            static_cast<std::uint32_t>(at + idx[mine + j] - static_cast<std::size_t>(shard_) * n));
     }
     return next;
   }
@@ -737,7 +721,6 @@ class sparse_runtime {
     loaded_.clear();
     pending_ = false;
     gmask_ = nullptr;  // of use only with the gathered copies
-    own_for_ = nullptr;
     invalidate();
   }
 
@@ -762,9 +745,7 @@ class sparse_runtime {
   std::int64_t refreshes_ = 0;
   std::shared_ptr<const mask_set> rmask_;  // the reductions' and the optimizer's mask
   std::shared_ptr<const mask_set> gmask_;  // the last masked update's mask: the gathers'
-  std::vector<std::uint32_t> own_;         // master offsets of this rank's rmask_ elements
-  const void* own_for_ = nullptr;
-  std::vector<float> pshard_, pgathered_, pgrad_, pgrad_shard_, pparam_;
+  std::vector<float> pshard_, pgathered_, pgrad_, pgrad_shard_;
   std::vector<std::uint32_t> words_mine_, words_all_;
   std::vector<std::uint32_t> loaded_;  // a load's "sparse.mask", until "sparse.progress"
   int first_ = -1;
