@@ -248,6 +248,85 @@ TEST_CASE("per-tensor quotas and dense_below: the slices, their quotas and k_u")
     CHECK(sp.ops[i].bytes * 80 == base.ops[i].bytes * 18);
 }
 
+// The plan a step fires, local ops included, worked by hand for full_shard on 1 x 1 x 2 and
+// model80 (3 units of 160 padded elements, shards of 80, k = 8 at density 0.1): forward
+// gathers of units 0, 1, 2, then per unit 2, 1, 0 its backward gather and its reduce_scatter.
+//  - a packed gather: pack (this rank's 8 masked master values, 32 B, by mask_of gather_own),
+//    all_gather of S x 8 = 16 floats (64 B), unpack of those 16 into params (64 B, by
+//    gather_unit): 3 ops;
+//  - a packed reduction: pack of the gradient's 16 masked values (64 B, by reduce_unit),
+//    reduce_scatter of 64 B, zero of the 80-element gradient shard (320 B), unpack of this
+//    rank's 8 reduced values (32 B, by reduce_own): 4 ops;
+//  - dense ops are Base's as they are: all_gather and reduce_scatter of 640 B.
+// Packed gathers and reductions: 6 x 3 + 3 x 4 = 30 ops; dense gathers with packed
+// reductions: 6 + 12 = 18; Base's plan: 9 ops, with no local op.
+TEST_CASE("each kind of step fires its plan: the collectives and the pack, unpack, zero ops") {
+  const flat_layout l(model80().units(), 2);
+  const mesh_shape s{1, 1, 2};
+  const shard::sparse_settings c{.density = 0.1};
+  using P = shard::sparse<shard::full_shard>;
+  const plan both = P::kind_plan(l, s, {}, c, {.packed_gathers = true, .packed_reductions = true});
+  const plan reductions = P::kind_plan(l, s, {}, c, {.packed_reductions = true});
+  const plan dense = P::kind_plan(l, s, {}, c, {});
+  CHECK(both.ops.size() == 30);
+  CHECK(reductions.ops.size() == 18);
+  CHECK(dense.ops == P::step_plan(l, s, {}).ops);
+  both.check();
+  reductions.check();
+  using K = comm_kind;
+  const auto mask = [](mask_of m) { return operand{.role = role::mask, .index = int(m)}; };
+  struct row {
+    K kind;
+    std::int64_t bytes;
+    operand in, out, index;
+  };
+  const operand none{};
+  const std::vector<row> unit2_backward{{K::pack,
+                                         32,
+                                         {.role = role::param_shard},
+                                         packed_operand(packed_of::param_shard),
+                                         mask(mask_of::gather_own)},
+                                        {K::all_gather, 64, packed_operand(packed_of::param_shard),
+                                         packed_operand(packed_of::params), none},
+                                        {K::unpack,
+                                         64,
+                                         packed_operand(packed_of::params),
+                                         {.role = role::params},
+                                         mask(mask_of::gather_unit)},
+                                        {K::pack,
+                                         64,
+                                         {.role = role::grad},
+                                         packed_operand(packed_of::grad),
+                                         mask(mask_of::reduce_unit)},
+                                        {K::reduce_scatter, 64, packed_operand(packed_of::grad),
+                                         packed_operand(packed_of::grad_shard), none},
+                                        {K::zero, 320, none, {.role = role::grad_shard}, none},
+                                        {K::unpack,
+                                         32,
+                                         packed_operand(packed_of::grad_shard),
+                                         {.role = role::grad_shard},
+                                         mask(mask_of::reduce_own)}};
+  for (std::size_t i = 0; i < unit2_backward.size(); ++i) {
+    const comm_op& op = both.ops[9 + i];  // after the 3 packed forward gathers
+    CAPTURE(i);
+    CHECK(op.kind == unit2_backward[i].kind);
+    CHECK(op.bytes == unit2_backward[i].bytes);
+    CHECK(op.in == unit2_backward[i].in);
+    CHECK(op.out == unit2_backward[i].out);
+    CHECK(op.index == unit2_backward[i].index);
+    CHECK(op.unit == 2);
+    CHECK(op.phase == phase::backward);
+    CHECK(op.trigger == (i < 3 ? trigger::acquire : trigger::grads_ready));
+  }
+  // dense gathers: the forward gather of unit 0 is Base's, 640 B, with no local op around it
+  CHECK(reductions.ops[0] == P::step_plan(l, s, {}).ops[0]);
+  CHECK(reductions.ops[0].bytes == 640);
+  // the calls are the packed plan's: local ops add none
+  CHECK(both.calls_on(axis::shard) == 9);
+  CHECK(traffic_counters::of(both)[axis::shard].payload_bytes ==
+        traffic_counters::of(P::sparse_plan(l, s, {}, c))[axis::shard].payload_bytes);
+}
+
 // Per step, the shard axis carries Base's plan on the dense steps, 0.1x of it on the others
 // (shards of 80 elements, k = 8; a step after a dense one still gathers densely, as the dense
 // update changed every element), plus one mask exchange after each refresh: an all_gather of

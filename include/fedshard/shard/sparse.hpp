@@ -75,11 +75,16 @@
 /// (a full_shard run's, or one written before they were saved) or a mask of other counts
 /// than this run's (another density) start them fresh: no mask, dense steps first.
 ///
-/// Plans: step_plan() is Base's, which the dense steps run; sparse_plan() the steps with a
-/// mask (ops of role `packed`), op for op Base's with the packed sizes; mask_plan() the
-/// exchange. Packing and unpacking by index are kernels/index.hpp's (gather_index,
-/// scatter_index); the run-time object still runs them as host loops around the engine's
-/// firings, so it runs on host memory only.
+/// Plans: each step is of a kind (sparse_step_kind: packed gathers or not, packed
+/// reductions or not; sparse_kind_of says which, for the run-time object and the simulator
+/// alike), and each kind has its plan (kind_plan, sparse_kind_plan), which the engine fires
+/// as it fires any policy's: Base's step plan with its gathers and reductions taken from
+/// sparse_plan() (ops of role `packed`, op for op Base's with the packed sizes) as the kind
+/// says, each packed op with the local ops (plan/comm_op.hpp) that pack its input and
+/// unpack its output by the mask's indices (role mask), which the interpreter runs through
+/// the space's gather_index / scatter_index (kernels/index.hpp). mask_plan() is the
+/// exchange. The run-time object keeps its masks, packed buffers and top-k on the host, so
+/// it runs on host memory only.
 
 #include <algorithm>
 #include <bit>
@@ -100,7 +105,6 @@
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/state_registry.hpp"
 #include "fedshard/error.hpp"
-#include "fedshard/kernels/index.hpp"
 #include "fedshard/optim/masked.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/plan/interpreter.hpp"
@@ -322,6 +326,67 @@ inline plan sparse_step_plan(const plan& dense, const plan& packed, const sparse
   return out;
 }
 
+namespace detail {
+
+/// A local op (kind: pack, unpack or zero) of `n` packed elements next to collective op c
+/// (same trigger and unit), from `in` into `out` by the indices `idx`.
+inline comm_op local_op(const comm_op& c, comm_kind kind, operand in, operand out, mask_of idx,
+                        std::size_t n) {
+  comm_op op = c;
+  op.kind = kind;
+  op.dtype = dtype::f32;
+  op.bytes = static_cast<std::int64_t>(n * sizeof(float));
+  op.reduce.reset();
+  op.codec = {};
+  op.in = in;
+  op.out = out;
+  op.index = kind == comm_kind::zero ? operand{}
+                                     : operand{.role = role::mask, .index = static_cast<int>(idx)};
+  return op;
+}
+
+}  // namespace detail
+
+/// The plan a step of kind k runs, as the engine fires it: sparse_step_plan's collectives
+/// (of Base's plan `dense` and its packed ops `packed`, for the counts k_u `k` of layout l
+/// on a shard axis of `shards`) with their local ops (plan/comm_op.hpp). A packed gather of
+/// unit u packs this rank's masked master values (pack, the gathers' mask) and writes the
+/// gathered ones into u's gathered buffer (unpack); a packed reduction packs u's gradient
+/// (pack, the reductions' mask), and after u's last packed reduction u's gradient shard is
+/// zeroed and the reduced values written into it (zero, unpack).
+inline plan sparse_kind_plan(const plan& dense, const plan& packed,
+                             const std::vector<std::size_t>& k, const flat_layout& l, int shards,
+                             const sparse_step_kind& kind) {
+  using detail::local_op;
+  const plan p = sparse_step_plan(dense, packed, kind);
+  const operand shard_packed = packed_operand(packed_of::grad_shard);
+  std::vector<std::size_t> last(k.size(), p.ops.size());
+  for (std::size_t i = 0; i < p.ops.size(); ++i)
+    if (p.ops[i].out == shard_packed) last[static_cast<std::size_t>(p.ops[i].unit)] = i;
+  plan out;
+  for (std::size_t i = 0; i < p.ops.size(); ++i) {
+    const comm_op& c = p.ops[i];
+    const auto u = static_cast<std::size_t>(c.unit);
+    const std::size_t n = static_cast<std::size_t>(shards) * k[u];
+    if (c.in == packed_operand(packed_of::param_shard))
+      out.ops.push_back(local_op(c, comm_kind::pack, {.role = role::param_shard}, c.in,
+                                 mask_of::gather_own, k[u]));
+    if (c.in == packed_operand(packed_of::grad))
+      out.ops.push_back(
+          local_op(c, comm_kind::pack, {.role = role::grad}, c.in, mask_of::reduce_unit, n));
+    out.ops.push_back(c);
+    if (c.out == packed_operand(packed_of::params))
+      out.ops.push_back(
+          local_op(c, comm_kind::unpack, c.out, {.role = role::params}, mask_of::gather_unit, n));
+    if (last[u] != i) continue;
+    out.ops.push_back(local_op(c, comm_kind::zero, {}, {.role = role::grad_shard},
+                               mask_of::reduce_own, l.unit(u).shard_numel));
+    out.ops.push_back(local_op(c, comm_kind::unpack, shard_packed, {.role = role::grad_shard},
+                               mask_of::reduce_own, k[u]));
+  }
+  return out;
+}
+
 /// shard::sparse's counters as its checkpoint record "sparse.progress" holds them.
 struct sparse_progress {
   std::int64_t steps = 0;      ///< optimizer steps taken through shard::sparse
@@ -337,10 +402,11 @@ class sparse_runtime {
                 "fedshard::shard::sparse runs on host memory only (space::host_space): there are "
                 "no device kernels for its mask, pack and unpack yet");
   /// A mask: by unit, its S x k_u indices into the padded unit; and this rank's k_u of each
-  /// held unit as master offsets, back to back (unit u's from poff_[u] on).
+  /// held unit, back to back (unit u's from poff_[u] on), as offsets in its shard of the
+  /// unit (own) and in its master (own_master).
   struct mask_set {
     std::vector<std::vector<std::uint32_t>> unit;
-    std::vector<std::uint32_t> own;
+    std::vector<std::uint32_t> own, own_master;
   };
 
  public:
@@ -357,10 +423,7 @@ class sparse_runtime {
         k_(shard::masked_counts(l, cfg)),
         dense_(std::move(dense)),
         sparse_(sparsify(dense_, k_)),
-        mask_op_(mask_exchange(offsets.back(), s)),
-        valid_(l.num_units(), false),
-        exact_(l.num_units(), false),
-        unpack_(l.num_units(), false) {
+        mask_op_(mask_exchange(offsets.back(), s)) {
     const std::size_t U = l.num_units();
     constexpr std::size_t most = std::numeric_limits<std::uint32_t>::max();
     FEDSHARD_EXPECTS(offsets.back() <= most, "shard::sparse: a rank's master must hold at most ",
@@ -381,7 +444,11 @@ class sparse_runtime {
     pgrad_shard_.assign(K, 0.0f);
     words_mine_.assign(mask_words(offsets.back()), 0u);
     words_all_.assign(words_mine_.size() * static_cast<std::size_t>(s.shards), 0u);
-    active_ = dense_;
+    for (int g = 0; g < 2; ++g)
+      for (int r = 0; r < 2; ++r)
+        plans_[g][r] = sparse_kind_plan(dense_, sparse_, k_, l, s.shards,
+                                        {.packed_gathers = g == 1, .packed_reductions = r == 1});
+    active_ = &plans_[0][0];
   }
 
   /// The settings it runs with.
@@ -390,8 +457,8 @@ class sparse_runtime {
   const plan& sparse_plan() const noexcept { return sparse_; }
   /// The mask exchange (one op, run after each refresh).
   plan mask_plan() const { return plan{{mask_op_}}; }
-  /// The plan this step runs (composed at begin_step).
-  const plan& active() const noexcept { return active_; }
+  /// The plan this step runs (chosen at begin_step).
+  const plan& active() const noexcept { return *active_; }
   /// k_u of every unit.
   const std::vector<std::size_t>& masked_counts() const noexcept { return k_; }
   /// True once a mask is in use (or agreed and waited for at the next reduction).
@@ -410,65 +477,41 @@ class sparse_runtime {
 
   /// The gathered copies no longer hold the current parameters (the master was written by
   /// something else than a masked step): the next gathers are dense.
-  void invalidate() {
-    std::fill(valid_.begin(), valid_.end(), false);
-    std::fill(exact_.begin(), exact_.end(), false);
-  }
+  void invalidate() noexcept { written_ = true; }
 
-  /// A step starts: its kind (sparse_kind_of) and the plan of that kind. The gathers are
-  /// packed when every held unit's copy differs from the master at the last masked update's
-  /// elements only, the reductions when a mask is in use (or on its way).
-  void begin_step() {
-    bool current = gmask_ != nullptr;
-    for (std::size_t u = 0; u < valid_.size(); ++u) current = current && (!held_[u] || valid_[u]);
+  /// A step starts: its kind (sparse_kind_of) and the plan of that kind (the engine fires
+  /// it). `kept_gathers`: every gathered buffer holds what the previous step gathered into
+  /// it; then the gathers are packed when the previous step was a masked update and nothing
+  /// else wrote the master since. The reductions are packed when a mask is in use (or on its
+  /// way).
+  const plan& begin_step(bool kept_gathers) {
+    const bool current = kept_gathers && last_masked_ && !written_ && gmask_ != nullptr;
     kind_ = sparse_kind_of(cfg_, steps_, has_mask(), current);
-    active_ = sparse_step_plan(dense_, sparse_, kind_);
+    written_ = false;  // this step's gathers write every copy afresh
+    active_ = &plans_[kind_.packed_gathers ? 1 : 0][kind_.packed_reductions ? 1 : 0];
+    return *active_;
   }
 
   /// The kind of the step begun last.
   const sparse_step_kind& kind() const noexcept { return kind_; }
 
-  /// Before unit u's gather is fired: packs this rank's masked master values (packed gather).
-  void before_gather(std::size_t u, std::span<const float> master) {
-    unpack_[u] = true;
-    if (!kind_.packed_gathers) return;
-    kernels::gather_index(master, own(*gmask_, u), static_cast<std::uint32_t>(offsets_[u]),
-                          std::span<float>(pshard_).subspan(poff_[u], k_[u]));
-  }
-
-  /// After unit u's gather completed: writes the gathered masked values into its copy; the
-  /// copy is then the current parameters.
-  void after_gather(std::size_t u, std::span<float> params) {
-    if (!unpack_[u]) return;
-    unpack_[u] = false;
-    if (kind_.packed_gathers) {
-      const auto& idx = gmask_->unit[u];
-      const std::size_t n = static_cast<std::size_t>(shape_.shards);
-      kernels::scatter_index(std::span<const float>(pgathered_).subspan(poff_[u] * n, idx.size()),
-                             std::span<const std::uint32_t>(idx), 0, params);
-    }
-    valid_[u] = exact_[u] = true;
-  }
-
-  /// Before unit u's gradient reduction is fired: waits for a mask on its way, packs the
-  /// gradient at the mask's elements (packed reduction).
+  /// The buffer of an operand of op that the runtime holds: a packed buffer (role packed) or
+  /// a mask's indices (role mask, as an f32 view of their bits); binding the mask of the
+  /// reductions waits for the mask on its way, if any (through interp).
   template <class Interp>
-  void before_reduce(std::size_t u, std::span<const float> grad, Interp& interp) {
-    if (!kind_.packed_reductions) return;
-    agree(interp);
-    const auto& idx = rmask_->unit[u];
-    const std::size_t n = static_cast<std::size_t>(shape_.shards);
-    kernels::gather_index(grad, std::span<const std::uint32_t>(idx), 0,
-                          std::span<float>(pgrad_).subspan(poff_[u] * n, idx.size()));
-  }
-
-  /// After every reduction completed: unit u's gradient shard holds its reduced masked
-  /// values, zero elsewhere.
-  void after_reduce(std::size_t u, std::span<float> grad_shard) {
-    if (!kind_.packed_reductions) return;
-    std::fill(grad_shard.begin(), grad_shard.end(), 0.0f);
-    kernels::scatter_index(std::span<const float>(pgrad_shard_).subspan(poff_[u], k_[u]),
-                           own(*rmask_, u), static_cast<std::uint32_t>(offsets_[u]), grad_shard);
+  buffer_view bind(const comm_op& op, const operand& o, Interp& interp) {
+    if (o.role != role::mask) return bind(op, o);
+    const auto u = static_cast<std::size_t>(op.unit);
+    const auto of = static_cast<mask_of>(o.index);
+    if (of == mask_of::reduce_own || of == mask_of::reduce_unit) agree(interp);
+    const mask_set* m =
+        of == mask_of::gather_own || of == mask_of::gather_unit ? gmask_.get() : rmask_.get();
+    FEDSHARD_EXPECTS(m != nullptr && u < k_.size() && held_[u], "shard::sparse: ", describe(op),
+                     " needs a mask this rank does not have");
+    const std::span<const std::uint32_t> idx =
+        of == mask_of::gather_unit || of == mask_of::reduce_unit ? std::span(m->unit[u])
+                                                                 : own(*m, u);
+    return {const_cast<std::uint32_t*>(idx.data()), idx.size(), dtype::f32};
   }
 
   /// The buffer of a packed operand of op.
@@ -519,26 +562,20 @@ class sparse_runtime {
                      "shard::sparse: optimizer_step needs the optimizer given to attach()");
     if (!kind_.packed_reductions) {
       main.step(master, grad, lr, st);
-      invalidate();  // every element changed
     } else {
       agree(interp);
       static_cast<optim::masked<O, S>*>(packed_opt_.get())
-          ->step(main, master, pgrad_shard_, rmask_->own, lr, st);
-      // A copy that was exact now differs at the mask's elements only: the next gathers
-      // carry those.
-      for (std::size_t u = 0; u < valid_.size(); ++u) {
-        valid_[u] = exact_[u];
-        exact_[u] = false;
-      }
-      gmask_ = rmask_;
+          ->step(main, master, pgrad_shard_, rmask_->own_master, lr, st);
+      gmask_ = rmask_;  // the copies now differ at its elements only
     }
+    last_masked_ = kind_.packed_reductions;
     if (sparse_refreshes_after(cfg_, steps_++)) refresh(main, interp);
   }
 
  private:
   std::size_t shard_numel(std::size_t u) const { return layout_->unit(u).shard_numel; }
 
-  /// This rank's k_u masked elements of unit u in mask m, as master offsets.
+  /// This rank's k_u masked elements of unit u in mask m, as offsets in its shard of u.
   std::span<const std::uint32_t> own(const mask_set& m, std::size_t u) const {
     return std::span<const std::uint32_t>(m.own).subspan(poff_[u], k_[u]);
   }
@@ -660,6 +697,7 @@ class sparse_runtime {
     auto next = std::make_shared<mask_set>();
     next->unit.resize(k_.size());
     next->own.reserve(poff_.back());
+    next->own_master.reserve(poff_.back());
     for (std::size_t u = 0; u < k_.size(); ++u) {
       if (!held_[u]) continue;
       auto& idx = next->unit[u];
@@ -678,9 +716,11 @@ class sparse_runtime {
         return nullptr;
       }
       const std::size_t mine = static_cast<std::size_t>(shard_) * k_[u];
-      for (std::size_t j = 0; j < k_[u]; ++j)
-        next->own.push_back(
-            static_cast<std::uint32_t>(at + idx[mine + j] - static_cast<std::size_t>(shard_) * n));
+      for (std::size_t j = 0; j < k_[u]; ++j) {
+        const std::size_t i = idx[mine + j] - static_cast<std::size_t>(shard_) * n;
+        next->own.push_back(static_cast<std::uint32_t>(i));
+        next->own_master.push_back(static_cast<std::uint32_t>(at + i));
+      }
     }
     return next;
   }
@@ -733,11 +773,12 @@ class sparse_runtime {
   std::vector<std::size_t> k_;
   std::vector<bool> held_;
   std::vector<std::size_t> poff_;  // by unit: its k_u's offset among the packed shards
-  plan dense_, sparse_, active_;
+  plan dense_, sparse_;
+  plan plans_[2][2];  // by packed gathers, packed reductions: the step plans (executable)
+  const plan* active_ = nullptr;
   comm_op mask_op_;
-  std::vector<bool> valid_;  // by unit: the copy differs from the master only at gmask_
-  std::vector<bool> exact_;  // by unit: the copy equals the master
-  std::vector<bool> unpack_;
+  bool last_masked_ = false;  // the last optimizer step was a masked one
+  bool written_ = false;      // something else wrote the master since the last step began
   sparse_step_kind kind_;
   bool pending_ = false;
   ticket ticket_{};
@@ -774,11 +815,12 @@ struct sparse {
     c.check();
     return sparsify(Base::step_plan(l, s, p), shard::masked_counts(l, c));
   }
-  /// The plan of a step of kind k under settings c (every unit held): sparse_step_plan of
-  /// step_plan and sparse_plan.
+  /// The plan of a step of kind k under settings c (every unit held), local ops included:
+  /// what the engine fires (sparse_kind_plan).
   static plan kind_plan(const flat_layout& l, const mesh_shape& s, const precision& p,
                         const settings& c, const sparse_step_kind& k) {
-    return sparse_step_plan(step_plan(l, s, p), sparse_plan(l, s, p, c), k);
+    return sparse_kind_plan(step_plan(l, s, p), sparse_plan(l, s, p, c), shard::masked_counts(l, c),
+                            l, s.shards, k);
   }
 };
 

@@ -13,9 +13,8 @@
 /// records (run_wire_bytes adds the exchange issued after the run's last step).
 ///
 /// Not modelled: the mask's top-k (host nth_element over each shard, every refresh), the
-/// pack/unpack passes and the packed optimizer (O(sum k_u) per step): shard::sparse runs on
-/// host memory only and the simulator has no model of its host loops, so they cost nothing
-/// here; nor the memory of the full parameter copy each rank keeps.
+/// plan's local ops (pack, unpack, zero: O(k_u) or O(shard) element copies on the firing's
+/// stream, left out of the priced plan) and the packed optimizer (O(sum k_u) per step).
 
 #include <cmath>
 #include <cstddef>
@@ -51,7 +50,8 @@ plan priced_step_plan(const flat_layout& l, const mesh_shape& s, const shard::pr
     m.overlappable = true;
     out.ops.push_back(m);
   }
-  for (comm_op& op : P::kind_plan(l, s, p, c, k).ops) out.ops.push_back(std::move(op));
+  for (comm_op& op : P::kind_plan(l, s, p, c, k).ops)
+    if (!local(op.kind)) out.ops.push_back(std::move(op));  // not calls (file comment)
   return out;
 }
 
