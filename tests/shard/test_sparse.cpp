@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -327,11 +328,16 @@ TEST_CASE("each kind of step fires its plan: the collectives and the pack, unpac
         traffic_counters::of(P::sparse_plan(l, s, {}, c))[axis::shard].payload_bytes);
 }
 
-// Per step, the shard axis carries Base's plan on the dense steps, 0.1x of it on the others
-// (shards of 80 elements, k = 8; a step after a dense one still gathers densely, as the dense
-// update changed every element), plus one mask exchange after each refresh: an all_gather of
-// S x ceil(N_shard / 32) 4-byte words, N_shard = 3 units x 80 = 240 elements, so 8 words:
-// (S - 1) x 32 bytes sent per rank.
+// Per step, the shard axis carries Base's plan on the dense steps, 0.1x of its reductions
+// on the others (shards of 80 elements, k = 8), and 0.1x of its gathers only with
+// shard_grad_op after a masked update (full_shard gathers each unit again for backward, so
+// it keeps no copy and its gathers stay dense; a step after a dense update gathers densely),
+// plus one mask exchange after each refresh: an all_gather of S x ceil(N_shard / 32) 4-byte
+// words, N_shard = 3 units x 80 = 240 elements, so 8 words: (S - 1) x 32 bytes sent per rank.
+// Payload bytes of a masked step after a masked one, units of 160 padded floats (640 B):
+//  - full_shard: 6 dense gathers (3 forward, 3 backward) of 640 B = 3840 B, plus 3 packed
+//    reduce_scatters of S x k = 16 floats = 64 B each = 192 B: 4032 B;
+//  - shard_grad_op: 3 packed gathers of 64 B and 3 packed reduce_scatters of 64 B: 384 B.
 TEST_CASE_TEMPLATE("at density 0.1 the shard axis carries 0.1x the base's bytes plus the masks",
                    Base, shard::full_shard, shard::shard_grad_op) {
   using S = sparse_alg<Base>;
@@ -383,7 +389,8 @@ TEST_CASE_TEMPLATE("at density 0.1 the shard axis carries 0.1x the base's bytes 
         const bool refresh = s + 1 >= dense && (s + 1 - dense) % period == 0;
         // reductions packed unless the step is dense; gathers dense after a dense update (it
         // changed every element), packed otherwise
-        const bool gather_dense = s == 0 || dense_update(s - 1);
+        const bool gather_dense =
+            s == 0 || dense_update(s - 1) || std::is_same_v<Base, shard::full_shard>;
         const auto want =
             on_shard((gather_dense ? base : packed)
                          .select(gathers)
@@ -395,6 +402,9 @@ TEST_CASE_TEMPLATE("at density 0.1 the shard axis carries 0.1x the base's bytes 
         CHECK(after.wire_bytes - before.wire_bytes ==
               want.wire_bytes + (refresh ? mask_wire : 0.0));
         CHECK(after.calls - before.calls == want.calls + (refresh ? 1 : 0));
+        if (s > 0 && !dense_update(s) && !dense_update(s - 1) && !quotas)  // worked above
+          CHECK(after.payload_bytes - before.payload_bytes - (refresh ? mask_payload : 0) ==
+                (std::is_same_v<Base, shard::full_shard> ? 4032 : 384));
       }
       CHECK(t.engine().runtime().refreshes() == 3);  // after steps 1, 4 and 7
     });
@@ -564,6 +574,17 @@ TEST_CASE("the gathered copies stay the current parameters across refreshes and 
         check_copies(t);
       }
       CHECK(t.syncs_applied() == 3);
+    });
+  }
+  SUBCASE("sparse shard_grad_op (packed gathers), a refresh every 2 steps") {
+    using A = sparse_alg<shard::shard_grad_op>;
+    test::spawn_ranks(2, [&](inproc::communicator& world) {
+      mesh m(world, {1, 1, 2});
+      mlp_trainer<A> t(m, model80(), {.lr = 2e-2f}, with<A>({.density = 0.1, .refresh_period = 2}));
+      for (int s = 0; s < 6; ++s) {
+        t.step(t.model().batch(kData, s, 0, 1, m.coords().shard, 2, 2));
+        check_copies(t);
+      }
     });
   }
   SUBCASE("scape_fsdp, no check between steps until the end") {
@@ -839,4 +860,43 @@ TEST_CASE("SCAPE state from another mesh, density or policy starts fresh") {
     save_after_4<dense_alg<shard::full_shard>>(dir.path, {}, saved);
     CHECK(load_fresh(dir.path, {1, 1, 2}, opts, saved).empty());
   }
+}
+
+// Per-rank memory of SCAPE beyond its base policy, worked by hand for model80 on 1 x 1 x 2
+// (3 units, shards of 80, N_shard = 240), density 0.1 (k = 8 per unit, sum k_u = K = 24),
+// AdamW, after 4 steps (a mask in use from step 1):
+//  - the mask in use: by unit S x k = 16 indices (48), this rank's K = 24 as shard offsets
+//    and 24 as master offsets: 96 x 4 B = 384 B;
+//  - packed gradients S x K = 48 floats and gradient shards K = 24: 72 x 4 B = 288 B;
+//  - the packed optimizer: exp_avg and exp_avg_sq over K and K packed parameters: 72 x 4 B
+//    = 288 B;
+//  - mask words: ceil(240 / 32) = 8 of this rank's and S x 8 = 16 of everyone's: 96 B.
+// full_shard: 384 + 288 + 288 + 96 = 1056 B, and no gathered copy: the engine holds at most
+// max_live_units() gathered units at a time, exactly as full_shard does. shard_grad_op packs
+// its gathers: also the packed gather buffers, K + S x K = 72 floats = 288 B, and the mask
+// of the last masked update, which differs from the one in use once the refresh after step 3
+// is agreed on (as here): another 384 B: 1056 + 288 + 384 = 1728 B.
+TEST_CASE_TEMPLATE("SCAPE holds its base's memory plus the masks and packed buffers", Base,
+                   shard::full_shard, shard::shard_grad_op) {
+  constexpr bool fsdp = std::is_same_v<Base, shard::full_shard>;
+  std::vector<int> peak_dense(2), peak_sparse(2);
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, {1, 1, 2});
+    mlp_trainer<dense_alg<Base>> d(m, model80(), {.lr = 2e-2f});
+    mlp_trainer<sparse_alg<Base>> t(m, model80(), {.lr = 2e-2f},
+                                    with<sparse_alg<Base>>({.density = 0.1}));
+    for (int s = 0; s < 4; ++s) {
+      d.step(d.model().batch(kData, s, 0, 1, m.coords().shard, 2, 2));
+      t.step(t.model().batch(kData, s, 0, 1, m.coords().shard, 2, 2));
+    }
+    auto& rt = t.engine().runtime();
+    rt.agree(t.engine().interp());
+    CHECK(rt.packs_gathers() == !fsdp);
+    CHECK(rt.held_bytes() == (fsdp ? 1056u : 1728u));
+    const auto me = static_cast<std::size_t>(world.rank());
+    peak_dense[me] = d.engine().peak_live_units();
+    peak_sparse[me] = t.engine().peak_live_units();
+  });
+  CHECK(peak_sparse == peak_dense);
+  if (fsdp) CHECK(peak_sparse == std::vector<int>{2, 2});  // max_live_units(): one unit ahead
 }

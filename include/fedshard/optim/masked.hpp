@@ -36,6 +36,12 @@ class masked {
 
   /// Elements the masked step updates (k).
   std::size_t size() const noexcept { return param_.size(); }
+  /// The bytes it holds: the packed optimizer's state and the k packed parameters.
+  std::size_t bytes() {
+    std::size_t n = param_.size();
+    for (const state_tensor& t : packed_.state()) n += t.data.size();
+    return n * sizeof(float);
+  }
 
   /// One step of main (whose shard is param) at the k elements idx (offsets into param,
   /// distinct) with their gradients `grad` (k values, packed in idx's order) and learning

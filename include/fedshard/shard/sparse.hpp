@@ -31,35 +31,44 @@
 /// Steps: the first `dense_steps` steps (settings; at least 1) are Base's dense steps; the
 /// mask is computed after the last of them and after every `refresh_period` steps from then.
 /// With `dense_every` N > 0, steps N - 1, 2N - 1, ... are dense too (every element's gradient
-/// reduced and stepped, so every first moment moves). A step after a dense one gathers
-/// densely (the dense update changed every element). A step with a mask:
+/// reduced and stepped, so every first moment moves). A step with a mask:
 ///  - reduce: each unit's gradient is packed at the mask's elements in element order (no
-///    indices: every rank knows the mask), S x k_u values, reduce-scattered into the rank's
-///    k_u (then averaged over the replicas, packed, where Base does that) and unpacked into
-///    its gradient shard (zero elsewhere).
+///    indices travel: every rank knows the mask), S x k_u values, reduce-scattered into the
+///    rank's k_u (then averaged over the replicas, packed, where Base does that) and unpacked
+///    into its gradient shard (zero elsewhere).
 ///  - optimizer: only masked elements are updated, by optim::masked (optim/masked.hpp): the
 ///    masked parameters, gradients and optimizer state are packed into a second optimizer
 ///    object of sum k_u elements, which takes the step (with the step count of the main
 ///    one) and is unpacked back; the main optimizer's step count then advances by one. An
-///    element-wise optimizer (optim/optimizer.hpp, requirement 4) gives bit for bit what a full
-///    step gives at the masked elements, and unmasked elements keep their parameter and their whole
-///    optimizer state (no weight decay either, as in the paper). The cost is O(sum k_u) per step.
-///  - gather: the parameters the last masked update changed (the previous step's mask) are
-///    packed from each rank's master and all-gathered, S x k_u values, and written into the
-///    unit's gathered buffer; every other element there still holds the current value.
+///    element-wise optimizer (optim/optimizer.hpp, requirement 4) gives bit for bit what a
+///    full step gives at the masked elements, and unmasked elements keep their parameter and
+///    their whole optimizer state (no weight decay either, as in the paper). The cost is
+///    O(sum k_u) per step.
+///  - gather: Base's dense gathers, except where Base gathers each unit once per step, in
+///    forward, and keeps it through backward (sparse_gathers_packable: shard_grad_op): there
+///    the gathered buffers are kept to the next step, and after a masked update only the
+///    parameters it changed (its mask) are packed from each rank's master, all-gathered, S x
+///    k_u values, and written into the unit's gathered buffer, whose other elements still
+///    hold the current values. A step after a dense update, or after the master was written
+///    otherwise, gathers densely.
+/// So with full_shard or hybrid_shard a masked step carries Base's gathers and k_u /
+/// shard_numel of Base's reductions; with shard_grad_op k_u / shard_numel of both (after a
+/// masked update).
 ///
-/// Memory: this relies on the engine keeping each unit's gathered buffer from step to step
-/// (it does, at one address): the unmasked elements are read from it. So each rank holds a
-/// full copy of the model's parameters (in f32), like ZeRO-2 or DDP, not FSDP's one unit at a
-/// time; plus the masks of the whole group (2 x S x sum k_u 4-byte indices, for the gather
-/// and the reduce mask), the packed buffers (about 2 x S x sum k_u floats), the packed
-/// optimizer (its state of sum k_u elements) and the mask words (N_shard / 8 bytes x (S + 1)).
-/// full_shard's backward gathers are kept (so each packed op carries exactly k_u / shard_numel of
-/// Base's); with the copy kept they resend what forward sent.
+/// Memory: per rank, Base's (master, gradients, optimizer state, and the gathered units
+/// Base's plan holds: FSDP's one unit at a time with full_shard) plus what held_bytes()
+/// counts: the mask in use (by unit its S x k_u indices, and this rank's k_u as offsets in
+/// its shard and in its master: 4 x (S + 2) x sum k_u bytes), the packed gradients and
+/// gradient shards ((S + 1) x sum k_u floats), the packed optimizer (its state and
+/// parameters over sum k_u elements) and the mask words (4 x ceil(N_shard / 32) x (S + 1)
+/// bytes). Where the gathers are packed (shard_grad_op, whose gathered units are all live at
+/// the end of forward anyway) also the gathered buffers kept between steps, the mask of the
+/// last masked update when it is another (4 x (S + 2) x sum k_u bytes) and the packed gather
+/// buffers ((S + 1) x sum k_u floats).
 ///
-/// The copy is valid until something else writes the master: the engine's set_unit,
-/// set_tensor and upload (checkpoint loads) and the trainer after a federation sync call
-/// invalidate(), and the next gathers of those units are Base's dense ones.
+/// A kept gathered buffer is valid until something else writes the master: the engine's
+/// set_unit, set_tensor and upload (checkpoint loads) and the trainer after a federation
+/// sync call invalidate(), and the next gathers are Base's dense ones.
 ///
 /// Checkpoints (register_state, through the engine's): what decides the next steps is the
 /// mask in use (the group's bits as exchanged; an exchange still on its way is waited for
@@ -302,12 +311,25 @@ inline sparse_step_kind sparse_kind_of(const sparse_settings& c, std::int64_t t,
           .mask_exchange = t > 0 && sparse_refreshes_after(c, t - 1)};
 }
 
-/// The kind of step t of a run from step 0 under settings c (no checkpoint load on the way):
-/// a mask is in use from step dense_steps on; `written` says whether something else than the
-/// previous step's update (a federation sync) wrote the master after it.
-inline sparse_step_kind sparse_kind_in_run(const sparse_settings& c, std::int64_t t, bool written) {
+/// True when the gathers of Base's step plan `base` may be packed: Base gathers each unit
+/// once per step, in forward, and keeps it through backward (shard_grad_op), so every unit's
+/// gathered parameters are live at the end of forward anyway and keeping them until the next
+/// step adds nothing to Base's peak memory. A Base that gathers units again for backward
+/// (full_shard, hybrid_shard) holds one unit at a time: its gathers stay dense.
+inline bool sparse_gathers_packable(const plan& base) {
+  for (const comm_op& op : base.ops)
+    if (op.trigger == trigger::acquire && op.phase != phase::forward) return false;
+  return true;
+}
+
+/// The kind of step t of a run from step 0 under settings c (no checkpoint load on the way),
+/// `packable` sparse_gathers_packable of Base's plan: a mask is in use from step dense_steps
+/// on; `written` says whether something else than the previous step's update (a federation
+/// sync) wrote the master after it.
+inline sparse_step_kind sparse_kind_in_run(const sparse_settings& c, std::int64_t t, bool written,
+                                           bool packable) {
   const bool previous_masked = t > 0 && sparse_reduces_packed(c, t - 1, t - 1 >= c.dense_steps);
-  return sparse_kind_of(c, t, t >= c.dense_steps, previous_masked && !written);
+  return sparse_kind_of(c, t, t >= c.dense_steps, packable && previous_masked && !written);
 }
 
 /// The plan of a step of kind k: Base's step plan `dense` with its acquire ops from `packed`
@@ -423,7 +445,8 @@ class sparse_runtime {
         k_(shard::masked_counts(l, cfg)),
         dense_(std::move(dense)),
         sparse_(sparsify(dense_, k_)),
-        mask_op_(mask_exchange(offsets.back(), s)) {
+        mask_op_(mask_exchange(offsets.back(), s)),
+        packable_(sparse_gathers_packable(dense_)) {
     const std::size_t U = l.num_units();
     constexpr std::size_t most = std::numeric_limits<std::uint32_t>::max();
     FEDSHARD_EXPECTS(offsets.back() <= most, "shard::sparse: a rank's master must hold at most ",
@@ -438,8 +461,10 @@ class sparse_runtime {
     poff_.assign(U + 1, 0);
     for (std::size_t u = 0; u < U; ++u) poff_[u + 1] = poff_[u] + (held_[u] ? k_[u] : 0);
     const std::size_t K = poff_.back(), SK = K * static_cast<std::size_t>(s.shards);
-    pshard_.assign(K, 0.0f);
-    pgathered_.assign(SK, 0.0f);
+    if (packable_) {  // the packed gathers' buffers
+      pshard_.assign(K, 0.0f);
+      pgathered_.assign(SK, 0.0f);
+    }
     pgrad_.assign(SK, 0.0f);
     pgrad_shard_.assign(K, 0.0f);
     words_mine_.assign(mask_words(offsets.back()), 0u);
@@ -485,7 +510,8 @@ class sparse_runtime {
   /// else wrote the master since. The reductions are packed when a mask is in use (or on its
   /// way).
   const plan& begin_step(bool kept_gathers) {
-    const bool current = kept_gathers && last_masked_ && !written_ && gmask_ != nullptr;
+    const bool current =
+        packable_ && kept_gathers && last_masked_ && !written_ && gmask_ != nullptr;
     kind_ = sparse_kind_of(cfg_, steps_, has_mask(), current);
     written_ = false;  // this step's gathers write every copy afresh
     active_ = &plans_[kind_.packed_gathers ? 1 : 0][kind_.packed_reductions ? 1 : 0];
@@ -494,6 +520,25 @@ class sparse_runtime {
 
   /// The kind of the step begun last.
   const sparse_step_kind& kind() const noexcept { return kind_; }
+  /// True when its gathers may be packed (sparse_gathers_packable of its dense plan).
+  bool packs_gathers() const noexcept { return packable_; }
+
+  /// The bytes it holds from step to step (see the file comment's "Memory"): the masks (the
+  /// one in use and, where the gathers are packed, the last masked update's when it is
+  /// another), the packed buffers, the packed optimizer (after attach) and the mask words.
+  std::size_t held_bytes() const noexcept {
+    const auto mask_bytes = [](const mask_set* m) {
+      if (m == nullptr) return std::size_t{0};
+      std::size_t n = m->own.size() + m->own_master.size();
+      for (const auto& v : m->unit) n += v.size();
+      return n * sizeof(std::uint32_t);
+    };
+    const std::size_t floats =
+        pshard_.size() + pgathered_.size() + pgrad_.size() + pgrad_shard_.size();
+    const std::size_t words = words_mine_.size() + words_all_.size() + loaded_.size();
+    return mask_bytes(rmask_.get()) + (gmask_ != rmask_ ? mask_bytes(gmask_.get()) : 0) +
+           floats * sizeof(float) + packed_opt_bytes_ + words * sizeof(std::uint32_t);
+  }
 
   /// The buffer of an operand of op that the runtime holds: a packed buffer (role packed) or
   /// a mask's indices (role mask, as an f32 view of their bits); binding the mask of the
@@ -548,7 +593,9 @@ class sparse_runtime {
                      "so the optimizer needs a state 'exp_avg' (adamw) or 'momentum_buffer' (sgd "
                      "with momentum > 0); found state {",
                      names, "}");
-    packed_opt_ = std::make_shared<optim::masked<O, S>>(cfg, poff_.back(), space);
+    auto masked = std::make_shared<optim::masked<O, S>>(cfg, poff_.back(), space);
+    packed_opt_bytes_ = masked->bytes();
+    packed_opt_ = std::move(masked);
     packed_type_ = &typeid(O);
   }
 
@@ -566,7 +613,7 @@ class sparse_runtime {
       agree(interp);
       static_cast<optim::masked<O, S>*>(packed_opt_.get())
           ->step(main, master, pgrad_shard_, rmask_->own_master, lr, st);
-      gmask_ = rmask_;  // the copies now differ at its elements only
+      if (packable_) gmask_ = rmask_;  // the copies now differ at its elements only
     }
     last_masked_ = kind_.packed_reductions;
     if (sparse_refreshes_after(cfg_, steps_++)) refresh(main, interp);
@@ -777,6 +824,7 @@ class sparse_runtime {
   plan plans_[2][2];  // by packed gathers, packed reductions: the step plans (executable)
   const plan* active_ = nullptr;
   comm_op mask_op_;
+  bool packable_ = false;     // sparse_gathers_packable(dense_)
   bool last_masked_ = false;  // the last optimizer step was a masked one
   bool written_ = false;      // something else wrote the master since the last step began
   sparse_step_kind kind_;
@@ -791,6 +839,7 @@ class sparse_runtime {
   std::vector<std::uint32_t> loaded_;  // a load's "sparse.mask", until "sparse.progress"
   int first_ = -1;
   std::shared_ptr<void> packed_opt_;
+  std::size_t packed_opt_bytes_ = 0;
   const std::type_info* packed_type_ = nullptr;
 };
 

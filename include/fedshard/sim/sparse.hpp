@@ -155,6 +155,7 @@ sparse_run_price price_sparse(const std::string& name, const algorithm_options<A
   const algorithm_desc a = describe<A>(name, o);
   const flat_layout layout = a.layout(units, shape);
   const comm_op mask = shard::mask_exchange(layout.total_shard_numel(), shape);
+  const bool packable = shard::sparse_gathers_packable(P::step_plan(layout, shape, po.precision));
 
   sparse_run_price out;
   out.algorithm = name;
@@ -169,7 +170,7 @@ sparse_run_price price_sparse(const std::string& name, const algorithm_options<A
     if (t > 0 && a.syncs())
       for (int f = 0; f < a.fragments(); ++f)
         synced = synced || schedule::applies(a.action(f, t - 1, steps));
-    const sparse_step_kind k = shard::sparse_kind_in_run(settings, t, synced);
+    const sparse_step_kind k = shard::sparse_kind_in_run(settings, t, synced, packable);
     if (shard::sparse_refreshes_after(settings, t)) ++out.mask_exchanges;
     auto [it, fresh] = at.emplace(k, out.kinds.size());
     if (fresh) {
