@@ -68,21 +68,6 @@
 
 namespace fedshard::shard {
 
-/// P::runtime<S>, or an empty type for a policy without run-time state.
-template <class P, class S>
-struct runtime_of {
-  struct type {};
-  static constexpr bool stateful = false;
-};
-template <class P, class S>
-requires requires {
-  typename P::template runtime<S>;
-}
-struct runtime_of<P, S> {
-  using type = typename P::template runtime<S>;
-  static constexpr bool stateful = true;
-};
-
 /// Runs ShardPolicy P for one rank of a mesh over Communicator C, with its buffers in memory
 /// space S (C's).
 template <ShardPolicy P, Communicator C, space::MemorySpace S = space::space_of_t<C>>

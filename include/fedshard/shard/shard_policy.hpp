@@ -93,6 +93,21 @@ struct settings_of<P> {
 template <class P>
 using settings_of_t = typename settings_of<P>::type;
 
+/// P::runtime<S> (requirement 6), or an empty type for a policy without run-time state.
+template <class P, class S>
+struct runtime_of {
+  struct type {};
+  static constexpr bool stateful = false;
+};
+template <class P, class S>
+requires requires {
+  typename P::template runtime<S>;
+}
+struct runtime_of<P, S> {
+  using type = typename P::template runtime<S>;
+  static constexpr bool stateful = true;
+};
+
 /// P's step plan with settings c (requirement 5): P::step_plan(l, s, p, c) where P declares
 /// it, else P::step_plan(l, s, p).
 template <ShardPolicy P>
