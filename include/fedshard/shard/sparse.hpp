@@ -469,10 +469,11 @@ class sparse_runtime {
     pgrad_shard_.assign(K, 0.0f);
     words_mine_.assign(mask_words(offsets.back()), 0u);
     words_all_.assign(words_mine_.size() * static_cast<std::size_t>(s.shards), 0u);
-    for (int g = 0; g < 2; ++g)
+    for (int g = 0; g < 2; ++g)  // without packable gathers, no kind packs them
       for (int r = 0; r < 2; ++r)
-        plans_[g][r] = sparse_kind_plan(dense_, sparse_, k_, l, s.shards,
-                                        {.packed_gathers = g == 1, .packed_reductions = r == 1});
+        plans_[g][r] =
+            sparse_kind_plan(dense_, sparse_, k_, l, s.shards,
+                             {.packed_gathers = g == 1 && packable_, .packed_reductions = r == 1});
     active_ = &plans_[0][0];
   }
 
