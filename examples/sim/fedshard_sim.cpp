@@ -1038,8 +1038,7 @@ void print_run(options o, const algorithm_desc& a) {
               r.bytes(axis::shard) / 1e9, speed);
   std::printf(
       "  mean over the run; bytes this GPU sends (syncs amortised). Not modelled: the mask's "
-      "top-k\n  and the pack/unpack loops (host memory only), the full parameter copy each "
-      "rank keeps\n");
+      "top-k,\n  the pack/unpack ops and the masked optimizer step (host memory only)\n");
 }
 
 /// fedshard-sim's modes, after their settings are checked.

@@ -141,7 +141,10 @@ inline double time_collective(comm_kind k, int n, std::int64_t bytes, int iters)
               break;
             case comm_kind::send_recv:
             case comm_kind::send:
-            case comm_kind::recv: break;
+            case comm_kind::recv:
+            case comm_kind::pack:
+            case comm_kind::unpack:
+            case comm_kind::zero: break;
           }
         };
         for (int i = 0; i < 2; ++i) call();

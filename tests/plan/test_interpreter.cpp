@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -456,5 +457,56 @@ TEST_CASE("a refused op leaves the interpreter usable") {
     CHECK(buf[0] == 2.0f);
     CHECK(buf[1] == 2.0f);
     CHECK(in.traffic().same_traffic(traffic_counters::of(plan{{ok}})));
+  });
+}
+
+TEST_CASE("local ops: a pack, a gather of the packed values, an unpack and a zero run as a chain") {
+  // Two ranks of the shard axis. Rank r's master is {10r, 10r + 1, ..., 10r + 5}; it packs its
+  // elements {4, 1} (pack by value 3's indices), the two ranks gather their packed pairs
+  // into {4, 1, 14, 11}, which unpack writes at indices {0, 5, 6, 11} of a 12-element buffer
+  // of -1s; zero clears value 5. Nothing local is counted as a call.
+  test::spawn_ranks(2, [](communicator& world) {
+    mesh m(world, {1, 1, 2});
+    interpreter<communicator> in(m);
+    const int r = m.axis_rank(axis::shard);
+    std::vector<float> master(6), packed(2), gathered(4), params(12, -1.0f), cleared(3, 7.0f);
+    for (std::size_t i = 0; i < master.size(); ++i) master[i] = float(10 * r) + float(i);
+    const std::vector<std::uint32_t> own{4, 1}, unit{0, 5, 6, 11};
+    auto local = [](comm_kind k, int from, int to, int idx, std::int64_t bytes) {
+      comm_op op{.kind = k,
+                 .axis = axis::shard,
+                 .bytes = bytes,
+                 .ranks = 2,
+                 .in = {.role = from < 0 ? role::none : role::value, .index = std::max(from, 0)},
+                 .out = {.role = role::value, .index = to}};
+      if (idx >= 0) op.index = {.role = role::mask, .index = idx};
+      return op;
+    };
+    comm_op gather = make(comm_kind::all_gather, axis::shard, 16, 2);
+    gather.in = {.role = role::value, .index = 1};
+    gather.out = {.role = role::value, .index = 2};
+    const plan p{{local(comm_kind::pack, 0, 1, 3, 8), gather, local(comm_kind::unpack, 2, 4, 6, 16),
+                  local(comm_kind::zero, -1, 5, -1, 12)}};
+    p.check();
+    auto bind = [&](const comm_op&, const operand& o) {
+      auto idx = [](const std::vector<std::uint32_t>& v) {
+        return buffer_view{const_cast<std::uint32_t*>(v.data()), v.size(), dtype::f32};
+      };
+      if (o.role == role::mask) return idx(o.index == 3 ? own : unit);
+      std::vector<float>* b[] = {&master, &packed, &gathered, nullptr, &params, &cleared};
+      auto& v = *b[o.index];
+      return buffer_view{v.data(), v.size(), dtype::f32};
+    };
+    in.wait(in.fire(p, {}, bind));
+    CHECK(packed == std::vector<float>{float(10 * r + 4), float(10 * r + 1)});
+    CHECK(gathered == std::vector<float>{4, 1, 14, 11});
+    CHECK(params == std::vector<float>{4, -1, -1, -1, -1, 1, 14, -1, -1, -1, -1, 11});
+    CHECK(cleared == std::vector<float>{0, 0, 0});
+    CHECK(in.traffic()[axis::shard].calls == 1);  // the gather only
+    CHECK(p.calls_on(axis::shard) == 1);
+    // a pack without indices is refused by the plan check
+    comm_op bad = local(comm_kind::pack, 0, 1, -1, 8);
+    CHECK_THROWS_WITH_AS(check(bad), doctest::Contains("a pack or unpack op needs indices"),
+                         invalid_argument);
   });
 }

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -248,11 +249,95 @@ TEST_CASE("per-tensor quotas and dense_below: the slices, their quotas and k_u")
     CHECK(sp.ops[i].bytes * 80 == base.ops[i].bytes * 18);
 }
 
-// Per step, the shard axis carries Base's plan on the dense steps, 0.1x of it on the others
-// (shards of 80 elements, k = 8; a step after a dense one still gathers densely, as the dense
-// update changed every element), plus one mask exchange after each refresh: an all_gather of
-// S x ceil(N_shard / 32) 4-byte words, N_shard = 3 units x 80 = 240 elements, so 8 words:
-// (S - 1) x 32 bytes sent per rank.
+// The plan a step fires, local ops included, worked by hand for full_shard on 1 x 1 x 2 and
+// model80 (3 units of 160 padded elements, shards of 80, k = 8 at density 0.1): forward
+// gathers of units 0, 1, 2, then per unit 2, 1, 0 its backward gather and its reduce_scatter.
+//  - a packed gather: pack (this rank's 8 masked master values, 32 B, by mask_of gather_own),
+//    all_gather of S x 8 = 16 floats (64 B), unpack of those 16 into params (64 B, by
+//    gather_unit): 3 ops;
+//  - a packed reduction: pack of the gradient's 16 masked values (64 B, by reduce_unit),
+//    reduce_scatter of 64 B, zero of the 80-element gradient shard (320 B), unpack of this
+//    rank's 8 reduced values (32 B, by reduce_own): 4 ops;
+//  - dense ops are Base's as they are: all_gather and reduce_scatter of 640 B.
+// Packed gathers and reductions: 6 x 3 + 3 x 4 = 30 ops; dense gathers with packed
+// reductions: 6 + 12 = 18; Base's plan: 9 ops, with no local op.
+TEST_CASE("each kind of step fires its plan: the collectives and the pack, unpack, zero ops") {
+  const flat_layout l(model80().units(), 2);
+  const mesh_shape s{1, 1, 2};
+  const shard::sparse_settings c{.density = 0.1};
+  using P = shard::sparse<shard::full_shard>;
+  const plan both = P::kind_plan(l, s, {}, c, {.packed_gathers = true, .packed_reductions = true});
+  const plan reductions = P::kind_plan(l, s, {}, c, {.packed_reductions = true});
+  const plan dense = P::kind_plan(l, s, {}, c, {});
+  CHECK(both.ops.size() == 30);
+  CHECK(reductions.ops.size() == 18);
+  CHECK(dense.ops == P::step_plan(l, s, {}).ops);
+  both.check();
+  reductions.check();
+  using K = comm_kind;
+  const auto mask = [](mask_of m) { return operand{.role = role::mask, .index = int(m)}; };
+  struct row {
+    K kind;
+    std::int64_t bytes;
+    operand in, out, index;
+  };
+  const operand none{};
+  const std::vector<row> unit2_backward{{K::pack,
+                                         32,
+                                         {.role = role::param_shard},
+                                         packed_operand(packed_of::param_shard),
+                                         mask(mask_of::gather_own)},
+                                        {K::all_gather, 64, packed_operand(packed_of::param_shard),
+                                         packed_operand(packed_of::params), none},
+                                        {K::unpack,
+                                         64,
+                                         packed_operand(packed_of::params),
+                                         {.role = role::params},
+                                         mask(mask_of::gather_unit)},
+                                        {K::pack,
+                                         64,
+                                         {.role = role::grad},
+                                         packed_operand(packed_of::grad),
+                                         mask(mask_of::reduce_unit)},
+                                        {K::reduce_scatter, 64, packed_operand(packed_of::grad),
+                                         packed_operand(packed_of::grad_shard), none},
+                                        {K::zero, 320, none, {.role = role::grad_shard}, none},
+                                        {K::unpack,
+                                         32,
+                                         packed_operand(packed_of::grad_shard),
+                                         {.role = role::grad_shard},
+                                         mask(mask_of::reduce_own)}};
+  for (std::size_t i = 0; i < unit2_backward.size(); ++i) {
+    const comm_op& op = both.ops[9 + i];  // after the 3 packed forward gathers
+    CAPTURE(i);
+    CHECK(op.kind == unit2_backward[i].kind);
+    CHECK(op.bytes == unit2_backward[i].bytes);
+    CHECK(op.in == unit2_backward[i].in);
+    CHECK(op.out == unit2_backward[i].out);
+    CHECK(op.index == unit2_backward[i].index);
+    CHECK(op.unit == 2);
+    CHECK(op.phase == phase::backward);
+    CHECK(op.trigger == (i < 3 ? trigger::acquire : trigger::grads_ready));
+  }
+  // dense gathers: the forward gather of unit 0 is Base's, 640 B, with no local op around it
+  CHECK(reductions.ops[0] == P::step_plan(l, s, {}).ops[0]);
+  CHECK(reductions.ops[0].bytes == 640);
+  // the calls are the packed plan's: local ops add none
+  CHECK(both.calls_on(axis::shard) == 9);
+  CHECK(traffic_counters::of(both)[axis::shard].payload_bytes ==
+        traffic_counters::of(P::sparse_plan(l, s, {}, c))[axis::shard].payload_bytes);
+}
+
+// Per step, the shard axis carries Base's plan on the dense steps, 0.1x of its reductions
+// on the others (shards of 80 elements, k = 8), and 0.1x of its gathers only with
+// shard_grad_op after a masked update (full_shard gathers each unit again for backward, so
+// it keeps no copy and its gathers stay dense; a step after a dense update gathers densely),
+// plus one mask exchange after each refresh: an all_gather of S x ceil(N_shard / 32) 4-byte
+// words, N_shard = 3 units x 80 = 240 elements, so 8 words: (S - 1) x 32 bytes sent per rank.
+// Payload bytes of a masked step after a masked one, units of 160 padded floats (640 B):
+//  - full_shard: 6 dense gathers (3 forward, 3 backward) of 640 B = 3840 B, plus 3 packed
+//    reduce_scatters of S x k = 16 floats = 64 B each = 192 B: 4032 B;
+//  - shard_grad_op: 3 packed gathers of 64 B and 3 packed reduce_scatters of 64 B: 384 B.
 TEST_CASE_TEMPLATE("at density 0.1 the shard axis carries 0.1x the base's bytes plus the masks",
                    Base, shard::full_shard, shard::shard_grad_op) {
   using S = sparse_alg<Base>;
@@ -304,7 +389,8 @@ TEST_CASE_TEMPLATE("at density 0.1 the shard axis carries 0.1x the base's bytes 
         const bool refresh = s + 1 >= dense && (s + 1 - dense) % period == 0;
         // reductions packed unless the step is dense; gathers dense after a dense update (it
         // changed every element), packed otherwise
-        const bool gather_dense = s == 0 || dense_update(s - 1);
+        const bool gather_dense =
+            s == 0 || dense_update(s - 1) || std::is_same_v<Base, shard::full_shard>;
         const auto want =
             on_shard((gather_dense ? base : packed)
                          .select(gathers)
@@ -316,6 +402,9 @@ TEST_CASE_TEMPLATE("at density 0.1 the shard axis carries 0.1x the base's bytes 
         CHECK(after.wire_bytes - before.wire_bytes ==
               want.wire_bytes + (refresh ? mask_wire : 0.0));
         CHECK(after.calls - before.calls == want.calls + (refresh ? 1 : 0));
+        if (s > 0 && !dense_update(s) && !dense_update(s - 1) && !quotas)  // worked above
+          CHECK(after.payload_bytes - before.payload_bytes - (refresh ? mask_payload : 0) ==
+                (std::is_same_v<Base, shard::full_shard> ? 4032 : 384));
       }
       CHECK(t.engine().runtime().refreshes() == 3);  // after steps 1, 4 and 7
     });
@@ -485,6 +574,17 @@ TEST_CASE("the gathered copies stay the current parameters across refreshes and 
         check_copies(t);
       }
       CHECK(t.syncs_applied() == 3);
+    });
+  }
+  SUBCASE("sparse shard_grad_op (packed gathers), a refresh every 2 steps") {
+    using A = sparse_alg<shard::shard_grad_op>;
+    test::spawn_ranks(2, [&](inproc::communicator& world) {
+      mesh m(world, {1, 1, 2});
+      mlp_trainer<A> t(m, model80(), {.lr = 2e-2f}, with<A>({.density = 0.1, .refresh_period = 2}));
+      for (int s = 0; s < 6; ++s) {
+        t.step(t.model().batch(kData, s, 0, 1, m.coords().shard, 2, 2));
+        check_copies(t);
+      }
     });
   }
   SUBCASE("scape_fsdp, no check between steps until the end") {
@@ -760,4 +860,43 @@ TEST_CASE("SCAPE state from another mesh, density or policy starts fresh") {
     save_after_4<dense_alg<shard::full_shard>>(dir.path, {}, saved);
     CHECK(load_fresh(dir.path, {1, 1, 2}, opts, saved).empty());
   }
+}
+
+// Per-rank memory of SCAPE beyond its base policy, worked by hand for model80 on 1 x 1 x 2
+// (3 units, shards of 80, N_shard = 240), density 0.1 (k = 8 per unit, sum k_u = K = 24),
+// AdamW, after 4 steps (a mask in use from step 1):
+//  - the mask in use: by unit S x k = 16 indices (48), this rank's K = 24 as shard offsets
+//    and 24 as master offsets: 96 x 4 B = 384 B;
+//  - packed gradients S x K = 48 floats and gradient shards K = 24: 72 x 4 B = 288 B;
+//  - the packed optimizer: exp_avg and exp_avg_sq over K and K packed parameters: 72 x 4 B
+//    = 288 B;
+//  - mask words: ceil(240 / 32) = 8 of this rank's and S x 8 = 16 of everyone's: 96 B.
+// full_shard: 384 + 288 + 288 + 96 = 1056 B, and no gathered copy: the engine holds at most
+// max_live_units() gathered units at a time, exactly as full_shard does. shard_grad_op packs
+// its gathers: also the packed gather buffers, K + S x K = 72 floats = 288 B, and the mask
+// of the last masked update, which differs from the one in use once the refresh after step 3
+// is agreed on (as here): another 384 B: 1056 + 288 + 384 = 1728 B.
+TEST_CASE_TEMPLATE("SCAPE holds its base's memory plus the masks and packed buffers", Base,
+                   shard::full_shard, shard::shard_grad_op) {
+  constexpr bool fsdp = std::is_same_v<Base, shard::full_shard>;
+  std::vector<int> peak_dense(2), peak_sparse(2);
+  test::spawn_ranks(2, [&](inproc::communicator& world) {
+    mesh m(world, {1, 1, 2});
+    mlp_trainer<dense_alg<Base>> d(m, model80(), {.lr = 2e-2f});
+    mlp_trainer<sparse_alg<Base>> t(m, model80(), {.lr = 2e-2f},
+                                    with<sparse_alg<Base>>({.density = 0.1}));
+    for (int s = 0; s < 4; ++s) {
+      d.step(d.model().batch(kData, s, 0, 1, m.coords().shard, 2, 2));
+      t.step(t.model().batch(kData, s, 0, 1, m.coords().shard, 2, 2));
+    }
+    auto& rt = t.engine().runtime();
+    rt.agree(t.engine().interp());
+    CHECK(rt.packs_gathers() == !fsdp);
+    CHECK(rt.held_bytes() == (fsdp ? 1056u : 1728u));
+    const auto me = static_cast<std::size_t>(world.rank());
+    peak_dense[me] = d.engine().peak_live_units();
+    peak_sparse[me] = t.engine().peak_live_units();
+  });
+  CHECK(peak_sparse == peak_dense);
+  if (fsdp) CHECK(peak_sparse == std::vector<int>{2, 2});  // max_live_units(): one unit ahead
 }

@@ -40,6 +40,18 @@ typename S::template buffer<T> upload(S& s, typename S::stream& st, const std::v
   return b;
 }
 
+/// A buffer of S holding the indices `values` (uploaded as 4-byte f32 bit patterns, which a
+/// copy moves untouched; st is synchronized).
+template <class S>
+typename S::template buffer<std::uint32_t> upload_indices(
+    S& s, typename S::stream& st, const std::vector<std::uint32_t>& values) {
+  auto b = s.template allocate<std::uint32_t>(values.size());
+  s.from_host(st, const_buffer_view{values.data(), values.size(), dtype::f32},
+              buffer_view{b.data(), b.size(), dtype::f32});
+  s.synchronize(st);
+  return b;
+}
+
 /// Requirement 2: zeroed buffers, and a freed block served again from the cache.
 template <class S>
 void check_allocation(S& s) {
@@ -61,6 +73,9 @@ void check_allocation(S& s) {
   CHECK(empty.empty());
   CHECK(empty.data() == nullptr);
 }
+
+template <class S>
+void check_index_kernels(S& s);
 
 /// Requirements 4 and 5: copies, casts, fills and element functors give the host kernels'
 /// results, bit for bit.
@@ -109,6 +124,32 @@ void check_kernels(S& s) {
   CHECK_THROWS_AS(
       s.for_each(st, space::assign_update{}, short_one.span(), std::span<const float>(a.span())),
       invalid_argument);
+  check_index_kernels(s);
+}
+
+/// Requirement 5's gather_index and scatter_index, worked by hand: in = {10, 11, ..., 17}
+/// seen from base 100 (element i of in is index 100 + i).
+template <class S>
+void check_index_kernels(S& s) {
+  auto st = s.make_stream();
+  const auto in = upload(s, st, std::vector<float>{10, 11, 12, 13, 14, 15, 16, 17});
+  const auto idx = upload_indices(s, st, {107, 100, 103});
+  auto packed = s.template allocate<float>(3);
+  s.gather_index(st, std::span<const float>(in.span()), std::span<const std::uint32_t>(idx.span()),
+                 100, packed.span());
+  CHECK(read_back(s, st, packed) == std::vector<float>{17, 10, 13});
+  auto out = upload(s, st, std::vector<float>{-1, -1, -1, -1, -1, -1, -1, -1});
+  s.scatter_index(st, std::span<const float>(packed.span()),
+                  std::span<const std::uint32_t>(idx.span()), 100, out.span());
+  CHECK(read_back(s, st, out) == std::vector<float>{10, -1, -1, 13, -1, -1, -1, 17});
+  // as many indices as packed elements, or invalid_argument
+  auto two = s.template allocate<float>(2);
+  CHECK_THROWS_AS(s.gather_index(st, std::span<const float>(in.span()),
+                                 std::span<const std::uint32_t>(idx.span()), 100, two.span()),
+                  invalid_argument);
+  CHECK_THROWS_AS(s.scatter_index(st, std::span<const float>(two.span()),
+                                  std::span<const std::uint32_t>(idx.span()), 100, out.span()),
+                  invalid_argument);
 }
 
 /// Requirement 3: an event orders work between two streams; a default event is complete.

@@ -47,6 +47,7 @@
 #include "fedshard/cuda/stream.cuh"
 #include "fedshard/error.hpp"
 #include "fedshard/kernels/cast.hpp"
+#include "fedshard/kernels/index.hpp"
 #include "fedshard/space/caching_allocator.hpp"
 #include "fedshard/space/memory_space.hpp"
 
@@ -127,6 +128,15 @@ __global__ void __launch_bounds__(block_threads) fill_kernel(T* out, std::uint64
   for (std::uint64_t i = std::uint64_t{blockIdx.x} * block_threads + threadIdx.x; i < n;
        i += stride)
     out[i] = v;
+}
+
+/// f(j) for j < n: an index functor of kernels/ (kernels/index.hpp).
+template <class F>
+__global__ void __launch_bounds__(block_threads) index_kernel(F f, std::uint64_t n) {
+  const std::uint64_t stride = std::uint64_t{gridDim.x} * block_threads;
+  for (std::uint64_t j = std::uint64_t{blockIdx.x} * block_threads + threadIdx.x; j < n;
+       j += stride)
+    f(j);
 }
 
 }  // namespace detail
@@ -324,10 +334,42 @@ class cuda_space {
     gpu::detail::for_each("cuda_space::for_each", st.get(), n, f, spans.data()...);
   }
 
+  /// out[j] = in[idx[j] - base] for j < idx.size() on the device (kernels::gather_index_fn);
+  /// the indices must lie in [base, base + in.size()) (not checked on the device).
+  void gather_index(stream& st, std::span<const float> in, std::span<const std::uint32_t> idx,
+                    std::uint32_t base, std::span<float> out) {
+    FEDSHARD_EXPECTS(idx.size() == out.size(),
+                     "cuda_space::gather_index: expected as many "
+                     "indices as packed elements (",
+                     out.size(), "), found ", idx.size());
+    launch_index(st, kernels::gather_index_fn<float>{in.data(), idx.data(), base, out.data()},
+                 idx.size(), "fedshard::gpu::cuda_space::gather_index");
+  }
+  /// out[idx[j] - base] = in[j] for j < idx.size() on the device (kernels::scatter_index_fn);
+  /// the indices must lie in [base, base + out.size()) (not checked on the device).
+  void scatter_index(stream& st, std::span<const float> in, std::span<const std::uint32_t> idx,
+                     std::uint32_t base, std::span<float> out) {
+    FEDSHARD_EXPECTS(idx.size() == in.size(),
+                     "cuda_space::scatter_index: expected as many "
+                     "indices as packed elements (",
+                     in.size(), "), found ", idx.size());
+    launch_index(st, kernels::scatter_index_fn<float>{in.data(), idx.data(), base, out.data()},
+                 idx.size(), "fedshard::gpu::cuda_space::scatter_index");
+  }
+
   /// The pool the space's events come from (shared with communicators of the device).
   const std::shared_ptr<detail::event_pool>& event_pool() const noexcept { return events_; }
 
  private:
+  template <class F>
+  void launch_index(stream& st, F f, std::size_t n, const char* what) {
+    if (n == 0) return;
+    device_guard guard(device_);
+    const std::uint64_t blocks = (n + block_threads - 1) / block_threads;
+    detail::index_kernel<F><<<gpu::detail::grid_for(blocks), block_threads, 0, st.get()>>>(f, n);
+    detail::check_launch(what);
+  }
+
   static int check_device(int device) {
     const int n = device_count();
     FEDSHARD_EXPECTS(device >= 0 && device < n, "cuda_space: device ", device,

@@ -35,6 +35,12 @@
 /// What the wire carries is carried(op): that all_gather, of 4-byte words. `bytes` stays the
 /// f32 array the op stands for; the traffic, the tap and the simulator count carried(op).
 ///
+/// Local kinds (pack, unpack, zero) move nothing between ranks: the interpreter runs them on
+/// the firing's stream, in chain order, through the memory space's kernels (gather_index,
+/// scatter_index, fill); a pack or unpack op's `index` operand (role mask) names 32-bit
+/// indices (bound as f32 views of their bit patterns), and `bytes` is the packed side's size.
+/// They are not calls: the wire tap, the traffic counters and the simulator skip them.
+///
 /// An operand may name an element range of its role's buffer (operand::offset, count: a
 /// holder set's units inside a packed fragment), and a federation op may run among a subset
 /// of the groups only (comm_op::members, a bit per group; the interpreter runs it on a
@@ -63,7 +69,11 @@ enum class comm_kind : std::uint8_t {
   broadcast,
   send_recv,  ///< an exchange with axis rank `peer` (see the file comment)
   send,       ///< a one-way transfer to axis rank `peer`: the sending half
-  recv        ///< a one-way transfer from axis rank `peer`: the receiving half
+  recv,       ///< a one-way transfer from axis rank `peer`: the receiving half
+  /// Local kinds (see the file comment): no communication, run on the firing's stream.
+  pack,    ///< out[j] = in[index[j]] for the indices of operand `index` (role mask)
+  unpack,  ///< out[index[j]] = in[j] for the indices of operand `index` (role mask)
+  zero     ///< out = 0 (no input)
 };
 
 /// The part of training an op belongs to.
@@ -108,10 +118,16 @@ enum class role : std::uint8_t {
                  ///< of the buffer its index names (a packed_of)
   state_size,    ///< the size in bytes of a serialized state (one f64; federation/heal.hpp)
   state,         ///< a serialized state, as f64 words (its bytes, zero-padded to whole words)
+  mask,          ///< shard::sparse: 32-bit indices of a pack or unpack op (index: a mask_of)
 };
 
 /// Whose masked elements a role::packed operand holds: its operand::index (packed_operand).
 enum class packed_of : int { param_shard, params, grad, grad_shard };
+
+/// Which indices a role::mask operand names (its operand::index), for unit `unit` of the op:
+/// the mask of the last masked update (the gathers') or the one in use (the reductions'),
+/// this rank's elements of it (offsets in its shard of the unit) or the whole unit's.
+enum class mask_of : int { gather_own, gather_unit, reduce_own, reduce_unit };
 
 /// A buffer reference: a role, which instance of it (index: the inner-optimizer state of a
 /// `moment`), optionally only the element range [offset, offset + count) of it (count -1:
@@ -154,6 +170,7 @@ struct comm_op {
   /// which is group k on a uniform mesh; `ranks` of them), run on a sub-communicator of the
   /// federation axis; 0: every rank of the axis.
   std::uint64_t members = 0;
+  operand index{};  ///< pack and unpack only: the indices (role mask); else role none
 
   friend bool operator==(const comm_op&, const comm_op&) = default;
 };
@@ -202,6 +219,9 @@ constexpr std::string_view to_string(comm_kind k) noexcept {
     case comm_kind::send_recv: return "send_recv";
     case comm_kind::send: return "send";
     case comm_kind::recv: return "recv";
+    case comm_kind::pack: return "pack";
+    case comm_kind::unpack: return "unpack";
+    case comm_kind::zero: return "zero";
   }
   return "unknown-kind";
 }
@@ -253,6 +273,7 @@ constexpr std::string_view to_string(role r) noexcept {
     case role::packed: return "packed";
     case role::state_size: return "state_size";
     case role::state: return "state";
+    case role::mask: return "mask";
   }
   return "unknown-role";
 }
@@ -262,13 +283,18 @@ constexpr bool reduces(comm_kind k) noexcept {
   return k == comm_kind::all_reduce || k == comm_kind::reduce_scatter;
 }
 
+/// True for the local kinds (pack, unpack, zero): no communication (see the file comment).
+constexpr bool local(comm_kind k) noexcept {
+  return k == comm_kind::pack || k == comm_kind::unpack || k == comm_kind::zero;
+}
+
 /// True for the kinds that move a message between two ranks (send_recv, send, recv).
 constexpr bool point_to_point(comm_kind k) noexcept {
   return k == comm_kind::send_recv || k == comm_kind::send || k == comm_kind::recv;
 }
-/// True when an op of kind k reads an input (all but broadcast and recv).
+/// True when an op of kind k reads an input (all but broadcast, recv and zero).
 constexpr bool has_input(comm_kind k) noexcept {
-  return k != comm_kind::broadcast && k != comm_kind::recv;
+  return k != comm_kind::broadcast && k != comm_kind::recv && k != comm_kind::zero;
 }
 /// True when an op of kind k writes an output (all but send).
 constexpr bool has_output(comm_kind k) noexcept {
@@ -287,7 +313,10 @@ constexpr double bus_factor(comm_kind k, int ranks) noexcept {
     case comm_kind::broadcast:
     case comm_kind::send_recv:
     case comm_kind::send: return 1.0;
-    case comm_kind::recv: return 0.0;
+    case comm_kind::recv:
+    case comm_kind::pack:
+    case comm_kind::unpack:
+    case comm_kind::zero: return 0.0;
   }
   return 0.0;
 }
@@ -313,6 +342,7 @@ inline std::string describe(const operand& o) {
   const bool named =
       o.role == role::packed && o.index >= 0 && o.index <= static_cast<int>(packed_of::grad_shard);
   if (named) s += detail::concat(' ', to_string(static_cast<packed_of>(o.index)));
+  if (o.role == role::mask) s += detail::concat(' ', o.index);
   if (o.role == role::moment || (o.role == role::packed && !named))
     s += detail::concat(' ', o.index);
   if (o.count >= 0) s += detail::concat(" [", o.offset, ", ", o.offset + o.count, ')');
@@ -337,7 +367,9 @@ inline std::string describe(const comm_op& op) {
   if (op.fragment >= 0) s += detail::concat(", fragment ", op.fragment);
   s += detail::concat(", ", to_string(op.trigger), " in ", to_string(op.phase));
   if (has_input(op.kind)) s += detail::concat(", ", describe(op.in));
-  return has_output(op.kind) ? s + detail::concat(" -> ", describe(op.out)) : s;
+  if (has_output(op.kind)) s += detail::concat(" -> ", describe(op.out));
+  if (op.index.role != role::none) s += detail::concat(", by ", describe(op.index));
+  return s;
 }
 
 /// Throws invalid_argument naming op unless its fields are consistent: a known kind, ranks
@@ -376,6 +408,10 @@ inline void check(const comm_op& op) {
       op.kind == comm_kind::broadcast || has_input(op.kind) == (op.in.role != role::none),
       "plan: ", describe(op),
       has_input(op.kind) ? ": the input has no role" : ": a recv op has no input, found one");
+  const bool indexed = op.kind == comm_kind::pack || op.kind == comm_kind::unpack;
+  FEDSHARD_EXPECTS(indexed == (op.index.role == role::mask), "plan: ", describe(op),
+                   indexed ? ": a pack or unpack op needs indices (an index operand of role mask)"
+                           : ": only pack and unpack ops have an index operand");
   const bool unit_trigger = op.trigger == trigger::acquire || op.trigger == trigger::grads_ready;
   FEDSHARD_EXPECTS(!unit_trigger || op.unit >= 0, "plan: ", describe(op), ": a ",
                    to_string(op.trigger), " op needs a unit");
@@ -436,10 +472,10 @@ struct plan {
       if (op.axis == a) b += wire_bytes(op);
     return b;
   }
-  /// Number of ops on axis a.
+  /// Number of ops on axis a that are calls (local ops are not).
   std::int64_t calls_on(fedshard::axis a) const {
     std::int64_t c = 0;
-    for (const auto& op : ops) c += (op.axis == a) ? 1 : 0;
+    for (const auto& op : ops) c += (op.axis == a && !local(op.kind)) ? 1 : 0;
     return c;
   }
   /// Appends the ops of another plan.

@@ -23,7 +23,9 @@
 ///    chains), and before a firing issues its first call on an axis, every earlier chain's
 ///    pending calls on that axis are issued first.
 ///
-/// Every call goes through a wire_tap per axis, so traffic() counts what moved.
+/// Every call goes through a wire_tap per axis, so traffic() counts what moved. Local ops
+/// (pack, unpack, zero: plan/comm_op.hpp) are no calls: they run in chain order on the
+/// firing's stream through the space's gather_index, scatter_index and fill.
 ///
 /// Ranges and member groups: an operand with an element range (operand::offset, count) binds
 /// that range of its role's buffer (then its piece, if any). A federation op among member
@@ -338,6 +340,7 @@ class interpreter {
     comm_op op;
     buffer_view in;                 // the input in its own dtype (broadcast: none)
     buffer_view out;                // the output in its own dtype
+    buffer_view index;              // pack and unpack: the indices (u32 bit patterns as f32)
     bool staged = false;            // a buffer's dtype differs from op.dtype: run through staging
     std::byte* stage_in = nullptr;  // the input in op.dtype (set when a staged op starts)
     std::byte* stage_out = nullptr;
@@ -371,7 +374,11 @@ class interpreter {
       chains_.push_back(std::move(c));
       return ticket{first_id_ + chains_.size() - 1};
     } else {
-      settle(c.ops.front().op.axis);
+      for (const bound_op& b : c.ops)
+        if (!local(b.op.kind)) {
+          settle(b.op.axis);  // its first call's axis
+          break;
+        }
       start(c.ops.front(), *c.stream);
       chains_.push_back(std::move(c));
       const ticket t{first_id_ + chains_.size() - 1};
@@ -386,7 +393,7 @@ class interpreter {
       chain* holder = nullptr;
       for (auto& c : chains_)
         for (std::size_t i = c.next + 1; i < c.ops.size() && !holder; ++i)
-          if (c.ops[i].op.axis == a) holder = &c;
+          if (c.ops[i].op.axis == a && !local(c.ops[i].op.kind)) holder = &c;
       if (!holder) return;
       chain* first = holder;
       for (auto& c : chains_) {
@@ -423,6 +430,7 @@ class interpreter {
   template <class Bind>
   bound_op prepare(const comm_op& op, Bind& bind) {
     check(op);
+    if (local(op.kind)) return prepare_local(op, bind);
     if (op.members != 0) {
       FEDSHARD_EXPECTS(((op.members >> mesh_->axis_rank(op.axis)) & 1u) != 0,
                        "interpreter: ", describe(op), ": this rank's group (",
@@ -492,6 +500,47 @@ class interpreter {
     if (op.kind != comm_kind::all_gather) g.bytes = op.bytes * op.ranks;
     g.reduce.reset();
     return g;
+  }
+
+  /// A local op with its buffers bound: f32 buffers, the packed side (pack: output, unpack:
+  /// input) and the indices of bytes / 4 elements; a zero op's output of bytes / 4.
+  template <class Bind>
+  bound_op prepare_local(const comm_op& op, Bind& bind) {
+    bound_op b;
+    b.op = op;
+    b.out = resolve(op, op.out, bind);
+    const auto n = static_cast<std::size_t>(op.bytes / static_cast<std::int64_t>(sizeof(float)));
+    FEDSHARD_EXPECTS(op.dtype == dtype::f32 && b.out.type == dtype::f32,
+                     "interpreter: ", describe(op), ": local ops run on f32 buffers, found ",
+                     to_string(b.out.type));
+    if (op.kind == comm_kind::zero) {
+      expect_size(op, "output", op.out, b.out.count, n);
+      return b;
+    }
+    b.in = resolve(op, op.in, bind);
+    b.index = resolve(op, op.index, bind);
+    FEDSHARD_EXPECTS(b.in.type == dtype::f32 && b.index.type == dtype::f32,
+                     "interpreter: ", describe(op),
+                     ": expected an f32 input and indices as f32 views");
+    expect_size(op, "indices", op.index, b.index.count, n);
+    if (op.kind == comm_kind::pack)
+      expect_size(op, "output", op.out, b.out.count, n);
+    else
+      expect_size(op, "input", op.in, b.in.count, n);
+    return b;
+  }
+
+  /// Queues local op b on st.
+  void run_local(const bound_op& b, stream_type& st) {
+    const std::span<float> out(static_cast<float*>(b.out.data), b.out.count);
+    if (b.op.kind == comm_kind::zero) return space_->fill(st, b.out, 0.0);
+    const std::span<const float> in(static_cast<const float*>(b.in.data), b.in.count);
+    const std::span<const std::uint32_t> idx(static_cast<const std::uint32_t*>(b.index.data),
+                                             b.index.count);
+    if (b.op.kind == comm_kind::pack)
+      space_->gather_index(st, in, idx, 0, out);
+    else
+      space_->scatter_index(st, in, idx, 0, out);
   }
 
   /// A point-to-point op names another rank of its axis as its peer, and a send_recv's
@@ -598,6 +647,7 @@ class interpreter {
   /// st first.
   void start(bound_op& b, stream_type& st) {
     const comm_op& op = b.op;
+    if (local(op.kind)) return run_local(b, st);  // b.req stays complete
     wire_tap<C>& c = op.members != 0 ? *members_.at(op.members).tap : *taps_[index(op.axis)];
     if (b.coder != nullptr) {  // host memory: encode on the host once st reached the op
       space_->synchronize(st);

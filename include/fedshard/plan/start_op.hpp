@@ -93,6 +93,9 @@ request start_op(C& c, const comm_op& op, const void* in, void* out) {
       return c.send_async(in, n, op.dtype, detail::peer_of(c, op), transfer_tag);
     case comm_kind::recv:
       return c.recv_async(out, n, op.dtype, detail::peer_of(c, op), transfer_tag);
+    case comm_kind::pack:
+    case comm_kind::unpack:
+    case comm_kind::zero: break;  // local: the interpreter runs them
   }
   throw invalid_argument(detail::concat("fedshard: start_op: ", describe(op), ": unknown kind"));
 }

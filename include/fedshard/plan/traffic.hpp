@@ -36,7 +36,10 @@ constexpr collective collective_of(comm_kind k) noexcept {
     case comm_kind::all_reduce:
     case comm_kind::send_recv:
     case comm_kind::send:
-    case comm_kind::recv: break;
+    case comm_kind::recv:
+    case comm_kind::pack:
+    case comm_kind::unpack:
+    case comm_kind::zero: break;
   }
   return collective::all_reduce;
 }
@@ -118,11 +121,13 @@ class traffic_counters {
     t.sent += static_cast<double>(moved.sent);
     t.received += static_cast<double>(moved.received);
   }
-  /// Counts one op as the plan describes it: what it carries on the wire (carried(op)), and
+  /// Counts one op as the plan describes it (a local op: nothing): what it carries on the
+  /// wire (carried(op)), and
   /// moved_share(op, algo) sent and received. A one-way send is sent by this rank alone; a
   /// recv is not a call (its message is counted by its sender, as the wire tap counts it),
   /// only bytes received.
   void record(const comm_op& op, double seconds = 0, wire_algorithm algo = wire_algorithm::ring) {
+    if (local(op.kind)) return;  // not a call, nothing moved
     if (op.kind == comm_kind::recv) {
       per_axis_[index(op.axis)].received += static_cast<double>(op.bytes);
       return;

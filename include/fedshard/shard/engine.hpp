@@ -34,12 +34,12 @@
 /// back to back), no op in the step plan, and every hook that names it throws
 /// invalid_argument saying so; holds(u) tells.
 ///
-/// A policy with run-time state (P::runtime<S>, shard::sparse) gets its settings
-/// (settings_of_t<P>) here and is called where its plan needs more than the engine's buffers:
-/// it composes the plan fired each step (active()), packs before a gather or a reduction is
-/// fired and unpacks after it completed, binds the roles it holds, takes the optimizer step
-/// (optimizer_step) and is told when the master was written from outside
-/// (parameters_changed).
+/// A policy with run-time state (P::runtime<S>, shard::sparse; shard/shard_policy.hpp,
+/// requirement 6) gets its settings (settings_of_t<P>) here; at each step's start it says
+/// which plan the step fires (begin_step, told whether every gathered buffer still holds
+/// what the previous step gathered), it binds the roles the engine does not hold, takes the
+/// optimizer step (optimizer_step) and is told when the master was written from outside
+/// (parameters_changed). Everything it moves or packs is an op of its plans.
 
 #include <algorithm>
 #include <array>
@@ -67,21 +67,6 @@
 #include "fedshard/space/space_of.hpp"
 
 namespace fedshard::shard {
-
-/// P::runtime<S>, or an empty type for a policy without run-time state.
-template <class P, class S>
-struct runtime_of {
-  struct type {};
-  static constexpr bool stateful = false;
-};
-template <class P, class S>
-requires requires {
-  typename P::template runtime<S>;
-}
-struct runtime_of<P, S> {
-  using type = typename P::template runtime<S>;
-  static constexpr bool stateful = true;
-};
 
 /// Runs ShardPolicy P for one rank of a mesh over Communicator C, with its buffers in memory
 /// space S (C's).
@@ -382,6 +367,10 @@ class engine {
   /// flight across steps); no unit is live and no gradient reduced.
   void begin_step() {
     join_own();
+    bool kept = true;  // every gathered buffer holds what the last step gathered into it
+    for (std::size_t u = 0; u < units_.size(); ++u)
+      if (held_[u] && plans_[u].own_params)
+        kept = kept && (units_[u].gathered_for[0] || units_[u].gathered_for[1]);
     for (std::size_t u = 0; u < units_.size(); ++u) {
       free(u);
       auto& s = units_[u];
@@ -392,7 +381,7 @@ class engine {
       s.rounded = false;  // the master changed since the last step
     }
     phase_ = phase::forward;
-    if constexpr (has_runtime) rt_->begin_step();
+    if constexpr (has_runtime) rt_->begin_step(kept);
   }
 
   /// Unit u's parameters for phase ph (padded_numel f32 values in the space's memory; use
@@ -499,7 +488,6 @@ class engine {
     s.grad_touched = false;
     if (!has_gather(u, phase::backward)) free(u);  // gathered once: kept until now
     space_->wait(reduce_, space_->record(compute_));
-    if constexpr (has_runtime) rt_->before_reduce(u, full_grad(u), interp_);
     s.reduction = interp_.fire(
         fired(),
         {.trigger = trigger::grads_ready, .phase = phase::backward, .unit = static_cast<int>(u)},
@@ -520,9 +508,6 @@ class engine {
         compute_);
     join_own();
     for (std::size_t u = 0; u < units_.size(); ++u) free(u);
-    if constexpr (has_runtime)
-      for (std::size_t u = 0; u < units_.size(); ++u)
-        if (held_[u]) rt_->after_reduce(u, grad_of(u));
   }
 
  private:
@@ -663,7 +648,7 @@ class engine {
       case role::grad: return view(full_grad(u));
       case role::grad_shard: return view(grad_of(u));
       default:
-        if constexpr (has_runtime) return rt_->bind(op, o);
+        if constexpr (has_runtime) return rt_->bind(op, o, interp_);
         break;
     }
     throw invalid_argument(
@@ -708,7 +693,6 @@ class engine {
     s.gathered_for[phase_index(ph)] = true;
     gather_after_compute();
     s.gather_waited = false;
-    if constexpr (has_runtime) rt_->before_gather(u, master_of(u));
     s.gather = interp_.fire(fired(),
                             {.trigger = trigger::acquire, .phase = ph, .unit = static_cast<int>(u)},
                             binder(), gather_);
@@ -733,7 +717,6 @@ class engine {
     std::span<const float> p;
     if (plans_[u].own_params) {
       join_gather(s);
-      if constexpr (has_runtime) rt_->after_gather(u, s.params.span());
       p = s.params.span();
     } else if (prec_.param == dtype::f32) {
       p = master_of(u);

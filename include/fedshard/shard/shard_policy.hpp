@@ -13,9 +13,22 @@
 ///     ascending unit, then backward ops by descending unit.
 ///  5. Optionally, `P::settings` (run-time settings: trainer_options::shard, settings_of_t),
 ///     with `P::step_plan(layout, shape, precision, settings)` when the step plan depends on
-///     them (with_gather_codec's codec settings; step_plan_of calls the one P has), and
-///     `P::runtime<S>`, run-time state the engine holds and calls where the plan needs
-///     more than its buffers (shard::sparse's masks and packed buffers; shard/engine.hpp).
+///     them (with_gather_codec's codec settings; step_plan_of calls the one P has).
+///  6. Optionally, `P::runtime<S>`: run-time state for memory space S that the engine holds
+///     (shard::sparse's masks and packed buffers), for a policy whose steps run different
+///     plans. Its members, all called by the engine (shard/engine.hpp) and nowhere else:
+///     a. `R(layout, shape, shard, held, offsets, settings, plan)`: for this rank (shard
+///        index `shard`), the held units (by unit; empty: all) at master offsets `offsets`,
+///        and the step plan of those units;
+///     b. `begin_step(kept)` -> const plan&: the plan this step fires (`kept`: every
+///        gathered buffer holds what the previous step gathered into it); `active()` the
+///        same plan afterwards;
+///     c. `bind(op, operand, interp)` -> buffer_view: the buffers of the roles the engine
+///        does not hold (role packed, role mask);
+///     d. `attach(optimizer, config, space)` and `optimizer_step(optimizer, master, grad, lr,
+///        stream, interp)`: the optimizer step of this rank's master;
+///     e. `invalidate()`: the master was written from outside (a sync, a load);
+///     f. `register_state(registry, interp)`: its state, for checkpoints.
 /// The shard engine (shard/engine.hpp) runs the plan through the interpreter; what it stores
 /// and frees follows from the plan (a unit gathered again in backward is freed after
 /// forward), never from the policy's identity. The builders in `shard::ops` make the ops.
@@ -68,6 +81,21 @@ struct no_settings {
 
 /// P::settings when the policy has run-time settings (shard::sparse), else no_settings.
 FEDSHARD_MEMBER_TYPE_OR(settings_of, settings, no_settings)
+
+/// P::runtime<S> (requirement 6), or an empty type for a policy without run-time state.
+template <class P, class S>
+struct runtime_of {
+  struct type {};
+  static constexpr bool stateful = false;
+};
+template <class P, class S>
+requires requires {
+  typename P::template runtime<S>;
+}
+struct runtime_of<P, S> {
+  using type = typename P::template runtime<S>;
+  static constexpr bool stateful = true;
+};
 
 /// P's step plan with settings c (requirement 5): P::step_plan(l, s, p, c) where P declares
 /// it, else P::step_plan(l, s, p).

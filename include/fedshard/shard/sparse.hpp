@@ -31,35 +31,44 @@
 /// Steps: the first `dense_steps` steps (settings; at least 1) are Base's dense steps; the
 /// mask is computed after the last of them and after every `refresh_period` steps from then.
 /// With `dense_every` N > 0, steps N - 1, 2N - 1, ... are dense too (every element's gradient
-/// reduced and stepped, so every first moment moves). A step after a dense one gathers
-/// densely (the dense update changed every element). A step with a mask:
+/// reduced and stepped, so every first moment moves). A step with a mask:
 ///  - reduce: each unit's gradient is packed at the mask's elements in element order (no
-///    indices: every rank knows the mask), S x k_u values, reduce-scattered into the rank's
-///    k_u (then averaged over the replicas, packed, where Base does that) and unpacked into
-///    its gradient shard (zero elsewhere).
-///  - optimizer: only masked elements are updated. The masked parameters, gradients and
-///    optimizer state are packed into a second optimizer object of sum k_u elements, which
-///    takes the step (with the step count of the main one) and is unpacked back; the main
-///    optimizer's step count then advances by one. An element-wise optimizer
-///    (optim/optimizer.hpp, requirement 4) gives bit for bit what a full step gives at the
-///    masked elements, and unmasked elements keep their parameter and their whole optimizer
-///    state (no weight decay either, as in the paper). The cost is O(sum k_u) per step.
-///  - gather: the parameters the last masked update changed (the previous step's mask) are
-///    packed from each rank's master and all-gathered, S x k_u values, and written into the
-///    unit's gathered buffer; every other element there still holds the current value.
+///    indices travel: every rank knows the mask), S x k_u values, reduce-scattered into the
+///    rank's k_u (then averaged over the replicas, packed, where Base does that) and unpacked
+///    into its gradient shard (zero elsewhere).
+///  - optimizer: only masked elements are updated, by optim::masked (optim/masked.hpp): the
+///    masked parameters, gradients and optimizer state are packed into a second optimizer
+///    object of sum k_u elements, which takes the step (with the step count of the main
+///    one) and is unpacked back; the main optimizer's step count then advances by one. An
+///    element-wise optimizer (optim/optimizer.hpp, requirement 4) gives bit for bit what a
+///    full step gives at the masked elements, and unmasked elements keep their parameter and
+///    their whole optimizer state (no weight decay either, as in the paper). The cost is
+///    O(sum k_u) per step.
+///  - gather: Base's dense gathers, except where Base gathers each unit once per step, in
+///    forward, and keeps it through backward (sparse_gathers_packable: shard_grad_op): there
+///    the gathered buffers are kept to the next step, and after a masked update only the
+///    parameters it changed (its mask) are packed from each rank's master, all-gathered, S x
+///    k_u values, and written into the unit's gathered buffer, whose other elements still
+///    hold the current values. A step after a dense update, or after the master was written
+///    otherwise, gathers densely.
+/// So with full_shard or hybrid_shard a masked step carries Base's gathers and k_u /
+/// shard_numel of Base's reductions; with shard_grad_op k_u / shard_numel of both (after a
+/// masked update).
 ///
-/// Memory: this relies on the engine keeping each unit's gathered buffer from step to step
-/// (it does, at one address): the unmasked elements are read from it. So each rank holds a
-/// full copy of the model's parameters (in f32), like ZeRO-2 or DDP, not FSDP's one unit at a
-/// time; plus the masks of the whole group (2 x S x sum k_u 4-byte indices, for the gather
-/// and the reduce mask), the packed buffers (about 2 x S x sum k_u floats), the packed
-/// optimizer (its state of sum k_u elements) and the mask words (N_shard / 8 bytes x (S + 1)).
-/// full_shard's backward gathers are kept (so each packed op carries exactly k_u / shard_numel of
-/// Base's); with the copy kept they resend what forward sent.
+/// Memory: per rank, Base's (master, gradients, optimizer state, and the gathered units
+/// Base's plan holds: FSDP's one unit at a time with full_shard) plus what held_bytes()
+/// counts: the mask in use (by unit its S x k_u indices, and this rank's k_u as offsets in
+/// its shard and in its master: 4 x (S + 2) x sum k_u bytes), the packed gradients and
+/// gradient shards ((S + 1) x sum k_u floats), the packed optimizer (its state and
+/// parameters over sum k_u elements) and the mask words (4 x ceil(N_shard / 32) x (S + 1)
+/// bytes). Where the gathers are packed (shard_grad_op, whose gathered units are all live at
+/// the end of forward anyway) also the gathered buffers kept between steps, the mask of the
+/// last masked update when it is another (4 x (S + 2) x sum k_u bytes) and the packed gather
+/// buffers ((S + 1) x sum k_u floats).
 ///
-/// The copy is valid until something else writes the master: the engine's set_unit,
-/// set_tensor and upload (checkpoint loads) and the trainer after a federation sync call
-/// invalidate(), and the next gathers of those units are Base's dense ones.
+/// A kept gathered buffer is valid until something else writes the master: the engine's
+/// set_unit, set_tensor and upload (checkpoint loads) and the trainer after a federation
+/// sync call invalidate(), and the next gathers are Base's dense ones.
 ///
 /// Checkpoints (register_state, through the engine's): what decides the next steps is the
 /// mask in use (the group's bits as exchanged; an exchange still on its way is waited for
@@ -75,9 +84,16 @@
 /// (a full_shard run's, or one written before they were saved) or a mask of other counts
 /// than this run's (another density) start them fresh: no mask, dense steps first.
 ///
-/// Plans: step_plan() is Base's, which the dense steps run; sparse_plan() the steps with a
-/// mask (ops of role `packed`), op for op Base's with the packed sizes; mask_plan() the
-/// exchange. Host memory only: there are no device pack/unpack kernels yet.
+/// Plans: each step is of a kind (sparse_step_kind: packed gathers or not, packed
+/// reductions or not; sparse_kind_of says which, for the run-time object and the simulator
+/// alike), and each kind has its plan (kind_plan, sparse_kind_plan), which the engine fires
+/// as it fires any policy's: Base's step plan with its gathers and reductions taken from
+/// sparse_plan() (ops of role `packed`, op for op Base's with the packed sizes) as the kind
+/// says, each packed op with the local ops (plan/comm_op.hpp) that pack its input and
+/// unpack its output by the mask's indices (role mask), which the interpreter runs through
+/// the space's gather_index / scatter_index (kernels/index.hpp). mask_plan() is the
+/// exchange. The run-time object keeps its masks, packed buffers and top-k on the host, so
+/// it runs on host memory only.
 
 #include <algorithm>
 #include <bit>
@@ -98,6 +114,7 @@
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/state_registry.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/optim/masked.hpp"
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/plan/interpreter.hpp"
 #include "fedshard/shard/flat_layout.hpp"
@@ -262,6 +279,136 @@ inline plan sparsify(const plan& base, const std::vector<std::size_t>& k) {
   return out;
 }
 
+/// What one step of shard::sparse<Base> carries: the one definition of its step kinds, which
+/// the run-time object runs and the simulator prices (see the file comment's "Steps").
+struct sparse_step_kind {
+  bool packed_gathers = false;     ///< the gathers carry the last masked update's elements
+  bool packed_reductions = false;  ///< the reductions carry the mask's elements (masked step)
+  /// The mask exchange issued after the previous step's optimizer step is on its way when
+  /// this step starts (its first packed reduction waits for it).
+  bool mask_exchange = false;
+  friend auto operator<=>(const sparse_step_kind&, const sparse_step_kind&) = default;
+};
+
+/// True when step t (from 0) under settings c is a masked one, given whether a mask is in use:
+/// every step with a mask except the dense ones of dense_every.
+inline bool sparse_reduces_packed(const sparse_settings& c, std::int64_t t, bool has_mask) {
+  return has_mask && !(c.dense_every > 0 && (t + 1) % c.dense_every == 0);
+}
+
+/// True when a mask is computed (and its exchange issued) after step t under settings c.
+inline bool sparse_refreshes_after(const sparse_settings& c, std::int64_t t) {
+  const std::int64_t after = t + 1 - c.dense_steps;
+  return after >= 0 && after % c.refresh_period == 0;
+}
+
+/// The kind of step t under settings c: `has_mask` whether a mask is in use, `copies_current`
+/// whether the previous step was a masked update and nothing else wrote the master since.
+inline sparse_step_kind sparse_kind_of(const sparse_settings& c, std::int64_t t, bool has_mask,
+                                       bool copies_current) {
+  return {.packed_gathers = copies_current,
+          .packed_reductions = sparse_reduces_packed(c, t, has_mask),
+          .mask_exchange = t > 0 && sparse_refreshes_after(c, t - 1)};
+}
+
+/// True when the gathers of Base's step plan `base` may be packed: Base gathers each unit
+/// once per step, in forward, and keeps it through backward (shard_grad_op), so every unit's
+/// gathered parameters are live at the end of forward anyway and keeping them until the next
+/// step adds nothing to Base's peak memory. A Base that gathers units again for backward
+/// (full_shard, hybrid_shard) holds one unit at a time: its gathers stay dense.
+inline bool sparse_gathers_packable(const plan& base) {
+  for (const comm_op& op : base.ops)
+    if (op.trigger == trigger::acquire && op.phase != phase::forward) return false;
+  return true;
+}
+
+/// The kind of step t of a run from step 0 under settings c (no checkpoint load on the way),
+/// `packable` sparse_gathers_packable of Base's plan: a mask is in use from step dense_steps
+/// on; `written` says whether something else than the previous step's update (a federation
+/// sync) wrote the master after it.
+inline sparse_step_kind sparse_kind_in_run(const sparse_settings& c, std::int64_t t, bool written,
+                                           bool packable) {
+  const bool previous_masked = t > 0 && sparse_reduces_packed(c, t - 1, t - 1 >= c.dense_steps);
+  return sparse_kind_of(c, t, t >= c.dense_steps, packable && previous_masked && !written);
+}
+
+/// The plan of a step of kind k: Base's step plan `dense` with its acquire ops from `packed`
+/// (sparsify's) when k.packed_gathers and its other ops from it when k.packed_reductions,
+/// op for op; the mask exchange is not in it (it is fired on demand after the optimizer step).
+inline plan sparse_step_plan(const plan& dense, const plan& packed, const sparse_step_kind& k) {
+  FEDSHARD_EXPECTS(dense.ops.size() == packed.ops.size(), "shard::sparse: the packed plan has ",
+                   packed.ops.size(), " ops, the base plan ", dense.ops.size());
+  plan out;
+  out.ops.reserve(dense.ops.size());
+  for (std::size_t i = 0; i < dense.ops.size(); ++i) {
+    const bool gather = dense.ops[i].trigger == trigger::acquire;
+    out.ops.push_back((gather ? k.packed_gathers : k.packed_reductions) ? packed.ops[i]
+                                                                        : dense.ops[i]);
+  }
+  return out;
+}
+
+namespace detail {
+
+/// A local op (kind: pack, unpack or zero) of `n` packed elements next to collective op c
+/// (same trigger and unit), from `in` into `out` by the indices `idx`.
+inline comm_op local_op(const comm_op& c, comm_kind kind, operand in, operand out, mask_of idx,
+                        std::size_t n) {
+  comm_op op = c;
+  op.kind = kind;
+  op.dtype = dtype::f32;
+  op.bytes = static_cast<std::int64_t>(n * sizeof(float));
+  op.reduce.reset();
+  op.codec = {};
+  op.in = in;
+  op.out = out;
+  op.index = kind == comm_kind::zero ? operand{}
+                                     : operand{.role = role::mask, .index = static_cast<int>(idx)};
+  return op;
+}
+
+}  // namespace detail
+
+/// The plan a step of kind k runs, as the engine fires it: sparse_step_plan's collectives
+/// (of Base's plan `dense` and its packed ops `packed`, for the counts k_u `k` of layout l
+/// on a shard axis of `shards`) with their local ops (plan/comm_op.hpp). A packed gather of
+/// unit u packs this rank's masked master values (pack, the gathers' mask) and writes the
+/// gathered ones into u's gathered buffer (unpack); a packed reduction packs u's gradient
+/// (pack, the reductions' mask), and after u's last packed reduction u's gradient shard is
+/// zeroed and the reduced values written into it (zero, unpack).
+inline plan sparse_kind_plan(const plan& dense, const plan& packed,
+                             const std::vector<std::size_t>& k, const flat_layout& l, int shards,
+                             const sparse_step_kind& kind) {
+  using detail::local_op;
+  const plan p = sparse_step_plan(dense, packed, kind);
+  const operand shard_packed = packed_operand(packed_of::grad_shard);
+  std::vector<std::size_t> last(k.size(), p.ops.size());
+  for (std::size_t i = 0; i < p.ops.size(); ++i)
+    if (p.ops[i].out == shard_packed) last[static_cast<std::size_t>(p.ops[i].unit)] = i;
+  plan out;
+  for (std::size_t i = 0; i < p.ops.size(); ++i) {
+    const comm_op& c = p.ops[i];
+    const auto u = static_cast<std::size_t>(c.unit);
+    const std::size_t n = static_cast<std::size_t>(shards) * k[u];
+    if (c.in == packed_operand(packed_of::param_shard))
+      out.ops.push_back(local_op(c, comm_kind::pack, {.role = role::param_shard}, c.in,
+                                 mask_of::gather_own, k[u]));
+    if (c.in == packed_operand(packed_of::grad))
+      out.ops.push_back(
+          local_op(c, comm_kind::pack, {.role = role::grad}, c.in, mask_of::reduce_unit, n));
+    out.ops.push_back(c);
+    if (c.out == packed_operand(packed_of::params))
+      out.ops.push_back(
+          local_op(c, comm_kind::unpack, c.out, {.role = role::params}, mask_of::gather_unit, n));
+    if (last[u] != i) continue;
+    out.ops.push_back(local_op(c, comm_kind::zero, {}, {.role = role::grad_shard},
+                               mask_of::reduce_own, l.unit(u).shard_numel));
+    out.ops.push_back(local_op(c, comm_kind::unpack, shard_packed, {.role = role::grad_shard},
+                               mask_of::reduce_own, k[u]));
+  }
+  return out;
+}
+
 /// shard::sparse's counters as its checkpoint record "sparse.progress" holds them.
 struct sparse_progress {
   std::int64_t steps = 0;      ///< optimizer steps taken through shard::sparse
@@ -276,7 +423,13 @@ class sparse_runtime {
   static_assert(std::is_same_v<S, space::host_space>,
                 "fedshard::shard::sparse runs on host memory only (space::host_space): there are "
                 "no device kernels for its mask, pack and unpack yet");
-  using mask_set = std::vector<std::vector<std::uint32_t>>;  // by unit: S x k_u indices
+  /// A mask: by unit, its S x k_u indices into the padded unit; and this rank's k_u of each
+  /// held unit, back to back (unit u's from poff_[u] on), as offsets in its shard of the
+  /// unit (own) and in its master (own_master).
+  struct mask_set {
+    std::vector<std::vector<std::uint32_t>> unit;
+    std::vector<std::uint32_t> own, own_master;
+  };
 
  public:
   /// For the mesh shape s (this rank at shard index `shard`), the units `held` (empty: all)
@@ -293,10 +446,7 @@ class sparse_runtime {
         dense_(std::move(dense)),
         sparse_(sparsify(dense_, k_)),
         mask_op_(mask_exchange(offsets.back(), s)),
-        valid_(l.num_units(), false),
-        exact_(l.num_units(), false),
-        gather_sparse_(l.num_units(), false),
-        unpack_(l.num_units(), false) {
+        packable_(sparse_gathers_packable(dense_)) {
     const std::size_t U = l.num_units();
     constexpr std::size_t most = std::numeric_limits<std::uint32_t>::max();
     FEDSHARD_EXPECTS(offsets.back() <= most, "shard::sparse: a rank's master must hold at most ",
@@ -311,14 +461,20 @@ class sparse_runtime {
     poff_.assign(U + 1, 0);
     for (std::size_t u = 0; u < U; ++u) poff_[u + 1] = poff_[u] + (held_[u] ? k_[u] : 0);
     const std::size_t K = poff_.back(), SK = K * static_cast<std::size_t>(s.shards);
-    pshard_.assign(K, 0.0f);
-    pgathered_.assign(SK, 0.0f);
+    if (packable_) {  // the packed gathers' buffers
+      pshard_.assign(K, 0.0f);
+      pgathered_.assign(SK, 0.0f);
+    }
     pgrad_.assign(SK, 0.0f);
     pgrad_shard_.assign(K, 0.0f);
-    pparam_.assign(K, 0.0f);
     words_mine_.assign(mask_words(offsets.back()), 0u);
     words_all_.assign(words_mine_.size() * static_cast<std::size_t>(s.shards), 0u);
-    active_ = dense_;
+    for (int g = 0; g < 2; ++g)  // without packable gathers, no kind packs them
+      for (int r = 0; r < 2; ++r)
+        plans_[g][r] =
+            sparse_kind_plan(dense_, sparse_, k_, l, s.shards,
+                             {.packed_gathers = g == 1 && packable_, .packed_reductions = r == 1});
+    active_ = &plans_[0][0];
   }
 
   /// The settings it runs with.
@@ -327,8 +483,8 @@ class sparse_runtime {
   const plan& sparse_plan() const noexcept { return sparse_; }
   /// The mask exchange (one op, run after each refresh).
   plan mask_plan() const { return plan{{mask_op_}}; }
-  /// The plan this step runs (composed at begin_step).
-  const plan& active() const noexcept { return active_; }
+  /// The plan this step runs (chosen at begin_step).
+  const plan& active() const noexcept { return *active_; }
   /// k_u of every unit.
   const std::vector<std::size_t>& masked_counts() const noexcept { return k_; }
   /// True once a mask is in use (or agreed and waited for at the next reduction).
@@ -338,7 +494,7 @@ class sparse_runtime {
   /// The elements (indices into the padded unit u, ascending, S x k_u of them) of the mask
   /// the reductions and the optimizer use; empty before the first mask.
   std::vector<std::uint32_t> mask(std::size_t u) const {
-    return rmask_ ? (*rmask_)[u] : std::vector<std::uint32_t>{};
+    return rmask_ ? rmask_->unit[u] : std::vector<std::uint32_t>{};
   }
   /// The mask's bits as this rank exchanged them last: its words (its master, 32 elements
   /// to a word) and everyone's, in shard order.
@@ -347,70 +503,61 @@ class sparse_runtime {
 
   /// The gathered copies no longer hold the current parameters (the master was written by
   /// something else than a masked step): the next gathers are dense.
-  void invalidate() {
-    std::fill(valid_.begin(), valid_.end(), false);
-    std::fill(exact_.begin(), exact_.end(), false);
+  void invalidate() noexcept { written_ = true; }
+
+  /// A step starts: its kind (sparse_kind_of) and the plan of that kind (the engine fires
+  /// it). `kept_gathers`: every gathered buffer holds what the previous step gathered into
+  /// it; then the gathers are packed when the previous step was a masked update and nothing
+  /// else wrote the master since. The reductions are packed when a mask is in use (or on its
+  /// way).
+  const plan& begin_step(bool kept_gathers) {
+    const bool current =
+        packable_ && kept_gathers && last_masked_ && !written_ && gmask_ != nullptr;
+    kind_ = sparse_kind_of(cfg_, steps_, has_mask(), current);
+    written_ = false;  // this step's gathers write every copy afresh
+    active_ = &plans_[kind_.packed_gathers ? 1 : 0][kind_.packed_reductions ? 1 : 0];
+    return *active_;
   }
 
-  /// A step starts: the gathers of units whose copy is valid are packed, the reductions are
-  /// packed when a mask exists (or is on its way).
-  void begin_step() {
-    step_sparse_ = has_mask() && !(cfg_.dense_every > 0 && (steps_ + 1) % cfg_.dense_every == 0);
-    for (std::size_t u = 0; u < valid_.size(); ++u) gather_sparse_[u] = valid_[u] && gmask_;
-    active_.ops.clear();
-    for (std::size_t i = 0; i < dense_.ops.size(); ++i) {
-      const comm_op& op = dense_.ops[i];
-      const auto u = static_cast<std::size_t>(op.unit);
-      const bool gather = op.trigger == trigger::acquire;
-      active_.ops.push_back((gather ? gather_sparse_[u] : step_sparse_) ? sparse_.ops[i] : op);
-    }
+  /// The kind of the step begun last.
+  const sparse_step_kind& kind() const noexcept { return kind_; }
+  /// True when its gathers may be packed (sparse_gathers_packable of its dense plan).
+  bool packs_gathers() const noexcept { return packable_; }
+
+  /// The bytes it holds from step to step (see the file comment's "Memory"): the masks (the
+  /// one in use and, where the gathers are packed, the last masked update's when it is
+  /// another), the packed buffers, the packed optimizer (after attach) and the mask words.
+  std::size_t held_bytes() const noexcept {
+    const auto mask_bytes = [](const mask_set* m) {
+      if (m == nullptr) return std::size_t{0};
+      std::size_t n = m->own.size() + m->own_master.size();
+      for (const auto& v : m->unit) n += v.size();
+      return n * sizeof(std::uint32_t);
+    };
+    const std::size_t floats =
+        pshard_.size() + pgathered_.size() + pgrad_.size() + pgrad_shard_.size();
+    const std::size_t words = words_mine_.size() + words_all_.size() + loaded_.size();
+    return mask_bytes(rmask_.get()) + (gmask_ != rmask_ ? mask_bytes(gmask_.get()) : 0) +
+           floats * sizeof(float) + packed_opt_bytes_ + words * sizeof(std::uint32_t);
   }
 
-  /// Before unit u's gather is fired: packs this rank's masked master values (packed gather).
-  void before_gather(std::size_t u, std::span<const float> master) {
-    unpack_[u] = true;
-    if (!gather_sparse_[u]) return;
-    const auto& idx = (*gmask_)[u];
-    const std::size_t k = k_[u], base = static_cast<std::size_t>(shard_) * shard_numel(u);
-    float* out = pshard_.data() + poff_[u];
-    for (std::size_t j = 0; j < k; ++j)
-      out[j] = master[idx[static_cast<std::size_t>(shard_) * k + j] - base];
-  }
-
-  /// After unit u's gather completed: writes the gathered masked values into its copy; the
-  /// copy is then the current parameters.
-  void after_gather(std::size_t u, std::span<float> params) {
-    if (!unpack_[u]) return;
-    unpack_[u] = false;
-    if (gather_sparse_[u]) {
-      const auto& idx = (*gmask_)[u];
-      const float* in = pgathered_.data() + poff_[u] * static_cast<std::size_t>(shape_.shards);
-      for (std::size_t j = 0; j < idx.size(); ++j) params[idx[j]] = in[j];
-    }
-    valid_[u] = exact_[u] = true;
-  }
-
-  /// Before unit u's gradient reduction is fired: waits for a mask on its way, packs the
-  /// gradient at the mask's elements (packed reduction).
+  /// The buffer of an operand of op that the runtime holds: a packed buffer (role packed) or
+  /// a mask's indices (role mask, as an f32 view of their bits); binding the mask of the
+  /// reductions waits for the mask on its way, if any (through interp).
   template <class Interp>
-  void before_reduce(std::size_t u, std::span<const float> grad, Interp& interp) {
-    if (!step_sparse_) return;
-    agree(interp);
-    const auto& idx = (*rmask_)[u];
-    float* out = pgrad_.data() + poff_[u] * static_cast<std::size_t>(shape_.shards);
-    for (std::size_t j = 0; j < idx.size(); ++j) out[j] = grad[idx[j]];
-  }
-
-  /// After every reduction completed: unit u's gradient shard holds its reduced masked
-  /// values, zero elsewhere.
-  void after_reduce(std::size_t u, std::span<float> grad_shard) {
-    if (!step_sparse_) return;
-    std::fill(grad_shard.begin(), grad_shard.end(), 0.0f);
-    const auto& idx = (*rmask_)[u];
-    const std::size_t k = k_[u], base = static_cast<std::size_t>(shard_) * shard_numel(u);
-    const float* in = pgrad_shard_.data() + poff_[u];
-    for (std::size_t j = 0; j < k; ++j)
-      grad_shard[idx[static_cast<std::size_t>(shard_) * k + j] - base] = in[j];
+  buffer_view bind(const comm_op& op, const operand& o, Interp& interp) {
+    if (o.role != role::mask) return bind(op, o);
+    const auto u = static_cast<std::size_t>(op.unit);
+    const auto of = static_cast<mask_of>(o.index);
+    if (of == mask_of::reduce_own || of == mask_of::reduce_unit) agree(interp);
+    const mask_set* m =
+        of == mask_of::gather_own || of == mask_of::gather_unit ? gmask_.get() : rmask_.get();
+    FEDSHARD_EXPECTS(m != nullptr && u < k_.size() && held_[u], "shard::sparse: ", describe(op),
+                     " needs a mask this rank does not have");
+    const std::span<const std::uint32_t> idx =
+        of == mask_of::gather_unit || of == mask_of::reduce_unit ? std::span(m->unit[u])
+                                                                 : own(*m, u);
+    return {const_cast<std::uint32_t*>(idx.data()), idx.size(), dtype::f32};
   }
 
   /// The buffer of a packed operand of op.
@@ -447,10 +594,9 @@ class sparse_runtime {
                      "so the optimizer needs a state 'exp_avg' (adamw) or 'momentum_buffer' (sgd "
                      "with momentum > 0); found state {",
                      names, "}");
-    if constexpr (std::is_constructible_v<O, typename O::config, std::size_t, S&>)
-      packed_opt_ = std::make_shared<O>(cfg, poff_.back(), space);
-    else
-      packed_opt_ = std::make_shared<O>(cfg, poff_.back());
+    auto masked = std::make_shared<optim::masked<O, S>>(cfg, poff_.back(), space);
+    packed_opt_bytes_ = masked->bytes();
+    packed_opt_ = std::move(masked);
     packed_type_ = &typeid(O);
   }
 
@@ -462,53 +608,24 @@ class sparse_runtime {
                       typename S::stream& st, Interp& interp) {
     FEDSHARD_EXPECTS(packed_type_ != nullptr && *packed_type_ == typeid(O),
                      "shard::sparse: optimizer_step needs the optimizer given to attach()");
-    if (!step_sparse_) {
+    if (!kind_.packed_reductions) {
       main.step(master, grad, lr, st);
-      invalidate();  // every element changed
     } else {
       agree(interp);
-      O& packed = *static_cast<O*>(packed_opt_.get());
-      own_indices();
-      auto ms = main.state();
-      auto ps = packed.state();
-      for (std::size_t t = 0; t < ms.size(); ++t)
-        for (std::size_t j = 0; j < own_.size(); ++j) ps[t].data[j] = ms[t].data[own_[j]];
-      for (std::size_t j = 0; j < own_.size(); ++j) pparam_[j] = master[own_[j]];
-      packed.set_step_count(main.step_count());
-      packed.step(std::span<float>(pparam_), std::span<const float>(pgrad_shard_), lr, st);
-      for (std::size_t j = 0; j < own_.size(); ++j) master[own_[j]] = pparam_[j];
-      for (std::size_t t = 0; t < ms.size(); ++t)
-        for (std::size_t j = 0; j < own_.size(); ++j) ms[t].data[own_[j]] = ps[t].data[j];
-      main.set_step_count(main.step_count() + 1);
-      // A copy that was exact now differs at the mask's elements only: the next gathers
-      // carry those.
-      for (std::size_t u = 0; u < valid_.size(); ++u) {
-        valid_[u] = exact_[u];
-        exact_[u] = false;
-      }
-      gmask_ = rmask_;
+      static_cast<optim::masked<O, S>*>(packed_opt_.get())
+          ->step(main, master, pgrad_shard_, rmask_->own_master, lr, st);
+      if (packable_) gmask_ = rmask_;  // the copies now differ at its elements only
     }
-    ++steps_;
-    const std::int64_t after = steps_ - cfg_.dense_steps;
-    if (after >= 0 && after % cfg_.refresh_period == 0) refresh(main, interp);
+    last_masked_ = kind_.packed_reductions;
+    if (sparse_refreshes_after(cfg_, steps_++)) refresh(main, interp);
   }
 
  private:
   std::size_t shard_numel(std::size_t u) const { return layout_->unit(u).shard_numel; }
 
-  /// The master offsets of this rank's masked elements (by unit, ascending) under rmask_.
-  void own_indices() {
-    if (own_for_ == rmask_.get()) return;
-    own_.assign(poff_.back(), 0);
-    for (std::size_t u = 0; u < k_.size(); ++u) {
-      if (!held_[u]) continue;
-      const auto& idx = (*rmask_)[u];
-      const std::size_t k = k_[u], base = static_cast<std::size_t>(shard_) * shard_numel(u);
-      for (std::size_t j = 0; j < k; ++j)
-        own_[poff_[u] + j] = static_cast<std::uint32_t>(
-            offsets_[u] + idx[static_cast<std::size_t>(shard_) * k + j] - base);
-    }
-    own_for_ = rmask_.get();
+  /// This rank's k_u masked elements of unit u in mask m, as offsets in its shard of u.
+  std::span<const std::uint32_t> own(const mask_set& m, std::size_t u) const {
+    return std::span<const std::uint32_t>(m.own).subspan(poff_[u], k_[u]);
   }
 
   /// Computes this rank's mask bits from main's first moment and issues their exchange.
@@ -625,10 +742,13 @@ class sparse_runtime {
   std::shared_ptr<const mask_set> decode(std::span<const std::uint32_t> all,
                                          std::string& why) const {
     const std::size_t W = words_mine_.size(), shards = static_cast<std::size_t>(shape_.shards);
-    auto next = std::make_shared<mask_set>(k_.size());
+    auto next = std::make_shared<mask_set>();
+    next->unit.resize(k_.size());
+    next->own.reserve(poff_.back());
+    next->own_master.reserve(poff_.back());
     for (std::size_t u = 0; u < k_.size(); ++u) {
       if (!held_[u]) continue;
-      auto& idx = (*next)[u];
+      auto& idx = next->unit[u];
       idx.reserve(k_[u] * shards);
       const std::size_t n = shard_numel(u), at = offsets_[u];
       for (std::size_t s = 0; s < shards; ++s) {
@@ -642,6 +762,12 @@ class sparse_runtime {
                                        layout_->unit(u).name, "') has ", idx.size() - before,
                                        " elements, expected ", k_[u]);
         return nullptr;
+      }
+      const std::size_t mine = static_cast<std::size_t>(shard_) * k_[u];
+      for (std::size_t j = 0; j < k_[u]; ++j) {
+        const std::size_t i = idx[mine + j] - static_cast<std::size_t>(shard_) * n;
+        next->own.push_back(static_cast<std::uint32_t>(i));
+        next->own_master.push_back(static_cast<std::uint32_t>(at + i));
       }
     }
     return next;
@@ -683,7 +809,6 @@ class sparse_runtime {
     loaded_.clear();
     pending_ = false;
     gmask_ = nullptr;  // of use only with the gathered copies
-    own_for_ = nullptr;
     invalidate();
   }
 
@@ -696,26 +821,26 @@ class sparse_runtime {
   std::vector<std::size_t> k_;
   std::vector<bool> held_;
   std::vector<std::size_t> poff_;  // by unit: its k_u's offset among the packed shards
-  plan dense_, sparse_, active_;
+  plan dense_, sparse_;
+  plan plans_[2][2];  // by packed gathers, packed reductions: the step plans (executable)
+  const plan* active_ = nullptr;
   comm_op mask_op_;
-  std::vector<bool> valid_;  // by unit: the copy differs from the master only at gmask_
-  std::vector<bool> exact_;  // by unit: the copy equals the master
-  std::vector<bool> gather_sparse_;
-  std::vector<bool> unpack_;
-  bool step_sparse_ = false;
+  bool packable_ = false;     // sparse_gathers_packable(dense_)
+  bool last_masked_ = false;  // the last optimizer step was a masked one
+  bool written_ = false;      // something else wrote the master since the last step began
+  sparse_step_kind kind_;
   bool pending_ = false;
   ticket ticket_{};
   std::int64_t steps_ = 0;
   std::int64_t refreshes_ = 0;
   std::shared_ptr<const mask_set> rmask_;  // the reductions' and the optimizer's mask
   std::shared_ptr<const mask_set> gmask_;  // the last masked update's mask: the gathers'
-  std::vector<std::uint32_t> own_;         // master offsets of this rank's rmask_ elements
-  const void* own_for_ = nullptr;
-  std::vector<float> pshard_, pgathered_, pgrad_, pgrad_shard_, pparam_;
+  std::vector<float> pshard_, pgathered_, pgrad_, pgrad_shard_;
   std::vector<std::uint32_t> words_mine_, words_all_;
   std::vector<std::uint32_t> loaded_;  // a load's "sparse.mask", until "sparse.progress"
   int first_ = -1;
   std::shared_ptr<void> packed_opt_;
+  std::size_t packed_opt_bytes_ = 0;
   const std::type_info* packed_type_ = nullptr;
 };
 
@@ -739,6 +864,13 @@ struct sparse {
                           const settings& c) {
     c.check();
     return sparsify(Base::step_plan(l, s, p), shard::masked_counts(l, c));
+  }
+  /// The plan of a step of kind k under settings c (every unit held), local ops included:
+  /// what the engine fires (sparse_kind_plan).
+  static plan kind_plan(const flat_layout& l, const mesh_shape& s, const precision& p,
+                        const settings& c, const sparse_step_kind& k) {
+    return sparse_kind_plan(step_plan(l, s, p), sparse_plan(l, s, p, c), shard::masked_counts(l, c),
+                            l, s.shards, k);
   }
 };
 

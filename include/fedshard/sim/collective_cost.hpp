@@ -102,6 +102,9 @@ constexpr double ring_steps(comm_kind k, int n) noexcept {
     case comm_kind::send_recv:
     case comm_kind::send:
     case comm_kind::recv: return 1;
+    case comm_kind::pack:
+    case comm_kind::unpack:
+    case comm_kind::zero: return 0;  // local: no ring
   }
   return 0;
 }
@@ -225,7 +228,10 @@ inline collective_cost hierarchical_cost(comm_kind k, double bytes, const comm_s
       break;
     case comm_kind::send_recv:
     case comm_kind::send:
-    case comm_kind::recv: break;
+    case comm_kind::recv:
+    case comm_kind::pack:
+    case comm_kind::unpack:
+    case comm_kind::zero: break;
   }
   r.algorithm = collective_algorithm::hierarchical;
   return r;

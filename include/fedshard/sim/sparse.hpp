@@ -3,23 +3,18 @@
 /// runs: each step is one of a few kinds, priced by price_plans with that kind's step plan,
 /// and the run's price is their mix over its steps.
 ///
-/// Step t (from 0) of a run under settings c, as sparse_runtime::begin_step composes it:
-///  - its reductions are packed (sparse_plan's ops) once a mask exists (t >= dense_steps)
-///    unless it is a dense one (dense_every N > 0 and (t + 1) % N == 0), else Base's;
-///  - its gathers (the acquire ops) are packed when step t - 1's update was a masked one and
-///    no federation sync wrote the master after it (the trainer then invalidates the copies),
-///    else Base's;
-///  - the mask exchange (mask_plan's op, shard::mask_exchange) issued after step t - 1's
-///    optimizer step when a refresh was due (t >= dense_steps and (t - dense_steps) %
-///    refresh_period == 0) runs on the rank's channel ahead of step t's first gather: it is
-///    priced as an overlappable op of step t's first forward acquire, before that gather.
+/// Step t (from 0) of a run is of the kind shard::sparse_kind_in_run says (the definition the
+/// run-time object uses too), the master counted as written after step t - 1 when a
+/// federation sync applied after it; it runs the policy's plan of that kind (kind_plan). The
+/// mask exchange (shard::mask_exchange) issued after step t - 1's optimizer step runs on the
+/// rank's channel ahead of step t's first gather: it is priced as an overlappable op of step
+/// t's first forward acquire, before that gather.
 /// Bytes are the plans' wire bytes, so a run's bytes per rank are what the trainer's wire tap
 /// records (run_wire_bytes adds the exchange issued after the run's last step).
 ///
 /// Not modelled: the mask's top-k (host nth_element over each shard, every refresh), the
-/// pack/unpack passes and the packed optimizer (O(sum k_u) per step): shard::sparse runs on
-/// host memory only and the simulator has no model of its host loops, so they cost nothing
-/// here; nor the memory of the full parameter copy each rank keeps.
+/// plan's local ops (pack, unpack, zero: O(k_u) or O(shard) element copies on the firing's
+/// stream, left out of the priced plan) and the packed optimizer (O(sum k_u) per step).
 
 #include <cmath>
 #include <cstddef>
@@ -37,32 +32,15 @@
 
 namespace fedshard::sim {
 
-/// What step t of a sparse run carries (see the file comment).
-struct sparse_step_kind {
-  bool packed_gathers = false;
-  bool packed_reductions = false;
-  bool mask_exchange = false;  ///< the exchange issued after the previous step runs first
-  friend auto operator<=>(const sparse_step_kind&, const sparse_step_kind&) = default;
-};
+using shard::sparse_step_kind;
 
-/// True when step t's reductions are packed under settings c.
-inline bool sparse_reduces_packed(const shard::sparse_settings& c, std::int64_t t) {
-  return t >= c.dense_steps && !(c.dense_every > 0 && (t + 1) % c.dense_every == 0);
-}
-
-/// True when a mask is computed (and its exchange issued) after step t under settings c.
-inline bool sparse_refreshes_after(const shard::sparse_settings& c, std::int64_t t) {
-  const std::int64_t after = t + 1 - c.dense_steps;
-  return after >= 0 && after % c.refresh_period == 0;
-}
-
-/// Base's step plan `dense` with its acquire ops from `packed` when packed_gathers and its
-/// other ops from it when packed_reductions (op for op, as sparse_runtime::begin_step), the
-/// mask exchange `mask` first when the kind carries it.
-inline plan sparse_step_plan(const plan& dense, const plan& packed, const comm_op& mask,
-                             const sparse_step_kind& k) {
-  FEDSHARD_EXPECTS(dense.ops.size() == packed.ops.size(), "sim: shard::sparse's packed plan has ",
-                   packed.ops.size(), " ops, its base plan ", dense.ops.size());
+/// The plan a step of kind k runs (the policy's, shard::sparse::kind_plan) with the mask
+/// exchange `mask` first when the kind carries it, placed as the simulator prices it: an
+/// overlappable op of the first forward acquire (see the file comment).
+template <class P>
+plan priced_step_plan(const flat_layout& l, const mesh_shape& s, const shard::precision& p,
+                      const shard::sparse_settings& c, const comm_op& mask,
+                      const sparse_step_kind& k) {
   plan out;
   if (k.mask_exchange) {
     comm_op m = mask;
@@ -72,11 +50,8 @@ inline plan sparse_step_plan(const plan& dense, const plan& packed, const comm_o
     m.overlappable = true;
     out.ops.push_back(m);
   }
-  for (std::size_t i = 0; i < dense.ops.size(); ++i) {
-    const bool gather = dense.ops[i].trigger == trigger::acquire;
-    out.ops.push_back((gather ? k.packed_gathers : k.packed_reductions) ? packed.ops[i]
-                                                                        : dense.ops[i]);
-  }
+  for (comm_op& op : P::kind_plan(l, s, p, c, k).ops)
+    if (!local(op.kind)) out.ops.push_back(std::move(op));  // not calls (file comment)
   return out;
 }
 
@@ -153,7 +128,8 @@ struct sparse_run_price {
   double run_step_wire_bytes(axis a) const {
     double b = 0;
     for (const auto& k : kinds) b += static_cast<double>(k.count) * k.price[a].step_bytes;
-    if (a == axis::shard && sparse_refreshes_after(settings, steps - 1)) b += mask_wire_bytes;
+    if (a == axis::shard && shard::sparse_refreshes_after(settings, steps - 1))
+      b += mask_wire_bytes;
     return b;
   }
   /// Tokens per second per GPU over the run.
@@ -178,9 +154,8 @@ sparse_run_price price_sparse(const std::string& name, const algorithm_options<A
   FEDSHARD_EXPECTS(steps >= 1, "sim::price_sparse: steps must be >= 1, found ", steps);
   const algorithm_desc a = describe<A>(name, o);
   const flat_layout layout = a.layout(units, shape);
-  const plan dense = P::step_plan(layout, shape, po.precision);
-  const plan packed = P::sparse_plan(layout, shape, po.precision, settings);
   const comm_op mask = shard::mask_exchange(layout.total_shard_numel(), shape);
+  const bool packable = shard::sparse_gathers_packable(P::step_plan(layout, shape, po.precision));
 
   sparse_run_price out;
   out.algorithm = name;
@@ -195,15 +170,13 @@ sparse_run_price price_sparse(const std::string& name, const algorithm_options<A
     if (t > 0 && a.syncs())
       for (int f = 0; f < a.fragments(); ++f)
         synced = synced || schedule::applies(a.action(f, t - 1, steps));
-    const sparse_step_kind k{
-        .packed_gathers = t > 0 && sparse_reduces_packed(settings, t - 1) && !synced,
-        .packed_reductions = sparse_reduces_packed(settings, t),
-        .mask_exchange = t > 0 && sparse_refreshes_after(settings, t - 1)};
-    if (sparse_refreshes_after(settings, t)) ++out.mask_exchanges;
+    const sparse_step_kind k = shard::sparse_kind_in_run(settings, t, synced, packable);
+    if (shard::sparse_refreshes_after(settings, t)) ++out.mask_exchanges;
     auto [it, fresh] = at.emplace(k, out.kinds.size());
     if (fresh) {
-      const algorithm_desc ak(name, std::make_shared<const detail::fixed_step_model<A>>(
-                                        o, sparse_step_plan(dense, packed, mask, k)));
+      const algorithm_desc ak(
+          name, std::make_shared<const detail::fixed_step_model<A>>(
+                    o, priced_step_plan<P>(layout, shape, po.precision, settings, mask, k)));
       out.kinds.push_back(
           {k, 0, price_plans(ak, units, shape, c, compute_seconds, tokens_per_gpu, po)});
     }

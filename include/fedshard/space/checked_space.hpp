@@ -60,6 +60,7 @@
 #include "fedshard/error.hpp"
 #include "fedshard/kernels/cast.hpp"
 #include "fedshard/kernels/for_each.hpp"
+#include "fedshard/kernels/index.hpp"
 #include "fedshard/space/caching_allocator.hpp"
 #include "fedshard/space/host_space.hpp"
 #include "fedshard/space/memory_space.hpp"
@@ -592,6 +593,17 @@ class checked_space {
     queue(s, "for_each", {block_of(spans.data(), spans.size_bytes(), what, "array", false)...},
           [f = std::move(f), n, spans...] { kernels::for_each_element(f, n, spans.data()...); });
   }
+  /// Queues out[j] = in[idx[j] - base] for j < idx.size() (kernels::gather_index; an index
+  /// out of range fails the stream); in, idx and out are buffers of the space.
+  void gather_index(stream& st, std::span<const float> in, std::span<const std::uint32_t> idx,
+                    std::uint32_t base, std::span<float> out) {
+    queue_index(st, in, idx, base, out, "gather_index", out.size());
+  }
+  /// Queues out[idx[j] - base] = in[j] for j < idx.size() (kernels::scatter_index).
+  void scatter_index(stream& st, std::span<const float> in, std::span<const std::uint32_t> idx,
+                     std::uint32_t base, std::span<float> out) {
+    queue_index(st, in, idx, base, out, "scatter_index", in.size());
+  }
 
   /// Queues f() on st, run by its worker in order like a kernel (as cudaLaunchHostFunc does);
   /// an exception it throws fails the stream. f must not use the space. `what` names it in
@@ -635,6 +647,25 @@ class checked_space {
   /// The block of a live buffer of this space that holds [data, data + bytes) (nullptr for no
   /// bytes, or for host memory where host_ok); throws invalid_argument for memory of a
   /// released buffer, past the end of a buffer, or outside the space where !host_ok.
+  void queue_index(stream& st, std::span<const float> in, std::span<const std::uint32_t> idx,
+                   std::uint32_t base, std::span<float> out, std::string_view kind,
+                   std::size_t packed) {
+    const std::string what = fedshard::detail::concat("checked_space::", kind);
+    FEDSHARD_EXPECTS(idx.size() == packed, what, ": expected as many indices as packed elements (",
+                     packed, "), found ", idx.size());
+    detail::stream_state& s = state_of(st, what);
+    const bool gather = kind == "gather_index";
+    queue(s, std::string(kind),
+          {block_of(in.data(), in.size_bytes(), what, "input", false),
+           block_of(idx.data(), idx.size_bytes(), what, "indices", false),
+           block_of(out.data(), out.size_bytes(), what, "output", false)},
+          [in, idx, base, out, gather] {
+            if (gather)
+              kernels::gather_index(in, idx, base, out);
+            else
+              kernels::scatter_index(in, idx, base, out);
+          });
+  }
   const void* block_of(const void* data, std::size_t bytes, std::string_view what,
                        std::string_view role, bool host_ok) const {
     if (bytes == 0) return nullptr;

@@ -14,6 +14,7 @@
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/kernels/cast.hpp"
 #include "fedshard/kernels/for_each.hpp"
+#include "fedshard/kernels/index.hpp"
 #include "fedshard/space/caching_allocator.hpp"
 #include "fedshard/space/memory_space.hpp"
 
@@ -91,6 +92,16 @@ class host_space {
   void for_each(stream&, F f, std::span<T>... spans) {
     const std::size_t n = space::detail::common_size("host_space::for_each", spans...);
     kernels::for_each_element(f, n, spans.data()...);
+  }
+  /// out[j] = in[idx[j] - base] for j < idx.size() (kernels::gather_index).
+  void gather_index(stream&, std::span<const float> in, std::span<const std::uint32_t> idx,
+                    std::uint32_t base, std::span<float> out) {
+    kernels::gather_index(in, idx, base, out);
+  }
+  /// out[idx[j] - base] = in[j] for j < idx.size() (kernels::scatter_index).
+  void scatter_index(stream&, std::span<const float> in, std::span<const std::uint32_t> idx,
+                     std::uint32_t base, std::span<float> out) {
+    kernels::scatter_index(in, idx, base, out);
   }
 
  private:

@@ -23,7 +23,11 @@
 ///  5. Kernels, queued on a stream: `s.cast(st, in, out)` (kernels/cast.hpp's conversion),
 ///     `s.fill(st, out, value)`, and `s.for_each(st, f, spans...)`: f(s0[i], s1[i], ...) for
 ///     every i, for an element functor of kernels/ (FEDSHARD_HOST_DEVICE; float& for the spans
-///     it updates, float for the std::span<const float> it reads; every span of one size).
+///     it updates, float for the std::span<const float> it reads; every span of one size);
+///     `s.gather_index(st, in, idx, base, out)` and `s.scatter_index(st, in, idx, base, out)`:
+///     out[j] = in[idx[j] - base] and out[idx[j] - base] = in[j] for j < idx.size()
+///     (kernels/index.hpp; in std::span<const float>, idx std::span<const std::uint32_t>, out
+///     std::span<float>, all in the space's memory; idx as long as the packed side).
 /// Errors are fedshard::invalid_argument for bad arguments, backend_error for failures of the
 /// space's runtime.
 
@@ -129,7 +133,8 @@ struct assign_update {
 template <class S>
 concept MemorySpace = requires(S& s, const S& cs, typename S::stream& st,
                                const typename S::event& ev, const_buffer_view in, buffer_view out,
-                               std::size_t n, std::span<float> a, std::span<const float> b) {
+                               std::size_t n, std::span<float> a, std::span<const float> b,
+                               std::span<const std::uint32_t> ix) {
   { S::name } -> std::convertible_to<std::string_view>;
   { S::host_accessible } -> std::convertible_to<bool>;
   { s.template allocate<float>(n) } -> std::same_as<typename S::template buffer<float>>;
@@ -146,6 +151,8 @@ concept MemorySpace = requires(S& s, const S& cs, typename S::stream& st,
   s.cast(st, in, out);
   s.fill(st, out, 0.0);
   s.for_each(st, assign_update{}, a, b);
+  s.gather_index(st, b, ix, std::uint32_t{0}, a);
+  s.scatter_index(st, b, ix, std::uint32_t{0}, a);
 }
 &&std::copyable<typename S::event>&& std::movable<typename S::stream>&&
     std::default_initializable<typename S::event>;

@@ -158,14 +158,15 @@ using fl_hsdp_int8 =
     algorithm<shard::with_gather_codec<shard::hybrid_shard, codec::int8_block>, federation::average,
               schedule::periodic, defaults<schedule::periodic::config{.period = 8}>>;
 
-/// SCAPE (arXiv 2607.01678): FSDP whose reduce_scatters and gathers carry only the elements of
-/// a mask agreed from the optimizer's first moments (shard::sparse; density, refresh period
-/// and dense warm-up in trainer_options::shard). Host memory only. Its steps run different
+/// SCAPE (arXiv 2607.01678): FSDP whose reduce_scatters carry only the elements of a mask
+/// agreed from the optimizer's first moments (shard::sparse; density, refresh period and
+/// dense warm-up in trainer_options::shard); its gathers are FSDP's (no gathered copy is kept
+/// between steps). Host memory only. Its steps run different
 /// plans by its settings, so the simulator prices a run of it (sim::price_sparse), not a step.
 using scape_fsdp =
     algorithm<shard::sparse<shard::full_shard>, federation::none, schedule::every_step>;
 /// SCAPE inside each group of FL+FSDP: parameters averaged across groups every K steps (K = 8
-/// unless told otherwise); the gathers after a sync are dense.
+/// unless told otherwise).
 using fl_scape_fsdp =
     algorithm<shard::sparse<shard::full_shard>, federation::average, schedule::periodic,
               defaults<schedule::periodic::config{.period = 8}>>;
