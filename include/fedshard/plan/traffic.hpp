@@ -29,18 +29,9 @@ namespace fedshard {
 
 /// The collective a comm_op's kind runs (point-to-point kinds are none: all_reduce, unused).
 constexpr collective collective_of(comm_kind k) noexcept {
-  switch (k) {
-    case comm_kind::all_gather: return collective::all_gather;
-    case comm_kind::reduce_scatter: return collective::reduce_scatter;
-    case comm_kind::broadcast: return collective::broadcast;
-    case comm_kind::all_reduce:
-    case comm_kind::send_recv:
-    case comm_kind::send:
-    case comm_kind::recv:
-    case comm_kind::pack:
-    case comm_kind::unpack:
-    case comm_kind::zero: break;
-  }
+  if (k == comm_kind::all_gather) return collective::all_gather;
+  if (k == comm_kind::reduce_scatter) return collective::reduce_scatter;
+  if (k == comm_kind::broadcast) return collective::broadcast;
   return collective::all_reduce;
 }
 
