@@ -137,6 +137,7 @@
 #include "fedshard/comm/request.hpp"
 #include "fedshard/comm/signed_store.hpp"
 #include "fedshard/core/dtype.hpp"
+#include "fedshard/core/mix.hpp"
 #include "fedshard/core/reduce_op.hpp"
 #include "fedshard/error.hpp"
 
@@ -297,19 +298,13 @@ class bounded_store final : public gloo::store {
   std::shared_ptr<gloo::store> inner_;
 };
 
-inline std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 /// A fresh incarnation token: never 0 (0 means "any incarnation" to a watcher).
 inline std::uint64_t new_token(const void* salt) {
   std::random_device rd;
   std::uint64_t t = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
-  t ^= mix(static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
-  t ^= mix(static_cast<std::uint64_t>(::getpid()) ^ reinterpret_cast<std::uintptr_t>(salt));
+  t ^= mix64(
+      static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  t ^= mix64(static_cast<std::uint64_t>(::getpid()) ^ reinterpret_cast<std::uintptr_t>(salt));
   return t == 0 ? 1 : t;
 }
 

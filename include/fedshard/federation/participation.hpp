@@ -37,6 +37,7 @@
 
 #include "fedshard/comm/detail/reduction.hpp"
 #include "fedshard/core/dtype.hpp"
+#include "fedshard/core/mix.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/kernels/cast.hpp"
 #include "fedshard/plan/interpreter.hpp"
@@ -60,16 +61,6 @@ inline void check(const participation& p) {
                    p.min_groups);
 }
 
-namespace detail {
-/// splitmix64's finaliser.
-inline std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-}  // namespace detail
-
 /// The participation sample of round `round` among `candidates` (ascending): a seeded
 /// shuffle, the first k, ascending.
 inline std::vector<int> sample_of(std::vector<int> candidates, const participation& p,
@@ -79,9 +70,9 @@ inline std::vector<int> sample_of(std::vector<int> candidates, const participati
   if (p.fraction >= 1.0 || n == 0) return candidates;
   int k = static_cast<int>(std::ceil(p.fraction * n - 1e-9));
   k = std::clamp(std::max(k, p.min_groups), std::min(1, n), n);
-  std::uint64_t s = detail::mix(p.seed ^ detail::mix(static_cast<std::uint64_t>(round)));
+  std::uint64_t s = mix64(p.seed ^ mix64(static_cast<std::uint64_t>(round)));
   for (int i = n - 1; i > 0; --i) {
-    s = detail::mix(s);
+    s = mix64(s);
     std::swap(candidates[static_cast<std::size_t>(i)],
               candidates[static_cast<std::size_t>(s % static_cast<std::uint64_t>(i + 1))]);
   }
