@@ -12,9 +12,13 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "fedshard/comm/elastic.hpp"
@@ -251,6 +255,78 @@ TEST_CASE_FIXTURE(
   fail_on_each(seen);
   CHECK(sink.has("rejected group 1 in round 0: 1 non-finite value(s)"));
   CHECK(sink.has("rejected group 3 in round 1: update norm"));
+}
+
+TEST_CASE_FIXTURE(
+    store_and_log,
+    "elastic: a restart's ranks join one round together, never beside a dead rank's arrival") {
+  // Group 1 (2 ranks) dies in round 1 after its rank 1 arrived (its rank 0 had not) and
+  // restarts at once: the new rank 0 arrives while the dead rank 1's arrival is still in the
+  // store, the new rank 1 arrives 1 s later. The round must wait for the new rank 1 (the old
+  // arrival is stale: another incarnation's token), then take group 1 as a joiner on both
+  // ranks. Deciding at the new rank 0's arrival would make group 1 a member on rank 0 only:
+  // its rank 1 would miss round 1 and every later one (its rank 0 waits for it in the group).
+  const int G = 2, L = 2;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool old_arrived = false, new_built = false;
+  auto signal = [&](bool& flag) {
+    std::lock_guard lock(mu);
+    flag = true;
+    cv.notify_all();
+  };
+  auto await = [&](bool& flag) {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return flag; });
+  };
+  auto seen = ft::on_threads(G * L, [&](int id) {
+    const int g = id / L, l = id % L;
+    std::vector<std::string> out;
+    auto o = ft::elastic_options(sink, 5.0);
+    if (g == 1 && l == 1)
+      o.on_phase = [](std::string_view phase, std::int64_t e) {
+        if (phase == "arrived" && e == 1) throw std::runtime_error("killed after arriving");
+      };
+    auto lk = std::make_unique<el::link>(st, G, g, L, l, o);
+    float v = static_cast<float>(g + 1);
+    lk->begin_round(0);
+    lk->all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
+    if (v != 1.5f) out.push_back(concat("round 0 mean ", v));
+    if (g == 1) {
+      if (l == 1) {
+        try {
+          lk->begin_round(1);
+          out.push_back("the old rank 1 was not killed");
+        } catch (const std::runtime_error&) {
+        }
+        signal(old_arrived);
+      } else {
+        await(old_arrived);  // the old rank 0 dies without arriving
+      }
+      lk.reset();
+      if (l == 1) {
+        lk = std::make_unique<el::link>(st, G, g, L, l, ft::elastic_options(sink, 5.0));
+        signal(new_built);
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+      } else {
+        await(new_built);
+        lk = std::make_unique<el::link>(st, G, g, L, l, ft::elastic_options(sink, 5.0));
+      }
+    }
+    const auto& r = lk->begin_round(g == 0 ? 1 : 0);
+    out.push_back(r.text());
+    v = static_cast<float>(g + 1);
+    lk->all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
+    if (v != 1.0f) out.push_back(concat("round 1 mean ", v, " (group 0's own: 1)"));
+    return out;
+  });
+  for (const auto& r : seen) {
+    REQUIRE(r.size() == 1);
+    CHECK(r[0] == seen[0][0]);
+  }
+  CHECK(seen[0][0].find("round 1 ") != std::string::npos);
+  CHECK(seen[0][0].find("members {0,1}, participants {0}, joiners {1}") != std::string::npos);
+  CHECK_FALSE(sink.has("missed round"));
 }
 
 TEST_CASE_FIXTURE(store_and_log, "elastic: bad settings are refused with what was expected") {

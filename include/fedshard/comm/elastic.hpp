@@ -24,7 +24,8 @@
 ///            `r<e>/arrive/<g>/<l>` = "<step> member|join <token>" (join: a restart, or a
 ///            rank that was in no round yet while rounds before e exist);
 ///   DECIDE   (leaders of non-joining groups) wait until every expected group has arrived
-///            with all its ranks, is dead, or options::join_timeout passed; expected: the
+///            with all its ranks (each under its rank's latest life token: an arrival a dead
+///            incarnation left is stale), is dead, or options::join_timeout passed; expected: the
 ///            previous round's members and arrivals, less the groups dropped there. The
 ///            first leader to finish writes `r<e>/decision` (create-if-absent: one decision
 ///            per round) and `latest` = e. Members: groups arrived with all ranks, with each
@@ -845,7 +846,7 @@ class link : public blocking_calls<link> {
         break;
       }
       // Decided without this incarnation: it joins the next round, waiting there.
-      log(detail::concat("fedshard elastic: group ", group_, " missed round ", e,
+      log(detail::concat("fedshard elastic: group ", group_, " link ", local_, " missed round ", e,
                          " (decided without it); it joins round ", e + 1));
       ever_member_ = false;
       e = e + 1;
@@ -983,7 +984,12 @@ class link : public blocking_calls<link> {
   }
 
   /// Group g's arrival in round e with all its ranks (their tokens appended to `tokens`;
-  /// a joiner when any rank arrived as one), or nothing.
+  /// a joiner when any rank arrived as one), or nothing. An arrival is stale, and the rank
+  /// not arrived, when its token is not the rank's life token: a dead incarnation arrived
+  /// and its restart has not yet (a decision mixing the two would count the group as a
+  /// member on its new ranks and not on the restarted one, which then misses every round
+  /// while the others wait for it inside the group). A restart writes its life keys when its
+  /// links are built, before any of its ranks syncs.
   std::optional<detail::arrival> arrived(std::int64_t e, int g,
                                          std::vector<std::uint64_t>& tokens) {
     std::optional<detail::arrival> first;
@@ -992,13 +998,27 @@ class link : public blocking_calls<link> {
       bool found = false;
       const auto v = st_->try_get(key(detail::concat("r", e, "/arrive/", g, "/", l)), found);
       const auto a = found ? detail::parse_arrival(v) : std::nullopt;
-      if (!a) return std::nullopt;
+      if (!a || stale(g, l, a->token)) return std::nullopt;
       if (l == 0) first = a;
       first->joins = first->joins || a->joins;  // one rank joining makes the group a joiner
       mine.push_back(a->token);
     }
     tokens.insert(tokens.end(), mine.begin(), mine.end());
     return first;
+  }
+
+  /// True when `token` is not the token of the incarnation of rank l of group g that wrote
+  /// its life key last. A life key that is missing (a store that lost its keys) or unreadable
+  /// stales nothing.
+  bool stale(int g, int l, std::uint64_t token) {
+    bool found = false;
+    const auto v = st_->try_get(key(detail::concat("life/", g, "/", l)), found);
+    if (!found) return false;
+    try {
+      return std::stoull(std::string(v.begin(), v.end())) != token;
+    } catch (const std::exception&) {
+      return false;
+    }
   }
 
   /// DECIDE of the file comment; first writer wins.
