@@ -26,6 +26,7 @@
 #include <cstring>
 #include <ctime>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "fedshard/codec/cast.hpp"
@@ -34,7 +35,9 @@
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/dtype.hpp"
 #include "fedshard/core/fp8.hpp"
+#include "fedshard/kernels/adamw.hpp"
 #include "fedshard/kernels/cast.hpp"
+#include "fedshard/kernels/dispatch.hpp"
 #include "fedshard/kernels/pack.hpp"
 
 namespace {
@@ -239,6 +242,39 @@ void bm_topk_decode_add(benchmark::State& state) {
   });
 }
 
+/// One AdamW step (kernels::adamw_step) against memcpy of the state it writes: the size
+/// argument is the bytes of param, exp_avg and exp_avg_sq together (3 x 4 bytes per element;
+/// the gradient is read besides). `loop` 0: adamw_step as the library runs it (the widest
+/// instruction set, hand-vectorised blocks); 1: the functor's loop compiled for AVX2 without
+/// the blocks (what adamw_step ran before them, scalar under -fmath-errno); 2: the portable
+/// loop.
+void bm_adamw(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t n = bytes / (3 * sizeof(float));
+  aligned_buffer<float> p = f32_inputs(n, 1.0f, 1), m = f32_inputs(n, 0.1f, 2);
+  const aligned_buffer<float> g = f32_inputs(n, 0.01f, 3);
+  aligned_buffer<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v.data()[i] = g.data()[i] * g.data()[i];
+  const auto s = kernels::make_adamw_scalars(1e-3, 0.9, 0.999, 1e-8, 0.01, 10);
+  const auto loop = state.range(1);
+  side_by_side(state, 3 * n * sizeof(float), [&] {
+    if (loop == 0) {
+      kernels::adamw_step(p.span(), std::span<const float>(g.span()), m.span(), v.span(), s);
+#if FEDSHARD_DISPATCH
+    } else if (loop == 1 && kernels::detected_isa() >= kernels::isa::avx2) {
+      kernels::detail::for_each_avx2(kernels::adamw_update{s}, n, p.data(), g.data(), m.data(),
+                                     v.data());
+#endif
+    } else {
+      kernels::for_each_element_on(kernels::isa::portable, kernels::adamw_update{s}, n, p.data(),
+                                   g.data(), m.data(), v.data());
+    }
+  });
+  state.SetLabel(loop == 0   ? std::string(kernels::to_string(kernels::active_isa())) + " blocks"
+                 : loop == 1 ? "avx2 functor loop"
+                             : "portable loop");
+}
+
 void sizes(benchmark::internal::Benchmark* b) {
   b->RangeMultiplier(4)->Range(64 << 10, 64 << 20)->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
@@ -271,6 +307,11 @@ BENCHMARK(bm_codec_decode_add<codec::cast<fp8_e4m3>>)->Name("fp8_decode_add")->A
 BENCHMARK(bm_codec_encode<codec::int8_block>)->Name("int8_block_encode")->Apply(f32_sizes);
 BENCHMARK(bm_codec_decode_add<codec::int8_block>)->Name("int8_block_decode_add")->Apply(f32_sizes);
 BENCHMARK(bm_topk_encode)->Name("topk_encode")->Apply(f32_sizes);
+BENCHMARK(bm_adamw)
+    ->Name("adamw")
+    ->ArgsProduct({{256 << 10, 4 << 20, 64 << 20}, {0, 1, 2}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(bm_topk_decode_add)->Name("topk_decode_add")->Apply(f32_sizes);
 
 }  // namespace

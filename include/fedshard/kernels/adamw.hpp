@@ -35,9 +35,12 @@
 /// correctly rounded (within 0.75 ulp; about 1 in 6 results differ by an ulp), so there
 /// torch's AdamW may differ from this one by an ulp in denom, and its params drift apart
 /// at that level; with an IEEE sqrt (replayed op by op in torch) the two agree bit for bit.
-/// The host loop picks a version with hardware fma at run time (kernels/dispatch.hpp); it
-/// vectorises only with -fno-math-errno (else the sqrt's errno branch stops it), which
-/// changes no result.
+/// The host loop picks a version with hardware fma at run time (kernels/dispatch.hpp). GCC
+/// vectorises the functor's loop only with -fno-math-errno (else the sqrt's errno branch
+/// stops it), so the AVX2 and AVX-512 versions run hand-vectorised blocks of 8 and 16
+/// elements (vector_blocks<adamw_update>): each lane runs the operations above in their order
+/// with the IEEE instructions (mul, sub, fmadd, sqrt, div, add), which gives the functor's
+/// bits at any flags; the last elements run through the functor.
 /// Compile without -ffast-math.
 
 #include <cmath>
@@ -48,6 +51,10 @@
 #include "fedshard/config.hpp"
 #include "fedshard/kernels/for_each.hpp"
 #include "fedshard/kernels/sgd.hpp"
+
+#if FEDSHARD_DISPATCH
+#include <immintrin.h>
+#endif
 
 namespace fedshard::kernels {
 
@@ -103,6 +110,55 @@ struct adamw_update {
     exp_avg_sq = v;
   }
 };
+
+#if FEDSHARD_DISPATCH
+/// The body of adamw_update's blocks of one instruction set (kernels/for_each.hpp):
+/// `name(f, n, p, g, m, v)` with the attributes `target`, on vectors of type `vec` of `width`
+/// floats, with the intrinsics whose names start with `pfx` (_mm256 or _mm512) and the
+/// square root `sqrt`. Each lane runs
+/// adamw_update's operations in its order; m takes the lerp branch adamw_update takes.
+#define FEDSHARD_DETAIL_ADAMW_BLOCKS(target, name, vec, width, pfx, sqrt)                        \
+  target static std::size_t name(const adamw_update& f, std::size_t n, float* p, const float* g, \
+                                 float* m, float* v) noexcept {                                  \
+    const adamw_scalars& s = f.s;                                                                \
+    const bool low = s.lerp_weight < 0.5f;                                                       \
+    const vec w = pfx##_set1_ps(low ? s.lerp_weight : s.lerp_weight - 1.0f);                     \
+    const vec decay = pfx##_set1_ps(s.decay), beta2 = pfx##_set1_ps(s.beta2);                    \
+    const vec one_minus_beta2 = pfx##_set1_ps(s.one_minus_beta2);                                \
+    const vec bc2 = pfx##_set1_ps(s.bias_correction2_sqrt), eps = pfx##_set1_ps(s.eps);          \
+    const vec neg_step = pfx##_set1_ps(s.neg_step_size);                                         \
+    std::size_t i = 0;                                                                           \
+    for (; i + (width) <= n; i += (width)) {                                                     \
+      const vec param = pfx##_loadu_ps(p + i), grad = pfx##_loadu_ps(g + i);                     \
+      const vec m0 = pfx##_loadu_ps(m + i), v0 = pfx##_loadu_ps(v + i);                          \
+      const vec d = pfx##_sub_ps(grad, m0);                                                      \
+      const vec mm = pfx##_fmadd_ps(w, d, low ? m0 : grad);                                      \
+      const vec vv =                                                                             \
+          pfx##_fmadd_ps(pfx##_mul_ps(one_minus_beta2, grad), grad, pfx##_mul_ps(v0, beta2));    \
+      const vec q = pfx##_add_ps(pfx##_div_ps(sqrt(vv), bc2), eps);                              \
+      pfx##_storeu_ps(p + i, pfx##_add_ps(pfx##_mul_ps(param, decay),                            \
+                                          pfx##_div_ps(pfx##_mul_ps(neg_step, mm), q)));         \
+      pfx##_storeu_ps(m + i, mm);                                                                \
+      pfx##_storeu_ps(v + i, vv);                                                                \
+    }                                                                                            \
+    return i;                                                                                    \
+  }
+
+// _mm512_sqrt_ps with every lane masked in: the same instruction, without GCC 12's
+// -Wmaybe-uninitialized on the unmasked intrinsic's undefined source operand.
+#define FEDSHARD_DETAIL_SQRT512(a) _mm512_mask_sqrt_ps((a), static_cast<__mmask16>(0xFFFF), (a))
+
+/// adamw_update's hand-vectorised blocks: 8 lanes (AVX2 + FMA), 16 (AVX-512).
+template <>
+struct vector_blocks<adamw_update> {
+  static constexpr bool defined = true;
+  FEDSHARD_DETAIL_ADAMW_BLOCKS(FEDSHARD_TARGET_AVX2, avx2, __m256, 8, _mm256, _mm256_sqrt_ps)
+  FEDSHARD_DETAIL_ADAMW_BLOCKS(FEDSHARD_TARGET_AVX512, avx512, __m512, 16, _mm512,
+                               FEDSHARD_DETAIL_SQRT512)
+};
+#undef FEDSHARD_DETAIL_SQRT512
+#undef FEDSHARD_DETAIL_ADAMW_BLOCKS
+#endif
 
 /// One AdamW step on a host shard; the four spans have the same size and do not overlap
 /// (not checked here: optim::adamw checks them).

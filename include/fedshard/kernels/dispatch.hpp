@@ -20,13 +20,13 @@
 /// Tests run every version the machine supports and compare the bits (tests/kernels/).
 ///
 /// Vector width: the loops of kernels without a square root vectorise in every version
-/// (16 floats wide in the AVX-512 one). A square root (adamw, fedadam, fedyogi) keeps its
-/// loop scalar under GCC's default -fmath-errno, since `std::sqrt` of a negative number
-/// must set errno: those versions run sqrtss and vfmadd one element at a time (no library
-/// call for the fma). A per-function `optimize("no-math-errno")` does not help (GCC 12
-/// decides errno for the whole translation unit and then refuses to inline the functor
-/// into the loop); a user who compiles with -fno-math-errno gets them vectorised, with the
-/// same bits.
+/// (16 floats wide in the AVX-512 one). A square root keeps GCC's loop scalar under its
+/// default -fmath-errno (`std::sqrt` of a negative number must set errno), and a
+/// per-function `optimize("no-math-errno")` does not help (GCC 12 keeps the errno branch of
+/// a sqrt inlined into such a loop). AdamW's loop therefore runs hand-vectorised blocks
+/// (kernels::vector_blocks, kernels/adamw.hpp) in the AVX2 and AVX-512 versions, with the
+/// same bits; the outer rules with a square root (fedadam, fedyogi) still run sqrtss one
+/// element at a time unless the user compiles with -fno-math-errno.
 ///
 /// On other architectures, with other compilers than GCC, in CUDA translation units or with
 /// FEDSHARD_NO_DISPATCH defined, only the portable version exists.

@@ -5,12 +5,28 @@
 ///
 /// The loop is compiled once per instruction set (kernels/dispatch.hpp) and runs the widest
 /// the CPU supports; every version gives the same bits.
+///
+/// Where the compiler cannot vectorise a functor's loop at the default flags (a square root:
+/// under GCC's default -fmath-errno its errno branch keeps the loop scalar), the functor's
+/// kernel declares hand-vectorised blocks by specialising vector_blocks<F>: the loop runs
+/// them first, then f on the elements they left. Each lane of a block must run f's
+/// operations in f's order with IEEE-exact instructions, so the bits stay the portable ones.
 
 #include <cstddef>
 
 #include "fedshard/kernels/dispatch.hpp"
 
 namespace fedshard::kernels {
+
+/// The hand-vectorised blocks of element functor F (see the file comment). A specialisation
+/// sets `defined` and provides, for the arrays of for_each_element,
+///   static std::size_t avx2(const F&, std::size_t n, T*... p)    (FEDSHARD_TARGET_AVX2)
+///   static std::size_t avx512(const F&, std::size_t n, T*... p)  (FEDSHARD_TARGET_AVX512)
+/// each running f on a leading run of the n elements and returning its length.
+template <class F>
+struct vector_blocks {
+  static constexpr bool defined = false;
+};
 
 namespace detail {
 
@@ -39,6 +55,15 @@ FEDSHARD_TARGET_AVX512 inline void for_each_avx512(F f, std::size_t n, T*... p) 
 template <class F, class... T>
 inline void for_each_element_on(isa which, F f, std::size_t n, T*... p) noexcept {
 #if FEDSHARD_DISPATCH
+  if constexpr (vector_blocks<F>::defined) {
+    std::size_t done = 0;
+    if (which == isa::avx512 && detected_isa() >= isa::avx512)
+      done = vector_blocks<F>::avx512(f, n, p...);
+    else if (which >= isa::avx2 && detected_isa() >= isa::avx2)
+      done = vector_blocks<F>::avx2(f, n, p...);
+    n -= done;
+    ((p += done), ...);
+  }
   if (which == isa::avx512 && detected_isa() >= isa::avx512)
     return detail::for_each_avx512(f, n, p...);
   if (which >= isa::avx2 && detected_isa() >= isa::avx2) return detail::for_each_avx2(f, n, p...);
