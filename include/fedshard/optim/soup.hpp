@@ -45,6 +45,15 @@
 /// distribution). The diversity gradient needs the D of the whole model: each rank computes
 /// its shard's part (shard_distances), the group sums them over its shard axis, and every
 /// rank derives the same coefficients from the sum (regularizer).
+///
+/// Use, per round and local step s (0-based within the round):
+///   round start   start_round(round, master shard)
+///   before fwd    if maybe_add_member(s): reset the inner optimizer's state; w = weights(s);
+///                 interpolate(w, the parameters the engine gathers)
+///   after bwd     shard_distances(d); sum d over the group's shard axis (not its replicas);
+///                 add_regularizer_gradients(w, regularizer(d), the shard's gradient)
+///   opt step      the inner optimizer steps trained_member() with that gradient
+///   sync          average(the shard the federation policy sends)
 
 #include <algorithm>
 #include <array>
