@@ -14,6 +14,7 @@
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/shard/shard_policy.hpp"
 #include "fedshard/trainer/algorithm.hpp"
+#include "fedshard/trainer/local_rule.hpp"
 
 namespace fedshard {
 
@@ -41,6 +42,9 @@ struct trainer_options {
   std::optional<federation::screening> screening{};
   /// The shard policy's settings (shard::sparse's density, refresh period); none for most.
   shard::settings_of_t<typename A::shard_policy> shard{};
+  /// How a group trains between syncs beyond the inner step (trainer/local_rule.hpp: LSS's
+  /// local_soup_rule, ...); empty: the plain step. Host-readable memory spaces only.
+  local_rule_factory local_rule{};
   /// Where the trainer's log lines go (what a resharding load dropped or initialised), on
   /// every rank; empty = world rank 0 prints them to stderr.
   std::function<void(const std::string&)> log{};
@@ -55,6 +59,20 @@ inline comm_op world_mean_op(int world_size) {
           .bytes = 8,
           .ranks = world_size,
           .reduce = reduce_op::avg,
+          .in = {.role = role::value},
+          .out = {.role = role::value},
+          .overlappable = false};
+}
+
+/// The op of a local rule's sum over the group's shards (local_access::sum_over_shards): a
+/// sum all_reduce of n f64 (role value) over the shard axis of `shards` ranks.
+inline comm_op shard_sum_op(int shards, std::int64_t n) {
+  return {.kind = comm_kind::all_reduce,
+          .axis = axis::shard,
+          .dtype = dtype::f64,
+          .bytes = 8 * n,
+          .ranks = shards,
+          .reduce = reduce_op::sum,
           .in = {.role = role::value},
           .out = {.role = role::value},
           .overlappable = false};

@@ -43,6 +43,7 @@
 #include "fedshard/trainer/algorithm.hpp"
 #include "fedshard/trainer/checkpointer.hpp"
 #include "fedshard/trainer/diagnostics.hpp"
+#include "fedshard/trainer/local_rule.hpp"
 #include "fedshard/trainer/model.hpp"
 #include "fedshard/trainer/options.hpp"
 #include "fedshard/trainer/run_checkpoint.hpp"
@@ -108,6 +109,13 @@ class trainer final {
       for (std::size_t u = 0; u < engine_.layout().num_units(); ++u)
         if (engine_.holds(u)) engine_.set_unit(u, model_.initial_values(engine_.layout(), u));
     }
+    if (opts_.local_rule) {
+      FEDSHARD_EXPECTS(S::host_accessible,
+                       "trainer: a local rule (trainer_options::local_rule) "
+                       "runs on memory the host can read; this trainer's space is not");
+      local_ = opts_.local_rule(engine_.master().size());
+      FEDSHARD_EXPECTS(local_ != nullptr, "trainer: trainer_options::local_rule made no rule");
+    }
     register_state();
   }
 
@@ -143,11 +151,19 @@ class trainer final {
       started_ = true;
     }
     engine_.begin_step();
+    local_access local = local_access_now();
+    if (local_ && local_->before_forward(local)) engine_.parameters_changed();
     context_type ctx(hooks_, true, step_, engine_.topology().rank());
     const float loss = static_cast<float>(model_.forward_backward(ctx, batch));
     engine_.finish_backward();
     const float lr = opts_.lr_schedule ? opts_.lr_schedule(step_) : base_lr_;
-    engine_.optimizer_step(optimizer_, lr);
+    if (local_) {
+      synchronize();
+      local_->after_backward(local);
+      local_->optimizer_step(local, lr);
+    } else {
+      engine_.optimizer_step(optimizer_, lr);
+    }
     sync_.add_tokens(tokens_of(model_, batch));
     if constexpr (elastic_federation) {
       const std::string healed = federation::begin_elastic_round(
@@ -159,7 +175,10 @@ class trainer final {
     sync_.after_step(engine_.interp(), step_, opts_.total_steps, engine_.master(),
                      optimizer_.state(), compute);
     if constexpr (elastic_federation) engine_.topology().federation().federation_side().end_round();
-    if (sync_.syncs_applied() != syncs) engine_.parameters_changed();
+    if (sync_.syncs_applied() != syncs) {
+      engine_.parameters_changed();
+      if (local_) local_->parameters_changed();
+    }
     ++step_;
     return loss;
   }
@@ -323,8 +342,31 @@ class trainer final {
         [this](std::span<const float> live, std::span<float> h) { engine_.download(live, h); },
         [this](std::span<const float> h, std::span<float> live) { engine_.upload(h, live); });
     sync_.register_state(registry_, engine_.interp());
+    if (local_) local_->register_state(registry_);
     registry_.add_value({.name = "trainer.step"}, &step_);
     registry_.add_value({.name = "trainer.started"}, &started_);
+  }
+
+  /// What the local rule's hooks see now (trainer/local_rule.hpp); the host waits for the
+  /// compute stream first.
+  local_access local_access_now() {
+    if (!local_) return {};
+    synchronize();
+    return {.master = engine_.master(),
+            .grad = engine_.grad(),
+            .step = step_,
+            .optimizer_step =
+                [this](float lr) {
+                  engine_.optimizer_step(optimizer_, lr);
+                  synchronize();
+                },
+            .sum_over_shards =
+                [this](std::span<double> v) {
+                  const int shards = static_cast<int>(engine_.layout().shards());
+                  if (shards > 1)
+                    engine_.run(shard_sum_op(shards, static_cast<std::int64_t>(v.size())),
+                                {v.data(), v.size(), dtype::f64});
+                }};
   }
 
   /// What a save or load needs of this run (trainer/run_checkpoint.hpp).
@@ -357,6 +399,7 @@ class trainer final {
   detail::engine_hooks<engine_type, space_type> hooks_{engine_};  // the models' step contexts
   state_registry registry_;
   checkpoint::checkpointer checkpoints_{registry_};
+  std::unique_ptr<local_rule> local_;  // trainer_options::local_rule's, or none
 };
 
 }  // namespace fedshard
