@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -218,6 +219,21 @@ TEST_CASE("every outer rule gives the portable bits on every instruction set") {
     check_same_bits_on_every_isa([&] {
       auto a = a0, m = m0, v = v0;
       kernels::outer_fedyogi_step(a, d, m, v, adaptive);
+      return bytes_of(a, m, v);
+    });
+  }
+  SUBCASE("fedyogi where v equals d * d, and where d is NaN") {
+    // Every 5th element v == fl(d * d) (Yogi keeps v there), every 11th d is NaN (both
+    // comparisons false: v kept, the NaN reaches θ and m); both land in vector lanes and in
+    // the tail (kN = 4099).
+    auto dd = d, vv = v0;
+    for (std::size_t i = 0; i < kN; ++i) {
+      if (i % 5 == 0) vv[i] = dd[i] * dd[i];
+      if (i % 11 == 0) dd[i] = std::nanf("");
+    }
+    check_same_bits_on_every_isa([&] {
+      auto a = a0, m = m0, v = vv;
+      kernels::outer_fedyogi_step(a, dd, m, v, adaptive);
       return bytes_of(a, m, v);
     });
   }

@@ -52,10 +52,6 @@
 #include "fedshard/kernels/for_each.hpp"
 #include "fedshard/kernels/sgd.hpp"
 
-#if FEDSHARD_DISPATCH
-#include <immintrin.h>
-#endif
-
 namespace fedshard::kernels {
 
 /// The float scalars of one AdamW step, rounded as torch rounds them (see the file comment).
@@ -114,10 +110,9 @@ struct adamw_update {
 #if FEDSHARD_DISPATCH
 /// The body of adamw_update's blocks of one instruction set (kernels/for_each.hpp):
 /// `name(f, n, p, g, m, v)` with the attributes `target`, on vectors of type `vec` of `width`
-/// floats, with the intrinsics whose names start with `pfx` (_mm256 or _mm512) and the
-/// square root `sqrt`. Each lane runs
+/// floats, with the intrinsics whose names start with `pfx` (_mm256 or _mm512). Each lane runs
 /// adamw_update's operations in its order; m takes the lerp branch adamw_update takes.
-#define FEDSHARD_DETAIL_ADAMW_BLOCKS(target, name, vec, width, pfx, sqrt)                        \
+#define FEDSHARD_DETAIL_ADAMW_BLOCKS(target, name, vec, width, pfx)                              \
   target static std::size_t name(const adamw_update& f, std::size_t n, float* p, const float* g, \
                                  float* m, float* v) noexcept {                                  \
     const adamw_scalars& s = f.s;                                                                \
@@ -135,7 +130,7 @@ struct adamw_update {
       const vec mm = pfx##_fmadd_ps(w, d, low ? m0 : grad);                                      \
       const vec vv =                                                                             \
           pfx##_fmadd_ps(pfx##_mul_ps(one_minus_beta2, grad), grad, pfx##_mul_ps(v0, beta2));    \
-      const vec q = pfx##_add_ps(pfx##_div_ps(sqrt(vv), bc2), eps);                              \
+      const vec q = pfx##_add_ps(pfx##_div_ps(detail::sqrt_ps(vv), bc2), eps);                   \
       pfx##_storeu_ps(p + i, pfx##_add_ps(pfx##_mul_ps(param, decay),                            \
                                           pfx##_div_ps(pfx##_mul_ps(neg_step, mm), q)));         \
       pfx##_storeu_ps(m + i, mm);                                                                \
@@ -144,19 +139,13 @@ struct adamw_update {
     return i;                                                                                    \
   }
 
-// _mm512_sqrt_ps with every lane masked in: the same instruction, without GCC 12's
-// -Wmaybe-uninitialized on the unmasked intrinsic's undefined source operand.
-#define FEDSHARD_DETAIL_SQRT512(a) _mm512_mask_sqrt_ps((a), static_cast<__mmask16>(0xFFFF), (a))
-
 /// adamw_update's hand-vectorised blocks: 8 lanes (AVX2 + FMA), 16 (AVX-512).
 template <>
 struct vector_blocks<adamw_update> {
   static constexpr bool defined = true;
-  FEDSHARD_DETAIL_ADAMW_BLOCKS(FEDSHARD_TARGET_AVX2, avx2, __m256, 8, _mm256, _mm256_sqrt_ps)
-  FEDSHARD_DETAIL_ADAMW_BLOCKS(FEDSHARD_TARGET_AVX512, avx512, __m512, 16, _mm512,
-                               FEDSHARD_DETAIL_SQRT512)
+  FEDSHARD_DETAIL_ADAMW_BLOCKS(FEDSHARD_TARGET_AVX2, avx2, __m256, 8, _mm256)
+  FEDSHARD_DETAIL_ADAMW_BLOCKS(FEDSHARD_TARGET_AVX512, avx512, __m512, 16, _mm512)
 };
-#undef FEDSHARD_DETAIL_SQRT512
 #undef FEDSHARD_DETAIL_ADAMW_BLOCKS
 #endif
 

@@ -16,6 +16,10 @@
 
 #include "fedshard/kernels/dispatch.hpp"
 
+#if FEDSHARD_DISPATCH
+#include <immintrin.h>
+#endif
+
 namespace fedshard::kernels {
 
 /// The hand-vectorised blocks of element functor F (see the file comment). A specialisation
@@ -29,6 +33,18 @@ struct vector_blocks {
 };
 
 namespace detail {
+
+#if FEDSHARD_DISPATCH
+/// The IEEE square root of 8 or 16 lanes, for vector_blocks (the AVX-512 one with every lane
+/// masked in: the same instruction, without GCC 12's -Wmaybe-uninitialized on the unmasked
+/// intrinsic's undefined source operand).
+FEDSHARD_TARGET_AVX2 FEDSHARD_ALWAYS_INLINE inline __m256 sqrt_ps(__m256 a) noexcept {
+  return _mm256_sqrt_ps(a);
+}
+FEDSHARD_TARGET_AVX512 FEDSHARD_ALWAYS_INLINE inline __m512 sqrt_ps(__m512 a) noexcept {
+  return _mm512_mask_sqrt_ps(a, static_cast<__mmask16>(0xFFFF), a);
+}
+#endif
 
 template <class F, class... T>
 FEDSHARD_TARGET_PORTABLE inline void for_each_portable(F f, std::size_t n, T*... p) noexcept {

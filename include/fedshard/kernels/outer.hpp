@@ -47,7 +47,9 @@
 /// element reads only its own θ, d, m and v, so a shard split among objects evolves bit for
 /// bit as the whole. The fma and the separate roundings are explicit (kernels/sgd.hpp:
 /// fma_rn, mul_rn, add_rn, div_rn, sqrt_rn), so neither compiler flags nor host versus
-/// device change a bit. Compile without -ffast-math.
+/// device change a bit. FedAdam's and FedYogi's AVX2 and AVX-512 loops run hand-vectorised
+/// blocks (vector_blocks: GCC keeps a sqrt's loop scalar under its default -fmath-errno),
+/// each lane the same operations with IEEE instructions. Compile without -ffast-math.
 
 #include <cstddef>
 #include <span>
@@ -216,5 +218,79 @@ inline void outer_fedyogi_step(std::span<float> anchor, std::span<const float> d
   for_each_element(outer_fedyogi_update{s}, anchor.size(), anchor.data(), d.data(), m.data(),
                    v.data());
 }
+
+#if FEDSHARD_DISPATCH
+namespace detail {
+
+// FedAdam's and FedYogi's second moment v' on 8 or 16 lanes (the functors' v1; b2 = β2,
+// c2 = fl(1 − β2), d2 = fl(d·d)). Yogi's comparisons are ordered: a NaN lane keeps v.
+FEDSHARD_TARGET_AVX2 FEDSHARD_ALWAYS_INLINE inline __m256 adam_v(__m256 v0, __m256 d2, __m256 c2,
+                                                                 __m256 b2) noexcept {
+  return _mm256_fmadd_ps(d2, c2, _mm256_mul_ps(v0, b2));
+}
+FEDSHARD_TARGET_AVX512 FEDSHARD_ALWAYS_INLINE inline __m512 adam_v(__m512 v0, __m512 d2, __m512 c2,
+                                                                   __m512 b2) noexcept {
+  return _mm512_fmadd_ps(d2, c2, _mm512_mul_ps(v0, b2));
+}
+FEDSHARD_TARGET_AVX2 FEDSHARD_ALWAYS_INLINE inline __m256 yogi_v(__m256 v0, __m256 d2, __m256 c2,
+                                                                 __m256) noexcept {
+  const __m256 t = _mm256_mul_ps(c2, d2);
+  const __m256 r = _mm256_blendv_ps(v0, _mm256_sub_ps(v0, t), _mm256_cmp_ps(v0, d2, _CMP_GT_OQ));
+  return _mm256_blendv_ps(r, _mm256_add_ps(v0, t), _mm256_cmp_ps(v0, d2, _CMP_LT_OQ));
+}
+FEDSHARD_TARGET_AVX512 FEDSHARD_ALWAYS_INLINE inline __m512 yogi_v(__m512 v0, __m512 d2, __m512 c2,
+                                                                   __m512) noexcept {
+  const __m512 t = _mm512_mul_ps(c2, d2);
+  const __m512 r =
+      _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v0, d2, _CMP_GT_OQ), v0, _mm512_sub_ps(v0, t));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v0, d2, _CMP_LT_OQ), r, _mm512_add_ps(v0, t));
+}
+
+}  // namespace detail
+
+/// The body of FedAdam's or FedYogi's blocks (kernels/for_each.hpp): `name(f, n, theta, d,
+/// m, v)` with the attributes `target`, on vectors `vec` of `width` floats, with the
+/// intrinsics named `pfx`_... and the second moment `second` (adam_v or yogi_v). Each lane
+/// runs the functor's operations in its order: m' = fma(d, c1, fl(m·β1)), d2 = fl(d·d),
+/// v' = second, q = fl(fl(sqrt(v')) + τ), θ' = fma(fl(m' / q), -η, θ).
+#define FEDSHARD_DETAIL_ADAPTIVE_BLOCKS(target, name, vec, width, pfx, second)                  \
+  target static std::size_t name(const functor& f, std::size_t n, float* theta, const float* d, \
+                                 float* m, float* v) noexcept {                                 \
+    const outer_adaptive_scalars& s = f.s;                                                      \
+    const vec b1 = pfx##_set1_ps(s.beta1), c1 = pfx##_set1_ps(s.one_minus_beta1);               \
+    const vec b2 = pfx##_set1_ps(s.beta2), c2 = pfx##_set1_ps(s.one_minus_beta2);               \
+    const vec tau = pfx##_set1_ps(s.tau), neg_lr = pfx##_set1_ps(s.neg_lr);                     \
+    std::size_t i = 0;                                                                          \
+    for (; i + (width) <= n; i += (width)) {                                                    \
+      const vec th = pfx##_loadu_ps(theta + i), dd = pfx##_loadu_ps(d + i);                     \
+      const vec m1 = pfx##_fmadd_ps(dd, c1, pfx##_mul_ps(pfx##_loadu_ps(m + i), b1));           \
+      const vec v1 = detail::second(pfx##_loadu_ps(v + i), pfx##_mul_ps(dd, dd), c2, b2);       \
+      const vec q = pfx##_add_ps(detail::sqrt_ps(v1), tau);                                     \
+      pfx##_storeu_ps(theta + i, pfx##_fmadd_ps(pfx##_div_ps(m1, q), neg_lr, th));              \
+      pfx##_storeu_ps(m + i, m1);                                                               \
+      pfx##_storeu_ps(v + i, v1);                                                               \
+    }                                                                                           \
+    return i;                                                                                   \
+  }
+
+/// FedAdam's hand-vectorised blocks: 8 lanes (AVX2 + FMA), 16 (AVX-512).
+template <>
+struct vector_blocks<outer_fedadam_update> {
+  using functor = outer_fedadam_update;
+  static constexpr bool defined = true;
+  FEDSHARD_DETAIL_ADAPTIVE_BLOCKS(FEDSHARD_TARGET_AVX2, avx2, __m256, 8, _mm256, adam_v)
+  FEDSHARD_DETAIL_ADAPTIVE_BLOCKS(FEDSHARD_TARGET_AVX512, avx512, __m512, 16, _mm512, adam_v)
+};
+
+/// FedYogi's hand-vectorised blocks: 8 lanes (AVX2 + FMA), 16 (AVX-512).
+template <>
+struct vector_blocks<outer_fedyogi_update> {
+  using functor = outer_fedyogi_update;
+  static constexpr bool defined = true;
+  FEDSHARD_DETAIL_ADAPTIVE_BLOCKS(FEDSHARD_TARGET_AVX2, avx2, __m256, 8, _mm256, yogi_v)
+  FEDSHARD_DETAIL_ADAPTIVE_BLOCKS(FEDSHARD_TARGET_AVX512, avx512, __m512, 16, _mm512, yogi_v)
+};
+#undef FEDSHARD_DETAIL_ADAPTIVE_BLOCKS
+#endif
 
 }  // namespace fedshard::kernels

@@ -180,6 +180,19 @@ constexpr bool encoded(const comm_op& op) noexcept {
   return !op.codec.is_identity();
 }
 
+/// True when op changes nothing a reader of its output could see: a collective over one rank
+/// that moves f32 values as they are (no codec, no narrow dtype to round through, no member
+/// subset), whose output is its input (in place) or a buffer the same size that the reader
+/// may read in its place (a gather of an unsharded unit: the params are the shard). Such ops
+/// are elided when a shard engine builds its step plan.
+constexpr bool one_rank_identity(const comm_op& op) noexcept {
+  const bool collective = op.kind == comm_kind::all_reduce || op.kind == comm_kind::all_gather ||
+                          op.kind == comm_kind::reduce_scatter;
+  return collective && op.ranks == 1 && op.dtype == fedshard::dtype::f32 && !encoded(op) &&
+         op.members == 0 && op.in.count < 0 && op.out.count < 0 && op.in.offset == 0 &&
+         op.out.offset == 0;
+}
+
 /// The f32 elements each rank encodes for an encoded op: the whole buffer of an all_reduce,
 /// its block of an all_gather.
 constexpr std::int64_t codec_elements(const comm_op& op) noexcept {

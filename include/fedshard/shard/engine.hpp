@@ -100,7 +100,8 @@ class engine {
         owners_((owners.check(layout_, m.shape().groups), owners)),
         held_(owners_.held_by(m.coords().group, layout_.num_units())),
         offsets_(held_offsets(layout_, held_)),
-        plan_(only_held(step_plan_of<P>(layout_, m.shape(), prec_, settings))),
+        plan_(only_held(
+            without_one_rank_identities(step_plan_of<P>(layout_, m.shape(), prec_, settings)))),
         read_plan_(only_held(ops::read_units(layout_, m.shape()))),
         setup_plan_(layout_check_plan(axis::world, m.size())),
         interp_(m, *space_),
@@ -623,6 +624,16 @@ class engine {
     return all.subspan(offsets_[u], layout_.unit(u).shard_numel);
   }
   /// The ops of p on units this group holds.
+  /// p without the collectives over one rank that change nothing (one_rank_identity): a
+  /// group of one rank runs no per-step op, and an unsharded unit's params and gradients are
+  /// its shard's own buffers. A policy with run-time state composes its own plans from p and
+  /// keeps every op.
+  static plan without_one_rank_identities(plan p) {
+    if constexpr (has_runtime)
+      return p;
+    else
+      return p.select([](const comm_op& op) { return !one_rank_identity(op); });
+  }
   plan only_held(plan p) const {
     if (owners_.everyone()) return p;
     return p.select([&](const comm_op& op) {
