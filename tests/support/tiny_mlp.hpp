@@ -64,7 +64,9 @@ struct tiny_mlp {
   }
 
   /// Forward and backward over a batch through the hooks of E (shard::engine or a trainer's
-  /// step context); writes the batch-mean gradients and returns the mean loss.
+  /// step context); writes the batch-mean gradients and returns the mean loss. Backward
+  /// stops at the first unit from the top that takes no gradients (a zeroth-order unit: it
+  /// and the units below it get none).
   template <class E>
   float forward_backward(E& e, std::span<const sample> batch) const {
     const flat_layout& l = e.layout();
@@ -97,6 +99,8 @@ struct tiny_mlp {
     }
     float loss = 0;
     std::vector<float> dy(B * O), da1(B * H), da0(B * H);
+    const bool t2 = e.takes_gradients(2), t1 = t2 && e.takes_gradients(1),
+               t0 = t1 && e.takes_gradients(0);
     {
       auto p = e.acquire(2);
       auto w2 = l.tensor_view(p, 2, 0), b2 = l.tensor_view(p, 2, 1);
@@ -110,6 +114,7 @@ struct tiny_mlp {
         }
       // backward of the head: released after forward, acquired again for backward
       e.release(2);
+      if (!t2) return loss / static_cast<float>(B);
       p = e.acquire(2, phase::backward);
       w2 = l.tensor_view(p, 2, 0);
       auto g = e.grad_buffer(2);
@@ -126,6 +131,7 @@ struct tiny_mlp {
       e.release(2);
       e.grads_ready(2);
     }
+    if (!t1) return loss / static_cast<float>(B);
     {
       auto p = e.acquire(1, phase::backward);
       auto w1 = l.tensor_view(p, 1, 0);
@@ -143,6 +149,7 @@ struct tiny_mlp {
       e.release(1);
       e.grads_ready(1);
     }
+    if (!t0) return loss / static_cast<float>(B);
     {
       e.acquire(0, phase::backward);
       auto g = e.grad_buffer(0);

@@ -49,6 +49,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -79,20 +80,27 @@ class engine {
   /// Collective over the mesh's world: checks the policy against the mesh and the plan, the
   /// ownership against the layout and the mesh, and that every rank declared the same units.
   /// The space s outlives the engine.
+  /// `gradient_free`: names of units trained without gradients (zeroth-order: see
+  /// takes_gradients()).
   engine(mesh<C>& m, S& s, std::vector<unit_spec> units, precision prec = {},
-         const ownership& owners = {}, const settings_of_t<P>& settings = {})
-      : engine(m, space::space_ref<S>(s), std::move(units), prec, owners, settings) {}
+         const ownership& owners = {}, const settings_of_t<P>& settings = {},
+         const std::vector<std::string>& gradient_free = {})
+      : engine(m, space::space_ref<S>(s), std::move(units), prec, owners, settings, gradient_free) {
+  }
   /// With a space of its own (default-constructed S).
   engine(mesh<C>& m, std::vector<unit_spec> units, precision prec = {},
-         const ownership& owners = {}, const settings_of_t<P>& settings = {})
-      : engine(m, space::space_ref<S>::make(), std::move(units), prec, owners, settings) {}
+         const ownership& owners = {}, const settings_of_t<P>& settings = {},
+         const std::vector<std::string>& gradient_free = {})
+      : engine(m, space::space_ref<S>::make(), std::move(units), prec, owners, settings,
+               gradient_free) {}
 
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
 
  private:
   engine(mesh<C>& m, space::space_ref<S> sr, std::vector<unit_spec> units, precision prec,
-         const ownership& owners, const settings_of_t<P>& settings)
+         const ownership& owners, const settings_of_t<P>& settings,
+         const std::vector<std::string>& gradient_free)
       : mesh_(&m),
         space_(std::move(sr)),
         prec_((prec.check(), prec)),
@@ -100,8 +108,9 @@ class engine {
         owners_((owners.check(layout_, m.shape().groups), owners)),
         held_(owners_.held_by(m.coords().group, layout_.num_units())),
         offsets_(held_offsets(layout_, held_)),
-        plan_(only_held(
-            without_one_rank_identities(step_plan_of<P>(layout_, m.shape(), prec_, settings)))),
+        free_(units_named(layout_, gradient_free, "gradient-free unit")),
+        plan_(only_held(without_backward_of_free(
+            without_one_rank_identities(step_plan_of<P>(layout_, m.shape(), prec_, settings))))),
         read_plan_(only_held(ops::read_units(layout_, m.shape()))),
         setup_plan_(layout_check_plan(axis::world, m.size())),
         interp_(m, *space_),
@@ -151,6 +160,12 @@ class engine {
   const ownership& owners() const noexcept { return owners_; }
   /// True when this rank's group holds unit u (has storage for it).
   bool holds(std::size_t u) const { return u < held_.size() && held_[u]; }
+  /// True when unit u is trained with gradients. A gradient-free unit (named at
+  /// construction: a zeroth-order unit) has no backward gathers and no gradient reductions
+  /// in the plan and no full gradient buffer; a model skips its backward (and everything
+  /// below it that only it needs), and the hooks of its backward refuse it. Its part of
+  /// grad() stays zero.
+  bool takes_gradients(std::size_t u) const { return u < free_.size() && !free_[u]; }
   /// The comm_ops of one step (a policy with run-time state: of its dense steps; its
   /// runtime() has the others).
   const plan& step_plan() const noexcept { return plan_; }
@@ -392,6 +407,7 @@ class engine {
     check_unit(u);
     FEDSHARD_EXPECTS(ph == phase::forward || ph == phase::backward,
                      "acquire: the phase must be forward or backward, found ", to_string(ph));
+    if (ph == phase::backward) check_takes_gradients(u, "acquire for backward");
     if (ph == phase::backward) phase_ = phase::backward;
     ensure(u, ph);
     prefetch(u, ph);
@@ -420,13 +436,14 @@ class engine {
   /// for backward.
   void release(std::size_t u) {
     check_unit(u);
-    if (has_gather(u, phase::backward)) free(u);
+    if (has_gather(u, phase::backward) || free_[u]) free(u);  // a gradient-free unit: done
   }
 
   /// Unit u's full f32 gradient buffer (padded_numel, in the space's memory), zeroed on first
   /// use in a step; the model accumulates its gradients here, then calls grads_ready(u).
   std::span<float> grad_buffer(std::size_t u) {
     check_unit(u);
+    check_takes_gradients(u, "grad_buffer");
     auto& s = units_[u];
     FEDSHARD_EXPECTS(!s.reduced, "grad_buffer: unit ", u, " ('", layout_.unit(u).name,
                      "') was already reduced in this step");
@@ -448,6 +465,7 @@ class engine {
   buffer_view grad_buffer_as(std::size_t u, dtype t) {
     if (t == dtype::f32) return view(grad_buffer(u));
     check_unit(u);
+    check_takes_gradients(u, "grad_buffer_as");
     check_compute_dtype(t);
     auto& s = units_[u];
     FEDSHARD_EXPECTS(!s.reduced, "grad_buffer_as: unit ", u, " ('", layout_.unit(u).name,
@@ -473,6 +491,7 @@ class engine {
   /// over the group into grad_of(u) and overlap what the model does next.
   void grads_ready(std::size_t u) {
     check_unit(u);
+    check_takes_gradients(u, "grads_ready");
     auto& s = units_[u];
     FEDSHARD_EXPECTS(!s.reduced, "grads_ready: unit ", u, " ('", layout_.unit(u).name,
                      "') was already reduced in this step");
@@ -501,7 +520,7 @@ class engine {
   /// holds the step's averaged gradients for the work queued on it.
   void finish_backward() {
     for (std::size_t u = units_.size(); u-- > 0;)
-      if (held_[u] && !units_[u].reduced) grads_ready(u);
+      if (held_[u] && !free_[u] && !units_[u].reduced) grads_ready(u);
     space_->wait(reduce_, space_->record(compute_));
     interp_.join(
         interp_.fire(fired(), {.trigger = trigger::end_of_backward, .phase = phase::backward},
@@ -590,7 +609,7 @@ class engine {
     }
     for (std::size_t u = 0; u < units_.size(); ++u)
       FEDSHARD_EXPECTS(
-          !held_[u] || plans_[u].own_grad ||
+          !held_[u] || free_[u] || plans_[u].own_grad ||
               layout_.unit(u).shard_numel == layout_.unit(u).padded_numel,
           "the ", P::name, " plan reduces no gradient of unit ", u, " ('", layout_.unit(u).name,
           "') into its shard, so the model would write its gradients into the "
@@ -610,6 +629,12 @@ class engine {
     return plans_[u].gathers[phase_index(ph)];
   }
 
+  void check_takes_gradients(std::size_t u, std::string_view what) const {
+    FEDSHARD_EXPECTS(!free_[u], what, ": unit ", u, " ('", layout_.unit(u).name,
+                     "') is trained without gradients (a gradient-free unit): it has no backward "
+                     "and no gradient buffer; a model skips its backward when "
+                     "takes_gradients(u) is false");
+  }
   void check_unit(std::size_t u) const {
     FEDSHARD_EXPECTS(u < units_.size(), "unit index must be < ", units_.size(), ", found ", u);
     FEDSHARD_EXPECTS(held_[u], "unit ", u, " ('", layout_.unit(u).name, "') is not held by group ",
@@ -633,6 +658,34 @@ class engine {
       return p;
     else
       return p.select([](const comm_op& op) { return !one_rank_identity(op); });
+  }
+  /// p without the backward gathers and gradient reductions of gradient-free units.
+  plan without_backward_of_free(plan p) const {
+    return p.select([&](const comm_op& op) {
+      const bool backward = (op.trigger == trigger::acquire && op.phase == phase::backward) ||
+                            op.trigger == trigger::grads_ready;
+      return !(backward && op.unit >= 0 && free_.at(static_cast<std::size_t>(op.unit)));
+    });
+  }
+  /// By unit: true for the units of l named in `names` (each must name one; `what` says what
+  /// they are in the error).
+  static std::vector<bool> units_named(const flat_layout& l, const std::vector<std::string>& names,
+                                       std::string_view what) {
+    std::vector<bool> out(l.num_units(), false);
+    for (const auto& n : names) {
+      bool found = false;
+      for (std::size_t u = 0; u < l.num_units(); ++u)
+        if (l.unit(u).name == n) out[u] = found = true;
+      FEDSHARD_EXPECTS(found, "shard engine: no unit named '", n, "' for a ", what,
+                       "; the units are ", unit_names(l));
+    }
+    return out;
+  }
+  static std::string unit_names(const flat_layout& l) {
+    std::string s;
+    for (std::size_t u = 0; u < l.num_units(); ++u)
+      s += (u > 0 ? ", '" : "'") + l.unit(u).name + "'";
+    return s;
   }
   plan only_held(plan p) const {
     if (owners_.everyone()) return p;
@@ -784,6 +837,7 @@ class engine {
   ownership owners_;
   std::vector<bool> held_;            // by unit: this group holds it
   std::vector<std::size_t> offsets_;  // by unit: its shard's offset in master_ (then the size)
+  std::vector<bool> free_;            // by unit: trained without gradients (gradient_free)
   plan plan_;
   plan read_plan_;
   plan setup_plan_;

@@ -121,6 +121,8 @@ class unit_hooks {
   virtual buffer_view grad_buffer_as(std::size_t u, dtype t) = 0;
   /// True when this rank's group holds unit u (shard/ownership.hpp).
   virtual bool holds(std::size_t) const { return true; }
+  /// True when unit u is trained with gradients (false: a zeroth-order unit).
+  virtual bool takes_gradients(std::size_t) const { return true; }
 };
 
 /// unit_hooks over a shard engine (shard/engine.hpp): each hook is the engine's member of
@@ -142,6 +144,7 @@ class engine_hooks final : public unit_hooks<S> {
   }
   buffer_view grad_buffer_as(std::size_t u, dtype t) override { return e_->grad_buffer_as(u, t); }
   bool holds(std::size_t u) const override { return e_->holds(u); }
+  bool takes_gradients(std::size_t u) const override { return e_->takes_gradients(u); }
 
  private:
   Engine* e_;
@@ -208,6 +211,10 @@ class basic_step_context {
   /// True when this rank's group holds unit u: a unit it does not hold (an expert placed on
   /// other groups, shard/ownership.hpp) has no storage here, and every hook refuses it.
   bool holds(std::size_t u) const { return hooks_->holds(u); }
+  /// True when unit u is trained with gradients. A zeroth-order unit (a local rule's
+  /// gradient-free unit, trainer/local_rule.hpp) takes none: skip its backward, and that of
+  /// the units below it that only it would need; its backward hooks refuse it.
+  bool takes_gradients(std::size_t u) const { return hooks_->takes_gradients(u); }
   /// Unit u's padded parameters, gathered on first use if the unit was not acquired.
   std::span<const float> params(std::size_t u) { return hooks_->params(u); }
   /// Unit u's padded gradient buffer (zero at the start of the step).

@@ -64,6 +64,20 @@ inline comm_op world_mean_op(int world_size) {
           .overlappable = false};
 }
 
+/// The op of a local rule's group mean loss (local_access::loss): an average all_reduce of
+/// one f64 (role value) over the group of `ranks` ranks.
+inline comm_op group_mean_op(int ranks) {
+  return {.kind = comm_kind::all_reduce,
+          .axis = axis::group,
+          .dtype = dtype::f64,
+          .bytes = 8,
+          .ranks = ranks,
+          .reduce = reduce_op::avg,
+          .in = {.role = role::value},
+          .out = {.role = role::value},
+          .overlappable = false};
+}
+
 /// The op of a local rule's sum over the group's shards (local_access::sum_over_shards): a
 /// sum all_reduce of n f64 (role value) over the shard axis of `shards` ranks.
 inline comm_op shard_sum_op(int shards, std::int64_t n) {

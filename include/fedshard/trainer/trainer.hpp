@@ -17,6 +17,7 @@
 /// load, mean_over_world, parameters) then belong right after a sync (synced()), where every
 /// group's k-th sync pairs up, or after done().
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -90,8 +91,10 @@ class trainer final {
       : space_(make_space(m.world())),
         model_(std::move(model)),
         opts_(std::move(o)),
+        local_(make_local_rule(opts_)),
         engine_(m, *space_, model_.units(), opts_.precision,
-                federation::owners_of<federation_policy>(opts_.federation), opts_.shard),
+                federation::owners_of<federation_policy>(opts_.federation), opts_.shard,
+                local_ ? local_->gradient_free_units() : std::vector<std::string>{}),
         optimizer_(opt, engine_.master().size(), *space_),
         base_lr_(opt.lr),
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
@@ -109,13 +112,7 @@ class trainer final {
       for (std::size_t u = 0; u < engine_.layout().num_units(); ++u)
         if (engine_.holds(u)) engine_.set_unit(u, model_.initial_values(engine_.layout(), u));
     }
-    if (opts_.local_rule) {
-      FEDSHARD_EXPECTS(S::host_accessible,
-                       "trainer: a local rule (trainer_options::local_rule) "
-                       "runs on memory the host can read; this trainer's space is not");
-      local_ = opts_.local_rule(engine_.master().size());
-      FEDSHARD_EXPECTS(local_ != nullptr, "trainer: trainer_options::local_rule made no rule");
-    }
+    if (local_) local_->bind(local_setup_of());
     register_state();
   }
 
@@ -151,7 +148,7 @@ class trainer final {
       started_ = true;
     }
     engine_.begin_step();
-    local_access local = local_access_now();
+    local_access local = local_access_now(batch);
     if (local_ && local_->before_forward(local)) engine_.parameters_changed();
     context_type ctx(hooks_, true, step_, engine_.topology().rank());
     const float loss = static_cast<float>(model_.forward_backward(ctx, batch));
@@ -313,6 +310,8 @@ class trainer final {
   void synchronize() { space_->synchronize(engine_.compute_stream()); }
 
   const flat_layout& layout() const { return engine_.layout(); }
+  /// trainer_options::local_rule's rule (null without one).
+  local_rule* local() noexcept { return local_.get(); }
   /// The memory space of the trainer's buffers.
   space_type& space() { return *space_; }
   engine_type& engine() noexcept { return engine_; }
@@ -347,9 +346,67 @@ class trainer final {
     registry_.add_value({.name = "trainer.started"}, &started_);
   }
 
+  /// trainer_options::local_rule's rule, or none.
+  static std::unique_ptr<local_rule> make_local_rule(const options& o) {
+    if (!o.local_rule) return nullptr;
+    FEDSHARD_EXPECTS(S::host_accessible,
+                     "trainer: a local rule (trainer_options::local_rule) "
+                     "runs on memory the host can read; this trainer's space is not");
+    auto r = o.local_rule();
+    FEDSHARD_EXPECTS(r != nullptr, "trainer: trainer_options::local_rule made no rule");
+    return r;
+  }
+
+  /// Where this rank's master holds each unit (local_rule::bind).
+  local_setup local_setup_of() {
+    const auto& l = engine_.layout();
+    local_setup out;
+    out.master_size = engine_.master().size();
+    out.group = engine_.topology().coords().group;
+    const auto master = engine_.master();
+    std::uint64_t base = 0;
+    for (std::size_t u = 0; u < l.num_units(); ++u) {
+      const auto& ul = l.unit(u);
+      if (engine_.holds(u)) {
+        const std::size_t first =
+            l.shards() > 1 ? l.shard_of(u, engine_.topology().coords().shard).begin : 0;
+        const std::size_t real = first < ul.numel ? std::min(ul.shard_numel, ul.numel - first) : 0;
+        out.units.push_back(
+            {.name = ul.name,
+             .offset = static_cast<std::size_t>(engine_.master_of(u).data() - master.data()),
+             .count = real,
+             .element = base + first});
+      }
+      base += ul.numel;
+    }
+    return out;
+  }
+
+  /// The group's mean loss of `batch` at the current master (local_access::loss): the
+  /// model's evaluate, then a group average of one f64 through the interpreter.
+  template <class Batch>
+  double group_mean_loss(const Batch& batch) {
+    if constexpr (Evaluates<ModelT, Batch, space_type>) {
+      engine_.parameters_changed();
+      engine_.begin_step();
+      context_type ctx(hooks_, false, step_, engine_.topology().rank());
+      double loss = static_cast<double>(model_.evaluate(ctx, batch));
+      engine_.begin_step();  // frees what evaluation gathered
+      const auto& sh = engine_.topology().shape();
+      engine_.run(group_mean_op(sh.replicas * sh.shards), {&loss, 1, dtype::f64});
+      return loss;
+    } else {
+      throw invalid_argument(fedshard::detail::concat(
+          "fedshard: the local rule '", local_->name(),
+          "' asks for the step's loss, but the model has no evaluate(ctx, batch) (requirement "
+          "4 of the Model concept, trainer/model.hpp)"));
+    }
+  }
+
   /// What the local rule's hooks see now (trainer/local_rule.hpp); the host waits for the
   /// compute stream first.
-  local_access local_access_now() {
+  template <class Batch>
+  local_access local_access_now(const Batch& batch) {
     if (!local_) return {};
     synchronize();
     return {.master = engine_.master(),
@@ -366,7 +423,8 @@ class trainer final {
                   if (shards > 1)
                     engine_.run(shard_sum_op(shards, static_cast<std::int64_t>(v.size())),
                                 {v.data(), v.size(), dtype::f64});
-                }};
+                },
+            .loss = [this, &batch] { return group_mean_loss(batch); }};
   }
 
   /// What a save or load needs of this run (trainer/run_checkpoint.hpp).
@@ -390,6 +448,7 @@ class trainer final {
   std::unique_ptr<space_type> space_;  // first: every buffer below goes back to it
   ModelT model_;
   options opts_;
+  std::unique_ptr<local_rule> local_;  // trainer_options::local_rule's, or none
   engine_type engine_;
   optimizer_type optimizer_;
   float base_lr_;
@@ -399,7 +458,6 @@ class trainer final {
   detail::engine_hooks<engine_type, space_type> hooks_{engine_};  // the models' step contexts
   state_registry registry_;
   checkpoint::checkpointer checkpoints_{registry_};
-  std::unique_ptr<local_rule> local_;  // trainer_options::local_rule's, or none
 };
 
 }  // namespace fedshard
