@@ -33,6 +33,13 @@ namespace fs = std::filesystem;
 using trainer_t = trainer<mlp_model, fl_fsdp, optim::adamw, inproc::communicator>;
 const mesh_shape shape{2, 1, 2};  // 2 groups x 2 shards
 constexpr std::uint64_t kData = 5;
+/// A pool of three with both regularisers: member 1 joins after 1 local step, member 2 after 2.
+const optim::soup_config cfg{.pool_size = 3,
+                             .affinity = 1e-3f,
+                             .diversity = 1e-3f,
+                             .first_steps = 1,
+                             .add_every = 1,
+                             .seed = 4};
 
 /// Every rank's parameters, eval losses and bytes moved on the shard axis after a leg.
 struct leg_result {
@@ -90,12 +97,6 @@ TEST_CASE("local soup: one member without regularisers is the plain step, bit fo
 TEST_CASE("local soup: a pool of three trains, and every rank holds the soup after a sync") {
   // 9 steps syncing every 3 (after steps 2, 5, 8): a round of 3 local steps, the second
   // member joining after 1 step and the third after 2 (first_steps 1, add_every 1).
-  const optim::soup_config cfg{.pool_size = 3,
-                               .affinity = 1e-3f,
-                               .diversity = 1e-3f,
-                               .first_steps = 1,
-                               .add_every = 1,
-                               .seed = 4};
   const auto plain = leg(std::nullopt, 0, 9);
   const auto soup = leg(cfg, 0, 9);
   for (std::size_t r = 0; r < soup.params.size(); ++r) {
@@ -116,12 +117,6 @@ TEST_CASE("local soup: a pool of three trains, and every rank holds the soup aft
 
 TEST_CASE("local soup: the soup's state is saved and loaded bit-exactly, mid-round") {
   test::temp_dir dir("fedshard-soup");
-  const optim::soup_config cfg{.pool_size = 3,
-                               .affinity = 1e-3f,
-                               .diversity = 1e-3f,
-                               .first_steps = 1,
-                               .add_every = 1,
-                               .seed = 4};
   const auto straight = leg(cfg, 0, 10);
   (void)leg(cfg, 0, 4, {}, dir.path);  // stops after step 3: the round's second local step
   const auto resumed = leg(cfg, 4, 10, dir.path);

@@ -250,10 +250,11 @@ FEDSHARD_TARGET_AVX512 FEDSHARD_ALWAYS_INLINE inline __m512 yogi_v(__m512 v0, __
 
 /// The body of FedAdam's or FedYogi's blocks (kernels/for_each.hpp): `name(f, n, theta, d,
 /// m, v)` with the attributes `target`, on vectors `vec` of `width` floats, with the
-/// intrinsics named `pfx`_... and the second moment `second` (adam_v or yogi_v). Each lane
+/// intrinsics named `pfx`_..., in a class with the member `second(v0, d2, c2, b2)` (the second
+/// moment: adam_v or yogi_v). Each lane
 /// runs the functor's operations in its order: m' = fma(d, c1, fl(m·β1)), d2 = fl(d·d),
 /// v' = second, q = fl(fl(sqrt(v')) + τ), θ' = fma(fl(m' / q), -η, θ).
-#define FEDSHARD_DETAIL_ADAPTIVE_BLOCKS(target, name, vec, width, pfx, second)                  \
+#define FEDSHARD_DETAIL_ADAPTIVE_BLOCKS(target, name, vec, width, pfx)                          \
   target static std::size_t name(const functor& f, std::size_t n, float* theta, const float* d, \
                                  float* m, float* v) noexcept {                                 \
     const outer_adaptive_scalars& s = f.s;                                                      \
@@ -264,7 +265,7 @@ FEDSHARD_TARGET_AVX512 FEDSHARD_ALWAYS_INLINE inline __m512 yogi_v(__m512 v0, __
     for (; i + (width) <= n; i += (width)) {                                                    \
       const vec th = pfx##_loadu_ps(theta + i), dd = pfx##_loadu_ps(d + i);                     \
       const vec m1 = pfx##_fmadd_ps(dd, c1, pfx##_mul_ps(pfx##_loadu_ps(m + i), b1));           \
-      const vec v1 = detail::second(pfx##_loadu_ps(v + i), pfx##_mul_ps(dd, dd), c2, b2);       \
+      const vec v1 = second(pfx##_loadu_ps(v + i), pfx##_mul_ps(dd, dd), c2, b2);               \
       const vec q = pfx##_add_ps(detail::sqrt_ps(v1), tau);                                     \
       pfx##_storeu_ps(theta + i, pfx##_fmadd_ps(pfx##_div_ps(m1, q), neg_lr, th));              \
       pfx##_storeu_ps(m + i, m1);                                                               \
@@ -273,23 +274,31 @@ FEDSHARD_TARGET_AVX512 FEDSHARD_ALWAYS_INLINE inline __m512 yogi_v(__m512 v0, __
     return i;                                                                                   \
   }
 
-/// FedAdam's hand-vectorised blocks: 8 lanes (AVX2 + FMA), 16 (AVX-512).
-template <>
-struct vector_blocks<outer_fedadam_update> {
-  using functor = outer_fedadam_update;
+namespace detail {
+/// FedAdam's (Yogi false) or FedYogi's (Yogi true) hand-vectorised blocks: 8 lanes (AVX2 +
+/// FMA), 16 (AVX-512).
+template <class functor, bool Yogi>
+struct adaptive_blocks {
   static constexpr bool defined = true;
-  FEDSHARD_DETAIL_ADAPTIVE_BLOCKS(FEDSHARD_TARGET_AVX2, avx2, __m256, 8, _mm256, adam_v)
-  FEDSHARD_DETAIL_ADAPTIVE_BLOCKS(FEDSHARD_TARGET_AVX512, avx512, __m512, 16, _mm512, adam_v)
+  FEDSHARD_TARGET_AVX2 FEDSHARD_ALWAYS_INLINE static __m256 second(__m256 v0, __m256 d2, __m256 c2,
+                                                                   __m256 b2) noexcept {
+    return Yogi ? yogi_v(v0, d2, c2, b2) : adam_v(v0, d2, c2, b2);
+  }
+  FEDSHARD_TARGET_AVX512 FEDSHARD_ALWAYS_INLINE static __m512 second(__m512 v0, __m512 d2,
+                                                                     __m512 c2,
+                                                                     __m512 b2) noexcept {
+    return Yogi ? yogi_v(v0, d2, c2, b2) : adam_v(v0, d2, c2, b2);
+  }
+  FEDSHARD_DETAIL_ADAPTIVE_BLOCKS(FEDSHARD_TARGET_AVX2, avx2, __m256, 8, _mm256)
+  FEDSHARD_DETAIL_ADAPTIVE_BLOCKS(FEDSHARD_TARGET_AVX512, avx512, __m512, 16, _mm512)
 };
+}  // namespace detail
 
-/// FedYogi's hand-vectorised blocks: 8 lanes (AVX2 + FMA), 16 (AVX-512).
 template <>
-struct vector_blocks<outer_fedyogi_update> {
-  using functor = outer_fedyogi_update;
-  static constexpr bool defined = true;
-  FEDSHARD_DETAIL_ADAPTIVE_BLOCKS(FEDSHARD_TARGET_AVX2, avx2, __m256, 8, _mm256, yogi_v)
-  FEDSHARD_DETAIL_ADAPTIVE_BLOCKS(FEDSHARD_TARGET_AVX512, avx512, __m512, 16, _mm512, yogi_v)
+struct vector_blocks<outer_fedadam_update> : detail::adaptive_blocks<outer_fedadam_update, false> {
 };
+template <>
+struct vector_blocks<outer_fedyogi_update> : detail::adaptive_blocks<outer_fedyogi_update, true> {};
 #undef FEDSHARD_DETAIL_ADAPTIVE_BLOCKS
 #endif
 
