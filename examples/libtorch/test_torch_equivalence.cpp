@@ -218,7 +218,10 @@ std::string count_calls(const std::vector<wire_call>& calls) {
 // differ only in float rounding (fedshard averages per-rank gradients in two stages, torch
 // sums over the whole batch at once), so within 1e-6 relative. With `poison`, every gathered
 // parameter is overwritten with NaN at the end of forward: the result stays the same only
-// because each unit's backward gathers it again into the memory its saved tensors alias.
+// because each unit's backward gathers it again into the memory its saved tensors alias. On
+// one shard (2x2x1) nothing is gathered (a one-rank gather changes nothing, so the step plan
+// has none: the parameters are the master itself, as DDP's), so there is no gathered copy to
+// poison and the poisoned run is on 2x1x2 only.
 TEST_CASE(
     "fl_hsdp with K = 1 and plain SGD on 4 ranks equals LibTorch SGD on the concatenated "
     "batch") {
@@ -233,6 +236,7 @@ TEST_CASE(
 
   for (const mesh_shape shape : {mesh_shape{2, 1, 2}, mesh_shape{2, 2, 1}})
     for (const bool poisoned : {false, true}) {
+      if (poisoned && shape.shards == 1) continue;
       const std::string run =
           to_string(shape) + (poisoned ? ", gathered parameters poisoned after forward" : "");
       INFO("mesh ", run);
