@@ -67,19 +67,24 @@ struct fragment_slices {
 /// The fragments a SyncSchedule cuts a layout into, for a mesh of `replicas` replicas;
 /// invalid_argument when the schedule cannot cut this layout. `held` (by unit; empty: all)
 /// leaves out the units the rank's group does not hold (shard/ownership.hpp): the master
-/// holds the others' shards back to back.
+/// holds the others' shards back to back. `left_out` (by unit; empty: none) leaves out units
+/// the master holds but another stage syncs (a local rule's: local_rule::synced_units).
 template <schedule::SyncSchedule S>
 std::vector<fragment_slices> fragments_of(const S& schedule, const flat_layout& layout,
-                                          int replicas, const std::vector<bool>& held = {}) {
+                                          int replicas, const std::vector<bool>& held = {},
+                                          const std::vector<bool>& left_out = {}) {
   const auto offsets = shard::held_offsets(layout, held);
   const auto units = static_cast<int>(layout.num_units());
   schedule.check(units);
+  FEDSHARD_EXPECTS(left_out.empty() || left_out.size() == layout.num_units(),
+                   "fragments_of: left_out names units by index: expected ", layout.num_units(),
+                   " flags, found ", left_out.size());
   std::vector<fragment_slices> out(static_cast<std::size_t>(schedule.fragments()));
   for (int f = 0; f < schedule.fragments(); ++f) {
     auto& fr = out[static_cast<std::size_t>(f)];
     for (int u : schedule.fragment_units(f, units)) {
       const auto uu = static_cast<std::size_t>(u);
-      if (offsets[uu] == shard::not_held) continue;
+      if (offsets[uu] == shard::not_held || (!left_out.empty() && left_out[uu])) continue;
       fr.slices.emplace_back(offsets[uu], layout.unit(uu).shard_numel);
       fr.units.push_back({.unit = u, .numel = layout.unit(uu).shard_numel});
       fr.numel += layout.unit(uu).shard_numel;
@@ -92,8 +97,9 @@ std::vector<fragment_slices> fragments_of(const S& schedule, const flat_layout& 
 /// The sync plan of each fragment for the rank at `coords`: what a synchronizer with this
 /// policy and schedule runs (a policy's sync_plan depends on its config alone, so `policy`
 /// may be one built for no fragments; nothing of the model's size is allocated); `held` as
-/// for fragments_of; at the fragments' sync number `round` (sync_context::round;
-/// plan_per_round policies only); on a heterogeneous mesh, `overlap` (sync_context::overlap).
+/// and `left_out` as for fragments_of; at the fragments' sync number `round`
+/// (sync_context::round; plan_per_round policies only); on a heterogeneous mesh, `overlap`
+/// (sync_context::overlap).
 template <class F, schedule::SyncSchedule S>
 requires requires(const F& f, const sync_context& ctx) {
   { f.sync_plan(ctx) } -> std::same_as<plan>;
@@ -102,9 +108,10 @@ std::vector<plan> sync_plans_of(const F& policy, const S& schedule, const flat_l
                                 const mesh_shape& shape, const mesh_coords& coords,
                                 int inner_state_buffers, const std::vector<bool>& held = {},
                                 std::int64_t round = 0,
-                                std::shared_ptr<const overlap_map> overlap = nullptr) {
+                                std::shared_ptr<const overlap_map> overlap = nullptr,
+                                const std::vector<bool>& left_out = {}) {
   std::vector<plan> out;
-  const auto fragments = fragments_of(schedule, layout, shape.replicas, held);
+  const auto fragments = fragments_of(schedule, layout, shape.replicas, held, left_out);
   for (std::size_t f = 0; f < fragments.size(); ++f) {
     out.push_back(policy.sync_plan({.shape = shape,
                                     .coords = coords,
@@ -160,13 +167,15 @@ class synchronizer {
   /// out) on this rank of a mesh of `shape`, with buffers in space s (which outlives the
   /// synchronizer); `inner_state_buffers` is the inner optimizer's state count (role
   /// moment); on a heterogeneous mesh, `overlap` says how every group cuts the model
-  /// (federation/overlap.hpp; the policy must have heterogeneous_groups). Throws
-  /// invalid_argument for settings that cannot work.
+  /// (federation/overlap.hpp; the policy must have heterogeneous_groups); `left_out` (by
+  /// unit; empty: none) names units another stage syncs (a local rule's records), left out of
+  /// every fragment. Throws invalid_argument for settings that cannot work.
   synchronizer(const typename F::config& fed, const typename Sch::config& sched,
                const flat_layout& layout, const mesh_shape& shape, const mesh_coords& coords,
-               int inner_state_buffers, S& s, std::shared_ptr<const overlap_map> overlap = nullptr)
+               int inner_state_buffers, S& s, std::shared_ptr<const overlap_map> overlap = nullptr,
+               std::vector<bool> left_out = {})
       : synchronizer(fed, sched, layout, shape, coords, inner_state_buffers, space::space_ref<S>(s),
-                     std::move(overlap)) {}
+                     std::move(overlap), std::move(left_out)) {}
   /// With a space of its own (default-constructed S).
   synchronizer(const typename F::config& fed, const typename Sch::config& sched,
                const flat_layout& layout, const mesh_shape& shape, const mesh_coords& coords,
@@ -191,6 +200,26 @@ class synchronizer {
   const std::vector<std::int64_t>& sync_steps(int f) const { return at(f).applied_at; }
   /// Fragment f's stage.
   sync_stage stage(int f) const { return at(f).stage; }
+  /// The units fragment f syncs: the schedule's, less the left-out ones (whether or not
+  /// this rank's group holds them).
+  std::vector<int> synced_units(int f, int units) const {
+    std::vector<int> out;
+    for (int u : schedule_.fragment_units(checked_fragment(f), units))
+      if (left_out_.empty() || !left_out_.at(static_cast<std::size_t>(u))) out.push_back(u);
+    return out;
+  }
+
+  /// Whom the latest applied sync combined, and with what weights.
+  struct applied_sync {
+    /// Which groups it combined (1) or left out (0), by group; empty: every group.
+    std::vector<std::uint8_t> included;
+    /// Every group's tokens since its previous sync, when the policy's plan exchanged them
+    /// (a token-weighted policy), else empty.
+    std::vector<double> group_tokens;
+  };
+  /// The latest applied sync's (applied_sync): what a stage that syncs the left-out units
+  /// alongside it (a local rule) combines by, so that it weighs the groups as the policy does.
+  const applied_sync& last_applied() const noexcept { return applied_; }
   /// True under a progress schedule (token_budget, wall_clock).
   static constexpr bool by_progress = schedule::ProgressSchedule<Sch>;
   /// The ops run after every step to agree on the group's progress: progress_op under a
@@ -400,14 +429,17 @@ class synchronizer {
   synchronizer(const typename F::config& fed, const typename Sch::config& sched,
                const flat_layout& layout, const mesh_shape& shape, const mesh_coords& coords,
                int inner_state_buffers, space::space_ref<S> sr,
-               std::shared_ptr<const overlap_map> overlap = nullptr)
+               std::shared_ptr<const overlap_map> overlap = nullptr,
+               std::vector<bool> left_out = {})
       : space_(std::move(sr)),
         sync_(space_->make_stream()),
         schedule_(sched),
         shape_(shape),
         coords_(coords),
         overlap_(checked_overlap(std::move(overlap))),
-        fragments_(cut(*space_, schedule_, layout, shape, held_of(fed, layout, shape, coords))),
+        left_out_(std::move(left_out)),
+        fragments_(
+            cut(*space_, schedule_, layout, shape, held_of(fed, layout, shape, coords), left_out_)),
         policy_(make_policy(fed, sizes(fragments_), *space_)),
         inner_state_buffers_(inner_state_buffers) {
     if constexpr (by_progress) {
@@ -419,7 +451,7 @@ class synchronizer {
       progress_buf_ = space_->template allocate<double>(2);
     }
     const auto plans = sync_plans_of(policy_, schedule_, layout, shape, coords, inner_state_buffers,
-                                     held_of(fed, layout, shape, coords), 0, overlap_);
+                                     held_of(fed, layout, shape, coords), 0, overlap_, left_out_);
     if (overlap_ && coords_.replica == 0) {  // the holder sets every replica-0 rank splits
       std::vector<std::vector<int>> units;
       for (const auto& fr : fragments_) units.push_back(unit_ids(fr.units));
@@ -477,9 +509,13 @@ class synchronizer {
 
   /// The schedule's fragments of the layout, with their buffers.
   static std::vector<fragment> cut(S& s, const Sch& schedule, const flat_layout& layout,
-                                   const mesh_shape& shape, const std::vector<bool>& held) {
+                                   const mesh_shape& shape, const std::vector<bool>& held,
+                                   const std::vector<bool>& left_out) {
     std::vector<fragment> out;
-    for (auto& f : fragments_of(schedule, layout, shape.replicas, held)) {
+    for (auto& f : fragments_of(schedule, layout, shape.replicas, held, left_out)) {
+      FEDSHARD_EXPECTS(left_out.empty() || !f.units.empty(), "synchronizer: fragment ", out.size(),
+                       " has no unit left to sync: every one of its units is synced by "
+                       "another stage (a local rule's synced_units); expected at least one");
       fragment fr;
       fr.slices = std::move(f.slices);
       fr.units = std::move(f.units);
@@ -497,6 +533,7 @@ class synchronizer {
     return n;
   }
 
+  int checked_fragment(int f) const { return static_cast<int>(checked(f)); }
   std::size_t checked(int f) const {
     FEDSHARD_EXPECTS(f >= 0 && f < fragments(), "synchronizer: fragment must be in [0, ",
                      fragments(), "), found ", f);
@@ -834,6 +871,9 @@ class synchronizer {
     if (fr.stage == sync_stage::in_flight) communicate(interp, f);
     space_->wait(sync_, space_->record(compute));  // the master and inner state it updates
     policy_.end(f, fr.buf.span(), info(f), sync_);
+    applied_.included = included_;
+    applied_.group_tokens.clear();
+    if (fr.exchanges_tokens) applied_.group_tokens = fr.group_tokens;
     unpack(fr, fr.buf.span(), master, schedule_.mixing());
     for (std::size_t k = 0; k < fr.moments.size(); ++k)
       pack(fr, inner.at(k).data, fr.moments[k].span());
@@ -856,6 +896,7 @@ class synchronizer {
   mesh_shape shape_;
   mesh_coords coords_;
   std::shared_ptr<const overlap_map> overlap_;  // heterogeneous meshes only
+  std::vector<bool> left_out_;                  // units another stage syncs, by unit
   std::vector<fragment> fragments_;
   policy_type policy_;
   int inner_state_buffers_ = 0;
@@ -864,6 +905,7 @@ class synchronizer {
   participation participation_{};
   screening screening_ = screening::off();
   std::vector<std::uint8_t> included_;
+  applied_sync applied_;                     // the latest applied sync's groups and weights
   bool members_split_ = false;               // split_members ran for the policy's member_sets
   std::vector<std::uint64_t> overlap_sets_;  // holder sets still to split (overlap.hpp)
   // A progress schedule's agreement (by_progress only).

@@ -7,6 +7,8 @@
 ///
 ///   gradient_free_units   (at construction) units the rule trains without gradients: the
 ///                    engine plans no backward for them and keeps no gradient buffer
+///   synced_units     (at construction) units the rule syncs itself (after_sync): the
+///                    federation policy's fragments leave them out
 ///   bind             (at construction) where this rank's master holds each unit
 ///
 /// then at fixed points of every step:
@@ -17,6 +19,9 @@
 ///   (forward and backward: grad() holds the step's reduced gradients)
 ///   after_backward   a rule may change the gradients (a regulariser's gradient)
 ///   optimizer_step   the inner optimizer's step (default: on master with grad())
+///   after_sync       a federation sync was applied: a rule syncs its synced_units (left
+///                    out of the federation policy's fragments) with the same groups and
+///                    weights, over the federation axis (local_sync::all_gather)
 ///   parameters_changed   a federation sync wrote master
 ///   register_state   the rule's state, saved, loaded, resharded and healed with the run's
 ///
@@ -77,6 +82,30 @@ struct local_access {
   std::function<double()> loss;
 };
 
+/// What a rule that syncs units of its own (local_rule::synced_units) sees of a federation
+/// sync the trainer just applied: whom it combined and by what weights, and the federation
+/// axis to exchange its own data on.
+struct local_sync {
+  /// G, the groups of the federation axis, and this rank's group.
+  int groups = 1;
+  int group = 0;
+  /// Which groups the sync combined (1) or left out (0), by group; empty: every group.
+  std::span<const std::uint8_t> included;
+  /// Every group's tokens since its previous sync when the federation policy weighs groups by
+  /// them (weighted_average), else empty: the groups weigh alike.
+  std::span<const double> group_tokens;
+  /// Collective over the federation axis (every rank of every group, alike): all gathers
+  /// `mine` (the same count on every rank) into `all`, G x mine.size() values in group order,
+  /// through the interpreter (counted on the federation axis, seen by the wire tap). Groups
+  /// the sync left out arrive as zeros.
+  std::function<void(std::span<const double> mine, std::span<double> all)> all_gather;
+
+  /// True when group g was combined.
+  bool includes(int g) const {
+    return included.empty() || included[static_cast<std::size_t>(g)] != 0;
+  }
+};
+
 /// A local-training rule (see the file comment). Every hook but name() has a default that
 /// leaves the step as it is.
 class local_rule {
@@ -86,6 +115,9 @@ class local_rule {
   virtual std::string_view name() const = 0;
   /// Names of the units the rule trains without gradients (none by default).
   virtual std::vector<std::string> gradient_free_units() const { return {}; }
+  /// Names of the units the rule syncs across groups itself, in after_sync (none by
+  /// default): the federation policy leaves them out of its fragments.
+  virtual std::vector<std::string> synced_units() const { return {}; }
   /// Where this rank's master holds the units; called once, before the first hook.
   virtual void bind(const local_setup& s) { (void)s; }
   /// Before the model's forward; true when the rule wrote a.master.
@@ -97,6 +129,12 @@ class local_rule {
   virtual void after_backward(local_access& a) { (void)a; }
   /// The optimizer step; the default runs the inner optimizer on master.
   virtual void optimizer_step(local_access& a, float lr) { a.optimizer_step(lr); }
+  /// A federation sync was applied (it wrote master); before parameters_changed. A rule
+  /// with synced_units syncs them here, with the same groups and weights.
+  virtual void after_sync(local_access& a, const local_sync& s) {
+    (void)a;
+    (void)s;
+  }
   /// A federation sync wrote master.
   virtual void parameters_changed() {}
   /// Adds the rule's state to the run's registry.

@@ -92,4 +92,20 @@ inline comm_op shard_sum_op(int shards, std::int64_t n) {
           .overlappable = false};
 }
 
+/// The op of a local rule's exchange over the federation axis (local_sync::all_gather): an
+/// all_gather of n f64 per group (role value: index 0 the rank's, index 1 the G x n result)
+/// over the `groups` groups.
+inline comm_op federation_gather_op(int groups, std::int64_t n) {
+  return {.kind = comm_kind::all_gather,
+          .axis = axis::federation,
+          .dtype = dtype::f64,
+          .bytes = 8 * n * groups,
+          .ranks = groups,
+          .trigger = trigger::on_demand,
+          .phase = phase::sync,
+          .in = {.role = role::value, .index = 0},
+          .out = {.role = role::value, .index = 1},
+          .overlappable = false};
+}
+
 }  // namespace fedshard

@@ -34,7 +34,7 @@ state_geometry geometry_of(const Engine& engine, const Sync& sync) {
                    .shard = l.shards() > 1 ? m.coords().shard : 0,
                    .replica = m.coords().replica};
   for (int f = 0; f < sync.fragments(); ++f)
-    g.fragments.push_back(sync.schedule().fragment_units(f, static_cast<int>(l.num_units())));
+    g.fragments.push_back(sync.synced_units(f, static_cast<int>(l.num_units())));
   return g;
 }
 

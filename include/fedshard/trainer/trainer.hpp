@@ -99,7 +99,8 @@ class trainer final {
         base_lr_(opt.lr),
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
               static_cast<int>(optimizer_.state().size()), *space_,
-              federation::overlap_of<shard_policy>(m, engine_.layout())) {
+              federation::overlap_of<shard_policy>(m, engine_.layout()),
+              left_out_of(local_.get(), engine_.layout())) {
     FEDSHARD_EXPECTS(opts_.total_steps >= 0, "trainer: total_steps must be >= 0, found ",
                      opts_.total_steps);
     sync_.set_participation(opts_.participation);
@@ -174,7 +175,11 @@ class trainer final {
     if constexpr (elastic_federation) engine_.topology().federation().federation_side().end_round();
     if (sync_.syncs_applied() != syncs) {
       engine_.parameters_changed();
-      if (local_) local_->parameters_changed();
+      if (local_) {
+        synchronize();
+        local_->after_sync(local, local_sync_now());
+        local_->parameters_changed();
+      }
     }
     ++step_;
     return loss;
@@ -227,6 +232,11 @@ class trainer final {
   const plan& sync_plan(int f = 0) const { return sync_.sync_plan(f); }
   /// The comm_ops construction ran (the layout check).
   const plan& setup_plan() const noexcept { return engine_.setup_plan(); }
+  /// Whom the latest applied federation sync combined (its included mask; empty: every
+  /// group) and, under a token-weighted policy, every group's tokens.
+  const typename sync_type::applied_sync& last_sync() const noexcept {
+    return sync_.last_applied();
+  }
   /// Number of federation syncs applied so far (all fragments).
   std::int64_t syncs_applied() const noexcept { return sync_.syncs_applied(); }
   /// Step numbers at which fragment f applied a sync.
@@ -380,6 +390,59 @@ class trainer final {
       base += ul.numel;
     }
     return out;
+  }
+
+  /// By unit: the ones the local rule syncs itself (local_rule::synced_units), which the
+  /// federation policy leaves out; invalid_argument for a name the model lacks.
+  static std::vector<bool> left_out_of(const local_rule* r, const flat_layout& l) {
+    if (r == nullptr) return {};
+    const auto names = r->synced_units();
+    if (names.empty()) return {};
+    FEDSHARD_EXPECTS(!elastic_federation, "trainer: the local rule '", r->name(),
+                     "' syncs units itself (synced_units), which an elastic federation axis "
+                     "does not support yet; expected a federation axis of fixed groups");
+    std::vector<bool> out(l.num_units(), false);
+    for (const auto& n : names) {
+      std::size_t u = 0;
+      while (u < l.num_units() && l.unit(u).name != n) ++u;
+      FEDSHARD_EXPECTS(u < l.num_units(), "trainer: the local rule '", r->name(), "' syncs unit '",
+                       n, "', which the model does not declare");
+      out[u] = true;
+    }
+    return out;
+  }
+
+  /// What the local rule's after_sync sees of the sync just applied (local_sync).
+  local_sync local_sync_now() {
+    const auto& applied = sync_.last_applied();
+    const auto& sh = engine_.topology().shape();
+    return {.groups = sh.groups,
+            .group = engine_.topology().coords().group,
+            .included = applied.included,
+            .group_tokens = applied.group_tokens,
+            .all_gather = [this, groups = sh.groups](std::span<const double> mine,
+                                                     std::span<double> all) {
+              FEDSHARD_EXPECTS(all.size() == mine.size() * static_cast<std::size_t>(groups),
+                               "local_sync::all_gather: expected ", groups, " x ", mine.size(),
+                               " values out, found ", all.size());
+              federation_gather(mine, all);
+            }};
+  }
+
+  /// All gathers `mine` over the federation axis into `all` (federation_gather_op), staged
+  /// through the space's memory.
+  void federation_gather(std::span<const double> mine, std::span<double> all) {
+    const int groups = engine_.topology().shape().groups;
+    auto in = space_->template allocate<double>(mine.size());
+    auto out = space_->template allocate<double>(all.size());
+    auto& interp = engine_.interp();
+    auto& st = interp.own_stream();
+    space_->from_host(st, const_buffer_view{mine.data(), mine.size(), dtype::f64}, in.view());
+    interp.run(
+        federation_gather_op(groups, static_cast<std::int64_t>(mine.size())),
+        [&](const comm_op&, const operand& o) { return o.index == 0 ? in.view() : out.view(); });
+    space_->to_host(st, const_buffer_view(out.view()), view(all));
+    space_->synchronize(st);
   }
 
   /// The group's mean loss of `batch` at the current master (local_access::loss): the
