@@ -14,6 +14,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -21,6 +22,7 @@
 
 #include "fedshard/comm/inproc.hpp"
 #include "fedshard/federation/average.hpp"
+#include "fedshard/federation/weighted_average.hpp"
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/adamw.hpp"
 #include "fedshard/optim/zeroth_order.hpp"
@@ -48,6 +50,7 @@ struct leg_settings {
   double fraction = 1.0;  // participation
   int first = 0, last = 6;
   fs::path from{}, to{};
+  bool uneven = false;  // group g's batches hold 4 (g + 1) samples (else 4)
 };
 
 /// Every rank's parameters at the end, its layer0 before the leg's first sync, and its
@@ -58,19 +61,21 @@ struct leg_result {
   std::vector<std::vector<std::uint8_t>> included;
 };
 
+template <class Alg = fl_fsdp>
 leg_result leg(const leg_settings& s) {
   const auto n = static_cast<std::size_t>(s.shape.size());
   leg_result out{std::vector<std::vector<float>>(n), std::vector<std::vector<float>>(n),
                  std::vector<std::vector<wire_call>>(n), std::vector<std::vector<std::uint8_t>>(n)};
   test::spawn_ranks(s.shape.size(), [&](inproc::communicator& world) {
     mesh m(world, s.shape);
-    trainer_options<fl_fsdp> o;
+    trainer_options<Alg> o;
     o.total_steps = 30;
     o.schedule.period = 3;
     o.participation = {.fraction = s.fraction, .seed = 5};
     o.log = [](const std::string&) {};
     o.local_rule = zeroth_order_rule(kZo, {"layer0"}, s.sync);
-    trainer_t t(m, mlp_model{}, {.lr = kLr, .weight_decay = 0.1f}, o);
+    trainer<mlp_model, Alg, optim::adamw, inproc::communicator> t(
+        m, mlp_model{}, {.lr = kLr, .weight_decay = 0.1f}, o);
     if (!s.from.empty()) t.load(s.from);
     const auto c = t.topology().coords();
     const auto r = static_cast<std::size_t>(world.rank());
@@ -83,7 +88,8 @@ leg_result leg(const leg_settings& s) {
         wire.keep_calls(true);
         (void)wire.take_calls();
       }
-      t.step(t.model().batch(3, step, c.group, s.shape.groups, c.shard, s.shape.shards, 4));
+      const int per = s.uneven ? 4 * (c.group + 1) : 4;
+      t.step(t.model().batch(3, step, c.group, s.shape.groups, c.shard, s.shape.shards, per));
       if (syncs && first_sync) {
         for (const auto& call : wire.take_calls())
           if (call.axis == axis::federation) out.sync_calls[r].push_back(call);
@@ -143,6 +149,30 @@ TEST_CASE("seeds on the wire: two groups alike end with one layer, near the para
   }
   // The groups' layers differed before the sync; their mean is what both now hold.
   CHECK_FALSE(test::bit_equal(seeds.layer0_before_sync[0], seeds.layer0_before_sync[2]));
+}
+
+TEST_CASE("seeds on the wire: a token-weighted policy weighs the records by the groups' tokens") {
+  // weighted_average, group 1 training on twice group 0's samples: weights 1/3 and 2/3. The
+  // layer lands within rounding of the parameters' weighted mean; weights of 1/2 would put
+  // it about a sixth of the groups' difference away.
+  using weighted = algorithm<shard::full_shard, federation::weighted_average, schedule::periodic>;
+  leg_settings s{.last = 3, .uneven = true};
+  const auto seeds = leg<weighted>(s);
+  s.sync = zo_sync::parameters;
+  const auto params = leg<weighted>(s);
+  const auto& before = seeds.layer0_before_sync;
+  int apart = 0;
+  for (std::size_t r = 0; r < seeds.params.size(); ++r) {
+    CAPTURE(r);
+    CHECK(test::bit_equal(seeds.params[r], seeds.params[0]));
+    const auto a = layer0_of(seeds.params[r]);
+    const auto b = layer0_of(params.params[r]);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5));
+      apart += std::abs(before[0][i] - before[2][i]) > 1e-3f;
+    }
+  }
+  CHECK(apart > 0);  // the groups' layers were apart enough for the weights to show
 }
 
 TEST_CASE("seeds on the wire: a sync's federation calls, byte for byte") {
