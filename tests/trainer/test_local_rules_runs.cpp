@@ -169,8 +169,8 @@ const char* const kCounterSections[] = {"soup.round", "soup.local_step", "soup.s
 // wait for the compute stream (before the hooks, after the inner optimizer's step, around
 // the zeroth-order rule's loss evaluations) would read or leave stale values there.
 TEST_CASE_TEMPLATE(
-    "local rules: the checked space gives the host's bits, and a checkpoint saved "
-    "mid-round resumes bit-exactly in either space",
+    "local rules: every test space gives the host's bits, and a checkpoint saved mid-round "
+    "resumes bit-exactly in its space and on the host",
     Sp, FEDSHARD_TEST_SPACES) {
   for (rule_kind k : {rule_kind::zeroth_order, rule_kind::soup}) {
     CAPTURE(name_of(k));
