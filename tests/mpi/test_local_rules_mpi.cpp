@@ -46,7 +46,7 @@ const optim::soup_config kSoup{.pool_size = 3,
                                .add_every = 1,
                                .seed = 4};
 
-/// A leg of a run: its mesh, settings, per-rank batch size (by group) and steps.
+/// A leg of a run: its mesh, settings, steps [first, last), and where it loads and saves.
 template <class Alg>
 struct leg_spec {
   mesh_shape shape;
