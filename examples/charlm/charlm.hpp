@@ -368,6 +368,14 @@ class model {
       ctx.release(2);
       ctx.grads_ready(2);
     }
+    // Units trained without gradients (zeroth-order: the lowest ones) end the backward.
+    if (!ctx.takes_gradients(1)) {
+      if (ctx.takes_gradients(0))
+        throw fedshard::invalid_argument(
+            "charlm: hidden1 is trained without gradients, so the embedding below it gets none "
+            "either: make the zeroth-order units the lowest ones (embed, then hidden1)");
+      return static_cast<float>(loss / double(n));
+    }
     for (std::size_t i = 0; i < dh1.size(); ++i) dh1[i] *= 1.0f - h1[i] * h1[i];
     {
       auto p = ctx.acquire(1, fedshard::phase::backward);
@@ -377,6 +385,7 @@ class model {
       ctx.release(1);
       ctx.grads_ready(1);
     }
+    if (!ctx.takes_gradients(0)) return static_cast<float>(loss / double(n));
     {
       ctx.acquire(0, fedshard::phase::backward);
       auto g = ctx.grad_buffer(0);

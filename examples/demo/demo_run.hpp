@@ -286,6 +286,10 @@ inline const std::vector<row_spec>& rows() {
       {.name = "scape_fsdp", .mesh = mesh_kind::shards},
       // SCAPE inside each group of fl_fsdp: its mesh and K (sparse_options).
       {.name = "fl_scape_fsdp", .mesh = mesh_kind::federated_shards, .every = cadence::k},
+      // The local rules on fl_hsdp's mesh and cadence: HO-FL (embed and hidden1 zeroth-order,
+      // sent as seeds) and LSS (a soup of 3 per round), both token-weighted.
+      {.name = "hofl", .every = cadence::k},
+      {.name = "lss", .every = cadence::k},
   };
   return r;
 }

@@ -319,7 +319,7 @@ TEST_CASE("fedshard-sim prices every alias the demo accepts by name, gasloc and 
   CHECK(bad.code == 2);
   CHECK(bad.err.find("unknown algorithm 'scape', expected one of ddp, zero2, fsdp, hsdp, "
                      "fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco, sparseloco, "
-                     "gasloc, fomoe, scape_fsdp, fl_scape_fsdp") != std::string::npos);
+                     "gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss") != std::string::npos);
 }
 
 #ifdef FEDSHARD_MULTI_JOB_EXE

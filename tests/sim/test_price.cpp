@@ -173,7 +173,9 @@ TEST_CASE("priced bytes equal the trainer's wire traffic, for every alias") {
       CHECK(by_name.cadence().window == a.cadence().window);
       CHECK(by_name.cadence().mean_in_flight() == a.cadence().mean_in_flight());
       // SCAPE's steps run different plans: test_price_sparse.cpp checks its runs on the wire.
-      if constexpr (!steps_vary_v<A>) check_against_wire<A>(name, a, o);
+      // A local rule's traffic (hofl, lss) is not priced from the alias yet: its own cases.
+      if constexpr (!steps_vary_v<A>)
+        if (!A::default_local_rule()) check_against_wire<A>(name, a, o);
     });
   }
   CHECK(aliases == 2 * static_cast<int>(algorithm_names().size()));
@@ -615,11 +617,12 @@ TEST_CASE("on 4-GPU nodes a 16 x 8 x 4 mesh keeps the shards inside a node") {
 }
 
 TEST_CASE("the names are for_each_algorithm's aliases") {
-  const std::vector<std::string> aliases{"ddp",          "zero2",        "fsdp",
-                                         "hsdp",         "fl_fsdp",      "fl_hsdp",
-                                         "fl_hsdp_int8", "diloco",       "streaming_diloco",
-                                         "sparseloco",   "gasloc",       "fomoe",
-                                         "scape_fsdp",   "fl_scape_fsdp"};
+  const std::vector<std::string> aliases{"ddp",          "zero2",         "fsdp",
+                                         "hsdp",         "fl_fsdp",       "fl_hsdp",
+                                         "fl_hsdp_int8", "diloco",        "streaming_diloco",
+                                         "sparseloco",   "gasloc",        "fomoe",
+                                         "scape_fsdp",   "fl_scape_fsdp", "hofl",
+                                         "lss"};
   CHECK(algorithm_names() == aliases);
   std::vector<std::string> visited;
   for_each_algorithm([&]<class A>(std::string_view n) { visited.emplace_back(n); });

@@ -31,6 +31,7 @@ struct plain_units {
   void release(std::size_t) {}
   std::span<float> grad_buffer(std::size_t u) { return g[u]; }
   void grads_ready(std::size_t) {}
+  bool takes_gradients(std::size_t) const { return true; }
 };
 
 }  // namespace fedshard::test

@@ -67,9 +67,12 @@ class master_recording_rule final : public local_rule {
   explicit master_recording_rule(std::unique_ptr<local_rule> inner) : inner_(std::move(inner)) {}
 
   std::string_view name() const override { return inner_->name(); }
+  void model_units(const std::vector<std::string>& names) override { inner_->model_units(names); }
   std::vector<std::string> gradient_free_units() const override {
     return inner_->gradient_free_units();
   }
+  std::vector<std::string> synced_units() const override { return inner_->synced_units(); }
+  void after_sync(local_access& a, const local_sync& s) override { inner_->after_sync(a, s); }
   void bind(const local_setup& s) override { inner_->bind(s); }
   bool before_forward(local_access& a) override { return inner_->before_forward(a); }
   void after_backward(local_access& a) override { inner_->after_backward(a); }

@@ -51,7 +51,7 @@ const federation::participation kSample{.fraction = 0.5, .min_groups = 1, .seed 
 
 using recorded_hofl =
     algorithm<shard::full_shard, test::recording_weighted_average, schedule::periodic>;
-using hofl = algorithm<shard::full_shard, federation::weighted_average, schedule::periodic>;
+using plain_hofl = algorithm<shard::full_shard, federation::weighted_average, schedule::periodic>;
 
 template <class Alg>
 trainer_options<Alg> hofl_options() {
@@ -60,7 +60,9 @@ trainer_options<Alg> hofl_options() {
   o.schedule.period = 3;
   o.participation = kSample;
   o.log = [](const std::string&) {};
-  o.local_rule = test::recording(zeroth_order_rule(kZo, {"layer0"}));
+  // The layer as parameters, through weighted_average (its bits are the policy's; the
+  // records' replay of the same sample is tests/trainer/test_zo_seeds.cpp's).
+  o.local_rule = test::recording(zeroth_order_rule(kZo, {"layer0"}, zo_sync::parameters));
   return o;
 }
 
@@ -141,7 +143,7 @@ TEST_CASE("hofl: each round's sample, identical on every rank, averaged by token
     }
   }
   // The recording changes nothing: plain weighted_average ends with the same bits.
-  const auto plain = run_hofl<hofl>();
+  const auto plain = run_hofl<plain_hofl>();
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     CAPTURE(r);
     CHECK(bit_equal(plain[r].params, ranks[r].params));
@@ -160,8 +162,8 @@ std::vector<std::vector<float>> hofl_leg(int first, int last,
   return test::collect_ranks(kShape.size(), [&](inproc::communicator& world) {
     auto comm = Sp::wrap(world);
     mesh m(comm, kShape);
-    trainer<mlp_model, hofl, optim::adamw, typename Sp::comm, typename Sp::space> t(
-        m, mlp_model{}, {.lr = 2e-2f}, hofl_options<hofl>());
+    trainer<mlp_model, plain_hofl, optim::adamw, typename Sp::comm, typename Sp::space> t(
+        m, mlp_model{}, {.lr = 2e-2f}, hofl_options<plain_hofl>());
     if (!from.empty()) t.load(from);
     const auto c = t.topology().coords();
     for (int s = first; s < last; ++s)

@@ -92,7 +92,8 @@ leg_result leg(const leg_settings& s) {
       t.step(t.model().batch(3, step, c.group, s.shape.groups, c.shard, s.shape.shards, per));
       if (syncs && first_sync) {
         for (const auto& call : wire.take_calls())
-          if (call.axis == axis::federation) out.sync_calls[r].push_back(call);
+          if (call.axis == axis::federation || call.kind == comm_kind::broadcast)
+            out.sync_calls[r].push_back(call);
         wire.keep_calls(false);
         out.included[r] = t.last_sync().included;
         first_sync = false;
@@ -181,7 +182,9 @@ TEST_CASE("seeds on the wire: a sync's federation calls, byte for byte") {
   // 1088 B, the average's all_reduce. Without layer0: 192 floats, 768 B. Then the records:
   // an all_gather of one f64 count per group (2 x 8 = 16 B), and one of 3 steps x 2 probes =
   // 6 records per group (2 x 6 x 24 = 288 B). 1088 - 768 = 320 B of parameters become
-  // 304 B; on a real model the layer's bytes grow with its size, the records' do not.
+  // 304 B, on the group's rank 0 only: it broadcasts them to its group (the group axis), so
+  // the federation link carries each group's records once. On a real model the layer's
+  // bytes grow with its size, the records' do not.
   const auto seeds = leg({});
   const auto params = leg({.sync = zo_sync::parameters});
   for (std::size_t r = 0; r < seeds.sync_calls.size(); ++r) {
@@ -190,16 +193,30 @@ TEST_CASE("seeds on the wire: a sync's federation calls, byte for byte") {
     REQUIRE(p.size() == 1);
     CHECK(p[0].kind == comm_kind::all_reduce);
     CHECK(p[0].bytes == 1088);
+    // The group's rank 0 gathers the counts and the records over its federation link and
+    // broadcasts each to its group (the group axis); its other rank only receives them.
+    struct call {
+      comm_kind kind;
+      axis on;
+      std::int64_t bytes;
+    };
+    const std::vector<call> leader{{comm_kind::all_reduce, axis::federation, 768},
+                                   {comm_kind::all_gather, axis::federation, 16},
+                                   {comm_kind::broadcast, axis::group, 16},
+                                   {comm_kind::all_gather, axis::federation, 288},
+                                   {comm_kind::broadcast, axis::group, 288}};
+    const std::vector<call> other{{comm_kind::all_reduce, axis::federation, 768},
+                                  {comm_kind::broadcast, axis::group, 16},
+                                  {comm_kind::broadcast, axis::group, 288}};
+    const auto& want = r % 2 == 0 ? leader : other;
     const auto& z = seeds.sync_calls[r];
-    REQUIRE(z.size() == 3);
-    CHECK(z[0].kind == comm_kind::all_reduce);
-    CHECK(z[0].bytes == 768);
-    CHECK(z[1].kind == comm_kind::all_gather);
-    CHECK(z[1].dtype == dtype::f64);
-    CHECK(z[1].bytes == 16);
-    CHECK(z[2].kind == comm_kind::all_gather);
-    CHECK(z[2].bytes == 288);
-    CHECK(z[2].ranks == 2);
+    REQUIRE(z.size() == want.size());
+    for (std::size_t k = 0; k < z.size(); ++k) {
+      CAPTURE(k);
+      CHECK(z[k].kind == want[k].kind);
+      CHECK(z[k].axis == want[k].on);
+      CHECK(z[k].bytes == want[k].bytes);
+    }
   }
 }
 

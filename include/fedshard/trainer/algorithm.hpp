@@ -39,6 +39,9 @@
 #include "fedshard/shard/shard_policy.hpp"
 #include "fedshard/shard/sparse.hpp"
 #include "fedshard/shard/with_gather_codec.hpp"
+#include "fedshard/trainer/local_rule.hpp"
+#include "fedshard/trainer/local_soup.hpp"
+#include "fedshard/trainer/local_zeroth_order.hpp"
 
 namespace fedshard {
 
@@ -90,6 +93,16 @@ struct algorithm {
       return typename Schedule::config{};
     else
       return Defaults::schedule;
+  }
+  /// The local rule trainer_options starts from: Defaults::local_rule() where the defaults
+  /// name one (hofl, lss), else none (the plain step).
+  static local_rule_factory default_local_rule() {
+    if constexpr (requires {
+                    { Defaults::local_rule() } -> std::convertible_to<local_rule_factory>;
+                  })
+      return Defaults::local_rule();
+    else
+      return {};
   }
 };
 
@@ -171,12 +184,44 @@ using fl_scape_fsdp =
     algorithm<shard::sparse<shard::full_shard>, federation::average, schedule::periodic,
               defaults<schedule::periodic::config{.period = 8}>>;
 
+/// HO-FL's defaults: K = 8, and the model's two lowest units (charlm: the embedding and the
+/// first hidden layer) trained zeroth-order, one probe per step, their updates crossing the
+/// federation link as seeds (zo_sync::records).
+struct hofl_defaults {
+  static constexpr schedule::periodic::config schedule{.period = 8};
+  static local_rule_factory local_rule() {
+    return zeroth_order_lower_rule({.eps = 1e-3f, .probes = 1, .seed = 0}, 2);
+  }
+};
+/// HO-FL (arXiv 2609.39074): HSDP inside each group with the lower units trained
+/// zeroth-order (forward only: no gradient buffers, no backward gathers; their updates sent
+/// as 24-byte records, trainer/local_zeroth_order.hpp) and the upper ones by backprop;
+/// token-weighted averaging every K steps; clients sampled per sync through
+/// trainer_options::participation (default: every group).
+using hofl =
+    algorithm<shard::hybrid_shard, federation::weighted_average, schedule::periodic, hofl_defaults>;
+
+/// Local Superior Soups' defaults: K = 8, a soup of 3 members per round (member 0 trains 4
+/// local steps alone, the second joins then, the third 2 steps later), the regularisers'
+/// coefficients soup_config's (optim/soup.hpp).
+struct lss_defaults {
+  static constexpr schedule::periodic::config schedule{.period = 8};
+  static local_rule_factory local_rule() {
+    return local_soup_rule({.pool_size = 3, .first_steps = 4, .add_every = 2});
+  }
+};
+/// Local Superior Soups (LSS, arXiv 2410.23660): HSDP inside each group, each group training
+/// a pool of models by random interpolation (trainer/local_soup.hpp), their average
+/// token-weighted every K steps.
+using lss =
+    algorithm<shard::hybrid_shard, federation::weighted_average, schedule::periodic, lss_defaults>;
+
 /// The catalogue: calls `f.template operator()<A>(name)` for every named algorithm above (every
 /// number in them a run-time setting of trainer_options, from the alias's default), in the
 /// order ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco,
-/// sparseloco, gasloc, fomoe, scape_fsdp, fl_scape_fsdp. It is the one list that tools (the
-/// simulator's names, the demo's rows, the lists in their messages) read, so a new alias is added
-/// here once.
+/// sparseloco, gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss. It is the one list that tools
+/// (the simulator's names, the demo's rows, the lists in their messages) read, so a new alias is
+/// added here once.
 template <class F>
 constexpr void for_each_algorithm(F&& f) {
   f.template operator()<ddp>(std::string_view("ddp"));
@@ -193,6 +238,8 @@ constexpr void for_each_algorithm(F&& f) {
   f.template operator()<fomoe>(std::string_view("fomoe"));
   f.template operator()<scape_fsdp>(std::string_view("scape_fsdp"));
   f.template operator()<fl_scape_fsdp>(std::string_view("fl_scape_fsdp"));
+  f.template operator()<hofl>(std::string_view("hofl"));
+  f.template operator()<lss>(std::string_view("lss"));
 }
 
 /// The aliases of for_each_algorithm in its order, joined by `separator`: the list that

@@ -5,6 +5,7 @@
 /// through trainer_options::local_rule (a factory the trainer calls once, before it builds its
 /// shard engine), and the trainer calls its hooks:
 ///
+///   model_units      (at construction, first) the model's unit names
 ///   gradient_free_units   (at construction) units the rule trains without gradients: the
 ///                    engine plans no backward for them and keeps no gradient buffer
 ///   synced_units     (at construction) units the rule syncs itself (after_sync): the
@@ -94,10 +95,12 @@ struct local_sync {
   /// Every group's tokens since its previous sync when the federation policy weighs groups by
   /// them (weighted_average), else empty: the groups weigh alike.
   std::span<const double> group_tokens;
-  /// Collective over the federation axis (every rank of every group, alike): all gathers
-  /// `mine` (the same count on every rank) into `all`, G x mine.size() values in group order,
-  /// through the interpreter (counted on the federation axis, seen by the wire tap). Groups
-  /// the sync left out arrive as zeros.
+  /// Collective over the world (every rank of every group, alike): all gathers each group's
+  /// `mine` (the same count on every rank; the same values on every rank of a group) into
+  /// `all`, G x mine.size() values in group order. The group's rank 0 gathers over its
+  /// federation link and broadcasts the result inside its group, so the slow link carries
+  /// each group's values once; both run through the interpreter (counted on their axes,
+  /// seen by the wire tap). Groups the sync left out arrive as zeros.
   std::function<void(std::span<const double> mine, std::span<double> all)> all_gather;
 
   /// True when group g was combined.
@@ -113,6 +116,9 @@ class local_rule {
   virtual ~local_rule() = default;
   /// The rule's name, for logs and errors.
   virtual std::string_view name() const = 0;
+  /// The model's units, by name in declaration order; called once, first (a rule that names
+  /// units by position resolves them here).
+  virtual void model_units(const std::vector<std::string>& names) { (void)names; }
   /// Names of the units the rule trains without gradients (none by default).
   virtual std::vector<std::string> gradient_free_units() const { return {}; }
   /// Names of the units the rule syncs across groups itself, in after_sync (none by

@@ -75,8 +75,26 @@ class local_zeroth_order final : public local_rule {
     optim::check(s_);
     FEDSHARD_EXPECTS(!units_.empty(), "local_zeroth_order: name at least one unit");
   }
+  /// The model's `lower` first units (HO-FL's lower layers), named once the trainer tells
+  /// the rule the model's units (model_units).
+  local_zeroth_order(optim::zeroth_order_settings s, std::size_t lower,
+                     zo_sync sync = zo_sync::records)
+      : s_(s), lower_(lower), sync_(sync) {
+    optim::check(s_);
+    FEDSHARD_EXPECTS(lower_ >= 1,
+                     "local_zeroth_order: train at least one lower unit "
+                     "zeroth-order, found 0");
+  }
 
   std::string_view name() const override { return "zeroth_order"; }
+  void model_units(const std::vector<std::string>& names) override {
+    if (lower_ == 0) return;
+    FEDSHARD_EXPECTS(lower_ < names.size(), "local_zeroth_order: ", lower_,
+                     " lower units zeroth-order leave none to train by backprop: expected fewer "
+                     "than the model's ",
+                     names.size(), " units");
+    units_.assign(names.begin(), names.begin() + static_cast<std::ptrdiff_t>(lower_));
+  }
   std::vector<std::string> gradient_free_units() const override { return units_; }
   std::vector<std::string> synced_units() const override {
     return sync_ == zo_sync::records ? units_ : std::vector<std::string>{};
@@ -215,6 +233,7 @@ class local_zeroth_order final : public local_rule {
 
   optim::zeroth_order_settings s_;
   std::vector<std::string> units_;
+  std::size_t lower_ = 0;  // units by position: the first lower_ (model_units)
   zo_sync sync_;
   std::vector<local_unit> ranges_;  // this rank's parts of the units
   std::size_t held_ = 0;            // their elements
@@ -272,6 +291,17 @@ inline local_rule_factory zeroth_order_rule(const optim::zeroth_order_settings& 
   optim::check(s);
   FEDSHARD_EXPECTS(!units.empty(), "zeroth_order_rule: name at least one unit");
   return [s, units, sync] { return std::make_unique<local_zeroth_order>(s, units, sync); };
+}
+/// trainer_options::local_rule for the model's `lower` first units zeroth-order (HO-FL's
+/// split: the lower layers forward-only, the upper ones by backprop).
+inline local_rule_factory zeroth_order_lower_rule(const optim::zeroth_order_settings& s,
+                                                  std::size_t lower,
+                                                  zo_sync sync = zo_sync::records) {
+  optim::check(s);
+  FEDSHARD_EXPECTS(lower >= 1,
+                   "zeroth_order_lower_rule: train at least one lower unit "
+                   "zeroth-order, found 0");
+  return [s, lower, sync] { return std::make_unique<local_zeroth_order>(s, lower, sync); };
 }
 
 }  // namespace fedshard

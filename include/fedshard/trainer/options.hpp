@@ -18,6 +18,16 @@
 
 namespace fedshard {
 
+/// The local rule an algorithm starts from (algorithm::default_local_rule; none for an
+/// Algorithm without one).
+template <Algorithm A>
+local_rule_factory default_local_rule_of() {
+  if constexpr (requires { A::default_local_rule(); })
+    return A::default_local_rule();
+  else
+    return {};
+}
+
 /// Settings of a trainer beyond the optimizer's.
 template <Algorithm A>
 struct trainer_options {
@@ -43,8 +53,9 @@ struct trainer_options {
   /// The shard policy's settings (shard::sparse's density, refresh period); none for most.
   shard::settings_of_t<typename A::shard_policy> shard{};
   /// How a group trains between syncs beyond the inner step (trainer/local_rule.hpp: LSS's
-  /// local_soup_rule, ...); empty: the plain step. Host-readable memory spaces only.
-  local_rule_factory local_rule{};
+  /// local_soup_rule, ...), from the algorithm's default (hofl, lss; the others: empty, the
+  /// plain step). Host-readable memory spaces only.
+  local_rule_factory local_rule = default_local_rule_of<A>();
   /// Where the trainer's log lines go (what a resharding load dropped or initialised), on
   /// every rank; empty = world rank 0 prints them to stderr.
   std::function<void(const std::string&)> log{};
@@ -88,6 +99,23 @@ inline comm_op shard_sum_op(int shards, std::int64_t n) {
           .ranks = shards,
           .reduce = reduce_op::sum,
           .in = {.role = role::value},
+          .out = {.role = role::value},
+          .overlappable = false};
+}
+
+/// The op that hands a local rule's exchange to the rest of its group
+/// (local_sync::all_gather): a broadcast of n f64 (role value) from the group's rank 0 over
+/// the group of `ranks` ranks.
+inline comm_op group_broadcast_op(int ranks, std::int64_t n) {
+  return {.kind = comm_kind::broadcast,
+          .axis = axis::group,
+          .dtype = dtype::f64,
+          .bytes = 8 * n,
+          .ranks = ranks,
+          .root = 0,
+          .trigger = trigger::on_demand,
+          .phase = phase::sync,
+          .in = {.role = role::none},
           .out = {.role = role::value},
           .overlappable = false};
 }

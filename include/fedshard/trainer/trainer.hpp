@@ -91,7 +91,7 @@ class trainer final {
       : space_(make_space(m.world())),
         model_(std::move(model)),
         opts_(std::move(o)),
-        local_(make_local_rule(opts_)),
+        local_(make_local_rule(opts_, model_.units())),
         engine_(m, *space_, model_.units(), opts_.precision,
                 federation::owners_of<federation_policy>(opts_.federation), opts_.shard,
                 local_ ? local_->gradient_free_units() : std::vector<std::string>{}),
@@ -357,13 +357,17 @@ class trainer final {
   }
 
   /// trainer_options::local_rule's rule, or none.
-  static std::unique_ptr<local_rule> make_local_rule(const options& o) {
+  static std::unique_ptr<local_rule> make_local_rule(const options& o,
+                                                     const std::vector<unit_spec>& units) {
     if (!o.local_rule) return nullptr;
     FEDSHARD_EXPECTS(S::host_accessible,
                      "trainer: a local rule (trainer_options::local_rule) "
                      "runs on memory the host can read; this trainer's space is not");
     auto r = o.local_rule();
     FEDSHARD_EXPECTS(r != nullptr, "trainer: trainer_options::local_rule made no rule");
+    std::vector<std::string> names;
+    for (const auto& u : units) names.push_back(u.name);
+    r->model_units(names);
     return r;
   }
 
@@ -429,10 +433,19 @@ class trainer final {
             }};
   }
 
-  /// All gathers `mine` over the federation axis into `all` (federation_gather_op), staged
-  /// through the space's memory.
+  /// local_sync::all_gather: the group's rank 0 all gathers `mine` over its federation link
+  /// into `all` (federation_gather_op, staged through the space's memory), then broadcasts
+  /// it to the group's other ranks (group_broadcast_op).
   void federation_gather(std::span<const double> mine, std::span<double> all) {
-    const int groups = engine_.topology().shape().groups;
+    const auto& sh = engine_.topology().shape();
+    const auto c = engine_.topology().coords();
+    if (c.replica == 0 && c.shard == 0) gather_over_federation(sh.groups, mine, all);
+    if (sh.replicas * sh.shards > 1)
+      engine_.run(
+          group_broadcast_op(sh.replicas * sh.shards, static_cast<std::int64_t>(all.size())),
+          {all.data(), all.size(), dtype::f64});
+  }
+  void gather_over_federation(int groups, std::span<const double> mine, std::span<double> all) {
     auto in = space_->template allocate<double>(mine.size());
     auto out = space_->template allocate<double>(all.size());
     auto& interp = engine_.interp();
