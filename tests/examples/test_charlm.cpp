@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "charlm/charlm.hpp"
 #include "fedshard/comm/inproc.hpp"
 #include "fedshard/optim/adamw.hpp"
+#include "fedshard/plan/wire_tap.hpp"
 #include "fedshard/trainer/trainer.hpp"
 #include "support/plain_units.hpp"
 #include "support/spawn_ranks.hpp"
@@ -237,4 +239,67 @@ TEST_CASE("charlm under fomoe on 4 groups: each group routes to the expert it ho
       other_routes[static_cast<std::size_t>(rank)] += e != rank;
   });
   for (int r = 0; r < 4; ++r) CHECK(other_routes[r] == 0);
+}
+
+namespace {
+
+/// Every rank's federation bytes (array bytes, as the wire tap records each call) over one
+/// hofl sync on charlm, the embedding and hidden1 zeroth-order and crossing as `sync` says:
+/// all_reduce bytes (the policy's) and all_gather bytes (the records') summed over the ranks.
+struct federation_bytes {
+  std::int64_t reduce = 0, gather = 0;
+};
+federation_bytes hofl_sync_bytes(const charlm::corpus& data, const charlm::dims& d,
+                                 fedshard::zo_sync sync) {
+  using namespace fedshard;
+  const mesh_shape shape{2, 2, 2};
+  std::vector<federation_bytes> per_rank(8);
+  test::spawn_ranks(8, [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    trainer_options<hofl> o;
+    o.total_steps = 8;
+    o.log = [](const std::string&) {};
+    o.local_rule = zeroth_order_lower_rule({.eps = 1e-3f, .probes = 1, .seed = 0}, 2, sync);
+    trainer<charlm::model, hofl, optim::adamw, inproc::communicator> t(m, charlm::model(d, 1),
+                                                                       {.lr = 1e-2f}, o);
+    auto& wire = t.engine().interp().wire();
+    wire.keep_calls(true);
+    for (int step = 0; step < 8; ++step)
+      t.step(charlm::model::training_batch(data, d.context, 1, step, world.rank(), 4));
+    CHECK(t.syncs_applied() == 1);
+    auto& mine = per_rank[static_cast<std::size_t>(world.rank())];
+    for (const auto& c : wire.take_calls()) {
+      if (c.axis != axis::federation) continue;
+      (c.kind == comm_kind::all_gather ? mine.gather : mine.reduce) += c.bytes;
+    }
+  });
+  federation_bytes total;
+  for (const auto& r : per_rank) {
+    total.reduce += r.reduce;
+    total.gather += r.gather;
+  }
+  return total;
+}
+
+}  // namespace
+
+TEST_CASE("hofl on the demo's mesh and sizes: the zeroth-order units cross as 400 B of seeds") {
+  // The demo's defaults: 2 groups of 2 replicas x 2 shards, K = 8, context 8, embed 16,
+  // hidden 256, one probe per step. The zeroth-order units: embed (V x 16) and hidden1
+  // (256 x 128 + 256 = 33024). With this corpus's V = 35: embed 560, 280 a shard rounded up
+  // to 288 (a multiple of 16), hidden1 16512 a shard: 16800 floats, a replica's half of that
+  // each on the federation link: 8400 floats, 33600 B an all_reduce on each of the 8 ranks,
+  // 268800 B. As records: on each group's rank 0 only, the counts (2 x 8 B) and 8 steps x 1
+  // probe of 24 B from each of the 2 groups (384 B): 400 B a group, 800 B in all, 336x fewer.
+  const auto data = charlm::corpus::from_text(sample_text());
+  REQUIRE(data.vocab() == 35);
+  const charlm::dims d{.vocab = data.vocab(), .context = 8, .embed = 16, .hidden = 256};
+  const auto seeds = hofl_sync_bytes(data, d, fedshard::zo_sync::records);
+  const auto params = hofl_sync_bytes(data, d, fedshard::zo_sync::parameters);
+  // weighted_average's own gather of the groups' tokens: 2 x 8 B on each of the 8 ranks.
+  CHECK(params.gather == 128);
+  const std::int64_t records = seeds.gather - params.gather;
+  CHECK(records == 800);
+  CHECK(params.reduce - seeds.reduce == 268800);
+  CHECK(params.reduce - seeds.reduce >= 100 * records);
 }
