@@ -34,6 +34,22 @@ struct soup_gradient_fn {
   }
 };
 
+/// The passes of soup_gradient_fn over whole arrays, for for_each_element (kernels/
+/// for_each.hpp: vectorised at the default flags): g = w g (skipped for w == 1), then
+/// g = fma(c, trained - other, g) for each term in soup_gradient_fn's order. Each element
+/// gets soup_gradient_fn's operations in its order, so the bits are the same.
+struct soup_scale_fn {
+  float w;
+  FEDSHARD_HOST_DEVICE void operator()(float& g) const noexcept { g = detail::mul_rn(w, g); }
+};
+/// One term of soup_gradient_fn: g = fma(c, trained - other, g).
+struct soup_term_fn {
+  float c;
+  FEDSHARD_HOST_DEVICE void operator()(float& g, float trained, float other) const noexcept {
+    g = detail::fma_rn(c, trained - other, g);
+  }
+};
+
 /// (members[0][i] + members[1][i] + ... + members[k-1][i]) / k: summed in member order,
 /// divided once (one member: itself, bit for bit).
 struct soup_mean_fn {

@@ -68,6 +68,7 @@
 #include "fedshard/core/buffer.hpp"
 #include "fedshard/core/mix.hpp"
 #include "fedshard/error.hpp"
+#include "fedshard/kernels/for_each.hpp"
 #include "fedshard/kernels/soup.hpp"
 #include "fedshard/kernels/weighted_sum.hpp"
 
@@ -307,11 +308,17 @@ class soup_pool {
                      "soup_pool::add_regularizer_gradients: the "
                      "regularizer has ",
                      reg.coef.size(), " coefficients, the pool ", count_, " members");
-    std::array<const float*, max_soup_pool> ms{};
-    for (std::size_t i = 0; i < count_; ++i) ms[i] = member(i).data();
-    const kernels::soup_gradient_fn f{ms.data(),  anchor().data(), reg.coef.data(),  count_,
-                                      count_ - 1, w[count_ - 1],   reg.affinity_coef};
-    for (std::size_t i = 0; i < n_; ++i) f(i, grad[i]);
+    // kernels::soup_gradient_fn's terms as whole-array passes (vectorised; the same bits).
+    const std::size_t t = count_ - 1;
+    const float* trained = member(t).data();
+    if (w[t] != 1.0f) kernels::for_each_element(kernels::soup_scale_fn{w[t]}, n_, grad.data());
+    if (reg.affinity_coef != 0.0f)
+      kernels::for_each_element(kernels::soup_term_fn{reg.affinity_coef}, n_, grad.data(), trained,
+                                anchor().data());
+    for (std::size_t j = 0; j < count_; ++j)
+      if (j != t && reg.coef[j] != 0.0f)
+        kernels::for_each_element(kernels::soup_term_fn{reg.coef[j]}, n_, grad.data(), trained,
+                                  member(j).data());
   }
 
   /// out = the members' mean (summed in member order, divided by members()): what the group
