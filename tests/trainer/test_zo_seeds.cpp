@@ -253,3 +253,19 @@ TEST_CASE("seeds on the wire: a model without the unit is refused, naming it") {
                          invalid_argument);
   });
 }
+
+TEST_CASE("seeds on the wire: groups of different shapes are refused, naming the way out") {
+  // Groups 1x2 and 1x1: 3 ranks; the records' exchange pairs the groups' rank 0s over a
+  // federation axis that such a mesh does not have yet.
+  test::spawn_ranks(3, [&](inproc::communicator& world) {
+    mesh m(world, std::vector<group_shape>{{1, 2}, {1, 1}});
+    trainer_options<fl_fsdp> o;
+    o.log = [](const std::string&) {};
+    o.local_rule = zeroth_order_rule(kZo, {"layer0"});
+    CHECK_THROWS_WITH_AS(trainer_t(m, mlp_model{}, {.lr = kLr}, o),
+                         doctest::Contains("groups of different shapes do not support yet; "
+                                           "expected groups of one shape (zeroth-order units: "
+                                           "zo_sync::parameters"),
+                         invalid_argument);
+  });
+}

@@ -100,7 +100,7 @@ class trainer final {
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
               static_cast<int>(optimizer_.state().size()), *space_,
               federation::overlap_of<shard_policy>(m, engine_.layout()),
-              left_out_of(local_.get(), engine_.layout())) {
+              left_out_of(local_.get(), engine_.layout(), m.uniform())) {
     FEDSHARD_EXPECTS(opts_.total_steps >= 0, "trainer: total_steps must be >= 0, found ",
                      opts_.total_steps);
     sync_.set_participation(opts_.participation);
@@ -398,13 +398,17 @@ class trainer final {
 
   /// By unit: the ones the local rule syncs itself (local_rule::synced_units), which the
   /// federation policy leaves out; invalid_argument for a name the model lacks.
-  static std::vector<bool> left_out_of(const local_rule* r, const flat_layout& l) {
+  static std::vector<bool> left_out_of(const local_rule* r, const flat_layout& l, bool uniform) {
     if (r == nullptr) return {};
     const auto names = r->synced_units();
     if (names.empty()) return {};
     FEDSHARD_EXPECTS(!elastic_federation, "trainer: the local rule '", r->name(),
                      "' syncs units itself (synced_units), which an elastic federation axis "
                      "does not support yet; expected a federation axis of fixed groups");
+    FEDSHARD_EXPECTS(uniform, "trainer: the local rule '", r->name(),
+                     "' syncs units itself (synced_units), which groups of different shapes do "
+                     "not support yet; expected groups of one shape (zeroth-order units: "
+                     "zo_sync::parameters syncs them through the federation policy)");
     std::vector<bool> out(l.num_units(), false);
     for (const auto& n : names) {
       std::size_t u = 0;
