@@ -28,6 +28,7 @@
 #include "fedshard/trainer/trainer.hpp"
 #include "mpi/mpi_support.hpp"
 #include "support/collective_checks.hpp"
+#include "support/local_rule_settings.hpp"
 #include "support/recording_policy.hpp"
 #include "support/tiny_mlp.hpp"
 
@@ -38,13 +39,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr std::uint64_t kData = 13;
-const optim::zeroth_order_settings kZo{.eps = 1e-3f, .probes = 2, .seed = 9};
-const optim::soup_config kSoup{.pool_size = 3,
-                               .affinity = 1e-3f,
-                               .diversity = 1e-3f,
-                               .first_steps = 1,
-                               .add_every = 1,
-                               .seed = 4};
+const optim::zeroth_order_settings kZo = test::zo_two_probes;
+const optim::soup_config kSoup = test::soup_of_three;
 
 /// A leg of a run: its mesh, settings, steps [first, last), and where it loads and saves.
 template <class Alg>

@@ -34,6 +34,7 @@
 #include "fedshard/trainer/local_zeroth_order.hpp"
 #include "fedshard/trainer/trainer.hpp"
 #include "support/files.hpp"
+#include "support/local_rule_settings.hpp"
 #include "support/spaces.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
@@ -48,14 +49,8 @@ namespace fs = std::filesystem;
 constexpr std::uint64_t kData = 5;
 constexpr float kLr = 2e-2f;
 const mesh_shape kShape{2, 1, 2};  // 2 groups x 2 shards
-const optim::zeroth_order_settings kZo{.eps = 1e-3f, .probes = 2, .seed = 9};
-/// A pool of three with both regularisers: member 1 joins after 1 local step, member 2 after 2.
-const optim::soup_config kSoup{.pool_size = 3,
-                               .affinity = 1e-3f,
-                               .diversity = 1e-3f,
-                               .first_steps = 1,
-                               .add_every = 1,
-                               .seed = 4};
+const optim::zeroth_order_settings kZo = test::zo_two_probes;
+const optim::soup_config kSoup = test::soup_of_three;
 
 enum class rule_kind { zeroth_order, soup };
 

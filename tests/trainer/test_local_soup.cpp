@@ -21,6 +21,7 @@
 #include "fedshard/trainer/state_io.hpp"
 #include "fedshard/trainer/trainer.hpp"
 #include "support/files.hpp"
+#include "support/local_rule_settings.hpp"
 #include "support/spawn_ranks.hpp"
 #include "support/tiny_mlp.hpp"
 
@@ -34,12 +35,7 @@ using trainer_t = trainer<mlp_model, fl_fsdp, optim::adamw, inproc::communicator
 const mesh_shape shape{2, 1, 2};  // 2 groups x 2 shards
 constexpr std::uint64_t kData = 5;
 /// A pool of three with both regularisers: member 1 joins after 1 local step, member 2 after 2.
-const optim::soup_config cfg{.pool_size = 3,
-                             .affinity = 1e-3f,
-                             .diversity = 1e-3f,
-                             .first_steps = 1,
-                             .add_every = 1,
-                             .seed = 4};
+const optim::soup_config cfg = test::soup_of_three;
 
 /// Every rank's parameters, eval losses and bytes moved on the shard axis after a leg.
 struct leg_result {
