@@ -1,0 +1,255 @@
+#pragma once
+/// How the simulator prices a group's local rule (trainer/local_rule.hpp): zeroth-order units
+/// whose records cross the federation link as seeds (HO-FL: trainer/local_zeroth_order.hpp,
+/// optim/zeroth_order.hpp), and a local soup (LSS: trainer/local_soup.hpp, optim/soup.hpp).
+/// Neither is on by default: an algorithm described without one is priced as before, bit for
+/// bit.
+///
+/// Zeroth-order units (P probes; Z the rank's shard elements of those units):
+///  - the step plan loses their backward gathers and gradient reductions, as the shard engine
+///    drops them (shard::engine's without_backward_of_free);
+///  - each step evaluates the group's loss 2P times (optim::spsa_probe: at +eps z and -eps z
+///    per probe): each evaluation a forward pass of the whole model, which fires the step
+///    plan's forward acquire ops again (the trainer's group_mean_loss runs the model's
+///    evaluate through the engine), then a group all_reduce of one f64 (group_mean_op,
+///    trainer/options.hpp; none on a group of one rank);
+///  - compute, from the plain step's C split as sim/timeline.hpp splits it (one third forward,
+///    two thirds backward, over the units by their elements): the units' backward share is
+///    not computed (exact when they are the model's lowest units, whose input gradient nothing
+///    needs), and each evaluation costs the forward third, C / 3; plus zo_step_passes(P)
+///    elementwise passes over the Z elements;
+///  - at a sync, with seeds on the wire (and a federation that syncs), the units are left out
+///    of the federation policy's sync plans (planned as if the group did not hold them) and
+///    fragment 0's sync exchanges the records instead: an all_gather over the federation axis
+///    of each group's K P records of 24 bytes (optim::zo_record), K the steps between two
+///    syncs of fragment 0, so G K P 24 bytes in all and (G - 1) K P 24 received by each rank;
+///    every rank replays the G K P records on its Z elements (one hash and one fma each:
+///    2 G K P passes) when the sync is applied.
+///
+/// A soup of M members: the pool holds M members and the anchor, (M + 1) master shards; each
+/// step adds soup_step_passes(M, diversity) elementwise passes over the master shard, and with
+/// a diversity coefficient > 0 and M >= 2 the distances' sum over the group's shards: an
+/// all_reduce of M (M - 1) / 2 + 1 f64 over the shard axis (shard_sum_op, trainer/options.hpp;
+/// the pool's distance_count once full; none over one shard).
+///
+/// A pass reads or writes the 4-byte elements once, at the GPU's memory bandwidth
+/// (cluster::memory_bandwidth; 0 prices them at nothing), as the codec kernels are priced.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fedshard/core/dtype.hpp"
+#include "fedshard/error.hpp"
+#include "fedshard/mesh/axis.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "fedshard/plan/comm_op.hpp"
+#include "fedshard/shard/flat_layout.hpp"
+#include "fedshard/trainer/options.hpp"
+
+namespace fedshard::sim {
+
+/// Bytes of one zeroth-order record (optim::zo_record: seed, step, probe, scalar).
+inline constexpr std::int64_t zo_record_bytes = 24;
+
+/// The largest soup pool (optim::max_soup_pool).
+inline constexpr int max_soup_members = 16;
+
+/// Zeroth-order units of a local rule (trainer/local_zeroth_order.hpp).
+struct zeroth_order_units {
+  /// Names of the units trained without gradients; none: no zeroth-order units.
+  std::vector<std::string> units{};
+  /// P, probes per step (optim::zeroth_order_settings::probes), >= 1.
+  int probes = 1;
+  /// At a sync, the units' records cross the federation axis instead of their parameters.
+  bool seeds_on_wire = true;
+};
+
+/// A local soup (trainer/local_soup.hpp).
+struct soup_pool_size {
+  /// M, the pool's members (optim::soup_config::pool_size); 0: no soup.
+  int members = 0;
+  /// The diversity coefficient is > 0 (the distances are summed over the shards every step).
+  bool diversity = true;
+};
+
+/// The local rule an algorithm is priced with (one rule at most, as a trainer takes one).
+struct local_rule_desc {
+  zeroth_order_units zeroth_order{};
+  soup_pool_size soup{};
+
+  /// True when some unit is zeroth-order.
+  bool zeroth_order_on() const noexcept { return !zeroth_order.units.empty(); }
+  /// True when a soup is kept.
+  bool soup_on() const noexcept { return soup.members > 0; }
+  /// True when either rule is on.
+  bool active() const noexcept { return zeroth_order_on() || soup_on(); }
+
+  /// invalid_argument naming the setting out of range, or when both rules are asked for.
+  void check() const {
+    FEDSHARD_EXPECTS(zeroth_order.probes >= 1,
+                     "sim: zeroth-order units need probes >= 1 (optim::zeroth_order_settings), "
+                     "found ",
+                     zeroth_order.probes);
+    FEDSHARD_EXPECTS(soup.members >= 0 && soup.members <= max_soup_members,
+                     "sim: the soup's pool must have 0 (no soup) to ", max_soup_members,
+                     " members, found ", soup.members);
+    FEDSHARD_EXPECTS(!(zeroth_order_on() && soup_on()),
+                     "sim: a trainer runs one local rule, found both zeroth-order units and a "
+                     "soup of ",
+                     soup.members, " members");
+  }
+};
+
+/// By unit of l: true for the zeroth-order units of r; invalid_argument naming a unit l does
+/// not have (and l's units).
+inline std::vector<bool> zeroth_order_mask(const flat_layout& l, const local_rule_desc& r) {
+  std::vector<bool> out(l.num_units(), false);
+  for (const auto& n : r.zeroth_order.units) {
+    bool found = false;
+    for (std::size_t u = 0; u < l.num_units(); ++u)
+      if (l.unit(u).name == n) out[u] = found = true;
+    if (found) continue;
+    std::string names;
+    for (std::size_t u = 0; u < l.num_units(); ++u)
+      names += (u > 0 ? ", '" : "'") + l.unit(u).name + "'";
+    FEDSHARD_EXPECTS(false, "sim: no unit named '", n, "' for a zeroth-order unit; the units are ",
+                     names);
+  }
+  return out;
+}
+
+/// p without the backward gathers and gradient reductions of the units `free` marks (the
+/// shard engine's plan of gradient-free units).
+inline plan without_backward_of(plan p, const std::vector<bool>& free) {
+  return p.select([&](const comm_op& op) {
+    const bool backward = (op.trigger == trigger::acquire && op.phase == phase::backward) ||
+                          op.trigger == trigger::grads_ready;
+    return !(backward && op.unit >= 0 && static_cast<std::size_t>(op.unit) < free.size() &&
+             free[static_cast<std::size_t>(op.unit)]);
+  });
+}
+
+/// Elementwise passes over the zeroth-order shard in a step of P probes, as
+/// trainer/local_zeroth_order.hpp runs it: the copy saved (read, write: 2), each probe's
+/// three perturbations (+eps z, -2 eps z, +eps z: 6), the two restores (4) and each probe's
+/// update (2): 8 P + 6.
+constexpr double zo_step_passes(int probes) noexcept {
+  return 8.0 * probes + 6.0;
+}
+
+/// Elementwise passes over the master shard in a step of a full soup of M members, as
+/// trainer/local_soup.hpp runs it: the interpolation (M reads, 1 write), the regularisers'
+/// gradient (the gradient read and written, the trained member, the anchor and the M - 1
+/// others: M + 3), the trained member copied to master and back (4), the pool's average
+/// (M + 1), and with the diversity the distances (M (M - 1) / 2 pairs and the anchor's, two
+/// reads each).
+constexpr double soup_step_passes(int members, bool diversity) noexcept {
+  const double m = members;
+  return (m + 1) + (m + 3) + 4 + (m + 1) + (diversity ? m * (m - 1) + 2 : 0.0);
+}
+
+/// f64 values of the soup's distance sum once its pool is full: M (M - 1) / 2 + 1
+/// (optim::soup_pool::distance_count).
+constexpr std::int64_t soup_distance_count(int members) noexcept {
+  return std::int64_t{members} * (members - 1) / 2 + 1;
+}
+
+/// The ops a step's local rule runs beyond the step plan `step` (already without the
+/// zeroth-order units' backward) on mesh `shape` with `shards` layout shards, in order: for
+/// zeroth-order units, 2P times the step plan's forward acquire ops and a group mean of one
+/// f64; for a soup with diversity, the distances' sum over the shard axis.
+inline plan local_step_ops(const plan& step, const mesh_shape& shape, int shards,
+                           const local_rule_desc& r) {
+  plan out;
+  if (r.zeroth_order_on()) {
+    const int group = shape.replicas * shape.shards;
+    for (int e = 0; e < 2 * r.zeroth_order.probes; ++e) {
+      for (const comm_op& op : step.ops)
+        if (op.trigger == trigger::acquire && op.phase == phase::forward) out.ops.push_back(op);
+      if (group > 1) out.ops.push_back(group_mean_op(group));
+    }
+  }
+  if (r.soup_on() && r.soup.diversity && r.soup.members >= 2 && shards > 1)
+    out.ops.push_back(shard_sum_op(shards, soup_distance_count(r.soup.members)));
+  return out;
+}
+
+/// The op that exchanges the groups' zeroth-order records at a sync of fragment 0: an
+/// all_gather over the federation axis of `groups` x K x P records of zo_record_bytes (f64
+/// words), blocking.
+inline comm_op zo_records_op(int groups, std::int64_t steps, int probes) {
+  return {.kind = comm_kind::all_gather,
+          .axis = axis::federation,
+          .dtype = dtype::f64,
+          .bytes = std::int64_t{groups} * steps * probes * zo_record_bytes,
+          .ranks = groups,
+          .trigger = trigger::sync_exchange,
+          .phase = phase::sync,
+          .fragment = 0,
+          .in = {.role = role::state},
+          .out = {.role = role::state},
+          .overlappable = false};
+}
+
+/// What a local rule adds to one rank's memory, in bytes (f32 buffers).
+struct local_memory {
+  /// The full gradient buffers the zeroth-order units do without: each unit whose plain step
+  /// plan reduces its gradient out of a full buffer (an op reads role grad into another
+  /// role) loses its padded unit of f32.
+  double gradient_saved = 0;
+  /// The zeroth-order units' shards saved by each step (their values put back).
+  double zeroth_order_copy = 0;
+  /// The soup's pool: (M + 1) x the master shard.
+  double soup_pool = 0;
+
+  /// Bytes added (negative: saved).
+  double added() const noexcept { return zeroth_order_copy + soup_pool - gradient_saved; }
+};
+
+/// The memory rule r adds to a rank of layout l whose plain step plan is `step` (every unit
+/// held).
+inline local_memory local_memory_of(const flat_layout& l, const plan& step,
+                                    const local_rule_desc& r) {
+  local_memory out;
+  if (r.zeroth_order_on()) {
+    const std::vector<bool> zo = zeroth_order_mask(l, r);
+    std::vector<bool> own_grad(l.num_units(), false);
+    for (const comm_op& op : step.ops)
+      if (op.unit >= 0 && op.in.role == role::grad && op.out.role != role::grad)
+        own_grad[static_cast<std::size_t>(op.unit)] = true;
+    for (std::size_t u = 0; u < l.num_units(); ++u) {
+      if (!zo[u]) continue;
+      out.zeroth_order_copy += 4.0 * static_cast<double>(l.unit(u).shard_numel);
+      if (own_grad[u]) out.gradient_saved += 4.0 * static_cast<double>(l.unit(u).padded_numel);
+    }
+  }
+  if (r.soup_on())
+    out.soup_pool = (r.soup.members + 1) * 4.0 * static_cast<double>(l.total_shard_numel());
+  return out;
+}
+
+/// The zeroth-order units' share of the model's elements (the compute split's).
+inline double zeroth_order_share(const flat_layout& l, const local_rule_desc& r) {
+  if (!r.zeroth_order_on()) return 0.0;
+  const std::vector<bool> zo = zeroth_order_mask(l, r);
+  double all = 0, free = 0;
+  for (std::size_t u = 0; u < l.num_units(); ++u) {
+    all += static_cast<double>(l.unit(u).numel);
+    if (zo[u]) free += static_cast<double>(l.unit(u).numel);
+  }
+  return all > 0 ? free / all : 0.0;
+}
+
+/// The zeroth-order units' elements in one rank's shards (Z).
+inline double zeroth_order_shard_elements(const flat_layout& l, const local_rule_desc& r) {
+  if (!r.zeroth_order_on()) return 0.0;
+  const std::vector<bool> zo = zeroth_order_mask(l, r);
+  double z = 0;
+  for (std::size_t u = 0; u < l.num_units(); ++u)
+    if (zo[u]) z += static_cast<double>(l.unit(u).shard_numel);
+  return z;
+}
+
+}  // namespace fedshard::sim

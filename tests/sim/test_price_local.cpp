@@ -1,0 +1,221 @@
+// Pricing local rules (sim/local_rule.hpp): zeroth-order units with their records sent as
+// seeds, and a local soup. The small case, worked by hand below: fl_fsdp (full_shard,
+// average, periodic K = 4) on 2 groups of 2 shards (G x R x S = 2 x 1 x 2), test::mlp_model's
+// units "layer0", "layer1", "head" of 144, 272 and 68 f32. Over S = 2 each unit's shard is
+// rounded up to 16 elements: shards of 80, 144 and 48, padded units of 160, 288 and 96.
+// Parameters travel as bf16 (320, 576, 192 B gathered), gradients as f32 (640, 1152, 384 B
+// reduce-scattered); an all_gather or reduce_scatter over 2 ranks sends half its bytes.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "fedshard/comm/inproc.hpp"
+#include "fedshard/error.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "fedshard/optim/adamw.hpp"
+#include "fedshard/optim/zeroth_order.hpp"
+#include "fedshard/plan/traffic.hpp"
+#include "fedshard/sim/local_rule.hpp"
+#include "fedshard/sim/price.hpp"
+#include "fedshard/trainer/local_zeroth_order.hpp"
+#include "fedshard/trainer/trainer.hpp"
+#include "support/sim.hpp"
+#include "support/spawn_ranks.hpp"
+#include "support/tiny_mlp.hpp"
+
+using namespace fedshard;
+using namespace fedshard::sim;
+using namespace fedshard::test;  // the fixtures of support/sim.hpp
+
+namespace {
+
+const mesh_shape kShape{2, 1, 2};
+const shard::precision kPrec{dtype::bf16, dtype::f32};
+
+/// fl_fsdp, K = 4, with local rule r.
+algorithm_desc fl_fsdp_with(const local_rule_desc& r) {
+  return algorithm_by_name("fl_fsdp", {.period = 4, .local = r});
+}
+
+/// Zeroth-order layer0 with P = 2 probes.
+local_rule_desc zo_layer0(bool seeds = true) {
+  return {.zeroth_order = {.units = {"layer0"}, .probes = 2, .seeds_on_wire = seeds}};
+}
+
+/// Free links, and a memory bandwidth of 1e6 B/s so that a pass over n f32 costs 4n us.
+cluster slow_memory() {
+  cluster c = free_links(a100_4gpu_node());
+  c.memory_bandwidth = 1e6;
+  return c;
+}
+
+price_options with_precision() {
+  price_options o;
+  o.precision = kPrec;
+  return o;
+}
+
+const axis_price& of(const step_price& p, int rank, axis a) {
+  return p.ranks[static_cast<std::size_t>(rank)].axes[static_cast<std::size_t>(a)];
+}
+
+}  // namespace
+
+TEST_CASE("zeroth-order units: no backward, 2P forward passes and loss means, seeds at a sync") {
+  // Plain step, per rank on the shard axis: 3 forward and 3 backward bf16 gathers and 3 f32
+  // reduce_scatters: (2 x 1088 + 2176) / 2 = 2176 B in 9 calls. layer0 zeroth-order drops its
+  // backward gather and reduce_scatter: 2176 - (320 + 640) / 2 = 1696 B in 7 calls.
+  // Each of the 2P = 4 loss evaluations gathers the 3 units for forward again (1088 / 2 =
+  // 544 B, 3 calls) and averages the loss over the group (an all_reduce of 8 B over 2 ranks,
+  // sending 2 (2 - 1) / 2 x 8 = 8 B): 4 x 544 = 2176 B in 12 calls on the shard axis, 32 B in
+  // 4 calls on the group axis. Shard axis: 1696 + 2176 = 3872 B in 19 calls.
+  // Sync (hierarchical, R = 1): the plain fragment packs 80 + 144 + 48 = 272 f32 (1088 B,
+  // all-reduced over 2 groups: 1088 B sent). With seeds on the wire layer0 leaves it:
+  // 144 + 48 = 192 f32, 768 B sent; the records, G K P = 2 x 4 x 2 of 24 B = 384 B
+  // all-gathered over the 2 groups, (G - 1) K P 24 = 192 B sent: 960 B in 2 calls, 240 B per
+  // step (K = 4).
+  const step_price plain = price_plans(fl_fsdp_with({}), mlp_model{}.units(), kShape, slow_memory(),
+                                       1.0, 1.0, with_precision());
+  const step_price zo = price_plans(fl_fsdp_with(zo_layer0()), mlp_model{}.units(), kShape,
+                                    slow_memory(), 1.0, 1.0, with_precision());
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(of(plain, r, axis::shard).step_bytes == 2176);
+    CHECK(of(plain, r, axis::shard).step_calls == 9);
+    CHECK(of(plain, r, axis::federation).sync_bytes == 1088);
+    CHECK(of(zo, r, axis::shard).step_bytes == 3872);
+    CHECK(of(zo, r, axis::shard).step_calls == 19);
+    CHECK(of(zo, r, axis::group).step_bytes == 32);
+    CHECK(of(zo, r, axis::group).step_calls == 4);
+    CHECK(of(zo, r, axis::federation).sync_bytes == 960);
+    CHECK(of(zo, r, axis::federation).sync_calls == 2);
+    CHECK(of(zo, r, axis::federation).bytes_per_step == 240);
+  }
+  // Compute, C = 1 s: layer0's backward share, 2/3 x 144 / 484 = 96 / 484, is not computed;
+  // the 4 evaluations cost C / 3 each; the passes over layer0's 80-element shard: 8 P + 6 =
+  // 22 passes of 320 B = 7040 B, 7.04 ms at 1e6 B/s; the replay at a sync, 2 G K P = 32
+  // passes, 10240 B, 10.24 ms, once per 4 steps: 2.56 ms per step. The links are free.
+  CHECK(zo.local.main_compute == doctest::Approx(388.0 / 484.0));
+  CHECK(zo.local.evaluations == doctest::Approx(4.0 / 3.0));
+  CHECK(zo.local.passes == doctest::Approx(7040e-6));
+  CHECK(zo.local.replay == doctest::Approx(10240e-6));
+  CHECK(zo.local.replay_per_step == doctest::Approx(2560e-6));
+  CHECK(zo.compute == doctest::Approx(388.0 / 484.0 + 4.0 / 3.0 + 7040e-6 + 2560e-6));
+  CHECK(zo.step == doctest::Approx(zo.compute));
+  CHECK(plain.step == doctest::Approx(1.0));
+  CHECK(plain.local.compute() == 0);
+}
+
+TEST_CASE("zeroth-order units synced as parameters keep the plain sync, without records") {
+  // seeds_on_wire off: the fragment keeps layer0 (1088 B sent), no records op, no replay; the
+  // step is as above (3872 B on the shard axis, 32 B on the group axis).
+  const step_price p = price_plans(fl_fsdp_with(zo_layer0(false)), mlp_model{}.units(), kShape,
+                                   slow_memory(), 1.0, 1.0, with_precision());
+  CHECK(p[axis::federation].sync_bytes == 1088);
+  CHECK(p[axis::federation].sync_calls == 1);
+  CHECK(p[axis::shard].step_bytes == 3872);
+  CHECK(p[axis::group].step_bytes == 32);
+  CHECK(p.local.replay == 0);
+}
+
+TEST_CASE("run_traffic counts the local rule's ops every step and the records at each sync") {
+  // 8 steps of K = 4 (syncs after steps 3 and 7): rank 0 sends 8 x 3872 B on the shard axis,
+  // 8 x 32 B on the group axis and 2 x 960 B on the federation axis.
+  const traffic_counters t =
+      run_traffic(fl_fsdp_with(zo_layer0()), mlp_model{}.units(), kShape, 0, 8, 0, kPrec);
+  CHECK(t[axis::shard].wire_bytes == 8 * 3872);
+  CHECK(t[axis::shard].calls == 8 * 19);
+  CHECK(t[axis::group].wire_bytes == 8 * 32);
+  CHECK(t[axis::federation].wire_bytes == 2 * 960);
+  CHECK(t[axis::federation].calls == 2 * 2);
+}
+
+TEST_CASE("the priced step of zeroth-order units is what the trainer's wire records") {
+  // One step (no sync yet, K = 4) of the trainer with layer0 zeroth-order (P = 2): its wire's
+  // bytes and calls per axis equal the priced step's (3872 B on the shard axis, 32 B on the
+  // group axis, by hand above).
+  const algorithm_desc a = fl_fsdp_with(zo_layer0());
+  const step_price p =
+      price_plans(a, mlp_model{}.units(), kShape, slow_memory(), 1.0, 1.0, with_precision());
+  std::vector<traffic_counters> seen(4);
+  spawn_ranks(4, [&](inproc::communicator& world) {
+    mesh m(world, kShape);
+    trainer_options<fl_fsdp> o;
+    o.precision = kPrec;
+    o.schedule.period = 4;
+    o.log = [](const std::string&) {};
+    o.local_rule = zeroth_order_rule({.eps = 1e-3f, .probes = 2, .seed = 9}, {"layer0"});
+    trainer<mlp_model, fl_fsdp, optim::adamw, inproc::communicator> t(m, mlp_model{}, {.lr = 1e-2f},
+                                                                      o);
+    t.traffic().reset();  // the step only, not the construction's layout check
+    const int g = m.coords().group;
+    t.step(t.model().batch(3, 0, g, kShape.groups, m.coords().shard, kShape.shards, 2));
+    seen[static_cast<std::size_t>(world.rank())] = t.traffic();
+  });
+  for (int r = 0; r < 4; ++r)
+    for (axis ax : all_axes) {
+      CAPTURE(r);
+      CAPTURE(to_string(ax));
+      CHECK(of(p, r, ax).step_bytes == seen[static_cast<std::size_t>(r)][ax].wire_bytes);
+      CHECK(of(p, r, ax).step_calls == seen[static_cast<std::size_t>(r)][ax].calls);
+    }
+}
+
+TEST_CASE("memory: zeroth-order units drop their full gradients, a soup holds M + 1 shards") {
+  // layer0 zeroth-order: its reduce_scatter reads a full gradient (160 f32, 640 B) that is
+  // no longer kept, and each step saves its 80-element shard (320 B): 320 B more, 640 B less.
+  const local_memory zo = local_memory_of(fl_fsdp_with(zo_layer0()), mlp_model{}.units(), kShape);
+  CHECK(zo.gradient_saved == 640);
+  CHECK(zo.zeroth_order_copy == 320);
+  CHECK(zo.soup_pool == 0);
+  CHECK(zo.added() == -320);
+  // A soup of M = 3: the master shard is 80 + 144 + 48 = 272 f32 (1088 B); the pool holds
+  // 3 members and the anchor: 4 x 1088 = 4352 B.
+  const local_memory soup =
+      local_memory_of(fl_fsdp_with({.soup = {.members = 3}}), mlp_model{}.units(), kShape);
+  CHECK(soup.soup_pool == 4352);
+  CHECK(soup.gradient_saved == 0);
+  CHECK(soup.added() == 4352);
+  CHECK(local_memory_of(fl_fsdp_with({}), mlp_model{}.units(), kShape).added() == 0);
+}
+
+TEST_CASE("a soup: its distance sum over the shards and its passes over the master shard") {
+  // M = 3 with diversity: each step sums M (M - 1) / 2 + 1 = 4 f64 (32 B) over the 2 shards,
+  // an all_reduce sending 2 (2 - 1) / 2 x 32 = 32 B, blocking; the plain step is unchanged
+  // (2176 B, 9 calls). Passes over the 272-element master shard: interpolation 4,
+  // regularisers' gradient 6, copies 4, average 4, distances 3 x 2 + 2 = 8: 26 passes of
+  // 1088 B = 28288 B, 28.288 ms at 1e6 B/s. Without diversity: no distance sum, 18 passes
+  // (19584 B, 19.584 ms).
+  const step_price p = price_plans(fl_fsdp_with({.soup = {.members = 3}}), mlp_model{}.units(),
+                                   kShape, slow_memory(), 1.0, 1.0, with_precision());
+  CHECK(p[axis::shard].step_bytes == 2176 + 32);
+  CHECK(p[axis::shard].step_calls == 10);
+  CHECK(p[axis::federation].sync_bytes == 1088);
+  CHECK(p.local.passes == doctest::Approx(28288e-6));
+  CHECK(p.local.main_compute == 1.0);
+  CHECK(p.compute == doctest::Approx(1.0 + 28288e-6));
+  const step_price q =
+      price_plans(fl_fsdp_with({.soup = {.members = 3, .diversity = false}}), mlp_model{}.units(),
+                  kShape, slow_memory(), 1.0, 1.0, with_precision());
+  CHECK(q[axis::shard].step_bytes == 2176);
+  CHECK(q.local.passes == doctest::Approx(19584e-6));
+}
+
+TEST_CASE("local rule settings out of range are refused, naming them") {
+  auto refused = [](const local_rule_desc& r, const char* part) {
+    const std::string m = error_of([&] {
+      (void)price_plans(fl_fsdp_with(r), mlp_model{}.units(), kShape, slow_memory(), 1.0, 1.0);
+    });
+    CAPTURE(m);
+    return m.find(part) != std::string::npos;
+  };
+  CHECK(refused({.zeroth_order = {.units = {"layer9"}}},
+                "no unit named 'layer9' for a zeroth-order unit; the units are 'layer0', "
+                "'layer1', 'head'"));
+  CHECK(refused({.zeroth_order = {.units = {"layer0"}, .probes = 0}}, "probes >= 1"));
+  CHECK(refused({.soup = {.members = 17}}, "0 (no soup) to 16 members, found 17"));
+  CHECK(refused({.zeroth_order = {.units = {"layer0"}}, .soup = {.members = 2}}, "one local rule"));
+}
