@@ -20,6 +20,7 @@
 #include "fedshard/plan/traffic.hpp"
 #include "fedshard/sim/local_rule.hpp"
 #include "fedshard/sim/price.hpp"
+#include "fedshard/sim/run.hpp"
 #include "fedshard/trainer/local_zeroth_order.hpp"
 #include "fedshard/trainer/trainer.hpp"
 #include "support/sim.hpp"
@@ -218,4 +219,31 @@ TEST_CASE("local rule settings out of range are refused, naming them") {
   CHECK(refused({.zeroth_order = {.units = {"layer0"}, .probes = 0}}, "probes >= 1"));
   CHECK(refused({.soup = {.members = 17}}, "0 (no soup) to 16 members, found 17"));
   CHECK(refused({.zeroth_order = {.units = {"layer0"}}, .soup = {.members = 2}}, "one local rule"));
+}
+
+TEST_CASE("by name on GPT-2: the embedding's records cross the federation link, not its values") {
+  // fl_fsdp (K = 8) on 2 groups of 4 shards, GPT-2 small (bf16 units), "embed" zeroth-order
+  // with P = 1. The embedding has 50257 x 768 + 1024 x 768 = 39383808 elements: a shard of
+  // 9845952 (a multiple of 32, the bf16 alignment), so every shard and fragment stays a
+  // multiple of 32 elements and no padding moves. The hierarchical sync (R = 1) all-reduces
+  // the f32 fragment over 2 groups, sending its bytes: leaving the embedding out saves
+  // 9845952 x 4 = 39383808 B; the records add 2 x 8 x 1 x 24 = 384 B all-gathered, 192 B
+  // sent: 39383616 B less per sync, the embedding's part 205124x smaller.
+  const mesh_shape shape{2, 1, 4};
+  run_settings plain{.algorithm = {.period = 8}};
+  run_settings zo = plain;
+  zo.algorithm.local = {.zeroth_order = {.units = {"embed"}, .probes = 1}};
+  const run_price a = price_named("fl_fsdp", plain, small_gpt(), shape, a100_4gpu_node());
+  const run_price b = price_named("fl_fsdp", zo, small_gpt(), shape, a100_4gpu_node());
+  REQUIRE(a.each_step.has_value());
+  REQUIRE(b.each_step.has_value());
+  const double saved =
+      (*a.each_step)[axis::federation].sync_bytes - (*b.each_step)[axis::federation].sync_bytes;
+  CHECK(saved == 39383616);
+  CHECK((*b.each_step)[axis::federation].sync_calls ==
+        (*a.each_step)[axis::federation].sync_calls + 1);
+  // Each step evaluates the loss twice, each a forward pass: 2 x C / 3 more compute.
+  const double c = compute_seconds_of(small_gpt(), a100_4gpu_node());
+  CHECK(b.each_step->local.evaluations == doctest::Approx(2 * c / 3));
+  CHECK(b.step > a.step);
 }
