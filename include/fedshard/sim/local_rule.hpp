@@ -34,6 +34,12 @@
 ///
 /// A pass reads or writes the 4-byte elements once, at the GPU's memory bandwidth
 /// (cluster::memory_bandwidth; 0 prices them at nothing), as the codec kernels are priced.
+///
+/// Time (sim/price.hpp): the step itself is priced as without a rule from its reduced compute
+/// (its timeline still splits that compute over every unit); the evaluations, passes and
+/// replay are compute added after it; the evaluations' forward gathers run behind the
+/// evaluations' compute (max(compute, gathers), as under step_overlap::channel) and the
+/// blocking ops (the loss means, the distance sum) are exposed.
 
 #include <cstddef>
 #include <cstdint>
