@@ -247,3 +247,28 @@ TEST_CASE("by name on GPT-2: the embedding's records cross the federation link, 
   CHECK(b.each_step->local.evaluations == doctest::Approx(2 * c / 3));
   CHECK(b.step > a.step);
 }
+
+TEST_CASE("the evaluations' gathers hide behind their compute; the loss means are exposed") {
+  // On the A100 node's links, the local ops' seconds: the loss means are the group axis's
+  // only ops, each evaluation's forward gathers are what one more probe (two evaluations)
+  // adds on the shard axis. With ample compute (C = 10 s) the gathers hide behind the
+  // evaluations' 2P C / 3 and only the means are exposed; with none (C = 0) everything is.
+  const cluster c = a100_4gpu_node();
+  auto priced = [&](int probes, double compute) {
+    local_rule_desc r = zo_layer0();
+    r.zeroth_order.probes = probes;
+    return price_plans(fl_fsdp_with(r), mlp_model{}.units(), kShape, c, compute, 1.0,
+                       with_precision());
+  };
+  const step_price ample = priced(2, 10.0);
+  const double means = ample[axis::group].step_seconds;
+  CHECK(means > 0);
+  CHECK(ample.local.exposed_ops == doctest::Approx(means));
+  const step_price none = priced(2, 0.0);
+  const double one_probe_gathers =
+      none[axis::shard].step_seconds - priced(1, 0.0)[axis::shard].step_seconds;
+  CHECK(one_probe_gathers > 0);
+  CHECK(none.local.exposed_ops == doctest::Approx(means + 2 * one_probe_gathers));
+  CHECK(none.step == doctest::Approx(none.compute + none.exposed_comm()));
+  CHECK(ample.step == doctest::Approx(ample.compute + ample.exposed_comm()));
+}
