@@ -21,6 +21,7 @@
 #include "fedshard/sim/local_rule.hpp"
 #include "fedshard/sim/price.hpp"
 #include "fedshard/sim/run.hpp"
+#include "fedshard/trainer/local_soup.hpp"
 #include "fedshard/trainer/local_zeroth_order.hpp"
 #include "fedshard/trainer/trainer.hpp"
 #include "support/sim.hpp"
@@ -134,35 +135,77 @@ TEST_CASE("run_traffic counts the local rule's ops every step and the records at
   CHECK(t[axis::federation].calls == 2 * 2);
 }
 
-TEST_CASE("the priced step of zeroth-order units is what the trainer's wire records") {
-  // One step (no sync yet, K = 4) of the trainer with layer0 zeroth-order (P = 2): its wire's
-  // bytes and calls per axis equal the priced step's (3872 B on the shard axis, 32 B on the
-  // group axis, by hand above).
-  const algorithm_desc a = fl_fsdp_with(zo_layer0());
-  const step_price p =
-      price_plans(a, mlp_model{}.units(), kShape, slow_memory(), 1.0, 1.0, with_precision());
-  std::vector<traffic_counters> seen(4);
-  spawn_ranks(4, [&](inproc::communicator& world) {
-    mesh m(world, kShape);
+/// What each rank's wire recorded in the last of `steps` steps (no sync yet: K = 4) of the
+/// trainer of fl_fsdp on `shape` with local rule `rule`.
+std::vector<traffic_counters> last_step_wire(const mesh_shape& shape, int steps,
+                                             const local_rule_factory& rule) {
+  std::vector<traffic_counters> seen(static_cast<std::size_t>(shape.size()));
+  spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
     trainer_options<fl_fsdp> o;
     o.precision = kPrec;
     o.schedule.period = 4;
     o.log = [](const std::string&) {};
-    o.local_rule = zeroth_order_rule({.eps = 1e-3f, .probes = 2, .seed = 9}, {"layer0"});
+    o.local_rule = rule;
     trainer<mlp_model, fl_fsdp, optim::adamw, inproc::communicator> t(m, mlp_model{}, {.lr = 1e-2f},
                                                                       o);
-    t.traffic().reset();  // the step only, not the construction's layout check
     const int g = m.coords().group;
-    t.step(t.model().batch(3, 0, g, kShape.groups, m.coords().shard, kShape.shards, 2));
+    for (int s = 0; s < steps; ++s) {
+      t.traffic().reset();  // the last step only
+      t.step(t.model().batch(3, s, g, shape.groups, m.coords().shard, shape.shards, 2));
+    }
     seen[static_cast<std::size_t>(world.rank())] = t.traffic();
   });
-  for (int r = 0; r < 4; ++r)
+  return seen;
+}
+
+/// Every rank's priced step bytes and calls, axis by axis, equal what its wire recorded.
+void check_wire(const step_price& p, const std::vector<traffic_counters>& seen) {
+  REQUIRE(p.ranks.size() == seen.size());
+  for (int r = 0; r < static_cast<int>(seen.size()); ++r)
     for (axis ax : all_axes) {
       CAPTURE(r);
       CAPTURE(to_string(ax));
       CHECK(of(p, r, ax).step_bytes == seen[static_cast<std::size_t>(r)][ax].wire_bytes);
       CHECK(of(p, r, ax).step_calls == seen[static_cast<std::size_t>(r)][ax].calls);
     }
+}
+
+TEST_CASE("the priced step of a local rule is what the trainer's wire records") {
+  // Zeroth-order layer0 (P = 2), one step: 3872 B on the shard axis and 32 B on the group
+  // axis, by hand above. A soup of
+  // M = 3 whose members join at once (first_steps 0, add_every 1: 2 members at step 0, 3 at
+  // step 1), at step 2, its pool full: 2176 + 32 B on the shard axis (above).
+  const local_rule_factory zo =
+      zeroth_order_rule({.eps = 1e-3f, .probes = 2, .seed = 9}, {"layer0"});
+  check_wire(price_plans(fl_fsdp_with(zo_layer0()), mlp_model{}.units(), kShape, slow_memory(), 1.0,
+                         1.0, with_precision()),
+             last_step_wire(kShape, 1, zo));
+  // Groups of one rank (2 x 1 x 1): the 4 loss means are still run, calls of no bytes. (On
+  // the shard axis the simulator's step plan keeps the one-rank f32 reduce_scatters the
+  // engine elides, 2 calls of no bytes: so only the group axis is compared here.)
+  const mesh_shape single{2, 1, 1};
+  const step_price one = price_plans(fl_fsdp_with(zo_layer0()), mlp_model{}.units(), single,
+                                     slow_memory(), 1.0, 1.0, with_precision());
+  const std::vector<traffic_counters> wire = last_step_wire(single, 1, zo);
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(of(one, r, axis::group).step_calls == 4);
+    CHECK(of(one, r, axis::group).step_calls ==
+          wire[static_cast<std::size_t>(r)][axis::group].calls);
+    CHECK(of(one, r, axis::group).step_bytes == 0);
+    CHECK(wire[static_cast<std::size_t>(r)][axis::group].wire_bytes == 0);
+  }
+  CHECK(of(price_plans(fl_fsdp_with(zo_layer0()), mlp_model{}.units(), kShape, slow_memory(), 1.0,
+                       1.0, with_precision()),
+           0, axis::shard)
+            .step_bytes == 3872);
+  const step_price soup = price_plans(fl_fsdp_with({.soup = {.members = 3}}), mlp_model{}.units(),
+                                      kShape, slow_memory(), 1.0, 1.0, with_precision());
+  CHECK(soup[axis::shard].step_bytes == 2176 + 32);
+  check_wire(soup,
+             last_step_wire(kShape, 3,
+                            local_soup_rule({.pool_size = 3, .first_steps = 0, .add_every = 1})));
 }
 
 TEST_CASE("memory: zeroth-order units drop their full gradients, a soup holds M + 1 shards") {

@@ -12,7 +12,7 @@
 ///    per probe): each evaluation a forward pass of the whole model, which fires the step
 ///    plan's forward acquire ops again (the trainer's group_mean_loss runs the model's
 ///    evaluate through the engine), then a group all_reduce of one f64 (group_mean_op,
-///    trainer/options.hpp; none on a group of one rank);
+///    trainer/options.hpp; a call of no bytes on a group of one rank, as the trainer runs it);
 ///  - compute, from the plain step's C split as sim/timeline.hpp splits it (one third forward,
 ///    two thirds backward, over the units by their elements): the units' backward share is
 ///    not computed (exact when they are the model's lowest units, whose input gradient nothing
@@ -165,7 +165,8 @@ constexpr std::int64_t soup_distance_count(int members) noexcept {
 /// The ops a step's local rule runs beyond the step plan `step` (already without the
 /// zeroth-order units' backward) on mesh `shape` with `shards` layout shards, in order: for
 /// zeroth-order units, 2P times the step plan's forward acquire ops and a group mean of one
-/// f64; for a soup with diversity, the distances' sum over the shard axis.
+/// f64 (on a group of one rank too); for a soup with diversity, the distances' sum over the
+/// shard axis (none over one shard, as the trainer skips it).
 inline plan local_step_ops(const plan& step, const mesh_shape& shape, int shards,
                            const local_rule_desc& r) {
   plan out;
@@ -174,7 +175,7 @@ inline plan local_step_ops(const plan& step, const mesh_shape& shape, int shards
     for (int e = 0; e < 2 * r.zeroth_order.probes; ++e) {
       for (const comm_op& op : step.ops)
         if (op.trigger == trigger::acquire && op.phase == phase::forward) out.ops.push_back(op);
-      if (group > 1) out.ops.push_back(group_mean_op(group));
+      out.ops.push_back(group_mean_op(group));  // the trainer runs it on one rank too
     }
   }
   if (r.soup_on() && r.soup.diversity && r.soup.members >= 2 && shards > 1)
