@@ -152,8 +152,8 @@ How
                         in f32); ignored by algorithms that do not federate
   --zo-units LIST       units trained zeroth-order (HO-FL), e.g. embed,layer0 (the model's
                         units: embed, layer0..layer<L-1>, head): no backward for them, 2P
-                        forward passes and loss means per step, their records (K P x 24 B per
-                        group) sent at a sync instead of their parameters
+                        forward passes and loss means per step, their records (a count and
+                        K P x 24 B per group) sent at a sync instead of their parameters
   --zo-probes P         probes per zeroth-order step (default 1)
   --zo-as-params        sync the zeroth-order units as parameters, not as records
   --soup-pool M         a local soup of M members per group (LSS, 1..16): (M + 1) master shards

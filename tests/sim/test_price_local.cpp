@@ -76,9 +76,9 @@ TEST_CASE("zeroth-order units: no backward, 2P forward passes and loss means, se
   // 4 calls on the group axis. Shard axis: 1696 + 2176 = 3872 B in 19 calls.
   // Sync (hierarchical, R = 1): the plain fragment packs 80 + 144 + 48 = 272 f32 (1088 B,
   // all-reduced over 2 groups: 1088 B sent). With seeds on the wire layer0 leaves it:
-  // 144 + 48 = 192 f32, 768 B sent; the records, G K P = 2 x 4 x 2 of 24 B = 384 B
-  // all-gathered over the 2 groups, (G - 1) K P 24 = 192 B sent: 960 B in 2 calls, 240 B per
-  // step (K = 4).
+  // 144 + 48 = 192 f32, 768 B sent; after it the groups all-gather their record counts
+  // (2 x 8 = 16 B, 8 B sent) and their K P = 4 x 2 records of 24 B (2 x 192 = 384 B, 192 B
+  // sent): 768 + 8 + 192 = 968 B in 3 calls, 242 B per step (K = 4).
   const step_price plain = price_plans(fl_fsdp_with({}), mlp_model{}.units(), kShape, slow_memory(),
                                        1.0, 1.0, with_precision());
   const step_price zo = price_plans(fl_fsdp_with(zo_layer0()), mlp_model{}.units(), kShape,
@@ -92,20 +92,21 @@ TEST_CASE("zeroth-order units: no backward, 2P forward passes and loss means, se
     CHECK(of(zo, r, axis::shard).step_calls == 19);
     CHECK(of(zo, r, axis::group).step_bytes == 32);
     CHECK(of(zo, r, axis::group).step_calls == 4);
-    CHECK(of(zo, r, axis::federation).sync_bytes == 960);
-    CHECK(of(zo, r, axis::federation).sync_calls == 2);
-    CHECK(of(zo, r, axis::federation).bytes_per_step == 240);
+    CHECK(of(zo, r, axis::federation).sync_bytes == 968);
+    CHECK(of(zo, r, axis::federation).sync_calls == 3);
+    CHECK(of(zo, r, axis::federation).bytes_per_step == 242);
   }
   // Compute, C = 1 s: layer0's backward share, 2/3 x 144 / 484 = 96 / 484, is not computed;
   // the 4 evaluations cost C / 3 each; the passes over layer0's 80-element shard: 8 P + 6 =
-  // 22 passes of 320 B = 7040 B, 7.04 ms at 1e6 B/s; the replay at a sync, 2 G K P = 32
-  // passes, 10240 B, 10.24 ms, once per 4 steps: 2.56 ms per step. The links are free.
+  // 22 passes of 320 B = 7040 B, 7.04 ms at 1e6 B/s; at a sync the replay, 2 G K P = 32
+  // passes, and the anchor's copies, 6: 38 passes, 12160 B, 12.16 ms, once per 4 steps:
+  // 3.04 ms per step. The links are free.
   CHECK(zo.local.main_compute == doctest::Approx(388.0 / 484.0));
   CHECK(zo.local.evaluations == doctest::Approx(4.0 / 3.0));
   CHECK(zo.local.passes == doctest::Approx(7040e-6));
-  CHECK(zo.local.replay == doctest::Approx(10240e-6));
-  CHECK(zo.local.replay_per_step == doctest::Approx(2560e-6));
-  CHECK(zo.compute == doctest::Approx(388.0 / 484.0 + 4.0 / 3.0 + 7040e-6 + 2560e-6));
+  CHECK(zo.local.replay == doctest::Approx(12160e-6));
+  CHECK(zo.local.replay_per_step == doctest::Approx(3040e-6));
+  CHECK(zo.compute == doctest::Approx(388.0 / 484.0 + 4.0 / 3.0 + 7040e-6 + 3040e-6));
   CHECK(zo.step == doctest::Approx(zo.compute));
   CHECK(plain.step == doctest::Approx(1.0));
   CHECK(plain.local.compute() == 0);
@@ -125,14 +126,14 @@ TEST_CASE("zeroth-order units synced as parameters keep the plain sync, without 
 
 TEST_CASE("run_traffic counts the local rule's ops every step and the records at each sync") {
   // 8 steps of K = 4 (syncs after steps 3 and 7): rank 0 sends 8 x 3872 B on the shard axis,
-  // 8 x 32 B on the group axis and 2 x 960 B on the federation axis.
+  // 8 x 32 B on the group axis and 2 x 968 B in 2 x 3 calls on the federation axis.
   const traffic_counters t =
       run_traffic(fl_fsdp_with(zo_layer0()), mlp_model{}.units(), kShape, 0, 8, 0, kPrec);
   CHECK(t[axis::shard].wire_bytes == 8 * 3872);
   CHECK(t[axis::shard].calls == 8 * 19);
   CHECK(t[axis::group].wire_bytes == 8 * 32);
-  CHECK(t[axis::federation].wire_bytes == 2 * 960);
-  CHECK(t[axis::federation].calls == 2 * 2);
+  CHECK(t[axis::federation].wire_bytes == 2 * 968);
+  CHECK(t[axis::federation].calls == 2 * 3);
 }
 
 /// What each rank's wire recorded in the last of `steps` steps (no sync yet: K = 4) of the
@@ -210,12 +211,17 @@ TEST_CASE("the priced step of a local rule is what the trainer's wire records") 
 
 TEST_CASE("memory: zeroth-order units drop their full gradients, a soup holds M + 1 shards") {
   // layer0 zeroth-order: its reduce_scatter reads a full gradient (160 f32, 640 B) that is
-  // no longer kept, and each step saves its 80-element shard (320 B): 320 B more, 640 B less.
+  // no longer kept; each step saves its 80-element shard (320 B) and, with seeds on the wire,
+  // the anchor is a second copy (320 B): 640 B more, 640 B less. As parameters: 320 B more.
   const local_memory zo = local_memory_of(fl_fsdp_with(zo_layer0()), mlp_model{}.units(), kShape);
   CHECK(zo.gradient_saved == 640);
-  CHECK(zo.zeroth_order_copy == 320);
+  CHECK(zo.zeroth_order_copy == 640);
   CHECK(zo.soup_pool == 0);
-  CHECK(zo.added() == -320);
+  CHECK(zo.added() == 0);
+  const local_memory as_params =
+      local_memory_of(fl_fsdp_with(zo_layer0(false)), mlp_model{}.units(), kShape);
+  CHECK(as_params.zeroth_order_copy == 320);
+  CHECK(as_params.added() == -320);
   // A soup of M = 3: the master shard is 80 + 144 + 48 = 272 f32 (1088 B); the pool holds
   // 3 members and the anchor: 4 x 1088 = 4352 B.
   const local_memory soup =
@@ -262,6 +268,9 @@ TEST_CASE("local rule settings out of range are refused, naming them") {
   CHECK(refused({.zeroth_order = {.units = {"layer0"}, .probes = 0}}, "probes >= 1"));
   CHECK(refused({.soup = {.members = 17}}, "0 (no soup) to 16 members, found 17"));
   CHECK(refused({.zeroth_order = {.units = {"layer0"}}, .soup = {.members = 2}}, "one local rule"));
+  // Every unit zeroth-order with seeds on the wire: the federation would sync nothing.
+  CHECK(refused({.zeroth_order = {.units = {"layer0", "layer1", "head"}}},
+                "fragment 0 of the periodic schedule holds zeroth-order units only"));
 }
 
 TEST_CASE("by name on GPT-2: the embedding's records cross the federation link, not its values") {
@@ -270,8 +279,9 @@ TEST_CASE("by name on GPT-2: the embedding's records cross the federation link, 
   // 9845952 (a multiple of 32, the bf16 alignment), so every shard and fragment stays a
   // multiple of 32 elements and no padding moves. The hierarchical sync (R = 1) all-reduces
   // the f32 fragment over 2 groups, sending its bytes: leaving the embedding out saves
-  // 9845952 x 4 = 39383808 B; the records add 2 x 8 x 1 x 24 = 384 B all-gathered, 192 B
-  // sent: 39383616 B less per sync, the embedding's part 205124x smaller.
+  // 9845952 x 4 = 39383808 B; the exchange adds the counts (2 x 8 B gathered, 8 B sent) and
+  // the records (2 x 8 x 1 x 24 = 384 B gathered, 192 B sent): 39383608 B less per sync, the
+  // embedding's part 196919x smaller (39383808 / 200).
   const mesh_shape shape{2, 1, 4};
   run_settings plain{.algorithm = {.period = 8}};
   run_settings zo = plain;
@@ -282,9 +292,9 @@ TEST_CASE("by name on GPT-2: the embedding's records cross the federation link, 
   REQUIRE(b.each_step.has_value());
   const double saved =
       (*a.each_step)[axis::federation].sync_bytes - (*b.each_step)[axis::federation].sync_bytes;
-  CHECK(saved == 39383616);
+  CHECK(saved == 39383608);
   CHECK((*b.each_step)[axis::federation].sync_calls ==
-        (*a.each_step)[axis::federation].sync_calls + 1);
+        (*a.each_step)[axis::federation].sync_calls + 2);
   // Each step evaluates the loss twice, each a forward pass: 2 x C / 3 more compute.
   const double c = compute_seconds_of(small_gpt(), a100_4gpu_node());
   CHECK(b.each_step->local.evaluations == doctest::Approx(2 * c / 3));

@@ -19,12 +19,15 @@
 ///    needs), and each evaluation costs the forward third, C / 3; plus zo_step_passes(P)
 ///    elementwise passes over the Z elements;
 ///  - at a sync, with seeds on the wire (and a federation that syncs), the units are left out
-///    of the federation policy's sync plans (planned as if the group did not hold them) and
-///    fragment 0's sync exchanges the records instead: an all_gather over the federation axis
-///    of each group's K P records of 24 bytes (optim::zo_record), K the steps between two
-///    syncs of fragment 0, so G K P 24 bytes in all and (G - 1) K P 24 received by each rank;
-///    every rank replays the G K P records on its Z elements (one hash and one fma each:
-///    2 G K P passes) when the sync is applied.
+///    of the federation policy's sync plans (planned as if the group did not hold them, as the
+///    synchronizer's left_out fragments leave them) and each applied sync exchanges the
+///    records instead, as the rule's after_sync does (trainer/local_zeroth_order.hpp): two
+///    all_gathers over the federation axis, each group's record count (one f64) and then its
+///    K P records of 24 bytes (optim::zo_record, 3 f64 words), K the steps since the previous
+///    applied sync: G (8 + 24 K P) bytes gathered, (G - 1) (8 + 24 K P) received by each
+///    rank; every rank then replays the G K P records onto the anchor on its Z elements (one
+///    hash and one fma each: 2 G K P passes) and copies the anchor in and out (4 passes), and
+///    the round's first step saves the anchor (2 passes): 2 G K P + 6 passes per sync.
 ///
 /// A soup of M members: the pool holds M members and the anchor, (M + 1) master shards; each
 /// step adds soup_step_passes(M, diversity) elementwise passes over the master shard, and with
@@ -183,21 +186,35 @@ inline plan local_step_ops(const plan& step, const mesh_shape& shape, int shards
   return out;
 }
 
-/// The op that exchanges the groups' zeroth-order records at a sync of fragment 0: an
-/// all_gather over the federation axis of `groups` x K x P records of zo_record_bytes (f64
-/// words), blocking.
-inline comm_op zo_records_op(int groups, std::int64_t steps, int probes) {
+/// An all_gather over the federation axis of n f64 per group, blocking, run after a sync is
+/// applied: the op of a local rule's exchange (local_sync::all_gather; federation_gather_op
+/// of trainer/options.hpp, whose numbers these are).
+inline comm_op federation_values_op(int groups, std::int64_t n) {
   return {.kind = comm_kind::all_gather,
           .axis = axis::federation,
           .dtype = dtype::f64,
-          .bytes = std::int64_t{groups} * steps * probes * zo_record_bytes,
+          .bytes = 8 * n * groups,
           .ranks = groups,
-          .trigger = trigger::sync_exchange,
+          .trigger = trigger::on_demand,
           .phase = phase::sync,
-          .fragment = 0,
-          .in = {.role = role::state},
-          .out = {.role = role::state},
+          .in = {.role = role::value, .index = 0},
+          .out = {.role = role::value, .index = 1},
           .overlappable = false};
+}
+
+/// The ops that exchange the groups' zeroth-order records at an applied sync: each group's
+/// record count (one f64), then its K P records of zo_record_bytes (3 f64 words each).
+inline plan zo_records_ops(int groups, std::int64_t steps, int probes) {
+  plan out;
+  out.ops.push_back(federation_values_op(groups, 1));
+  out.ops.push_back(federation_values_op(groups, steps * probes * (zo_record_bytes / 8)));
+  return out;
+}
+
+/// Elementwise passes over the zeroth-order shard at an applied sync whose groups' records
+/// cover K steps of P probes (see the file comment): 2 G K P + 6.
+constexpr double zo_sync_passes(int groups, std::int64_t steps, int probes) noexcept {
+  return 2.0 * groups * static_cast<double>(steps) * probes + 6.0;
 }
 
 /// What a local rule adds to one rank's memory, in bytes (f32 buffers).
@@ -206,7 +223,9 @@ struct local_memory {
   /// plan reduces its gradient out of a full buffer (an op reads role grad into another
   /// role) loses its padded unit of f32.
   double gradient_saved = 0;
-  /// The zeroth-order units' shards saved by each step (their values put back).
+  /// The zeroth-order units' shards saved by each step (their values put back), and with
+  /// seeds on the wire their anchor (their values at the previous sync): 1 or 2 copies of
+  /// shard_numel f32 per unit (the shard's padding included).
   double zeroth_order_copy = 0;
   /// The soup's pool: (M + 1) x the master shard.
   double soup_pool = 0;
@@ -228,7 +247,8 @@ inline local_memory local_memory_of(const flat_layout& l, const plan& step,
         own_grad[static_cast<std::size_t>(op.unit)] = true;
     for (std::size_t u = 0; u < l.num_units(); ++u) {
       if (!zo[u]) continue;
-      out.zeroth_order_copy += 4.0 * static_cast<double>(l.unit(u).shard_numel);
+      const double copies = r.zeroth_order.seeds_on_wire ? 2.0 : 1.0;
+      out.zeroth_order_copy += copies * 4.0 * static_cast<double>(l.unit(u).shard_numel);
       if (own_grad[u]) out.gradient_saved += 4.0 * static_cast<double>(l.unit(u).padded_numel);
     }
   }

@@ -181,12 +181,22 @@ sync_cadence cadence_of(const S& s, std::int64_t window) {
   return c;
 }
 
-/// K of the zeroth-order records a sync of fragment 0 exchanges (sim/local_rule.hpp): the
-/// steps between two of its syncs, window / starts rounded, at least 1; 0 when it never syncs.
+/// Syncs applied in the cadence's window, every fragment's (a local rule's after_sync runs
+/// after each; fragments are taken to apply at distinct steps, as streaming's do).
+inline std::int64_t applies_in(const sync_cadence& c) {
+  std::int64_t n = 0;
+  for (const auto& f : c.fragments) n += f.applies;
+  return n;
+}
+
+/// K of the zeroth-order records an applied sync exchanges (sim/local_rule.hpp): the steps
+/// since the previous applied sync, window / applies_in rounded, at least 1; 0 when nothing
+/// is applied in the window.
 inline std::int64_t records_steps(const sync_cadence& c) {
-  if (c.fragments.empty() || c.fragments[0].starts == 0) return 0;
+  const std::int64_t n = applies_in(c);
+  if (n == 0) return 0;
   return std::max<std::int64_t>(
-      1, std::llround(static_cast<double>(c.window) / static_cast<double>(c.fragments[0].starts)));
+      1, std::llround(static_cast<double>(c.window) / static_cast<double>(n)));
 }
 
 /// Run-time settings of Algorithm A for the simulator: those of trainer_options<A> that shape
@@ -308,16 +318,33 @@ class algorithm_model_of final : public algorithm_model {
       return federation::sync_plans_of(policy_, schedule_, layout, shape, coords,
                                        inner_state_buffers_, held, round);
     // Seeds on the wire: the zeroth-order units leave the parameter sync (planned as if the
-    // group did not hold them) and fragment 0's sync gathers the groups' records instead.
+    // group did not hold them) and every applied sync gathers the groups' records after it.
     const std::vector<bool> zo = zeroth_order_mask(layout, local_);
+    check_units_left(layout, zo);
     if (held.empty()) held.assign(layout.num_units(), true);
     for (std::size_t u = 0; u < held.size(); ++u) held[u] = held[u] && !zo[u];
     std::vector<plan> out = federation::sync_plans_of(policy_, schedule_, layout, shape, coords,
                                                       inner_state_buffers_, held, round);
     const std::int64_t k = records_steps(cadence_);
-    if (shape.groups > 1 && k > 0 && !out.empty())
-      out[0].ops.push_back(zo_records_op(shape.groups, k, local_.zeroth_order.probes));
+    if (k > 0)
+      for (plan& frag : out)
+        for (const comm_op& op : zo_records_ops(shape.groups, k, local_.zeroth_order.probes).ops)
+          frag.ops.push_back(op);
     return out;
+  }
+  /// invalid_argument when a fragment of the schedule holds zeroth-order units only (the
+  /// synchronizer refuses a fragment with no unit left to sync).
+  void check_units_left(const flat_layout& layout, const std::vector<bool>& zo) const {
+    const int units = static_cast<int>(layout.num_units());
+    for (int f = 0; f < schedule_.fragments(); ++f) {
+      bool left = false;
+      for (int u : schedule_.fragment_units(f, units))
+        left = left || !zo[static_cast<std::size_t>(u)];
+      FEDSHARD_EXPECTS(left, "sim: fragment ", f, " of the ", schedule_type::name,
+                       " schedule holds zeroth-order units only: with seeds on the wire no "
+                       "unit is left for the federation policy to sync (the synchronizer "
+                       "refuses it); expected at least one unit that is not zeroth-order");
+    }
   }
   bool plan_per_round() const noexcept override {
     return federation::plan_per_round_v<federation_type>;
@@ -1302,10 +1329,9 @@ inline local_price local_costs(const local_rule_desc& r, const plan_pricing& p, 
     out.evaluations = 2.0 * probes * C / 3.0;
     out.passes = pass_seconds(zo_step_passes(probes), z);
     const std::int64_t k = records_steps(p.cadence);
-    if (p.syncs && r.zeroth_order.seeds_on_wire && p.shape.groups > 1 && k > 0) {
-      out.replay = pass_seconds(2.0 * p.shape.groups * static_cast<double>(k) * probes, z);
-      out.replay_per_step =
-          out.replay * static_cast<double>(p.cadence.fragments[0].applies) / p.window;
+    if (p.syncs && r.zeroth_order.seeds_on_wire && k > 0) {
+      out.replay = pass_seconds(zo_sync_passes(p.shape.groups, k, probes), z);
+      out.replay_per_step = out.replay * static_cast<double>(applies_in(p.cadence)) / p.window;
     }
   }
   if (r.soup_on())
