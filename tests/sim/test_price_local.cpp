@@ -76,9 +76,12 @@ TEST_CASE("zeroth-order units: no backward, 2P forward passes and loss means, se
   // 4 calls on the group axis. Shard axis: 1696 + 2176 = 3872 B in 19 calls.
   // Sync (hierarchical, R = 1): the plain fragment packs 80 + 144 + 48 = 272 f32 (1088 B,
   // all-reduced over 2 groups: 1088 B sent). With seeds on the wire layer0 leaves it:
-  // 144 + 48 = 192 f32, 768 B sent; after it the groups all-gather their record counts
-  // (2 x 8 = 16 B, 8 B sent) and their K P = 4 x 2 records of 24 B (2 x 192 = 384 B, 192 B
-  // sent): 768 + 8 + 192 = 968 B in 3 calls, 242 B per step (K = 4).
+  // 144 + 48 = 192 f32, 768 B sent. After it each group's rank 0 (shard 0: world ranks 0
+  // and 2) all-gathers the groups' record counts (2 x 8 = 16 B, 8 B sent) and their
+  // K P = 4 x 2 records of 24 B (2 x 192 = 384 B, 192 B sent): 768 + 8 + 192 = 968 B in 3
+  // calls, 242 B per step (K = 4); the shard-1 ranks send 768 B in 1 call. Each group's rank
+  // 0 then broadcasts the 16 B and the 384 B to its 2 ranks (bus factor 1, counted on both):
+  // 400 B in 2 calls on the group axis, a step's 32 B + 400 / 4 = 132 B per step.
   const step_price plain = price_plans(fl_fsdp_with({}), mlp_model{}.units(), kShape, slow_memory(),
                                        1.0, 1.0, with_precision());
   const step_price zo = price_plans(fl_fsdp_with(zo_layer0()), mlp_model{}.units(), kShape,
@@ -92,9 +95,13 @@ TEST_CASE("zeroth-order units: no backward, 2P forward passes and loss means, se
     CHECK(of(zo, r, axis::shard).step_calls == 19);
     CHECK(of(zo, r, axis::group).step_bytes == 32);
     CHECK(of(zo, r, axis::group).step_calls == 4);
-    CHECK(of(zo, r, axis::federation).sync_bytes == 968);
-    CHECK(of(zo, r, axis::federation).sync_calls == 3);
-    CHECK(of(zo, r, axis::federation).bytes_per_step == 242);
+    const bool first = r % 2 == 0;  // shard 0
+    CHECK(of(zo, r, axis::federation).sync_bytes == (first ? 968 : 768));
+    CHECK(of(zo, r, axis::federation).sync_calls == (first ? 3 : 1));
+    CHECK(of(zo, r, axis::federation).bytes_per_step == (first ? 242 : 192));
+    CHECK(of(zo, r, axis::group).sync_bytes == 400);
+    CHECK(of(zo, r, axis::group).sync_calls == 2);
+    CHECK(of(zo, r, axis::group).bytes_per_step == 132);
   }
   // Compute, C = 1 s: layer0's backward share, 2/3 x 144 / 484 = 96 / 484, is not computed;
   // the 4 evaluations cost C / 3 each; the passes over layer0's 80-element shard: 8 P + 6 =
@@ -126,12 +133,14 @@ TEST_CASE("zeroth-order units synced as parameters keep the plain sync, without 
 
 TEST_CASE("run_traffic counts the local rule's ops every step and the records at each sync") {
   // 8 steps of K = 4 (syncs after steps 3 and 7): rank 0 sends 8 x 3872 B on the shard axis,
-  // 8 x 32 B on the group axis and 2 x 968 B in 2 x 3 calls on the federation axis.
+  // 8 x 32 + 2 x 400 B in 8 x 4 + 2 x 2 calls on the group axis and 2 x 968 B in 2 x 3 calls
+  // on the federation axis.
   const traffic_counters t =
       run_traffic(fl_fsdp_with(zo_layer0()), mlp_model{}.units(), kShape, 0, 8, 0, kPrec);
   CHECK(t[axis::shard].wire_bytes == 8 * 3872);
   CHECK(t[axis::shard].calls == 8 * 19);
-  CHECK(t[axis::group].wire_bytes == 8 * 32);
+  CHECK(t[axis::group].wire_bytes == 8 * 32 + 2 * 400);
+  CHECK(t[axis::group].calls == 8 * 4 + 2 * 2);
   CHECK(t[axis::federation].wire_bytes == 2 * 968);
   CHECK(t[axis::federation].calls == 2 * 3);
 }
@@ -279,9 +288,10 @@ TEST_CASE("by name on GPT-2: the embedding's records cross the federation link, 
   // 9845952 (a multiple of 32, the bf16 alignment), so every shard and fragment stays a
   // multiple of 32 elements and no padding moves. The hierarchical sync (R = 1) all-reduces
   // the f32 fragment over 2 groups, sending its bytes: leaving the embedding out saves
-  // 9845952 x 4 = 39383808 B; the exchange adds the counts (2 x 8 B gathered, 8 B sent) and
-  // the records (2 x 8 x 1 x 24 = 384 B gathered, 192 B sent): 39383608 B less per sync, the
-  // embedding's part 196919x smaller (39383808 / 200).
+  // 9845952 x 4 = 39383808 B; on world rank 0 (its group's rank 0) the exchange adds the
+  // counts (2 x 8 B gathered, 8 B sent) and the records (2 x 8 x 1 x 24 = 384 B gathered,
+  // 192 B sent): 39383608 B less per sync, the embedding's part 196919x smaller
+  // (39383808 / 200).
   const mesh_shape shape{2, 1, 4};
   run_settings plain{.algorithm = {.period = 8}};
   run_settings zo = plain;
@@ -290,11 +300,11 @@ TEST_CASE("by name on GPT-2: the embedding's records cross the federation link, 
   const run_price b = price_named("fl_fsdp", zo, small_gpt(), shape, a100_4gpu_node());
   REQUIRE(a.each_step.has_value());
   REQUIRE(b.each_step.has_value());
-  const double saved =
-      (*a.each_step)[axis::federation].sync_bytes - (*b.each_step)[axis::federation].sync_bytes;
+  const double saved = of(*a.each_step, 0, axis::federation).sync_bytes -
+                       of(*b.each_step, 0, axis::federation).sync_bytes;
   CHECK(saved == 39383608);
-  CHECK((*b.each_step)[axis::federation].sync_calls ==
-        (*a.each_step)[axis::federation].sync_calls + 2);
+  CHECK(of(*b.each_step, 0, axis::federation).sync_calls ==
+        of(*a.each_step, 0, axis::federation).sync_calls + 2);
   // Each step evaluates the loss twice, each a forward pass: 2 x C / 3 more compute.
   const double c = compute_seconds_of(small_gpt(), a100_4gpu_node());
   CHECK(b.each_step->local.evaluations == doctest::Approx(2 * c / 3));

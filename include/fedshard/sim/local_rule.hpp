@@ -21,13 +21,15 @@
 ///  - at a sync, with seeds on the wire (and a federation that syncs), the units are left out
 ///    of the federation policy's sync plans (planned as if the group did not hold them, as the
 ///    synchronizer's left_out fragments leave them) and each applied sync exchanges the
-///    records instead, as the rule's after_sync does (trainer/local_zeroth_order.hpp): two
-///    all_gathers over the federation axis, each group's record count (one f64) and then its
-///    K P records of 24 bytes (optim::zo_record, 3 f64 words), K the steps since the previous
-///    applied sync: G (8 + 24 K P) bytes gathered, (G - 1) (8 + 24 K P) received by each
-///    rank; every rank then replays the G K P records onto the anchor on its Z elements (one
-///    hash and one fma each: 2 G K P passes) and copies the anchor in and out (4 passes), and
-///    the round's first step saves the anchor (2 passes): 2 G K P + 6 passes per sync.
+///    records instead, as the rule's after_sync does (trainer/local_zeroth_order.hpp, through
+///    the trainer's local_sync::all_gather): two exchanges, each group's record count (one
+///    f64) and then its K P records of 24 bytes (optim::zo_record, 3 f64 words), K the steps
+///    since the previous applied sync; each exchange an all_gather over the federation axis
+///    by the group's rank 0 (replica 0, shard 0), G n f64 gathered, (G - 1) n received, then a
+///    broadcast of the G n f64 to the group's R S ranks (none when R S = 1); every rank then
+///    replays the G K P records onto the anchor on its Z elements (one hash and one fma each:
+///    2 G K P passes) and copies the anchor in and out (4 passes), and the round's first step
+///    saves the anchor (2 passes): 2 G K P + 6 passes per sync.
 ///
 /// A soup of M members: the pool holds M members and the anchor, (M + 1) master shards; each
 /// step adds soup_step_passes(M, diversity) elementwise passes over the master shard, and with
@@ -202,12 +204,36 @@ inline comm_op federation_values_op(int groups, std::int64_t n) {
           .overlappable = false};
 }
 
-/// The ops that exchange the groups' zeroth-order records at an applied sync: each group's
-/// record count (one f64), then its K P records of zo_record_bytes (3 f64 words each).
-inline plan zo_records_ops(int groups, std::int64_t steps, int probes) {
+/// A broadcast of n f64 from the group's rank 0 to its `ranks` ranks, blocking, run after a
+/// sync is applied: how a local rule's exchange reaches the rest of the group
+/// (group_broadcast_op of trainer/options.hpp, whose numbers these are).
+inline comm_op group_values_op(int ranks, std::int64_t n) {
+  return {.kind = comm_kind::broadcast,
+          .axis = axis::group,
+          .dtype = dtype::f64,
+          .bytes = 8 * n,
+          .ranks = ranks,
+          .root = 0,
+          .trigger = trigger::on_demand,
+          .phase = phase::sync,
+          .in = {.role = role::none},
+          .out = {.role = role::value},
+          .overlappable = false};
+}
+
+/// The ops the rank at `coords` of mesh `shape` runs to exchange the groups' zeroth-order
+/// records at an applied sync (see the file comment): for each group's record count (one
+/// f64), then its K P records of zo_record_bytes (3 f64 words each), the federation
+/// all_gather on the group's rank 0 and the group broadcast.
+inline plan zo_records_ops(const mesh_shape& shape, const mesh_coords& coords, std::int64_t steps,
+                           int probes) {
   plan out;
-  out.ops.push_back(federation_values_op(groups, 1));
-  out.ops.push_back(federation_values_op(groups, steps * probes * (zo_record_bytes / 8)));
+  const int group = shape.replicas * shape.shards;
+  const bool first = coords.replica == 0 && coords.shard == 0;
+  for (const std::int64_t n : {std::int64_t{1}, steps * probes * (zo_record_bytes / 8)}) {
+    if (first) out.ops.push_back(federation_values_op(shape.groups, n));
+    if (group > 1) out.ops.push_back(group_values_op(group, shape.groups * n));
+  }
   return out;
 }
 

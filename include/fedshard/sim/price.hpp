@@ -328,7 +328,7 @@ class algorithm_model_of final : public algorithm_model {
     const std::int64_t k = records_steps(cadence_);
     if (k > 0)
       for (plan& frag : out)
-        for (const comm_op& op : zo_records_ops(shape.groups, k, local_.zeroth_order.probes).ops)
+        for (const comm_op& op : zo_records_ops(shape, coords, k, local_.zeroth_order.probes).ops)
           frag.ops.push_back(op);
     return out;
   }
