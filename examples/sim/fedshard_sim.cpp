@@ -154,6 +154,7 @@ How
                         units: embed, layer0..layer<L-1>, head): no backward for them, 2P
                         forward passes and loss means per step, their records (a count and
                         K P x 24 B per group) sent at a sync instead of their parameters
+  --zo-lower N          the model's N lowest units zeroth-order too (hofl's default: 2)
   --zo-probes P         probes per zeroth-order step (default 1)
   --zo-as-params        sync the zeroth-order units as parameters, not as records
   --soup-pool M         a local soup of M members per group (LSS, 1..16): (M + 1) master shards
@@ -387,6 +388,7 @@ void declare_how(cli::parser& p, options& o) {
              }
              if (o.local.zeroth_order.units.empty()) fail(f + ": expected at least one unit name");
            })
+      .integer("--zo-lower", o.local.zeroth_order.lower, 1, 1 << 20)
       .integer("--zo-probes", o.local.zeroth_order.probes, 1, 1 << 16)
       .flag("--zo-as-params", [&o] { o.local.zeroth_order.seeds_on_wire = false; })
       .integer("--soup-pool", o.local.soup.members, 1, max_soup_members)

@@ -335,3 +335,31 @@ TEST_CASE("the evaluations' gathers hide behind their compute; the loss means ar
   CHECK(none.step == doctest::Approx(none.compute + none.exposed_comm()));
   CHECK(ample.step == doctest::Approx(ample.compute + ample.exposed_comm()));
 }
+
+TEST_CASE("the lower units by position, and the catalogue's hofl and lss defaults") {
+  // lower = 1 on test::mlp_model is layer0: the same plans as naming it (3872 B, 968 B on
+  // world rank 0, as above); lower = 4 of its 3 units is refused.
+  const step_price by_position =
+      price_plans(fl_fsdp_with({.zeroth_order = {.lower = 1, .probes = 2}}), mlp_model{}.units(),
+                  kShape, slow_memory(), 1.0, 1.0, with_precision());
+  CHECK(of(by_position, 0, axis::shard).step_bytes == 3872);
+  CHECK(of(by_position, 0, axis::federation).sync_bytes == 968);
+  const std::string m = error_of([] {
+    (void)price_plans(fl_fsdp_with({.zeroth_order = {.lower = 4}}), mlp_model{}.units(), kShape,
+                      slow_memory(), 1.0, 1.0);
+  });
+  CHECK(m.find("4 lower units are to be zeroth-order, but the model has 3") != std::string::npos);
+  // hofl: the two lowest units, one probe, records as seeds; lss: a soup of 3 with diversity;
+  // the other aliases none (trainer/algorithm.hpp's defaults).
+  const local_rule_desc hofl = catalogue_local_rule("hofl");
+  CHECK(hofl.zeroth_order.lower == 2);
+  CHECK(hofl.zeroth_order.units.empty());
+  CHECK(hofl.zeroth_order.probes == 1);
+  CHECK(hofl.zeroth_order.seeds_on_wire);
+  CHECK_FALSE(hofl.soup_on());
+  const local_rule_desc lss = catalogue_local_rule("lss");
+  CHECK(lss.soup.members == 3);
+  CHECK(lss.soup.diversity);
+  CHECK_FALSE(lss.zeroth_order_on());
+  CHECK_FALSE(catalogue_local_rule("fl_hsdp").active());
+}

@@ -69,8 +69,11 @@ inline constexpr int max_soup_members = 16;
 
 /// Zeroth-order units of a local rule (trainer/local_zeroth_order.hpp).
 struct zeroth_order_units {
-  /// Names of the units trained without gradients; none: no zeroth-order units.
+  /// Names of the units trained without gradients (with the `lower` ones).
   std::vector<std::string> units{};
+  /// The model's first `lower` units by position are zeroth-order too (HO-FL's lower part:
+  /// zeroth_order_lower_rule); 0: none. No unit by name or position: no zeroth-order units.
+  int lower = 0;
   /// P, probes per step (optim::zeroth_order_settings::probes), >= 1.
   int probes = 1;
   /// At a sync, the units' records cross the federation axis instead of their parameters.
@@ -91,7 +94,9 @@ struct local_rule_desc {
   soup_pool_size soup{};
 
   /// True when some unit is zeroth-order.
-  bool zeroth_order_on() const noexcept { return !zeroth_order.units.empty(); }
+  bool zeroth_order_on() const noexcept {
+    return !zeroth_order.units.empty() || zeroth_order.lower > 0;
+  }
   /// True when a soup is kept.
   bool soup_on() const noexcept { return soup.members > 0; }
   /// True when either rule is on.
@@ -99,6 +104,9 @@ struct local_rule_desc {
 
   /// invalid_argument naming the setting out of range, or when both rules are asked for.
   void check() const {
+    FEDSHARD_EXPECTS(zeroth_order.lower >= 0,
+                     "sim: the zeroth-order lower units must be >= 0 (0: none), found ",
+                     zeroth_order.lower);
     FEDSHARD_EXPECTS(zeroth_order.probes >= 1,
                      "sim: zeroth-order units need probes >= 1 (optim::zeroth_order_settings), "
                      "found ",
@@ -114,9 +122,13 @@ struct local_rule_desc {
 };
 
 /// By unit of l: true for the zeroth-order units of r; invalid_argument naming a unit l does
-/// not have (and l's units).
+/// not have (and l's units), or when l has fewer units than r's lower ones.
 inline std::vector<bool> zeroth_order_mask(const flat_layout& l, const local_rule_desc& r) {
   std::vector<bool> out(l.num_units(), false);
+  const auto lower = static_cast<std::size_t>(r.zeroth_order.lower);
+  FEDSHARD_EXPECTS(lower <= l.num_units(), "sim: ", lower,
+                   " lower units are to be zeroth-order, but the model has ", l.num_units());
+  for (std::size_t u = 0; u < lower; ++u) out[u] = true;
   for (const auto& n : r.zeroth_order.units) {
     bool found = false;
     for (std::size_t u = 0; u < l.num_units(); ++u)

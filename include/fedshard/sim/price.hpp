@@ -501,9 +501,22 @@ struct algorithm_settings {
   /// so the all_reduce becomes an all_gather of G half-size wires. Refused for an algorithm
   /// that does not federate or whose federation already carries a codec.
   dtype sync_dtype = dtype::f32;
-  /// The local rule its groups train with (zeroth-order units, a soup); none by default.
+  /// The local rule its groups train with (zeroth-order units, a soup); none: the alias's
+  /// own (catalogue_local_rule: hofl's and lss's), if it has one.
   local_rule_desc local{};
 };
+
+/// The local rule the catalogue's alias `name` trains with by default, as the simulator
+/// describes it (trainer/algorithm.hpp's Defaults::local_rule(), whose numbers these are):
+/// hofl, the model's two lowest units zeroth-order with one probe, their records sent as
+/// seeds (hofl_defaults: zeroth_order_lower_rule({.probes = 1}, 2), zo_sync::records); lss,
+/// a soup of 3 members with both regularisers on (lss_defaults: local_soup_rule, pool_size
+/// 3, soup_config's coefficients 1e-3). None for the other aliases.
+inline local_rule_desc catalogue_local_rule(std::string_view name) {
+  if (name == "hofl") return {.zeroth_order = {.lower = 2, .probes = 1, .seeds_on_wire = true}};
+  if (name == "lss") return {.soup = {.members = 3, .diversity = true}};
+  return {};
+}
 
 /// A's options with the settings s applied (see algorithm_settings); invalid_argument naming
 /// the setting when A's schedule has no such setting, or when K < 1.
@@ -513,7 +526,7 @@ algorithm_options<A> options_for(std::string_view name, const algorithm_settings
   algorithm_options<A> o;
   o.federation.sync = s.sync;
   o.inner_state_buffers = s.inner_state_buffers;
-  o.local = s.local;
+  o.local = s.local.active() ? s.local : catalogue_local_rule(name);
   auto& c = o.schedule;
   if (s.period) {
     FEDSHARD_EXPECTS(*s.period >= 1, "sim: ", name,
