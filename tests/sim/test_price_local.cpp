@@ -242,25 +242,53 @@ TEST_CASE("memory: zeroth-order units drop their full gradients, a soup holds M 
 }
 
 TEST_CASE("a soup: its distance sum over the shards and its passes over the master shard") {
-  // M = 3 with diversity: each step sums M (M - 1) / 2 + 1 = 4 f64 (32 B) over the 2 shards,
-  // an all_reduce sending 2 (2 - 1) / 2 x 32 = 32 B, blocking; the plain step is unchanged
-  // (2176 B, 9 calls). Passes over the 272-element master shard: interpolation 4,
-  // regularisers' gradient 6, copies 4, average 4, distances 3 x 2 + 2 = 8: 26 passes of
-  // 1088 B = 28288 B, 28.288 ms at 1e6 B/s. Without diversity: no distance sum, 18 passes
-  // (19584 B, 19.584 ms).
-  const step_price p = price_plans(fl_fsdp_with({.soup = {.members = 3}}), mlp_model{}.units(),
-                                   kShape, slow_memory(), 1.0, 1.0, with_precision());
+  // M = 3 with diversity, members joining at once (first_steps 0, add_every 1: 2 members at
+  // local step 0, 3 from step 1). Priced at the full pool: each step sums M (M - 1) / 2 + 1 =
+  // 4 f64 (32 B) over the 2 shards, an all_reduce sending 2 (2 - 1) / 2 x 32 = 32 B,
+  // blocking; the plain step is unchanged (2176 B, 9 calls). Passes over the 272-element
+  // master shard (1088 B) with k members: interpolation k + 1, regularisers' gradient k + 3,
+  // copies 4, average k + 1, distances k (k - 1) + 2: 19 with 2 members, 26 with 3; over a
+  // round of K = 4 steps (2, 3, 3, 3 members) (19 + 3 x 26) / 4 = 24.25 passes, 26384 B,
+  // 26.384 ms at 1e6 B/s. Without diversity: no distance sum, 15 and 18 passes, 17.25 on
+  // average (18768 B, 18.768 ms).
+  const soup_pool_size at_once{.members = 3, .first_steps = 0};
+  const step_price p = price_plans(fl_fsdp_with({.soup = at_once}), mlp_model{}.units(), kShape,
+                                   slow_memory(), 1.0, 1.0, with_precision());
   CHECK(p[axis::shard].step_bytes == 2176 + 32);
   CHECK(p[axis::shard].step_calls == 10);
   CHECK(p[axis::federation].sync_bytes == 1088);
-  CHECK(p.local.passes == doctest::Approx(28288e-6));
+  CHECK(p.local.passes == doctest::Approx(26384e-6));
   CHECK(p.local.main_compute == 1.0);
-  CHECK(p.compute == doctest::Approx(1.0 + 28288e-6));
-  const step_price q =
-      price_plans(fl_fsdp_with({.soup = {.members = 3, .diversity = false}}), mlp_model{}.units(),
-                  kShape, slow_memory(), 1.0, 1.0, with_precision());
+  CHECK(p.compute == doctest::Approx(1.0 + 26384e-6));
+  soup_pool_size plain = at_once;
+  plain.diversity = false;
+  const step_price q = price_plans(fl_fsdp_with({.soup = plain}), mlp_model{}.units(), kShape,
+                                   slow_memory(), 1.0, 1.0, with_precision());
   CHECK(q[axis::shard].step_bytes == 2176);
-  CHECK(q.local.passes == doctest::Approx(19584e-6));
+  CHECK(q.local.passes == doctest::Approx(18768e-6));
+}
+
+TEST_CASE("run_traffic follows the round: the soup's members, the records of a short round") {
+  // A soup of M = 3, member 0 alone 1 step, the next every 2 (first_steps 1, add_every 2): in
+  // each round of K = 4 steps 1, 2, 2, 3 members: distance sums of none, 2, 2 and 4 f64
+  // (16, 16, 32 B sent over the 2 shards): 64 B in 3 calls per round. 8 steps: 8 x 2176 +
+  // 2 x 64 = 17536 B in 8 x 9 + 6 = 78 calls on the shard axis.
+  const traffic_counters soup =
+      run_traffic(fl_fsdp_with({.soup = {.members = 3, .first_steps = 1, .add_every = 2}}),
+                  mlp_model{}.units(), kShape, 0, 8, 0, kPrec);
+  CHECK(soup[axis::shard].wire_bytes == 17536);
+  CHECK(soup[axis::shard].calls == 78);
+  // Zeroth-order layer0 (P = 2), 7 steps of a 7-step run: syncs after step 3 (K = 4) and,
+  // the run's last, after step 6 (K = 3). World rank 0 on the federation axis: 2 x 768 B
+  // of parameters, 2 x 8 B of counts, then 192 B and 2 x 3 x 2 x 24 / 2 = 144 B of records:
+  // 1888 B in 6 calls; on the group axis the 7 steps' 7 x 32 B of loss means, and the
+  // broadcasts 2 x 16 + 384 + 288 B: 928 B in 7 x 4 + 4 = 32 calls.
+  const traffic_counters zo =
+      run_traffic(fl_fsdp_with(zo_layer0()), mlp_model{}.units(), kShape, 0, 7, 7, kPrec);
+  CHECK(zo[axis::federation].wire_bytes == 1888);
+  CHECK(zo[axis::federation].calls == 6);
+  CHECK(zo[axis::group].wire_bytes == 928);
+  CHECK(zo[axis::group].calls == 32);
 }
 
 TEST_CASE("local rule settings out of range are refused, naming them") {

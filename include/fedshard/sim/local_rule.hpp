@@ -86,7 +86,20 @@ struct soup_pool_size {
   int members = 0;
   /// The diversity coefficient is > 0 (the distances are summed over the shards every step).
   bool diversity = true;
+  /// Local steps member 0 trains alone (optim::soup_config::first_steps), >= 0.
+  std::int64_t first_steps = 8;
+  /// Local steps each later member trains before the next joins (soup_config::add_every),
+  /// >= 1.
+  std::int64_t add_every = 1;
 };
+
+/// The members a soup has at local step `step` of its round (0 after each applied sync), as
+/// optim::soup_pool::scheduled_members counts them.
+constexpr int soup_members_at(const soup_pool_size& s, std::int64_t step) noexcept {
+  if (step < s.first_steps) return 1;
+  const std::int64_t later = 2 + (step - s.first_steps) / s.add_every;
+  return static_cast<int>(later < s.members ? later : s.members);
+}
 
 /// The local rule an algorithm is priced with (one rule at most, as a trainer takes one).
 struct local_rule_desc {
@@ -111,6 +124,9 @@ struct local_rule_desc {
                      "sim: zeroth-order units need probes >= 1 (optim::zeroth_order_settings), "
                      "found ",
                      zeroth_order.probes);
+    FEDSHARD_EXPECTS(soup.first_steps >= 0 && soup.add_every >= 1,
+                     "sim: the soup needs first_steps >= 0 and add_every >= 1, found ",
+                     soup.first_steps, " and ", soup.add_every);
     FEDSHARD_EXPECTS(soup.members >= 0 && soup.members <= max_soup_members,
                      "sim: the soup's pool must have 0 (no soup) to ", max_soup_members,
                      " members, found ", soup.members);
@@ -162,18 +178,28 @@ constexpr double zo_step_passes(int probes) noexcept {
   return 8.0 * probes + 6.0;
 }
 
-/// Elementwise passes over the master shard in a step of a full soup of M members, as
-/// trainer/local_soup.hpp runs it: the interpolation (M reads, 1 write), the regularisers'
-/// gradient (the gradient read and written, the trained member, the anchor and the M - 1
-/// others: M + 3), the trained member copied to master and back (4), the pool's average
-/// (M + 1), and with the diversity the distances (M (M - 1) / 2 pairs and the anchor's, two
-/// reads each).
+/// Elementwise passes over the master shard in a step of a soup of k members, as
+/// trainer/local_soup.hpp runs it: the interpolation (k reads, 1 write), the regularisers'
+/// gradient (the gradient read and written, the trained member, the anchor and the k - 1
+/// others: k + 3), the trained member copied to master and back (4), the pool's average
+/// (k + 1), and with the diversity and k >= 2 the distances (k (k - 1) / 2 pairs and the
+/// anchor's, two reads each).
 constexpr double soup_step_passes(int members, bool diversity) noexcept {
   const double m = members;
-  return (m + 1) + (m + 3) + 4 + (m + 1) + (diversity ? m * (m - 1) + 2 : 0.0);
+  return (m + 1) + (m + 3) + 4 + (m + 1) + (diversity && members >= 2 ? m * (m - 1) + 2 : 0.0);
 }
 
-/// f64 values of the soup's distance sum once its pool is full: M (M - 1) / 2 + 1
+/// The mean of soup_step_passes over a round of `round_steps` local steps (members joining
+/// on s's schedule); over a round that never ends (round_steps 0), the full pool's.
+inline double soup_mean_passes(const soup_pool_size& s, std::int64_t round_steps) {
+  if (round_steps <= 0) return soup_step_passes(s.members, s.diversity);
+  double sum = 0;
+  for (std::int64_t j = 0; j < round_steps; ++j)
+    sum += soup_step_passes(soup_members_at(s, j), s.diversity);
+  return sum / static_cast<double>(round_steps);
+}
+
+/// f64 values of the soup's distance sum with k members: k (k - 1) / 2 + 1
 /// (optim::soup_pool::distance_count).
 constexpr std::int64_t soup_distance_count(int members) noexcept {
   return std::int64_t{members} * (members - 1) / 2 + 1;
@@ -182,10 +208,12 @@ constexpr std::int64_t soup_distance_count(int members) noexcept {
 /// The ops a step's local rule runs beyond the step plan `step` (already without the
 /// zeroth-order units' backward) on mesh `shape` with `shards` layout shards, in order: for
 /// zeroth-order units, 2P times the step plan's forward acquire ops and a group mean of one
-/// f64 (on a group of one rank too); for a soup with diversity, the distances' sum over the
-/// shard axis (none over one shard, as the trainer skips it).
+/// f64 (on a group of one rank too); for a soup with diversity and two members or more, the
+/// distances' sum over the shard axis (none over one shard, as the trainer skips it): at
+/// local step `round_step` of the round when given, else the full pool's (an upper bound of
+/// its bytes for the steps before it fills).
 inline plan local_step_ops(const plan& step, const mesh_shape& shape, int shards,
-                           const local_rule_desc& r) {
+                           const local_rule_desc& r, std::int64_t round_step = -1) {
   plan out;
   if (r.zeroth_order_on()) {
     const int group = shape.replicas * shape.shards;
@@ -195,8 +223,9 @@ inline plan local_step_ops(const plan& step, const mesh_shape& shape, int shards
       out.ops.push_back(group_mean_op(group));  // the trainer runs it on one rank too
     }
   }
-  if (r.soup_on() && r.soup.diversity && r.soup.members >= 2 && shards > 1)
-    out.ops.push_back(shard_sum_op(shards, soup_distance_count(r.soup.members)));
+  const int members = round_step >= 0 ? soup_members_at(r.soup, round_step) : r.soup.members;
+  if (r.soup_on() && r.soup.diversity && members >= 2 && shards > 1)
+    out.ops.push_back(shard_sum_op(shards, soup_distance_count(members)));
   return out;
 }
 

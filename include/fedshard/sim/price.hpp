@@ -429,12 +429,21 @@ class algorithm_desc {
                        const shard::precision& prec) const {
     return model().step_plan(layout, shape, prec);
   }
-  /// The ops the local rule runs in a step beyond step_plan (local_step_ops).
+  /// The ops the local rule runs in a step beyond step_plan (local_step_ops), at local step
+  /// `round_step` of its round when given (>= 0), else a full soup's.
   plan local_step_plan(const flat_layout& layout, const mesh_shape& shape,
-                       const shard::precision& prec) const {
+                       const shard::precision& prec, std::int64_t round_step = -1) const {
     if (!local().active()) return {};
     return local_step_ops(step_plan(layout, shape, prec), shape, static_cast<int>(layout.shards()),
-                          local());
+                          local(), round_step);
+  }
+  /// The ops world rank `rank` runs after an applied sync to exchange the groups' zeroth-order
+  /// records of k steps (zo_records_ops; sync_plans appends them, with the cadence's k, to
+  /// each fragment's plan); empty without seeds on the wire, a federation that syncs, or k.
+  plan records_plan(const mesh_shape& shape, int rank, std::int64_t k) const {
+    const local_rule_desc& r = local();
+    if (!syncs() || !r.zeroth_order_on() || !r.zeroth_order.seeds_on_wire || k <= 0) return {};
+    return zo_records_ops(shape, coords_of(shape, rank), k, r.zeroth_order.probes);
   }
   /// The sync plan of each fragment for world rank `rank` (federation::sync_plans_of: what
   /// the trainer's synchronizer runs) at the fragments' sync number `round` (gossip's peers
@@ -510,11 +519,13 @@ struct algorithm_settings {
 /// describes it (trainer/algorithm.hpp's Defaults::local_rule(), whose numbers these are):
 /// hofl, the model's two lowest units zeroth-order with one probe, their records sent as
 /// seeds (hofl_defaults: zeroth_order_lower_rule({.probes = 1}, 2), zo_sync::records); lss,
-/// a soup of 3 members with both regularisers on (lss_defaults: local_soup_rule, pool_size
-/// 3, soup_config's coefficients 1e-3). None for the other aliases.
+/// a soup of 3 members with both regularisers on, member 0 alone 4 local steps, the next
+/// every 2 (lss_defaults: local_soup_rule({.pool_size = 3, .first_steps = 4, .add_every =
+/// 2}), soup_config's coefficients 1e-3). None for the other aliases.
 inline local_rule_desc catalogue_local_rule(std::string_view name) {
   if (name == "hofl") return {.zeroth_order = {.lower = 2, .probes = 1, .seeds_on_wire = true}};
-  if (name == "lss") return {.soup = {.members = 3, .diversity = true}};
+  if (name == "lss")
+    return {.soup = {.members = 3, .diversity = true, .first_steps = 4, .add_every = 2}};
   return {};
 }
 
@@ -657,7 +668,10 @@ inline void expect_one_step_plan(const algorithm_desc& a, std::string_view who) 
 /// unknown, so no final-step sync): the step plan and the local rule's ops every step and, for each
 /// fragment the schedule starts after a step (action(f, step, total_steps)), its sync_prepare and
 /// sync_exchange ops, for each one it applies, its sync_finish and sync_after ops (nothing when
-/// the federation never communicates). Times are left at zero.
+/// the federation never communicates). A local rule's ops follow its round (the steps since
+/// the previous applied sync): a soup's distance sum by its members then, and after a step
+/// that applies a sync the zeroth-order records of the steps since the previous one (once,
+/// however many fragments it applies). Times are left at zero.
 inline traffic_counters run_traffic(const algorithm_desc& a, std::vector<unit_spec> units,
                                     const mesh_shape& shape, int rank, std::int64_t steps,
                                     std::int64_t total_steps, const shard::precision& prec) {
@@ -667,22 +681,38 @@ inline traffic_counters run_traffic(const algorithm_desc& a, std::vector<unit_sp
                    total_steps);
   const flat_layout layout = a.layout(std::move(units), shape);
   const plan step = a.step_plan(layout, shape, prec);
-  const plan local = a.local_step_plan(layout, shape, prec);
-  std::vector<plan> syncs = a.syncs() ? a.sync_plans(layout, shape, rank) : std::vector<plan>{};
+  // The sync plans without the records ops they end with (recorded below by their round).
+  const std::size_t steady = a.records_plan(shape, rank, records_steps(a.cadence())).ops.size();
+  auto sync_plans = [&](std::int64_t round) {
+    std::vector<plan> p =
+        a.syncs() ? a.sync_plans(layout, shape, rank, round) : std::vector<plan>{};
+    for (plan& f : p) f.ops.resize(f.ops.size() - steady);
+    return p;
+  };
+  std::vector<plan> syncs = sync_plans(0);
   std::vector<std::int64_t> started(syncs.size(), 0);  // each fragment's syncs started so far
   traffic_counters out;
+  std::int64_t applied_after = -1;        // the step after which a sync was last applied
+  const bool soup = a.local().soup_on();  // its ops change with the round's members
+  const plan local = a.local_step_plan(layout, shape, prec);
   for (std::int64_t s = 0; s < steps; ++s) {
     for (const auto& op : step.ops) out.record(op);
-    for (const auto& op : local.ops) out.record(op);
+    const plan here = soup ? a.local_step_plan(layout, shape, prec, s - applied_after - 1) : plan{};
+    for (const auto& op : (soup ? here : local).ops) out.record(op);
+    bool applied = false;
     for (std::size_t f = 0; f < syncs.size(); ++f) {
       const auto act = a.action(static_cast<int>(f), s, total_steps);
       if (schedule::starts(act) && a.plan_per_round())  // this sync's plan (its round's peers)
-        syncs[f] = a.sync_plans(layout, shape, rank, started[f]).at(f);
+        syncs[f] = sync_plans(started[f]).at(f);
       if (schedule::starts(act)) ++started[f];
+      applied = applied || schedule::applies(act);
       for (const auto& op : syncs[f].ops)
         if (detail::at_sync_start(op) ? schedule::starts(act) : schedule::applies(act))
           out.record(op);
     }
+    if (!applied) continue;
+    for (const auto& op : a.records_plan(shape, rank, s - applied_after).ops) out.record(op);
+    applied_after = s;
   }
   return out;
 }
@@ -1347,8 +1377,8 @@ inline local_price local_costs(const local_rule_desc& r, const plan_pricing& p, 
       out.replay_per_step = out.replay * static_cast<double>(applies_in(p.cadence)) / p.window;
     }
   }
-  if (r.soup_on())
-    out.passes += pass_seconds(soup_step_passes(r.soup.members, r.soup.diversity),
+  if (r.soup_on())  // averaged over a round: the steps between two applied syncs
+    out.passes += pass_seconds(soup_mean_passes(r.soup, p.syncs ? records_steps(p.cadence) : 0),
                                static_cast<double>(p.layout.total_shard_numel()));
   return out;
 }
