@@ -150,6 +150,16 @@ How
   --sync-dtype T        f32 (default: master weights) or bf16: the federation's average sent
                         through the bf16 cast codec (each group's wire all-gathered, decoded
                         in f32); ignored by algorithms that do not federate
+  --zo-units LIST       units trained zeroth-order (HO-FL), e.g. embed,layer0 (the model's
+                        units: embed, layer0..layer<L-1>, head): no backward for them, 2P
+                        forward passes and loss means per step, their records (a count and
+                        K P x 24 B per group) sent at a sync instead of their parameters
+  --zo-lower N          the model's N lowest units zeroth-order too (hofl's default: 2)
+  --zo-probes P         probes per zeroth-order step (default 1)
+  --zo-as-params        sync the zeroth-order units as parameters, not as records
+  --soup-pool M         a local soup of M members per group (LSS, 1..16): (M + 1) master shards
+                        held, its passes and distance sum each step
+  --soup-no-diversity   the soup's diversity coefficient is 0 (no distance sum)
 
 Modes
   --predict-demo [demo options] [--rounds R] [--fail-above X]
@@ -197,6 +207,7 @@ struct options {
   std::optional<float> alpha;
   federation::sync_mode sync = federation::sync_mode::hierarchical;
   dtype sync_dtype = dtype::f32;  ///< of the federation's average (algorithm_settings)
+  local_rule_desc local{};        ///< --zo-*, --soup-*: the groups' local rule
   price_options pricing{};
   bool paper = false;
   bool sweep = false;
@@ -367,6 +378,21 @@ void declare_how(cli::parser& p, options& o) {
       .integer("--scape-dense-steps", o.scape.dense_steps, 1, max_period)
       .integer("--scape-dense-every", o.scape.dense_every, 0, max_period)
       .integer("--scape-steps", o.scape_steps, 1, 10'000'000);
+  p.custom("--zo-units",
+           [&o](const std::string& f, const std::string& v) {
+             o.local.zeroth_order.units.clear();
+             std::stringstream in(v);
+             for (std::string name; std::getline(in, name, ',');) {
+               if (name.empty()) fail(f + " '" + v + "': expected unit names separated by commas");
+               o.local.zeroth_order.units.push_back(name);
+             }
+             if (o.local.zeroth_order.units.empty()) fail(f + ": expected at least one unit name");
+           })
+      .integer("--zo-lower", o.local.zeroth_order.lower, 1, 1 << 20)
+      .integer("--zo-probes", o.local.zeroth_order.probes, 1, 1 << 16)
+      .flag("--zo-as-params", [&o] { o.local.zeroth_order.seeds_on_wire = false; })
+      .integer("--soup-pool", o.local.soup.members, 1, max_soup_members)
+      .flag("--soup-no-diversity", [&o] { o.local.soup.diversity = false; });
 }
 
 /// Modes (--paper, --sweep) and measured constants (--calibrate).
@@ -463,8 +489,12 @@ mesh_shape mesh_for(const algorithm_desc& a, int gpus, int groups, int hsdp) {
 
 /// The settings of the command line with K = k (unset: the algorithm's own).
 algorithm_settings settings_of(const options& o, std::optional<int> k) {
-  return {
-      .period = k, .fragments = o.fragments, .delay = o.delay, .alpha = o.alpha, .sync = o.sync};
+  return {.period = k,
+          .fragments = o.fragments,
+          .delay = o.delay,
+          .alpha = o.alpha,
+          .sync = o.sync,
+          .local = o.local};
 }
 
 /// Settings with only K and the sync mode (the fixed configurations of --paper, and the fsdp
@@ -579,6 +609,12 @@ void print_price(const step_price& p, const step_price* fsdp) {
   }
   std::printf("  overlappable comm    %10.4f s (%.4f s hidden behind compute)\n", p.overlappable,
               p.hidden);
+  if (p.local.compute() > 0 || p.local.exposed_ops > 0)
+    std::printf(
+        "  local rule           %10.4f s of compute per step: %.4f s evaluations, %.4f s passes, "
+        "%.4f s replay (%.4f s per sync); %.4f s of its ops exposed\n",
+        p.local.compute(), p.local.evaluations, p.local.passes, p.local.replay_per_step,
+        p.local.replay, p.local.exposed_ops);
   if (p.syncs && plain_k(p))
     std::printf("  one sync             %10.4f s, every %s steps: %.4f s per step\n", p.sync,
                 number(p.period).c_str(), p.sync_per_step);
@@ -1073,6 +1109,14 @@ int run_sim(int argc, char** argv) {
   if (o.algo != "fsdp")
     base = run(o, algorithm_by_name("fsdp", plain_settings(o, {})), {1, 1, shape.size()}, o.where);
   print_price(p, base ? &*base : nullptr);
+  if (o.local.active()) {
+    const local_memory m = local_memory_of(a, transformer_units(o.work.model, dtype::bf16), shape,
+                                           o.pricing.precision);
+    std::printf(
+        "  local rule memory    %+10.4f GB per GPU: %.4f GB zeroth-order copy, %.4f GB soup "
+        "pool, %.4f GB of gradient buffers saved\n",
+        m.added() / 1e9, m.zeroth_order_copy / 1e9, m.soup_pool / 1e9, m.gradient_saved / 1e9);
+  }
   return 0;
 }
 

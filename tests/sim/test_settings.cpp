@@ -188,3 +188,23 @@ TEST_CASE("a workload out of range is refused, naming the setting") {
   w.model.heads = 5;  // does not divide d_model 768
   CHECK(refused_with([&] { w.check(); }, {"heads must divide d_model"}));
 }
+
+TEST_CASE("a local rule out of range is refused where the alias is described, naming both") {
+  // algorithm_settings::local (fedshard-sim's --zo-* and --soup-*) is checked by
+  // algorithm_by_name; an unknown unit name when the units are laid out (price).
+  algorithm_settings s;
+  s.local.zeroth_order = {.units = {"embed"}, .probes = 0};
+  CHECK(refused_with([&] { algorithm_by_name("fl_fsdp", s); },
+                     {"sim: fl_fsdp: sim: zeroth-order units need probes >= 1", "found 0"}));
+  s.local = {.soup = {.members = 0}};
+  CHECK_NOTHROW(algorithm_by_name("fl_fsdp", s));  // 0: no soup
+  s.local.soup.members = 17;
+  CHECK(refused_with([&] { algorithm_by_name("fl_fsdp", s); },
+                     {"fl_fsdp", "0 (no soup) to 16 members, found 17"}));
+  s.local = {.zeroth_order = {.units = {"layer99"}}};
+  CHECK(refused_with(
+      [&] {
+        price(algorithm_by_name("fl_fsdp", s), small_gpt(), {2, 1, 4}, a100_4gpu_node());
+      },
+      {"no unit named 'layer99' for a zeroth-order unit", "'embed', 'layer0'"}));
+}

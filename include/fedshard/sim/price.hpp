@@ -42,6 +42,15 @@
 /// Bytes per axis are the plans' per-rank wire bytes (bus factor x array bytes), so they equal
 /// what the wire tap records for the same plans; run_traffic gives what a run of n steps
 /// moves, step by step as the trainer fires the plans (final-step syncs included).
+///
+/// A local rule (algorithm_options::local, algorithm_settings::local; sim/local_rule.hpp, off
+/// by default) changes the plans and the compute: zeroth-order units lose their backward ops
+/// and add 2P forward passes with their ops and loss means per step, and at a sync their
+/// records replace their parameters; a soup adds its passes and its distance sum. Its ops
+/// count as the step's (bytes and calls); its overlappable ones hide behind the evaluations'
+/// compute, the rest is exposed; its compute (local_price) is added to the step's, so
+/// step = compute + straggler_wait + exposed_comm() still holds. local_memory_of states the
+/// memory it adds per rank.
 
 #include <algorithm>
 #include <array>
@@ -78,6 +87,7 @@
 #include "fedshard/shard/sparse.hpp"
 #include "fedshard/sim/collective_cost.hpp"
 #include "fedshard/sim/compute.hpp"
+#include "fedshard/sim/local_rule.hpp"
 #include "fedshard/sim/model_layout.hpp"
 #include "fedshard/sim/straggler.hpp"
 #include "fedshard/sim/timeline.hpp"
@@ -171,6 +181,24 @@ sync_cadence cadence_of(const S& s, std::int64_t window) {
   return c;
 }
 
+/// Syncs applied in the cadence's window, every fragment's (a local rule's after_sync runs
+/// after each; fragments are taken to apply at distinct steps, as streaming's do).
+inline std::int64_t applies_in(const sync_cadence& c) {
+  std::int64_t n = 0;
+  for (const auto& f : c.fragments) n += f.applies;
+  return n;
+}
+
+/// K of the zeroth-order records an applied sync exchanges (sim/local_rule.hpp): the steps
+/// since the previous applied sync, window / applies_in rounded, at least 1; 0 when nothing
+/// is applied in the window.
+inline std::int64_t records_steps(const sync_cadence& c) {
+  const std::int64_t n = applies_in(c);
+  if (n == 0) return 0;
+  return std::max<std::int64_t>(
+      1, std::llround(static_cast<double>(c.window) / static_cast<double>(n)));
+}
+
 /// Run-time settings of Algorithm A for the simulator: those of trainer_options<A> that shape
 /// the plans and their cadence, and the inner optimizer's state count (the trainer reads it
 /// from its optimizer).
@@ -188,6 +216,8 @@ struct algorithm_options {
   /// Steps the cadence is read over; 0: the schedule config's `period` when it has one (the
   /// built-in schedules repeat with it), else default_cadence_window.
   std::int64_t cadence_window = 0;
+  /// The local rule the groups train with (sim/local_rule.hpp); none by default.
+  local_rule_desc local{};
 };
 
 namespace detail {
@@ -222,6 +252,7 @@ class algorithm_model {
   virtual bool syncs() const noexcept = 0;
   virtual int fragments() const noexcept = 0;
   virtual const sync_cadence& cadence() const noexcept = 0;
+  virtual const local_rule_desc& local() const noexcept = 0;
   virtual flat_layout layout(const std::string& name, std::vector<unit_spec> units,
                              const mesh_shape& shape) const = 0;
   virtual plan step_plan(const flat_layout& layout, const mesh_shape& shape,
@@ -248,7 +279,8 @@ class algorithm_model_of final : public algorithm_model {
         policy_(o.federation, {}),
         owners_(federation::owners_of<federation_type>(o.federation)),
         inner_state_buffers_(o.inner_state_buffers),
-        cadence_(cadence_of(schedule_, window(o))) {}
+        cadence_(cadence_of(schedule_, window(o))),
+        local_(o.local) {}
 
   std::string_view shard_policy() const noexcept override { return shard_type::name; }
   std::string_view federation_policy() const noexcept override { return federation_type::name; }
@@ -256,6 +288,7 @@ class algorithm_model_of final : public algorithm_model {
   bool syncs() const noexcept override { return federation_type::syncs; }
   int fragments() const noexcept override { return schedule_.fragments(); }
   const sync_cadence& cadence() const noexcept override { return cadence_; }
+  const local_rule_desc& local() const noexcept override { return local_; }
 
   flat_layout layout(const std::string& name, std::vector<unit_spec> units,
                      const mesh_shape& shape) const override {
@@ -278,11 +311,40 @@ class algorithm_model_of final : public algorithm_model {
     // a member op is priced on the span of its holders (detail::member_span). The step plan
     // is still priced for every unit: an upper bound for a group that holds fewer.
     owners_.check(layout, shape.groups);
-    return federation::sync_plans_of(
-        policy_, schedule_, layout, shape, coords, inner_state_buffers_,
-        owners_.everyone() ? std::vector<bool>{}
-                           : owners_.held_by(coords.group, layout.num_units()),
-        round);
+    std::vector<bool> held = owners_.everyone() ? std::vector<bool>{}
+                                                : owners_.held_by(coords.group, layout.num_units());
+    const bool seeds = local_.zeroth_order_on() && local_.zeroth_order.seeds_on_wire;
+    if (!seeds)
+      return federation::sync_plans_of(policy_, schedule_, layout, shape, coords,
+                                       inner_state_buffers_, held, round);
+    // Seeds on the wire: the zeroth-order units leave the parameter sync (planned as if the
+    // group did not hold them) and every applied sync gathers the groups' records after it.
+    const std::vector<bool> zo = zeroth_order_mask(layout, local_);
+    check_units_left(layout, zo);
+    if (held.empty()) held.assign(layout.num_units(), true);
+    for (std::size_t u = 0; u < held.size(); ++u) held[u] = held[u] && !zo[u];
+    std::vector<plan> out = federation::sync_plans_of(policy_, schedule_, layout, shape, coords,
+                                                      inner_state_buffers_, held, round);
+    const std::int64_t k = records_steps(cadence_);
+    if (k > 0)
+      for (plan& frag : out)
+        for (const comm_op& op : zo_records_ops(shape, coords, k, local_.zeroth_order.probes).ops)
+          frag.ops.push_back(op);
+    return out;
+  }
+  /// invalid_argument when a fragment of the schedule holds zeroth-order units only (the
+  /// synchronizer refuses a fragment with no unit left to sync).
+  void check_units_left(const flat_layout& layout, const std::vector<bool>& zo) const {
+    const int units = static_cast<int>(layout.num_units());
+    for (int f = 0; f < schedule_.fragments(); ++f) {
+      bool left = false;
+      for (int u : schedule_.fragment_units(f, units))
+        left = left || !zo[static_cast<std::size_t>(u)];
+      FEDSHARD_EXPECTS(left, "sim: fragment ", f, " of the ", schedule_type::name,
+                       " schedule holds zeroth-order units only: with seeds on the wire no "
+                       "unit is left for the federation policy to sync (the synchronizer "
+                       "refuses it); expected at least one unit that is not zeroth-order");
+    }
   }
   bool plan_per_round() const noexcept override {
     return federation::plan_per_round_v<federation_type>;
@@ -310,6 +372,7 @@ class algorithm_model_of final : public algorithm_model {
   shard::ownership owners_;
   int inner_state_buffers_;
   sync_cadence cadence_;
+  local_rule_desc local_;
 };
 
 }  // namespace detail
@@ -351,10 +414,36 @@ class algorithm_desc {
   flat_layout layout(std::vector<unit_spec> units, const mesh_shape& shape) const {
     return model().layout(name_, std::move(units), shape);
   }
-  /// The comm_ops of one inner step (the same on every rank).
+  /// The local rule its groups train with (sim/local_rule.hpp).
+  const local_rule_desc& local() const { return model().local(); }
+  /// The comm_ops of one inner step (the same on every rank): the shard policy's, without
+  /// the zeroth-order units' backward gathers and gradient reductions (local()).
   plan step_plan(const flat_layout& layout, const mesh_shape& shape,
                  const shard::precision& prec) const {
+    plan p = model().step_plan(layout, shape, prec);
+    if (!local().zeroth_order_on()) return p;
+    return without_backward_of(std::move(p), zeroth_order_mask(layout, local()));
+  }
+  /// The shard policy's step plan as it is, every unit with its backward.
+  plan plain_step_plan(const flat_layout& layout, const mesh_shape& shape,
+                       const shard::precision& prec) const {
     return model().step_plan(layout, shape, prec);
+  }
+  /// The ops the local rule runs in a step beyond step_plan (local_step_ops), at local step
+  /// `round_step` of its round when given (>= 0), else a full soup's.
+  plan local_step_plan(const flat_layout& layout, const mesh_shape& shape,
+                       const shard::precision& prec, std::int64_t round_step = -1) const {
+    if (!local().active()) return {};
+    return local_step_ops(step_plan(layout, shape, prec), shape, static_cast<int>(layout.shards()),
+                          local(), round_step);
+  }
+  /// The ops world rank `rank` runs after an applied sync to exchange the groups' zeroth-order
+  /// records of k steps (zo_records_ops; sync_plans appends them, with the cadence's k, to
+  /// each fragment's plan); empty without seeds on the wire, a federation that syncs, or k.
+  plan records_plan(const mesh_shape& shape, int rank, std::int64_t k) const {
+    const local_rule_desc& r = local();
+    if (!syncs() || !r.zeroth_order_on() || !r.zeroth_order.seeds_on_wire || k <= 0) return {};
+    return zo_records_ops(shape, coords_of(shape, rank), k, r.zeroth_order.probes);
   }
   /// The sync plan of each fragment for world rank `rank` (federation::sync_plans_of: what
   /// the trainer's synchronizer runs) at the fragments' sync number `round` (gossip's peers
@@ -394,6 +483,7 @@ algorithm_desc describe(std::string name, const algorithm_options<A>& o = {}) {
   FEDSHARD_EXPECTS(o.inner_state_buffers >= 0, "sim::describe: ", name,
                    ": inner_state_buffers must be >= 0, found ", o.inner_state_buffers);
   try {
+    o.local.check();
     return {name, std::make_shared<const detail::algorithm_model_of<A>>(o)};
   } catch (const invalid_argument& e) {
     throw invalid_argument(
@@ -420,7 +510,24 @@ struct algorithm_settings {
   /// so the all_reduce becomes an all_gather of G half-size wires. Refused for an algorithm
   /// that does not federate or whose federation already carries a codec.
   dtype sync_dtype = dtype::f32;
+  /// The local rule its groups train with (zeroth-order units, a soup); none: the alias's
+  /// own (catalogue_local_rule: hofl's and lss's), if it has one.
+  local_rule_desc local{};
 };
+
+/// The local rule the catalogue's alias `name` trains with by default, as the simulator
+/// describes it (trainer/algorithm.hpp's Defaults::local_rule(), whose numbers these are):
+/// hofl, the model's two lowest units zeroth-order with one probe, their records sent as
+/// seeds (hofl_defaults: zeroth_order_lower_rule({.probes = 1}, 2), zo_sync::records); lss,
+/// a soup of 3 members with both regularisers on, member 0 alone 4 local steps, the next
+/// every 2 (lss_defaults: local_soup_rule({.pool_size = 3, .first_steps = 4, .add_every =
+/// 2}), soup_config's coefficients 1e-3). None for the other aliases.
+inline local_rule_desc catalogue_local_rule(std::string_view name) {
+  if (name == "hofl") return {.zeroth_order = {.lower = 2, .probes = 1, .seeds_on_wire = true}};
+  if (name == "lss")
+    return {.soup = {.members = 3, .diversity = true, .first_steps = 4, .add_every = 2}};
+  return {};
+}
 
 /// A's options with the settings s applied (see algorithm_settings); invalid_argument naming
 /// the setting when A's schedule has no such setting, or when K < 1.
@@ -430,6 +537,7 @@ algorithm_options<A> options_for(std::string_view name, const algorithm_settings
   algorithm_options<A> o;
   o.federation.sync = s.sync;
   o.inner_state_buffers = s.inner_state_buffers;
+  o.local = s.local.active() ? s.local : catalogue_local_rule(name);
   auto& c = o.schedule;
   if (s.period) {
     FEDSHARD_EXPECTS(*s.period >= 1, "sim: ", name,
@@ -503,6 +611,7 @@ algorithm_desc describe_named(std::string_view n, const algorithm_settings& s) {
     b.shard = o.shard;
     b.inner_state_buffers = o.inner_state_buffers;
     b.cadence_window = o.cadence_window;
+    b.local = o.local;
     return describe<B>(std::string(n), b);
   }
 }
@@ -556,10 +665,13 @@ inline void expect_one_step_plan(const algorithm_desc& a, std::string_view who) 
 
 /// What world rank `rank` puts on the wire over `steps` steps of algorithm a, as the trainer
 /// fires the plans in a run of `total_steps` planned steps (trainer_options::total_steps; 0 =
-/// unknown, so no final-step sync): the step plan every step and, for each fragment the
-/// schedule starts after a step (action(f, step, total_steps)), its sync_prepare and
+/// unknown, so no final-step sync): the step plan and the local rule's ops every step and, for each
+/// fragment the schedule starts after a step (action(f, step, total_steps)), its sync_prepare and
 /// sync_exchange ops, for each one it applies, its sync_finish and sync_after ops (nothing when
-/// the federation never communicates). Times are left at zero.
+/// the federation never communicates). A local rule's ops follow its round (the steps since
+/// the previous applied sync): a soup's distance sum by its members then, and after a step
+/// that applies a sync the zeroth-order records of the steps since the previous one (once,
+/// however many fragments it applies). Times are left at zero.
 inline traffic_counters run_traffic(const algorithm_desc& a, std::vector<unit_spec> units,
                                     const mesh_shape& shape, int rank, std::int64_t steps,
                                     std::int64_t total_steps, const shard::precision& prec) {
@@ -569,20 +681,38 @@ inline traffic_counters run_traffic(const algorithm_desc& a, std::vector<unit_sp
                    total_steps);
   const flat_layout layout = a.layout(std::move(units), shape);
   const plan step = a.step_plan(layout, shape, prec);
-  std::vector<plan> syncs = a.syncs() ? a.sync_plans(layout, shape, rank) : std::vector<plan>{};
+  // The sync plans without the records ops they end with (recorded below by their round).
+  const std::size_t steady = a.records_plan(shape, rank, records_steps(a.cadence())).ops.size();
+  auto sync_plans = [&](std::int64_t round) {
+    std::vector<plan> p =
+        a.syncs() ? a.sync_plans(layout, shape, rank, round) : std::vector<plan>{};
+    for (plan& f : p) f.ops.resize(f.ops.size() - steady);
+    return p;
+  };
+  std::vector<plan> syncs = sync_plans(0);
   std::vector<std::int64_t> started(syncs.size(), 0);  // each fragment's syncs started so far
   traffic_counters out;
+  std::int64_t applied_after = -1;        // the step after which a sync was last applied
+  const bool soup = a.local().soup_on();  // its ops change with the round's members
+  const plan local = a.local_step_plan(layout, shape, prec);
   for (std::int64_t s = 0; s < steps; ++s) {
     for (const auto& op : step.ops) out.record(op);
+    const plan here = soup ? a.local_step_plan(layout, shape, prec, s - applied_after - 1) : plan{};
+    for (const auto& op : (soup ? here : local).ops) out.record(op);
+    bool applied = false;
     for (std::size_t f = 0; f < syncs.size(); ++f) {
       const auto act = a.action(static_cast<int>(f), s, total_steps);
       if (schedule::starts(act) && a.plan_per_round())  // this sync's plan (its round's peers)
-        syncs[f] = a.sync_plans(layout, shape, rank, started[f]).at(f);
+        syncs[f] = sync_plans(started[f]).at(f);
       if (schedule::starts(act)) ++started[f];
+      applied = applied || schedule::applies(act);
       for (const auto& op : syncs[f].ops)
         if (detail::at_sync_start(op) ? schedule::starts(act) : schedule::applies(act))
           out.record(op);
     }
+    if (!applied) continue;
+    for (const auto& op : a.records_plan(shape, rank, s - applied_after).ops) out.record(op);
+    applied_after = s;
   }
   return out;
 }
@@ -649,6 +779,22 @@ struct rank_price {
   std::array<axis_price, 5> axes{};  ///< by axis
 };
 
+/// What a local rule (sim/local_rule.hpp) adds to a step, in seconds (all 0 without one).
+struct local_price {
+  /// The step's own compute: the given compute less the zeroth-order units' backward.
+  double main_compute = 0;
+  double evaluations = 0;      ///< the zeroth-order loss evaluations' forward compute, 2P C / 3
+  double passes = 0;           ///< the rule's elementwise passes of a step
+  double replay = 0;           ///< the replay of one sync's zeroth-order records
+  double replay_per_step = 0;  ///< replay x the syncs applied per step
+  /// The critical rank's local ops not hidden: the evaluations' forward gathers beyond their
+  /// compute, and the blocking ones (the loss means, the soup's distance sum).
+  double exposed_ops = 0;
+
+  /// The compute a step adds: evaluations + passes + replay_per_step.
+  double compute() const noexcept { return evaluations + passes + replay_per_step; }
+};
+
 /// The price of one step of an algorithm on a cluster.
 struct step_price {
   std::string algorithm;
@@ -679,6 +825,9 @@ struct step_price {
   int critical_rank = 0;             ///< the slowest rank, whose split is reported
   std::array<axis_price, 5> axes{};  ///< the critical rank's, by axis
   std::vector<rank_price> ranks;     ///< every rank
+  /// The local rule's part (sim/local_rule.hpp): its compute is in `compute`, its exposed ops
+  /// in `exposed_step`, and its ops' bytes in the axes' step bytes.
+  local_price local{};
 
   /// The critical rank's price of axis a.
   const axis_price& operator[](axis a) const { return axes[static_cast<std::size_t>(a)]; }
@@ -860,6 +1009,7 @@ inline int component_size(const mesh_shape& s, const std::array<bool, 3>& d) noe
 struct rank_totals {
   double overlappable = 0, exposed_ops = 0, sync = 0, sync_exposed = 0, sync_hidden = 0;
   double timeline_waiting = 0;  ///< step_overlap::timeline: seconds compute waited for ops
+  double local_exposed = 0;     ///< the local rule's ops not hidden (local_price::exposed_ops)
   std::array<double, 5> overlappable_by_axis{};
 };
 
@@ -884,6 +1034,7 @@ struct plan_pricing {
         place(shape, c),
         layout(a.layout(std::move(units), shape)),
         step_ops(as_run(a.step_plan(layout, shape, o.precision), o)),
+        local_ops(as_run(a.local_step_plan(layout, shape, o.precision), o)),
         W(shape.size()),
         syncs(a.syncs()),
         cadence(a.cadence()),
@@ -927,6 +1078,7 @@ struct plan_pricing {
   placement place;
   flat_layout layout;
   plan step_ops;
+  plan local_ops;  ///< the local rule's ops of a step (algorithm_desc::local_step_plan)
   int W;
   bool syncs;
   const sync_cadence& cadence;
@@ -938,6 +1090,9 @@ struct plan_pricing {
   std::map<op_key, std::vector<link_sharing>> sync_sharing;  ///< [rank] of each sync op
   price_memo memo;  ///< ranks mostly see the same (span, sharing): priced once
   std::vector<double> unit_elements;
+  /// The local rule's compute seconds of a step (set by price_plans), of which `local_hide`
+  /// (the evaluations') hides the local overlappable ops.
+  double local_compute = 0, local_hide = 0;
 
  private:
   /// NIC sharing per rank: every rank runs every step op, so it depends on the axis alone;
@@ -945,10 +1100,11 @@ struct plan_pricing {
   /// the op.
   void share_links() {
     const std::vector<bool> everyone(static_cast<std::size_t>(W), true);
-    for (const auto& op : step_ops.ops) {
-      auto& v = step_sharing[static_cast<std::size_t>(op.axis)];
-      if (v.empty()) v = sharing_of(place, spans, op.axis, everyone);
-    }
+    for (const plan* q : {&step_ops, &local_ops})
+      for (const auto& op : q->ops) {
+        auto& v = step_sharing[static_cast<std::size_t>(op.axis)];
+        if (v.empty()) v = sharing_of(place, spans, op.axis, everyone);
+      }
     for (int r = 0; r < W; ++r)
       for (const auto& frag : sync_ops[static_cast<std::size_t>(r)])
         for (const auto& op : frag.ops) {
@@ -976,8 +1132,10 @@ class rank_pricer {
     const auto& fragments = p_.sync_ops[static_cast<std::size_t>(r_)];
     for (std::size_t f = 0; f < fragments.size(); ++f)
       price_fragment(fragments[f], p_.cadence.fragments[f], slack);
+    if (!p_.local_ops.ops.empty()) price_local_ops();
     close_axes();
     step_seconds(step_times);
+    rp_.step += p_.local_compute + t_.local_exposed;
   }
 
  private:
@@ -1047,6 +1205,36 @@ class rank_pricer {
       }
     }
     return step_times;
+  }
+  /// Prices the local rule's ops, counted as the step's: the overlappable ones (the
+  /// zeroth-order evaluations' forward gathers) run behind the evaluations' compute
+  /// (p_.local_hide) and only what exceeds it is exposed; the others are exposed.
+  void price_local_ops() {
+    double over = 0;
+    std::array<double, 5> over_by_axis{};
+    for (const auto& op : p_.local_ops.ops) {
+      const auto ai = static_cast<std::size_t>(op.axis);
+      auto& ax = rp_.axes[ai];
+      const double sec =
+          cost(op, p_.step_sharing[ai][static_cast<std::size_t>(r_)], ax.step_node_bytes);
+      ax.step_bytes += wire_bytes(op);
+      ++ax.step_calls;
+      ax.step_seconds += sec;
+      if (op.overlappable) {
+        over += sec;
+        over_by_axis[ai] += sec;
+      } else {
+        t_.local_exposed += sec;
+        ax.exposed += sec;
+      }
+    }
+    const double spill = std::max(0.0, over - p_.local_hide);
+    t_.local_exposed += spill;
+    if (over > 0)
+      for (axis ax_id : all_axes) {
+        const auto ai = static_cast<std::size_t>(ax_id);
+        rp_.axes[ai].exposed += spill * over_by_axis[ai] / over;
+      }
   }
   /// Prices one sync of a fragment (its plan `frag`, its cadence fc): the seconds of its
   /// blocking ops per start and per apply, and of its sync_exchange ops (which may stay in
@@ -1167,7 +1355,43 @@ inline void report_critical(step_price& out, const rank_totals& t, const rank_pr
       out.step > 0 ? out.tokens_per_gpu / out.step : std::numeric_limits<double>::infinity();
 }
 
+/// The local rule's compute of a step of compute seconds C (sim/local_rule.hpp); exposed_ops
+/// is left to the ranks' pricing.
+inline local_price local_costs(const local_rule_desc& r, const plan_pricing& p, double C) {
+  local_price out;
+  out.main_compute = C;
+  if (!r.active()) return out;
+  const double bw = p.c.memory_bandwidth;
+  auto pass_seconds = [bw](double passes, double elements) {
+    return bw > 0 ? passes * 4.0 * elements / bw : 0.0;
+  };
+  if (r.zeroth_order_on()) {
+    const int probes = r.zeroth_order.probes;
+    const double z = zeroth_order_shard_elements(p.layout, r);
+    out.main_compute = C * (1.0 - 2.0 / 3.0 * zeroth_order_share(p.layout, r));
+    out.evaluations = 2.0 * probes * C / 3.0;
+    out.passes = pass_seconds(zo_step_passes(probes), z);
+    const std::int64_t k = records_steps(p.cadence);
+    if (p.syncs && r.zeroth_order.seeds_on_wire && k > 0) {
+      out.replay = pass_seconds(zo_sync_passes(p.shape.groups, k, probes), z);
+      out.replay_per_step = out.replay * static_cast<double>(applies_in(p.cadence)) / p.window;
+    }
+  }
+  if (r.soup_on())  // averaged over a round: the steps between two applied syncs
+    out.passes += pass_seconds(soup_mean_passes(r.soup, p.syncs ? records_steps(p.cadence) : 0),
+                               static_cast<double>(p.layout.total_shard_numel()));
+  return out;
+}
+
 }  // namespace detail
+
+/// What algorithm a's local rule (algorithm_desc::local) adds to the memory of a rank of
+/// the units laid out for `shape`, by the plain step plan at precision prec: local_memory_of.
+inline local_memory local_memory_of(const algorithm_desc& a, std::vector<unit_spec> units,
+                                    const mesh_shape& shape, const shard::precision& prec = {}) {
+  const flat_layout layout = a.layout(std::move(units), shape);
+  return local_memory_of(layout, a.plain_step_plan(layout, shape, prec), a.local());
+}
 
 /// Seconds world rank `rank` of a mesh placed as p spends in the ops of q run one after
 /// another (a chain: an on-demand plan, such as a heal's, federation/heal.hpp), each priced by
@@ -1209,6 +1433,12 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
                    "number >= 0, found ",
                    o.stragglers.cv);
   detail::plan_pricing pricing(a, std::move(units), shape, c, o);
+  const local_price local = detail::local_costs(a.local(), pricing, compute_seconds);
+  if (a.local().active()) {
+    compute_seconds = local.main_compute;
+    pricing.local_compute = local.compute();
+    pricing.local_hide = local.evaluations;
+  }
   const detail::straggler_terms st = pricing.stragglers(compute_seconds);
   // The compute window of a step: the slowest member's compute.
   const double window_compute =
@@ -1238,6 +1468,10 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
   }
   const auto critical = static_cast<std::size_t>(out.critical_rank);
   detail::report_critical(out, per_rank[critical], out.ranks[critical], window_compute, st, o);
+  out.local = local;
+  out.local.exposed_ops = per_rank[critical].local_exposed;
+  out.compute += local.compute();
+  out.exposed_step += out.local.exposed_ops;
   return out;
 }
 

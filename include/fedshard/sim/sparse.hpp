@@ -70,6 +70,7 @@ class fixed_step_model final : public algorithm_model {
   bool syncs() const noexcept override { return inner_.syncs(); }
   int fragments() const noexcept override { return inner_.fragments(); }
   const sync_cadence& cadence() const noexcept override { return inner_.cadence(); }
+  const local_rule_desc& local() const noexcept override { return inner_.local(); }
   flat_layout layout(const std::string& name, std::vector<unit_spec> units,
                      const mesh_shape& shape) const override {
     return inner_.layout(name, std::move(units), shape);
