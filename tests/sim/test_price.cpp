@@ -173,7 +173,9 @@ TEST_CASE("priced bytes equal the trainer's wire traffic, for every alias") {
       CHECK(by_name.cadence().window == a.cadence().window);
       CHECK(by_name.cadence().mean_in_flight() == a.cadence().mean_in_flight());
       // SCAPE's steps run different plans: test_price_sparse.cpp checks its runs on the wire.
-      // A local rule's traffic (hofl, lss) is not priced from the alias yet: its own cases.
+      // A local rule's traffic (hofl, lss) is checked against the trainer's wire in
+      // test_price_local.cpp: its records ops are not the synchronizer's plan, and a soup's
+      // per-step price is the full pool's (run_traffic follows the round).
       if constexpr (!steps_vary_v<A>)
         if (!A::default_local_rule()) check_against_wire<A>(name, a, o);
     });
