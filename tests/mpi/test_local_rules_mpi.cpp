@@ -171,3 +171,20 @@ TEST_CASE("mpi hofl: 2 of 4 groups sampled per round, the same sample and weight
   if (test::world_rank() != 0) return;
   CHECK(mpi_digests == on_inproc(spec));
 }
+
+TEST_CASE("mpi aliases: hofl and lss as the catalogue gives them end bit-identical to inproc") {
+  // Their default rules (hofl: layer0 and layer1 zeroth-order, records at the sync; lss: a
+  // soup of 3) on 2 groups of 2 replicas, K = 8: a sync after step 7, then 2 local steps.
+  const auto check_alias = []<class A>() {
+    trainer_options<A> o;
+    o.total_steps = 10;
+    o.log = [](const std::string&) {};
+    const leg_spec<A> spec{{2, 2, 1}, o, 0, 10};
+    const auto mpi_digests = on_mpi(spec);
+    CHECK(mpi_digests[0] == mpi_digests[2]);  // the replicas of group 0 hold one model
+    CHECK(mpi_digests[4] == mpi_digests[6]);  // and those of group 1
+    if (test::world_rank() == 0) CHECK(mpi_digests == on_inproc(spec));
+  };
+  check_alias.operator()<hofl>();
+  check_alias.operator()<lss>();
+}

@@ -5,7 +5,7 @@
 // steps 7 and 15): every space of FEDSHARD_TEST_SPACES gives the host's bits; a run saved
 // after step 12 (local step 5 of round 1: the soup holds 2 members) and loaded into fresh
 // trainers ends bit-identical to the straight run; the eval loss falls; every rank holds one
-// model after the last sync.
+// model after the last sync. Saved on 2x2x2 and loaded on 2x1x4, they reshard and train on.
 
 #include <doctest/doctest.h>
 
@@ -34,7 +34,7 @@ namespace fs = std::filesystem;
 const mesh_shape kShape{2, 2, 2};
 
 struct rank_result {
-  std::vector<float> params;
+  std::vector<float> params, loaded;
   double first_eval = 0, last_eval = 0;
   std::string rule;
   std::vector<std::string> gradient_free;
@@ -44,10 +44,10 @@ struct rank_result {
 /// steps [first, last), save(to) when given.
 template <class A, class Sp = test::on_host>
 std::vector<rank_result> leg(int first, int last, const fs::path& from = {},
-                             const fs::path& to = {}) {
-  return test::collect_ranks(kShape.size(), [&](inproc::communicator& world) {
+                             const fs::path& to = {}, mesh_shape shape = kShape) {
+  return test::collect_ranks(shape.size(), [&](inproc::communicator& world) {
     auto comm = Sp::wrap(world);
-    mesh m(comm, kShape);
+    mesh m(comm, shape);
     trainer_options<A> o;  // the alias's defaults: its local rule included
     o.total_steps = 16;
     o.log = [](const std::string&) {};
@@ -55,10 +55,11 @@ std::vector<rank_result> leg(int first, int last, const fs::path& from = {},
                                                                                  {.lr = 2e-2f}, o);
     if (!from.empty()) t.load(from);
     const auto c = t.topology().coords();
-    const int local = c.replica * kShape.shards + c.shard;
-    const int locals = kShape.replicas * kShape.shards;
+    const int local = c.replica * shape.shards + c.shard;
+    const int locals = shape.replicas * shape.shards;
     auto batch = [&](int s) { return t.model().batch(7, s, c.group, 2, local, locals, 4); };
     rank_result r;
+    if (!from.empty()) r.loaded = t.parameters();
     REQUIRE(t.local() != nullptr);
     r.rule = std::string(t.local()->name());
     r.gradient_free = t.local()->gradient_free_units();
@@ -108,6 +109,27 @@ TEST_CASE("the hofl and lss aliases: saved mid-round and loaded, they resume bit
     for (std::size_t r = 0; r < straight.size(); ++r) {
       CAPTURE(r);
       CHECK(bit_equal(resumed[r].params, straight[r].params));
+    }
+  }
+}
+
+TEST_CASE("the hofl and lss aliases: saved on 2x2x2 mid-round, they load on 2x1x4 and train on") {
+  // The same 2 groups cut into 4 shards instead of 2 replicas x 2 shards: each group's
+  // parameters load bit for bit (the records of hofl's round and the soup's pool reshard
+  // with them), and the run goes on to its sync after step 15: one model on every rank.
+  const mesh_shape to{2, 1, 4};
+  for (int alias = 0; alias < 2; ++alias) {
+    CAPTURE(alias);
+    test::temp_dir dir("fedshard-local-aliases-reshard");
+    const auto saved = alias == 0 ? leg<hofl>(0, 13, {}, dir.path) : leg<lss>(0, 13, {}, dir.path);
+    const auto loaded =
+        alias == 0 ? leg<hofl>(13, 16, dir.path, {}, to) : leg<lss>(13, 16, dir.path, {}, to);
+    REQUIRE_FALSE(bit_equal(saved[0].params, saved[4].params));  // the groups differ mid-round
+    for (std::size_t r = 0; r < loaded.size(); ++r) {
+      CAPTURE(r);
+      CHECK(bit_equal(loaded[r].loaded, saved[r < 4 ? 0 : 4].params));
+      CHECK(bit_equal(loaded[r].params, loaded[0].params));  // step 15 synced
+      CHECK(loaded[r].last_eval < loaded[r].first_eval * 1.01);
     }
   }
 }
