@@ -449,6 +449,7 @@ class trainer final {
           group_broadcast_op(sh.replicas * sh.shards, static_cast<std::int64_t>(all.size())),
           {all.data(), all.size(), dtype::f64});
   }
+  /// The rank's own federation link: all gathers `mine` over its `groups` groups into `all`.
   void gather_over_federation(int groups, std::span<const double> mine, std::span<double> all) {
     auto in = space_->template allocate<double>(mine.size());
     auto out = space_->template allocate<double>(all.size());
