@@ -23,16 +23,27 @@
 ///  3. a sequence goes whole onto the least loaded rank (ties: the lowest rank) when it fits
 ///     there under T: it then needs no key/value exchange at all;
 ///  4. otherwise it is split: its blocks are taken from the last (the costliest) to the
-///     first; each goes onto the current rank (first the least loaded one) while it fits
-///     under T; a block that does not fit makes the least loaded rank the current one (which
-///     may be the same rank: the block then exceeds T there).
+///     first; each goes onto the current rank while it fits there under T; when it does not
+///     (and for the last block, the first taken) the current rank becomes the one `rule`
+///     names: least_loaded, the rank with the most room; or best_fit, the fullest rank that
+///     has room for the block. When no rank has room, both take the least loaded rank (the
+///     block then exceeds T there);
+///  5. the placement is made with both rules, and the one kept is the one with the smaller
+///     max work, then the fewer bytes received by the busiest receiver, then the fewer bytes
+///     in all, then least_loaded's. Max works less than B(B+1)/2 apart (the work of a first
+///     block, the finest step a block placement takes) count as equal.
 /// A short sequence therefore stays on one rank whenever some rank has room for it, and a long
-/// one is cut into as few contiguous chunks as the ranks' room allows: the tail chunk on the
-/// least loaded rank, each earlier chunk on the next least loaded rank, about a rank's room in
-/// work each (earlier blocks cost less, so earlier chunks hold more blocks). Costliest first,
-/// as in LPT scheduling, so that the cheap head blocks come last and fill what room is left:
-/// forwards, the costly tail blocks would come last and overshoot (lengths {8}, B = 2, P = 2
-/// gives 25/11 forwards, 18/18 backwards).
+/// one is cut into as few contiguous chunks as the ranks' room allows (earlier blocks cost
+/// less, so earlier chunks hold more blocks). Costliest first, as in LPT scheduling, so that
+/// the cheap head blocks come last and fill what room is left: forwards, the costly tail
+/// blocks would come last and overshoot (lengths {8}, B = 2, P = 2 gives work 25/11
+/// forwards, 18/18 backwards). Two rules because neither wins everywhere: least_loaded puts
+/// each chunk in the largest room, so chunks are few and large; best_fit puts it in the
+/// smallest room that holds its first block, which keeps large rooms for the large tail
+/// blocks of later sequences and wins where blocks are coarse against T (on the benchmark's
+/// batch at P = 64, max/mean 1.004 and 8.4 GB against 1.10 and 13.4 GB), but cuts sequences
+/// into more chunks where room is plentiful (at P = 8, 975 MB against 749 MB, equal balance).
+/// Both are a few microseconds (bench/bench_context.cpp).
 ///
 /// Why contiguous chunks and not the zigzag (head-tail) pairing or a greedy over single
 /// blocks: the rank holding a sequence's block j needs the keys and values of blocks 0..j-1.
@@ -63,9 +74,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <limits>
-#include <queue>
 #include <span>
 #include <utility>
 #include <vector>
@@ -214,28 +223,47 @@ inline std::vector<context_block> cut_blocks(std::span<const std::int64_t> lengt
   return blocks;
 }
 
-/// Ranks by load, the least loaded (then the lowest rank) on top.
-using rank_heap =
-    std::priority_queue<std::pair<std::int64_t, int>, std::vector<std::pair<std::int64_t, int>>,
-                        std::greater<std::pair<std::int64_t, int>>>;
+/// How a split sequence chooses the rank of a new chunk (step 4 of the header's placement).
+enum class chunk_rule {
+  least_loaded,  ///< the rank with the most room
+  best_fit,      ///< the fullest rank with room for the block; the least loaded if none has
+};
+
+/// The least loaded rank (ties: the lowest).
+inline int least_loaded_rank(const std::vector<std::int64_t>& load) {
+  std::size_t best = 0;
+  for (std::size_t r = 1; r < load.size(); ++r)
+    if (load[r] < load[best]) best = r;
+  return static_cast<int>(best);
+}
+
+/// The rank a new chunk starting with a block of work w goes to, by rule.
+inline int chunk_rank(const std::vector<std::int64_t>& load, std::int64_t w, std::int64_t target,
+                      chunk_rule rule) {
+  int best = -1;
+  if (rule == chunk_rule::best_fit)
+    for (std::size_t r = 0; r < load.size(); ++r)
+      if (load[r] + w <= target && (best < 0 || load[r] > load[static_cast<std::size_t>(best)]))
+        best = static_cast<int>(r);
+  return best >= 0 ? best : least_loaded_rank(load);
+}
 
 /// Places the blocks of one sequence of work w (steps 3 and 4 of the header's placement).
 inline void place_sequence(std::span<context_block> seq, std::int64_t w, std::int64_t target,
-                           rank_heap& heap, std::vector<std::int64_t>& load) {
-  auto [l, c] = heap.top();
-  heap.pop();
-  const bool whole = l + w <= target;
+                           std::vector<std::int64_t>& load, chunk_rule rule) {
+  const int least = least_loaded_rank(load);
+  if (load[static_cast<std::size_t>(least)] + w <= target) {
+    for (context_block& blk : seq) blk.rank = least;
+    load[static_cast<std::size_t>(least)] += w;
+    return;
+  }
+  int c = -1;
   for (auto blk = seq.rbegin(); blk != seq.rend(); ++blk) {
-    const std::int64_t lc = load[static_cast<std::size_t>(c)];
-    if (!whole && lc + blk->work > target) {
-      heap.emplace(lc, c);
-      c = heap.top().second;
-      heap.pop();
-    }
+    if (c < 0 || load[static_cast<std::size_t>(c)] + blk->work > target)
+      c = chunk_rank(load, blk->work, target, rule);
     blk->rank = c;
     load[static_cast<std::size_t>(c)] += blk->work;
   }
-  heap.emplace(load[static_cast<std::size_t>(c)], c);
 }
 
 /// Adds the key/value bytes fcp's placement implies to p.kv_bytes: walking each sequence's
@@ -263,15 +291,14 @@ inline void add_block_exchange(context_placement& p, const std::vector<std::size
 
 }  // namespace detail
 
-/// FCP's placement of the blocks of a batch (the header's algorithm): short sequences whole on
-/// one rank, long ones cut into contiguous chunks filling the ranks to ceil(W / P); every
-/// rank's work, and the key/value bytes between every pair of ranks.
-inline context_placement fcp_placement(std::span<const std::int64_t> lengths,
-                                       const context_settings& s) {
-  detail::check_context_input(lengths, s, true);
-  context_placement p = detail::empty_context_placement(s.ranks);
+namespace detail {
+
+/// Steps 1 to 4 of the header's placement with one chunk rule, and the exchange it implies.
+inline context_placement pack_blocks(std::span<const std::int64_t> lengths,
+                                     const context_settings& s, chunk_rule rule) {
+  context_placement p = empty_context_placement(s.ranks);
   std::vector<std::size_t> first;
-  p.blocks = detail::cut_blocks(lengths, s.block_tokens, first);
+  p.blocks = cut_blocks(lengths, s.block_tokens, first);
 
   std::vector<std::int64_t> seq_work(lengths.size());
   std::int64_t total = 0;
@@ -287,14 +314,37 @@ inline context_placement fcp_placement(std::span<const std::int64_t> lengths,
                    [&](std::size_t a, std::size_t b) { return seq_work[a] > seq_work[b]; });
 
   const std::int64_t target = (total + s.ranks - 1) / s.ranks;
-  detail::rank_heap heap;
-  for (int r = 0; r < s.ranks; ++r) heap.emplace(0, r);
   for (std::size_t i : order) {
     std::span<context_block> seq(p.blocks.data() + first[i], first[i + 1] - first[i]);
-    detail::place_sequence(seq, seq_work[i], target, heap, p.work);
+    place_sequence(seq, seq_work[i], target, p.work, rule);
   }
-  detail::add_block_exchange(p, first, 2 * s.kv_dim * s.element_bytes);
+  add_block_exchange(p, first, 2 * s.kv_dim * s.element_bytes);
   return p;
+}
+
+/// Whether placement a beats b (step 5): less max work (by `step` or more), then fewer bytes
+/// into the busiest receiver, then fewer bytes in all.
+inline bool better_placement(const context_placement& a, const context_placement& b,
+                             std::int64_t step) {
+  const std::int64_t wa = a.max_work(), wb = b.max_work();
+  if (wa <= wb - step || wb <= wa - step) return wa < wb;
+  if (a.max_received_bytes() != b.max_received_bytes())
+    return a.max_received_bytes() < b.max_received_bytes();
+  return a.total_bytes() < b.total_bytes();
+}
+
+}  // namespace detail
+
+/// FCP's placement of the blocks of a batch (the header's algorithm): short sequences whole on
+/// one rank, long ones cut into contiguous chunks filling the ranks to ceil(W / P); every
+/// rank's work, and the key/value bytes between every pair of ranks.
+inline context_placement fcp_placement(std::span<const std::int64_t> lengths,
+                                       const context_settings& s) {
+  detail::check_context_input(lengths, s, true);
+  context_placement least = detail::pack_blocks(lengths, s, detail::chunk_rule::least_loaded);
+  context_placement fit = detail::pack_blocks(lengths, s, detail::chunk_rule::best_fit);
+  const bool fit_wins = detail::better_placement(fit, least, causal_work(0, s.block_tokens));
+  return fit_wins ? fit : least;
 }
 
 /// Ring context parallelism without load balancing (the header's baseline): every sequence
