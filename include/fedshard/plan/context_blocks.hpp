@@ -11,8 +11,8 @@
 /// contiguous run of a sequence's tokens [a, b) costs the pairs of its queries:
 ///     work(a, b) = sum_{t=a}^{b-1} (t + 1) = (b - a)(a + b + 1) / 2   (an integer).
 /// Block j (0-based) of a sequence of length L holds [jB, min((j+1)B, L)): it attends to
-/// blocks 0..j, and a full block costs B^2 j + B(B+1)/2 pairs, j + 1/2 block pairs plus B/2
-/// (the diagonal block counted as its causal half); a partial last block costs its own
+/// blocks 0..j, and a full block costs B^2 j + B(B+1)/2 pairs: j + 1/2 block pairs of B^2,
+/// plus B/2 (the diagonal block counted as its causal half); a partial last block costs its own
 /// tokens' pairs by the same formula. A sequence costs L(L+1)/2 however it is cut, so both
 /// placements share the batch's total work W, and max/mean compares them directly.
 ///
@@ -26,12 +26,12 @@
 ///     first; each goes onto the current rank while it fits there under T; when it does not
 ///     (and for the last block, the first taken) the current rank becomes the one `rule`
 ///     names: least_loaded, the rank with the most room; or best_fit, the fullest rank that
-///     has room for the block. When no rank has room, both take the least loaded rank (the
-///     block then exceeds T there);
+///     has room for the block (ties: the lowest rank, for both). When no rank has room, both take
+///     the least loaded rank (the block then exceeds T there);
 ///  5. the placement is made with both rules, and the one kept is the one with the smaller
 ///     max work, then the fewer bytes received by the busiest receiver, then the fewer bytes
-///     in all, then least_loaded's. Max works less than B(B+1)/2 apart (the work of a first
-///     block, the finest step a block placement takes) count as equal.
+///     in all, then least_loaded's. Max works less than B(B+1)/2 apart (the work of a
+///     sequence's first full block, the finest step a block placement takes) count as equal.
 /// A short sequence therefore stays on one rank whenever some rank has room for it, and a long
 /// one is cut into as few contiguous chunks as the ranks' room allows (earlier blocks cost
 /// less, so earlier chunks hold more blocks). Costliest first, as in LPT scheduling, so that
@@ -43,7 +43,7 @@
 /// blocks of later sequences and wins where blocks are coarse against T (on the benchmark's
 /// batch at P = 64, max/mean 1.004 and 8.4 GB against 1.10 and 13.4 GB), but cuts sequences
 /// into more chunks where room is plentiful (at P = 8, 975 MB against 749 MB, equal balance).
-/// Both are a few microseconds (bench/bench_context.cpp).
+/// Both together take 8 us at P = 8 and 36 us at P = 64 on that batch (bench/bench_context.cpp).
 ///
 /// Why contiguous chunks and not the zigzag (head-tail) pairing or a greedy over single
 /// blocks: the rank holding a sequence's block j needs the keys and values of blocks 0..j-1.
@@ -76,7 +76,6 @@
 #include <cstdint>
 #include <limits>
 #include <span>
-#include <utility>
 #include <vector>
 
 #include "fedshard/error.hpp"
