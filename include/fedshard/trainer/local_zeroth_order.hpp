@@ -175,16 +175,21 @@ class local_zeroth_order final : public local_rule {
     std::size_t n = 0;
     for (double c : counts) n = std::max(n, static_cast<std::size_t>(c));
     std::vector<double> out(n * words, 0.0);
-    std::memcpy(out.data(), round_.data(), round_.size() * sizeof(optim::zo_record));
+    copy_bytes(out.data(), round_.data(), round_.size() * sizeof(optim::zo_record));
     std::vector<double> all(groups * n * words);
     if (n > 0) s.all_gather(out, all);
     std::vector<std::vector<optim::zo_record>> by_group(groups);
     for (std::size_t g = 0; g < groups; ++g) {
       by_group[g].resize(static_cast<std::size_t>(counts[g]));
-      std::memcpy(static_cast<void*>(by_group[g].data()), all.data() + g * n * words,
-                  by_group[g].size() * sizeof(optim::zo_record));
+      copy_bytes(by_group[g].data(), all.data() + g * n * words,
+                 by_group[g].size() * sizeof(optim::zo_record));
     }
     return by_group;
+  }
+
+  /// memcpy of n bytes, nothing for n = 0 (where an empty vector's data() may be null).
+  static void copy_bytes(void* to, const void* from, std::size_t n) noexcept {
+    if (n > 0) std::memcpy(to, from, n);
   }
 
   /// Each group's weight in the sync: its token share under a token-weighted policy, else
@@ -260,11 +265,11 @@ inline void local_zeroth_order::register_state(state_registry& r) {
   anchor.save = [this](std::span<std::byte> out) {
     std::vector<float> m(master_size_, 0.0f);
     copy_in(anchor_, m);
-    std::memcpy(out.data(), m.data(), out.size());
+    copy_bytes(out.data(), m.data(), out.size());
   };
   anchor.load = [this](std::span<const std::byte> in) {
     std::vector<float> m(master_size_);
-    std::memcpy(m.data(), in.data(), in.size());
+    copy_bytes(m.data(), in.data(), in.size());
     copy_out(m, anchor_);
   };
   r.add(std::move(anchor));
@@ -273,11 +278,11 @@ inline void local_zeroth_order::register_state(state_registry& r) {
   round.element_size = sizeof(optim::zo_record);
   round.bytes = [this] { return round_.size() * sizeof(optim::zo_record); };
   round.save = [this](std::span<std::byte> out) {
-    std::memcpy(out.data(), round_.data(), out.size());
+    copy_bytes(out.data(), round_.data(), out.size());
   };
   round.load = [this](std::span<const std::byte> in) {
     round_.resize(in.size() / sizeof(optim::zo_record));
-    std::memcpy(static_cast<void*>(round_.data()), in.data(), in.size());
+    copy_bytes(round_.data(), in.data(), in.size());
   };
   r.add(std::move(round));
   r.add_value({.name = "zo.started", .group = "zo"}, &started_);
