@@ -114,7 +114,7 @@ TEST_CASE("local soup: a pool of three trains, and every rank holds the soup aft
 TEST_CASE("local soup: the soup's state is saved and loaded bit-exactly, mid-round") {
   test::temp_dir dir("fedshard-soup");
   const auto straight = leg(cfg, 0, 10);
-  (void)leg(cfg, 0, 4, {}, dir.path);  // stops after step 3: the round's second local step
+  (void)leg(cfg, 0, 4, {}, dir.path);  // stops after step 3: round 1's first local step
   const auto resumed = leg(cfg, 4, 10, dir.path);
   for (std::size_t r = 0; r < straight.params.size(); ++r) {
     CAPTURE(r);
