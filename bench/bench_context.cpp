@@ -20,6 +20,7 @@
 #include <exception>
 #include <vector>
 
+#include "fedshard/core/mix.hpp"
 #include "fedshard/plan/context_blocks.hpp"
 
 namespace {
@@ -27,10 +28,9 @@ namespace {
 std::vector<std::int64_t> skewed_batch() {
   std::uint64_t state = 2602;
   auto next = [&] {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
+    const std::uint64_t z = fedshard::mix64(state);
+    state += 0x9e3779b97f4a7c15ULL;
+    return z;
   };
   std::vector<std::int64_t> l;
   for (int i = 0; i < 64; ++i) {

@@ -11,6 +11,8 @@
 #include <set>
 #include <vector>
 
+#include "support/skewed_batch.hpp"
+
 using namespace fedshard;
 
 namespace {
@@ -30,24 +32,7 @@ std::vector<std::int64_t> matrix(const context_placement& p) {
   return m;
 }
 
-/// A fixed skewed batch: 60 short sequences in [128, 2048] tokens and 4 long ones in
-/// [16384, 65536] (at positions 7, 23, 41, 58), from a splitmix64 stream seeded with 2602.
-lengths_t skewed_batch() {
-  std::uint64_t state = 2602;
-  auto next = [&] {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  };
-  lengths_t l;
-  for (int i = 0; i < 64; ++i) {
-    const bool long_one = i == 7 || i == 23 || i == 41 || i == 58;
-    l.push_back(long_one ? 16384 + static_cast<std::int64_t>(next() % 49153)
-                         : 128 + static_cast<std::int64_t>(next() % 1921));
-  }
-  return l;
-}
+using test::skewed_batch;
 
 /// The sum over t in [a, b) of t + 1, by a loop (the cost model's definition).
 std::int64_t pairs(std::int64_t a, std::int64_t b) {

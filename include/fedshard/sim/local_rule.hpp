@@ -229,39 +229,6 @@ inline plan local_step_ops(const plan& step, const mesh_shape& shape, int shards
   return out;
 }
 
-/// An all_gather over the federation axis of n f64 per group, blocking, run after a sync is
-/// applied: the op of a local rule's exchange (local_sync::all_gather; federation_gather_op
-/// of trainer/options.hpp, whose numbers these are).
-inline comm_op federation_values_op(int groups, std::int64_t n) {
-  return {.kind = comm_kind::all_gather,
-          .axis = axis::federation,
-          .dtype = dtype::f64,
-          .bytes = 8 * n * groups,
-          .ranks = groups,
-          .trigger = trigger::on_demand,
-          .phase = phase::sync,
-          .in = {.role = role::value, .index = 0},
-          .out = {.role = role::value, .index = 1},
-          .overlappable = false};
-}
-
-/// A broadcast of n f64 from the group's rank 0 to its `ranks` ranks, blocking, run after a
-/// sync is applied: how a local rule's exchange reaches the rest of the group
-/// (group_broadcast_op of trainer/options.hpp, whose numbers these are).
-inline comm_op group_values_op(int ranks, std::int64_t n) {
-  return {.kind = comm_kind::broadcast,
-          .axis = axis::group,
-          .dtype = dtype::f64,
-          .bytes = 8 * n,
-          .ranks = ranks,
-          .root = 0,
-          .trigger = trigger::on_demand,
-          .phase = phase::sync,
-          .in = {.role = role::none},
-          .out = {.role = role::value},
-          .overlappable = false};
-}
-
 /// The ops the rank at `coords` of mesh `shape` runs to exchange the groups' zeroth-order
 /// records at an applied sync (see the file comment): for each group's record count (one
 /// f64), then its K P records of zo_record_bytes (3 f64 words each), the federation
@@ -272,8 +239,8 @@ inline plan zo_records_ops(const mesh_shape& shape, const mesh_coords& coords, s
   const int group = shape.replicas * shape.shards;
   const bool first = coords.replica == 0 && coords.shard == 0;
   for (const std::int64_t n : {std::int64_t{1}, steps * probes * (zo_record_bytes / 8)}) {
-    if (first) out.ops.push_back(federation_values_op(shape.groups, n));
-    if (group > 1) out.ops.push_back(group_values_op(group, shape.groups * n));
+    if (first) out.ops.push_back(federation_gather_op(shape.groups, n));
+    if (group > 1) out.ops.push_back(group_broadcast_op(group, shape.groups * n));
   }
   return out;
 }
