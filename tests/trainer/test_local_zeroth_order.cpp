@@ -159,4 +159,17 @@ TEST_CASE("zeroth order: bad input is refused with what was expected") {
                        doctest::Contains("eps must be finite and > 0, found -1"), invalid_argument);
   CHECK_THROWS_WITH_AS(zeroth_order_rule(kZo, {}), doctest::Contains("name at least one unit"),
                        invalid_argument);
+  CHECK_THROWS_WITH_AS(zeroth_order_lower_rule(kZo, 0),
+                       doctest::Contains("train at least one lower unit zeroth-order, found 0"),
+                       invalid_argument);
+  // tiny_mlp has 3 units: all 3 zeroth-order would leave none to backprop.
+  test::spawn_ranks(shape.size(), [&](inproc::communicator& world) {
+    mesh m(world, shape);
+    auto o = zo_options();
+    o.local_rule = zeroth_order_lower_rule(kZo, 3);
+    CHECK_THROWS_WITH_AS(trainer_t(m, mlp_model{}, {.lr = kLr}, o),
+                         doctest::Contains("3 lower units zeroth-order leave none to train by "
+                                           "backprop: expected fewer than the model's 3 units"),
+                         invalid_argument);
+  });
 }
