@@ -9,7 +9,11 @@
 ///
 /// Rows (time per placement, wall clock):
 /// - fcp/ranks:P: fcp_placement of the batch on P ranks;
-/// - ring/ranks:P: ring_placement of the batch on P ranks.
+/// - ring/ranks:P: ring_placement of the batch on P ranks;
+/// - fcp_plan/ranks:P: the placement and its plan (plan/context_plan.hpp: the transfers, and
+///   rank 0's forward and backward ops), what a batch of new lengths costs each rank; counter
+///   ops (rank 0's forward ops);
+/// - fcp_plan_cached/ranks:P: context_plan_cache::get of lengths seen before (a lookup).
 /// Counters: max_over_mean (the most attention work one rank has over the mean), kv_MB (key
 /// and value bytes moved between all ranks, per layer, 1e6 bytes), kv_max_rank_MB (the most
 /// one rank receives), blocks (blocks or chunks placed).
@@ -22,6 +26,7 @@
 
 #include "fedshard/core/mix.hpp"
 #include "fedshard/plan/context_blocks.hpp"
+#include "fedshard/plan/context_plan.hpp"
 
 namespace {
 
@@ -76,7 +81,46 @@ void bm_ring(benchmark::State& state) {
   });
 }
 
+fedshard::context_settings batch_settings(const benchmark::State& state) {
+  return {.block_tokens = 512,
+          .ranks = static_cast<int>(state.range(0)),
+          .kv_dim = 1024,
+          .element_bytes = 2};
+}
+
+void bm_fcp_plan(benchmark::State& state) {
+  const std::vector<std::int64_t> lengths = skewed_batch();
+  const fedshard::context_settings s = batch_settings(state);
+  std::size_t ops = 0;
+  for (auto _ : state) {
+    const fedshard::context_plan plan(fedshard::fcp_placement(lengths, s), s,
+                                      fedshard::axis::group);
+    ops = plan.forward(0).ops.size();
+    benchmark::DoNotOptimize(plan.backward(0).ops.data());
+  }
+  state.counters["ops"] = static_cast<double>(ops);
+}
+
+void bm_fcp_plan_cached(benchmark::State& state) {
+  const std::vector<std::int64_t> lengths = skewed_batch();
+  fedshard::context_plan_cache cache(batch_settings(state), fedshard::axis::group);
+  (void)cache.get(lengths);
+  for (auto _ : state) benchmark::DoNotOptimize(cache.get(lengths).get());
+}
+
 }  // namespace
 
+BENCHMARK(bm_fcp_plan)
+    ->Name("fcp_plan")
+    ->ArgName("ranks")
+    ->Arg(8)
+    ->Arg(64)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(bm_fcp_plan_cached)
+    ->Name("fcp_plan_cached")
+    ->ArgName("ranks")
+    ->Arg(8)
+    ->Arg(64)
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(bm_fcp)->Name("fcp")->ArgName("ranks")->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);
 BENCHMARK(bm_ring)->Name("ring")->ArgName("ranks")->Arg(8)->Arg(64)->Unit(benchmark::kMicrosecond);

@@ -20,6 +20,7 @@
 
 #include "fedshard/plan/comm_op.hpp"
 #include "fedshard/plan/context_blocks.hpp"
+#include "fedshard/plan/context_plan.hpp"
 #include "fedshard/plan/interpreter.hpp"
 #include "fedshard/plan/traffic.hpp"
 #include "fedshard/plan/wire_tap.hpp"
