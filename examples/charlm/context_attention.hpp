@@ -33,7 +33,6 @@
 #include <span>
 #include <vector>
 
-#include "fedshard/comm/communicator.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/plan/context_plan.hpp"
 
@@ -65,10 +64,12 @@ class context_attention {
   /// The head dimension d.
   std::size_t dim() const noexcept { return d_; }
 
-  /// out = attention(q, k, v) of this rank's rows (rows() x d each, row-major); c is the
-  /// communicator of the plan's axis (every rank of the group calls forward together).
-  template <fedshard::Communicator C>
-  void forward(C& c, std::span<const float> q, std::span<const float> k, std::span<const float> v,
+  /// out = attention(q, k, v) of this rank's rows (rows() x d each, row-major). exchange(ops,
+  /// area0, area1) runs the plan's ops of this rank on the plan's axis (fedshard::
+  /// run_context_ops on its communicator, or a step_context's exchange); every rank of the
+  /// group calls forward together.
+  template <class Exchange>
+  void forward(Exchange&& exchange, std::span<const float> q, std::span<const float> k, std::span<const float> v,
                std::span<float> out) {
     check(q, "q");
     check(k, "k");
@@ -79,8 +80,8 @@ class context_attention {
     v_.assign(v.begin(), v.end());
     std::vector<float> send = pack_sent();
     received_.assign(received_elements_, 0.0f);
-    fedshard::run_context_ops(c, plan_->forward(rank_), std::as_writable_bytes(std::span(send)),
-                              std::as_writable_bytes(std::span(received_)));
+    exchange(plan_->forward(rank_), std::as_writable_bytes(std::span(send)),
+             std::as_writable_bytes(std::span(received_)));
     std::vector<float> p;
     for_each_query([&](std::size_t row, const std::vector<key_block>& keys) {
       probabilities(row, keys, p);
@@ -94,9 +95,9 @@ class context_attention {
   }
 
   /// The gradients of the last forward's q, k and v (rows() x d each) from the outputs'
-  /// gradient g; c as in forward.
-  template <fedshard::Communicator C>
-  void backward(C& c, std::span<const float> g, std::span<float> dq, std::span<float> dk,
+  /// gradient g; exchange as in forward.
+  template <class Exchange>
+  void backward(Exchange&& exchange, std::span<const float> g, std::span<float> dq, std::span<float> dk,
                 std::span<float> dv) {
     check(g, "g");
     check(dq, "dq");
@@ -113,9 +114,8 @@ class context_attention {
                      received_grad, dp);
     });
     std::vector<float> returned(sent_elements(), 0.0f);
-    fedshard::run_context_ops(c, plan_->backward(rank_),
-                              std::as_writable_bytes(std::span(returned)),
-                              std::as_writable_bytes(std::span(received_grad)));
+    exchange(plan_->backward(rank_), std::as_writable_bytes(std::span(returned)),
+             std::as_writable_bytes(std::span(received_grad)));
     add_returned(returned, dk, dv);
   }
 

@@ -122,12 +122,14 @@ TEST_CASE("attention spread over 1 to 4 ranks equals the plain loop; bytes equal
       log.keep_calls(true);
       wire_tap<inproc::communicator> tap(c, axis::group, log);
       charlm::context_attention att(plan, me);
+      auto exchange = [&](const fedshard::plan& ops, std::span<std::byte> a0,
+                          std::span<std::byte> a1) { run_context_ops(tap, ops, a0, a1); };
       const std::size_t n = att.rows() * d;
       std::vector<float> out(n), dq(n), dk(n), dv(n);
-      att.forward(tap, rows_of(plan, me, seqs, &sequence_result::q),
+      att.forward(exchange, rows_of(plan, me, seqs, &sequence_result::q),
                   rows_of(plan, me, seqs, &sequence_result::k),
                   rows_of(plan, me, seqs, &sequence_result::v), out);
-      att.backward(tap, rows_of(plan, me, seqs, &sequence_result::g), dq, dk, dv);
+      att.backward(exchange, rows_of(plan, me, seqs, &sequence_result::g), dq, dk, dv);
       // Outputs and query gradients: bit for bit.
       CHECK(out == rows_of(plan, me, seqs, &sequence_result::out));
       CHECK(dq == rows_of(plan, me, seqs, &sequence_result::dq));
@@ -164,9 +166,11 @@ TEST_CASE("context_attention refuses rows of the wrong size and a bf16 plan") {
   const context_plan plan(fcp_placement(lengths, s), s, axis::group);
   fedshard::test::spawn_ranks(1, [&](inproc::communicator& c) {
     charlm::context_attention att(plan, 0);
+    auto exchange = [&](const fedshard::plan& ops, std::span<std::byte> a0,
+                        std::span<std::byte> a1) { run_context_ops(c, ops, a0, a1); };
     std::vector<float> ok(40), short_one(39);
     CHECK(fedshard::test::error_of([&] {
-            att.forward(c, ok, short_one, ok, ok);
+            att.forward(exchange, ok, short_one, ok, ok);
           }).find("k holds 39 floats, expected rows x d = 10 x 4") != std::string::npos);
   });
   const context_settings half{.block_tokens = 4, .ranks = 1, .kv_dim = d, .element_bytes = 2};

@@ -349,6 +349,27 @@ class engine {
     space_->synchronize(st);
   }
 
+  /// Runs a model's point-to-point ops (a context_plan's forward or backward ops: send_recv,
+  /// send and recv of role value, index 0 or 1), in order, each to completion, through the
+  /// interpreter (counted on their axis), with the model's buffers area0 and area1 (in S's
+  /// memory, the compute stream's work on them done); invalid_argument naming the op for any
+  /// other op.
+  void exchange(const plan& p, buffer_view area0, buffer_view area1) {
+    for (const comm_op& op : p.ops)
+      FEDSHARD_EXPECTS(
+          point_to_point(op.kind) && (!has_input(op.kind) || op.in.role == role::value) &&
+              (!has_output(op.kind) || op.out.role == role::value),
+          "engine::exchange: expected point-to-point ops on value buffers, found ", describe(op));
+    space_->synchronize(compute_);
+    for (const comm_op& op : p.ops)
+      interp_.run(op, [&](const comm_op&, const operand& which) {
+        FEDSHARD_EXPECTS(which.index == 0 || which.index == 1,
+                         "engine::exchange: a value operand names area 0 or 1, found ",
+                         which.index);
+        return which.index == 0 ? area0 : area1;
+      });
+  }
+
   /// How many gathered units may be alive at once through prefetching (FSDP's
   /// limit_all_gathers); a unit the model asks for is always gathered.
   void set_max_live_units(int n) {

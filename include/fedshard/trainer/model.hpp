@@ -123,6 +123,15 @@ class unit_hooks {
   virtual bool holds(std::size_t) const { return true; }
   /// True when unit u is trained with gradients (false: a zeroth-order unit).
   virtual bool takes_gradients(std::size_t) const { return true; }
+  /// This rank's rank on axis a, and the ranks on it (hooks without a mesh: one rank).
+  virtual int axis_rank(axis) const { return 0; }
+  virtual int axis_size(axis) const { return 1; }
+  /// Runs point-to-point ops on the model's buffers (shard::engine::exchange); hooks without
+  /// a mesh run none: one rank has no one to exchange with.
+  virtual void exchange(const plan& p, buffer_view, buffer_view) {
+    FEDSHARD_EXPECTS(p.ops.empty(), "step_context::exchange: these unit hooks have no mesh to ",
+                     "run ", p.ops.size(), " point-to-point ops on");
+  }
 };
 
 /// unit_hooks over a shard engine (shard/engine.hpp): each hook is the engine's member of
@@ -145,6 +154,11 @@ class engine_hooks final : public unit_hooks<S> {
   buffer_view grad_buffer_as(std::size_t u, dtype t) override { return e_->grad_buffer_as(u, t); }
   bool holds(std::size_t u) const override { return e_->holds(u); }
   bool takes_gradients(std::size_t u) const override { return e_->takes_gradients(u); }
+  int axis_rank(axis a) const override { return e_->topology().axis_rank(a); }
+  int axis_size(axis a) const override { return e_->topology().axis_size(a); }
+  void exchange(const plan& p, buffer_view area0, buffer_view area1) override {
+    e_->exchange(p, area0, area1);
+  }
 
  private:
   Engine* e_;
@@ -215,6 +229,21 @@ class basic_step_context {
   /// gradient-free unit, trainer/local_rule.hpp) takes none: skip its backward, and that of
   /// the units below it that only it would need; its backward hooks refuse it.
   bool takes_gradients(std::size_t u) const { return hooks_->takes_gradients(u); }
+  /// This rank's rank on axis a of the trainer's mesh (a context-parallel group's rank: a
+  /// model spreading a batch of sequences over the ranks of its group reads it here).
+  int axis_rank(axis a) const { return hooks_->axis_rank(a); }
+  /// The ranks on axis a.
+  int axis_size(axis a) const { return hooks_->axis_size(a); }
+  /// Context parallelism: runs point-to-point ops between the ranks of an axis on the
+  /// model's buffers area0 and area1 (role value, index 0 and 1; in S's memory), in order,
+  /// each done when this returns; counted at the wire on the ops' axis like the trainer's
+  /// own calls. The ops of a context_plan (plan/context_plan.hpp: a model computing attention
+  /// over blocks placed on its group's ranks sends its key/value blocks and their gradients
+  /// with them; examples/charlm/attention_model.hpp). Every rank of the axis runs the ops of
+  /// the same plan at the same point of its step.
+  void exchange(const plan& ops, buffer_view area0, buffer_view area1) {
+    hooks_->exchange(ops, area0, area1);
+  }
   /// Unit u's padded parameters, gathered on first use if the unit was not acquired.
   std::span<const float> params(std::size_t u) { return hooks_->params(u); }
   /// Unit u's padded gradient buffer (zero at the start of the step).
