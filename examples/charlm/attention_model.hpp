@@ -12,10 +12,10 @@
 /// Loss: the mean cross-entropy over the batch's predicted tokens, in nats.
 ///
 /// Batches (sequence_batch): sequences of L + 1 ids (L predictions each). With context
-/// parallelism on (the constructor's `context`: an axis of the mesh, the group's by default),
+/// parallelism on (ctx.context_axis(): trainer_options::context_axis, the group's under fcp),
 /// every rank of that axis is given the same batch; the rank computes the blocks the plan
-/// places on it (rank ctx.axis_rank(context) of ctx.axis_size(context)), exchanging key/value
-/// blocks and their gradients with the others through ctx.exchange. Its loss and gradients are
+/// places on it (rank ctx.axis_rank(a) of ctx.axis_size(a)), exchanging key/value blocks and
+/// their gradients with the others through ctx.exchange. Its loss and gradients are
 /// P / N x the sum over its tokens (P ranks, N predicted tokens in the batch): the group's
 /// average of the ranks' gradients (its shard policy reduces with AVG) and of their losses is
 /// then the batch's mean, as one rank computing the whole batch gets it (up to the order of
@@ -30,6 +30,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "charlm/charlm.hpp"
@@ -55,15 +56,21 @@ struct attention_dims {
   int block_tokens = 16;  ///< FCP's block size
 };
 
-/// Draws `count` sequences from the training part of c: lengths skewed as FCP's batches are
-/// (one in 8 long, in [max/2, max], the others in [8, max/8]), from a hash of (seed, step,
-/// stream): a context-parallel group draws one batch per step with its group as the stream.
+/// The part of a corpus a batch is drawn from.
+enum class part { training, evaluation };
+
+/// Draws `count` sequences from a part of c: lengths skewed as FCP's batches are (one in 8
+/// long, in [max/2, max], the others in [8, max/8]), from a hash of (seed, step, stream): a
+/// context-parallel group draws one batch per step with its group as the stream.
 inline sequence_batch draw_sequences(const corpus& c, int max_length, std::uint64_t seed,
-                                     std::int64_t step, int stream, int count) {
-  FEDSHARD_EXPECTS(max_length >= 64 && static_cast<std::size_t>(max_length) + 1 < c.train_end,
+                                     std::int64_t step, int stream, int count,
+                                     part from = part::training) {
+  const std::size_t first = from == part::training ? 0 : c.train_end;
+  const std::size_t end = from == part::training ? c.train_end : c.ids.size();
+  FEDSHARD_EXPECTS(max_length >= 64 && first + static_cast<std::size_t>(max_length) + 1 < end,
                    "charlm: sequences of up to ", max_length,
-                   " predictions need max_length >= 64 and a longer training text, found ",
-                   c.train_end, " training bytes");
+                   " predictions need max_length >= 64 and a longer text, found ", end - first,
+                   " bytes in the ", from == part::training ? "training" : "evaluation", " part");
   sequence_batch b;
   for (int i = 0; i < count; ++i) {
     const std::uint64_t h =
@@ -73,7 +80,7 @@ inline sequence_batch draw_sequences(const corpus& c, int max_length, std::uint6
     const auto m = static_cast<std::uint64_t>(max_length);
     const std::uint64_t len =
         i % 8 == 7 ? m / 2 + (h >> 20) % (m / 2 + 1) : 8 + (h >> 20) % (m / 8 - 7);
-    const std::size_t at = static_cast<std::size_t>(h % (c.train_end - len - 1));
+    const std::size_t at = first + static_cast<std::size_t>(h % (end - first - len - 1));
     b.sequences.emplace_back(c.ids.begin() + static_cast<std::ptrdiff_t>(at),
                              c.ids.begin() + static_cast<std::ptrdiff_t>(at + len + 1));
   }
@@ -84,9 +91,8 @@ inline sequence_batch draw_sequences(const corpus& c, int max_length, std::uint6
 class attention_model {
  public:
   attention_model() = default;
-  /// With context parallelism over `context` (std::nullopt: none), initial values from seed.
-  attention_model(attention_dims d, std::optional<fedshard::axis> context, std::uint64_t seed = 1)
-      : d_(d), context_(context), seed_(seed) {
+  /// Initial values from seed.
+  explicit attention_model(attention_dims d, std::uint64_t seed = 1) : d_(d), seed_(seed) {
     FEDSHARD_EXPECTS(
         d.vocab >= 2 && d.embed >= 1 && d.head >= 1 && d.max_length >= 1 && d.block_tokens >= 1,
         "charlm::attention_model: sizes must be positive (vocab >= 2), found vocab ", d.vocab,
@@ -117,6 +123,9 @@ class attention_model {
     return v;
   }
 
+  /// The last forward's cross-entropy summed over this rank's tokens, and their count.
+  double last_loss_sum() const noexcept { return last_sum_; }
+  std::int64_t last_tokens() const noexcept { return last_tokens_; }
   /// The tokens this rank predicts of b (all of them without context parallelism).
   std::int64_t tokens(const sequence_batch& b) {
     return static_cast<std::int64_t>(rows_of(b, rank_, ranks_).size());
@@ -139,6 +148,7 @@ class attention_model {
   };
 
   const fedshard::context_plan& plan_of(const sequence_batch& b, int ranks) {
+    const fedshard::axis a = context_.value_or(fedshard::axis::group);
     std::vector<std::int64_t> lengths;
     for (const auto& s : b.sequences) {
       FEDSHARD_EXPECTS(s.size() >= 2 && s.size() <= static_cast<std::size_t>(d_.max_length) + 1,
@@ -146,14 +156,14 @@ class attention_model {
                        " ids; expected 2 to max_length + 1 = ", d_.max_length + 1);
       lengths.push_back(static_cast<std::int64_t>(s.size()) - 1);
     }
-    auto& cache = caches_[ranks];
+    auto& cache = caches_[{a, ranks}];
     if (!cache)
       cache = std::make_unique<fedshard::context_plan_cache>(
           fedshard::context_settings{.block_tokens = d_.block_tokens,
                                      .ranks = ranks,
                                      .kv_dim = d_.head,
                                      .element_bytes = 4},
-          context_.value_or(fedshard::axis::group));
+          a);
     current_ = cache->get(lengths);
     return *current_;
   }
@@ -225,16 +235,20 @@ class attention_model {
   }
 
   attention_dims d_{};
-  std::optional<fedshard::axis> context_;
   std::uint64_t seed_ = 1;
-  int rank_ = 0, ranks_ = 1;  // on the context axis, as the last step saw them
-  std::map<int, std::unique_ptr<fedshard::context_plan_cache>> caches_;  // by ranks
+  std::optional<fedshard::axis> context_;  // the context axis, as the last step saw it
+  int rank_ = 0, ranks_ = 1;               // on that axis
+  double last_sum_ = 0;
+  std::int64_t last_tokens_ = 0;
+  std::map<std::pair<fedshard::axis, int>, std::unique_ptr<fedshard::context_plan_cache>>
+      caches_;  // by axis and ranks
   std::shared_ptr<const fedshard::context_plan> current_;
 };
 
 template <class Ctx>
 float attention_model::run(Ctx& ctx, const sequence_batch& b, bool train) {
   FEDSHARD_EXPECTS(!b.sequences.empty(), "charlm::attention_model: empty batch");
+  context_ = ctx.context_axis();
   ranks_ = context_ ? ctx.axis_size(*context_) : 1;
   rank_ = context_ ? ctx.axis_rank(*context_) : 0;
   const std::vector<row> rows = rows_of(b, rank_, ranks_);
@@ -298,6 +312,8 @@ float attention_model::forward(Ctx& ctx, const std::vector<row>& rows, context_a
     }
     ctx.release(2);
   }
+  last_sum_ = loss;
+  last_tokens_ = static_cast<std::int64_t>(n);
   return static_cast<float>(loss * weight);
 }
 

@@ -24,6 +24,7 @@
 
 #include "charlm/charlm.hpp"
 #include "common/cli.hpp"
+#include "demo/models.hpp"
 #include "fedshard/comm/inproc.hpp"
 #include "fedshard/comm/shaped.hpp"
 #include "fedshard/mesh/mesh.hpp"
@@ -66,6 +67,9 @@ struct settings {
   std::vector<std::string> algorithms{"ddp",     "fsdp",   "hsdp",       "fl_fsdp",
                                       "fl_hsdp", "diloco", "sparseloco", "fl_hsdp_int8"};
   bool quiet = false;  // no progress lines (fedshard-sim --predict-demo)
+  // --model: "mlp" (charlm::model) or "attention" (charlm::attention_model: --batch counts
+  // sequences, and the fcp row needs it); demo/models.hpp
+  std::string model = "mlp";
   // --group-shapes: the federated rows' groups, R_g x S_g each (sites of different sizes;
   // empty: G groups of one shape). Sets ranks = sum R_g S_g and groups = their count.
   std::vector<fedshard::group_shape> group_shapes;
@@ -130,16 +134,15 @@ inline charlm::dims dims_of(const settings& s, const charlm::corpus& data) {
           .expert_hidden = s.expert_hidden};
 }
 
-template <class Algorithm>
+template <class Algorithm, class Kit>
 inline result train(const std::string& name, fedshard::mesh_shape shape, const settings& s,
-                    const charlm::corpus& data, fedshard::trainer_options<Algorithm> opts = {}) {
+                    const Kit& kit, fedshard::trainer_options<Algorithm> opts = {}) {
   const int world_size = s.ranks;
   result r;
   r.name = name;
   r.shape = shape;
   auto net = fedshard::shaped::network::create(topology_of(s));
   opts.total_steps = s.steps;
-  const charlm::dims dims = dims_of(s, data);
   std::mutex mu;
   // 8 ranks computing on few cores: waiting ranks sleep at once instead of polling, so the
   // ranks they wait for get the cores (fedshard::inproc::options::spin_polls).
@@ -154,13 +157,10 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
         const bool hetero = !s.group_shapes.empty() && shape.groups > 1;
         fedshard::mesh m =
             hetero ? fedshard::mesh(world, s.group_shapes) : fedshard::mesh(world, shape);
-        fedshard::trainer<charlm::model, Algorithm, fedshard::optim::adamw, comm> t(
-            m, charlm::model(dims, s.seed), {.lr = s.lr, .weight_decay = 0.0f}, opts);
-        const auto eval_all = charlm::model::eval_batch(data, dims.context, s.eval_examples);
-        const std::size_t per = eval_all.size() / static_cast<std::size_t>(world_size);
-        const charlm::batch eval(eval_all.begin() + static_cast<std::ptrdiff_t>(per * rank),
-                                 eval_all.begin() + static_cast<std::ptrdiff_t>(per * (rank + 1)));
-        double train_seconds = 0;
+        fedshard::trainer<typename Kit::model_type, Algorithm, fedshard::optim::adamw, comm> t(
+            m, kit.make(), {.lr = s.lr, .weight_decay = 0.0f}, opts);
+        const auto eval = kit.eval_batch(m);
+        double train_seconds = 0, tokens = 0;
         // A shard policy with run-time state (scape) gathers packed or dense from step to
         // step: its gathers are counted at the wire (the shard axis's all_gathers, less the
         // mask exchanges), not from the step plan.
@@ -170,8 +170,7 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
         std::map<fedshard::axis, fedshard::axis_traffic> step_traffic;
         std::vector<curve_point> curve;
         auto evaluate = [&](int step) {
-          const double loss = t.mean_over_world(t.evaluate(eval));
-          const double tokens = double(step) * world_size * s.batch;
+          const double loss = kit.eval_loss(t, eval);
           curve.push_back({step, tokens, train_seconds, std::exp(loss)});
           if (rank == 0 && !s.quiet) {
             std::printf("  [%-8s] step %4d/%d  tokens %7.0f  eval ppl %7.3f  (%.1f s training)\n",
@@ -181,8 +180,8 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
         };
         evaluate(0);
         for (int step = 0; step < s.steps; ++step) {
-          const auto b =
-              charlm::model::training_batch(data, dims.context, s.seed, step, rank, s.batch);
+          const auto b = kit.train_batch(m, step);
+          tokens += kit.world_tokens(m, step);
           // All ranks start the step together and the time covers the slowest. The barriers
           // are the wrapped communicator's: they measure, they are not training traffic, so
           // they do not wait for the emulated link's latency.
@@ -211,7 +210,7 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
         if (hetero) r.group_shapes = fedshard::to_string(s.group_shapes);
         r.curve = curve;
         r.seconds = train_seconds;
-        r.tokens = double(s.steps) * world_size * s.batch;
+        r.tokens = tokens;
         r.ppl = curve.back().ppl;
         if constexpr (varies) {
           const auto& rt = t.engine().runtime();
@@ -259,6 +258,9 @@ struct row_spec {
   /// The outer step's momentum γ, for a row whose federation settings have one (0: the
   /// policy's default).
   float outer_momentum = 0.0f;
+  /// Trains only the attention model (--model attention): its groups' ranks share each batch
+  /// of sequences (context parallelism).
+  bool needs_attention = false;
 };
 
 /// The demo's rows, keyed by alias: every alias of fedshard::for_each_algorithm is a row the
@@ -290,6 +292,8 @@ inline const std::vector<row_spec>& rows() {
       // sent as seeds) and LSS (a soup of 3 per round), both token-weighted.
       {.name = "hofl", .every = cadence::k},
       {.name = "lss", .every = cadence::k},
+      // FCP: fl_hsdp's mesh and K, each group's batch spread over its 4 ranks.
+      {.name = "fcp", .every = cadence::k, .needs_attention = true},
   };
   return r;
 }
@@ -458,7 +462,7 @@ inline std::string default_algorithms() {
 inline std::string usage_text(std::string_view program = "fedshard-demo") {
   return std::string("usage: ") + std::string(program) +
          " [--corpus PATH] [--steps N] [--batch N] [--hidden N]\n"
-         "       [--experts X] [--expert-hidden F] [--expert-copies C]\n"
+         "       [--model mlp|attention] [--experts X] [--expert-hidden F] [--expert-copies C]\n"
          "       [--ranks N] [--groups G] [--group-shapes RxS,RxS,...]\n"
          "       [--slow-site S] [--slow-factor F]\n"
          "       [--eval-every N] [--eval-examples N]\n"
@@ -475,6 +479,11 @@ inline std::string usage_text(std::string_view program = "fedshard-demo") {
          "  rows that need --experts (expert e on the --expert-copies groups e, e + 1, ...\n"
          "  mod G, averaged over them only; default copies G - 1, at least 1): " +
          listed(row_names([](const row_spec& r) { return r.needs_experts; }), 70) +
+         "\n"
+         "  --model: mlp (charlm's k-gram MLP, default) or attention (causal attention over\n"
+         "  sequences of up to 256 characters, skewed lengths; --batch counts sequences);\n"
+         "  rows that need --model attention (each group's batch spread over its ranks): " +
+         listed(row_names([](const row_spec& r) { return r.needs_attention; }), 79) +
          "\n"
          "  --k: steps between syncs of " +
          listed(synced_every(cadence::k), 30) +
@@ -532,6 +541,12 @@ inline std::string known_algorithms() {
 inline void declare_options(cli::parser& p, settings& s) {
   const cli::bounds positive_time = cli::closed(0, 1e6);
   p.text("--corpus", s.corpus)
+      .custom("--model",
+              [&s](const std::string& o, const std::string& v) {
+                if (v != "mlp" && v != "attention")
+                  cli::fail(o + " expects mlp or attention, found '" + v + "'");
+                s.model = v;
+              })
       .integer("--steps", s.steps, 1, max_steps)
       .integer("--batch", s.batch, 1, max_batch)
       .integer("--hidden", s.hidden, 1, max_hidden)
@@ -597,6 +612,16 @@ inline void check_settings(settings& s) {
   if (s.eval_examples < s.ranks)
     cli::fail(concat("--eval-examples expects at least one example per rank (>= ", s.ranks,
                      "), found ", s.eval_examples));
+  if (s.model == "attention" && (s.experts > 0 || !s.group_shapes.empty()))
+    cli::fail(
+        "--model attention has no experts and runs groups of one shape: expected no "
+        "--experts and no --group-shapes");
+  for (const auto& a : s.algorithms)
+    if (row_of(a).needs_attention && s.model != "attention")
+      cli::fail("--algorithms " + a +
+                " spreads each group's batch of sequences over its ranks: expected --model "
+                "attention, found --model " +
+                s.model);
   for (const auto& a : s.algorithms)
     if (row_of(a).needs_experts && s.experts == 0)
       cli::fail("--algorithms " + a +
@@ -626,9 +651,28 @@ inline std::optional<result> train_named(const std::string& name, const settings
                                          const charlm::corpus& data) {
   if (row_of(name).needs_experts && s.experts == 0)
     cli::fail("the row " + name + " needs the model's experts (--experts X)");
+  if (row_of(name).needs_attention && s.model != "attention")
+    cli::fail("the row " + name + " needs --model attention");
   std::optional<result> r;
   fedshard::for_each_algorithm([&]<class A>(std::string_view alias) {
-    if (alias == name) r = train<A>(name, mesh_of(name, s), s, data, row_options<A>(s, name, data));
+    if (alias != name) return;
+    const auto o = row_options<A>(s, name, data);
+    if (s.model == "attention")
+      r = train<A>(name, mesh_of(name, s), s,
+                   attention_kit{.data = &data,
+                                 .batch = s.batch,
+                                 .eval_examples = s.eval_examples,
+                                 .seed = s.seed,
+                                 .context = o.context_axis},
+                   o);
+    else
+      r = train<A>(name, mesh_of(name, s), s,
+                   mlp_kit{.data = &data,
+                           .dims = dims_of(s, data),
+                           .batch = s.batch,
+                           .eval_examples = s.eval_examples,
+                           .seed = s.seed},
+                   o);
   });
   return r;
 }

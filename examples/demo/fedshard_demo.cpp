@@ -83,10 +83,15 @@ int run(int argc, char** argv) {
     }
     std::printf(" (--expert-copies)\n");
   }
+  if (s.model == "attention")
+    std::printf(
+        "Model: causal self-attention over sequences of up to %d characters (charlm::"
+        "attention_model); fcp spreads each group's batch over its ranks by FCP's placement.\n",
+        demo::attention_kit::max_length);
   std::printf(
-      "%d steps x %d examples per rank per step; AdamW lr %g; fl_* and sparseloco sync every "
+      "%d steps x %d %s per rank per step; AdamW lr %g; fl_* and sparseloco sync every "
       "%d steps, diloco every %d.\n\n",
-      s.steps, s.batch, double(s.lr), s.k, s.h);
+      s.steps, s.batch, s.model == "attention" ? "sequences" : "examples", double(s.lr), s.k, s.h);
 
   std::vector<result> results;
   for (const auto& a : s.algorithms) {

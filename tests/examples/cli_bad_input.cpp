@@ -201,6 +201,11 @@ TEST_CASE("fedshard-demo refuses bad input with exit status 2 and runs a good on
       {{"--algorithms", "ddp,,fsdp"}, "--algorithms expects a comma-separated list"},
       {{"--algorithms", "ddp,nosuch"}, "--algorithms expects names from"},
       {{"--algorithms", "fomoe"}, "--experts"},
+      {{"--model", "rnn"}, "--model expects mlp or attention, found 'rnn'"},
+      {{"--algorithms", "fcp"},
+       "--algorithms fcp spreads each group's batch of sequences over its ranks: expected "
+       "--model attention, found --model mlp"},
+      {{"--model", "attention", "--experts", "2"}, "--model attention has no experts"},
       {{"--out", s.unwritable()}, "--out expects a directory it can write"},
       {{"--out", ""}, "--out expects a value"},
       {{"--corpus", (s.dir / "missing").string()}, "--corpus"},
@@ -319,7 +324,8 @@ TEST_CASE("fedshard-sim prices every alias the demo accepts by name, gasloc and 
   CHECK(bad.code == 2);
   CHECK(bad.err.find("unknown algorithm 'scape', expected one of ddp, zero2, fsdp, hsdp, "
                      "fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco, sparseloco, "
-                     "gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss") != std::string::npos);
+                     "gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss, fcp") !=
+        std::string::npos);
 }
 
 #ifdef FEDSHARD_MULTI_JOB_EXE

@@ -59,6 +59,14 @@ struct full_hooks final : detail::unit_hooks<> {
   buffer_view grad_buffer_as(std::size_t u, dtype) override { return view(grad_buffer(u)); }
 };
 
+/// FSDP whose groups' ranks share each batch (context parallelism over the group).
+struct context_defaults {
+  static constexpr schedule::every_step::config schedule{};
+  static constexpr std::optional<axis> context_axis = axis::group;
+};
+using context_fsdp =
+    algorithm<shard::full_shard, federation::none, schedule::every_step, context_defaults>;
+
 const charlm::attention_dims small{
     .vocab = 12, .embed = 6, .head = 4, .max_length = 64, .block_tokens = 8};
 
@@ -66,7 +74,7 @@ const charlm::attention_dims small{
 
 TEST_CASE("the attention model's gradients match finite differences") {
   const charlm::corpus data = letters();
-  charlm::attention_model m(small, axis::group, 3);
+  charlm::attention_model m(small, 3);
   full_hooks h(m);
   const charlm::sequence_batch b = charlm::draw_sequences(data, 64, 5, 0, 0, 8);
   step_context train(h, true, 0, 0);
@@ -107,8 +115,8 @@ TEST_CASE("a step with each batch spread over 1 to 4 ranks equals the step on on
     CAPTURE(P);
     test::spawn_ranks(P, [&](inproc::communicator& c) {
       mesh m(c, mesh_shape{1, 1, P});
-      trainer<charlm::attention_model, fsdp, optim::sgd, inproc::communicator> t(
-          m, charlm::attention_model(small, axis::group, 3), {.lr = 0.5f});
+      trainer<charlm::attention_model, context_fsdp, optim::sgd, inproc::communicator> t(
+          m, charlm::attention_model(small, 3), {.lr = 0.5f});
       double loss = 0;
       for (const auto& b : batches) {
         const auto before = t.traffic()[axis::group];
@@ -148,9 +156,24 @@ TEST_CASE("a step with each batch spread over 1 to 4 ranks equals the step on on
   }
 }
 
+TEST_CASE("context parallelism runs inside a group: the federation axis is refused") {
+  test::spawn_ranks(2, [&](inproc::communicator& c) {
+    mesh m(c, mesh_shape{2, 1, 1});
+    trainer_options<fcp> o;
+    CHECK(o.context_axis == axis::group);  // fcp's default
+    o.context_axis = axis::federation;
+    CHECK(test::error_of([&] {
+            trainer<charlm::attention_model, fcp, optim::sgd, inproc::communicator> t(
+                m, charlm::attention_model(small, 3), {.lr = 0.5f}, o);
+          })
+              .find("context parallelism runs inside a group (the shard, replica or group axis), "
+                    "found the federation axis") != std::string::npos);
+  });
+}
+
 TEST_CASE("the attention model refuses sequences longer than its positions") {
   const charlm::corpus data = letters();
-  charlm::attention_model m(small, axis::group, 3);
+  charlm::attention_model m(small, 3);
   full_hooks h(m);
   charlm::sequence_batch b{{std::vector<std::uint8_t>(66, 1)}};
   step_context train(h, true, 0, 0);

@@ -86,10 +86,10 @@ TEST_CASE("for_each_algorithm lists every alias once, in order") {
   CHECK(names == std::vector<std::string>{"ddp", "zero2", "fsdp", "hsdp", "fl_fsdp", "fl_hsdp",
                                           "fl_hsdp_int8", "diloco", "streaming_diloco",
                                           "sparseloco", "gasloc", "fomoe", "scape_fsdp",
-                                          "fl_scape_fsdp", "hofl", "lss"});
+                                          "fl_scape_fsdp", "hofl", "lss", "fcp"});
   CHECK(algorithm_list(",") ==
         "ddp,zero2,fsdp,hsdp,fl_fsdp,fl_hsdp,fl_hsdp_int8,diloco,streaming_diloco,sparseloco,"
-        "gasloc,fomoe,scape_fsdp,fl_scape_fsdp,hofl,lss");
+        "gasloc,fomoe,scape_fsdp,fl_scape_fsdp,hofl,lss,fcp");
   CHECK(is_algorithm_name("gasloc"));
   CHECK_FALSE(is_algorithm_name("GASLOC"));
   CHECK(all_algorithms);

@@ -10,6 +10,7 @@
 /// FL+HSDP and DiLoCo are aliases, not new code.
 
 #include <concepts>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -93,6 +94,16 @@ struct algorithm {
       return typename Schedule::config{};
     else
       return Defaults::schedule;
+  }
+  /// The axis trainer_options::context_axis starts from: Defaults::context_axis where the
+  /// defaults name one (fcp: the group's), else none (no context parallelism).
+  static constexpr std::optional<axis> default_context_axis() {
+    if constexpr (requires {
+                    { Defaults::context_axis } -> std::convertible_to<std::optional<axis>>;
+                  })
+      return Defaults::context_axis;
+    else
+      return std::nullopt;
   }
   /// The local rule trainer_options starts from: Defaults::local_rule() where the defaults
   /// name one (hofl, lss), else none (the plain step).
@@ -216,12 +227,24 @@ struct lss_defaults {
 using lss =
     algorithm<shard::hybrid_shard, federation::weighted_average, schedule::periodic, lss_defaults>;
 
+/// FCP's defaults: K = 8, and context parallelism over each group's ranks.
+struct fcp_defaults {
+  static constexpr schedule::periodic::config schedule{.period = 8};
+  static constexpr std::optional<axis> context_axis = axis::group;
+};
+/// FCP (arXiv 2602.21788) inside FL+HSDP: every rank of a group is given the same batch of
+/// sequences, and a model that computes attention over blocks (step_context::context_axis
+/// says over which axis) spreads it over the group's ranks by FCP's placement, exchanging
+/// key/value blocks point to point (plan/context_plan.hpp; examples/charlm/attention_model.hpp);
+/// parameters averaged across groups every K steps, as fl_hsdp.
+using fcp = algorithm<shard::hybrid_shard, federation::average, schedule::periodic, fcp_defaults>;
+
 /// The catalogue: calls `f.template operator()<A>(name)` for every named algorithm above (every
 /// number in them a run-time setting of trainer_options, from the alias's default), in the
 /// order ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco,
-/// sparseloco, gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss. It is the one list that tools
-/// (the simulator's names, the demo's rows, the lists in their messages) read, so a new alias is
-/// added here once.
+/// sparseloco, gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss, fcp. It is the one list that
+/// tools (the simulator's names, the demo's rows, the lists in their messages) read, so a new alias
+/// is added here once.
 template <class F>
 constexpr void for_each_algorithm(F&& f) {
   f.template operator()<ddp>(std::string_view("ddp"));
@@ -240,6 +263,7 @@ constexpr void for_each_algorithm(F&& f) {
   f.template operator()<fl_scape_fsdp>(std::string_view("fl_scape_fsdp"));
   f.template operator()<hofl>(std::string_view("hofl"));
   f.template operator()<lss>(std::string_view("lss"));
+  f.template operator()<fcp>(std::string_view("fcp"));
 }
 
 /// The aliases of for_each_algorithm in its order, joined by `separator`: the list that

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -123,6 +124,8 @@ class unit_hooks {
   virtual bool holds(std::size_t) const { return true; }
   /// True when unit u is trained with gradients (false: a zeroth-order unit).
   virtual bool takes_gradients(std::size_t) const { return true; }
+  /// The axis whose ranks share each batch (trainer_options::context_axis), if any.
+  virtual std::optional<axis> context_axis() const { return std::nullopt; }
   /// This rank's rank on axis a, and the ranks on it (hooks without a mesh: one rank).
   virtual int axis_rank(axis) const { return 0; }
   virtual int axis_size(axis) const { return 1; }
@@ -139,7 +142,10 @@ class unit_hooks {
 template <class Engine, class S>
 class engine_hooks final : public unit_hooks<S> {
  public:
-  explicit engine_hooks(Engine& e) : e_(&e) {}
+  /// Hooks over e; `context`: trainer_options::context_axis.
+  explicit engine_hooks(Engine& e, std::optional<axis> context = std::nullopt)
+      : e_(&e), context_(context) {}
+  std::optional<axis> context_axis() const override { return context_; }
   const flat_layout& layout() const override { return e_->layout(); }
   S& space() override { return e_->space(); }
   typename S::stream& compute_stream() override { return e_->compute_stream(); }
@@ -162,6 +168,7 @@ class engine_hooks final : public unit_hooks<S> {
 
  private:
   Engine* e_;
+  std::optional<axis> context_;
 };
 }  // namespace detail
 
@@ -229,6 +236,10 @@ class basic_step_context {
   /// gradient-free unit, trainer/local_rule.hpp) takes none: skip its backward, and that of
   /// the units below it that only it would need; its backward hooks refuse it.
   bool takes_gradients(std::size_t u) const { return hooks_->takes_gradients(u); }
+  /// Context parallelism: the axis whose ranks were all given this batch, to spread over
+  /// them (trainer_options::context_axis; fcp: the group's), or none (the batch is this
+  /// rank's alone).
+  std::optional<axis> context_axis() const { return hooks_->context_axis(); }
   /// This rank's rank on axis a of the trainer's mesh (a context-parallel group's rank: a
   /// model spreading a batch of sequences over the ranks of its group reads it here).
   int axis_rank(axis a) const { return hooks_->axis_rank(a); }

@@ -28,6 +28,16 @@ local_rule_factory default_local_rule_of() {
     return {};
 }
 
+/// The context axis an algorithm starts from (algorithm::default_context_axis; none for an
+/// Algorithm without one).
+template <Algorithm A>
+constexpr std::optional<axis> default_context_axis_of() {
+  if constexpr (requires { A::default_context_axis(); })
+    return A::default_context_axis();
+  else
+    return std::nullopt;
+}
+
 /// Settings of a trainer beyond the optimizer's.
 template <Algorithm A>
 struct trainer_options {
@@ -56,6 +66,11 @@ struct trainer_options {
   /// local_soup_rule, ...), from the algorithm's default (hofl, lss; the others: empty, the
   /// plain step). Host-readable memory spaces only.
   local_rule_factory local_rule = default_local_rule_of<A>();
+  /// Context parallelism: the axis whose ranks share each batch of sequences, which a model
+  /// computing attention over blocks spreads over them (step_context::context_axis), from
+  /// the algorithm's default (fcp: the group's; the others: none). The caller gives every
+  /// rank of that axis the same batch.
+  std::optional<axis> context_axis = default_context_axis_of<A>();
   /// Where the trainer's log lines go (what a resharding load dropped or initialised), on
   /// every rank; empty = world rank 0 prints them to stderr.
   std::function<void(const std::string&)> log{};

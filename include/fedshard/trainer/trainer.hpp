@@ -357,6 +357,16 @@ class trainer final {
   }
 
   /// trainer_options::local_rule's rule, or none.
+  /// o.context_axis, which names an axis inside a group (shard, replica or group): the
+  /// ranks that share a batch exchange keys and values on it every step.
+  static std::optional<axis> checked_context_axis(const options& o) {
+    const std::optional<axis> a = o.context_axis;
+    FEDSHARD_EXPECTS(!a || *a == axis::shard || *a == axis::replica || *a == axis::group,
+                     "trainer_options::context_axis: context parallelism runs inside a group "
+                     "(the shard, replica or group axis), found the ",
+                     a ? to_string(*a) : "", " axis");
+    return a;
+  }
   static std::unique_ptr<local_rule> make_local_rule(const options& o,
                                                      const std::vector<unit_spec>& units) {
     if (!o.local_rule) return nullptr;
@@ -536,7 +546,8 @@ class trainer final {
   sync_type sync_;
   std::int64_t step_ = 0;
   bool started_ = false;
-  detail::engine_hooks<engine_type, space_type> hooks_{engine_};  // the models' step contexts
+  // the models' step contexts
+  detail::engine_hooks<engine_type, space_type> hooks_{engine_, checked_context_axis(opts_)};
   state_registry registry_;
   checkpoint::checkpointer checkpoints_{registry_};
 };
