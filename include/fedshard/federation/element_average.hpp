@@ -242,7 +242,7 @@ inline bool element_average::uses_members(std::span<const packed_unit> units, in
     FEDSHARD_EXPECTS(possible,
                      "element_average: aggregation by members needs a fixed ownership and at "
                      "most 64 groups; found fixed = ",
-                     config_.fixed, " and ", G, " groups");
+                     config_.fixed ? "true" : "false", " and ", G, " groups");
     return true;
   }
   if (!possible) return false;
