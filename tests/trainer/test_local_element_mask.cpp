@@ -205,3 +205,45 @@ TEST_CASE("Collate run: groups step what they hold; each sync averages it over t
     });
   }
 }
+
+TEST_CASE("the state saves as bytes and loads into a fresh rule: held elements, buffers, round") {
+  auto make = [] {
+    auto r = std::make_unique<local_element_mask<optim::sgd>>(
+        two_rounds, std::vector<std::size_t>{8, 6},
+        optim::sgd_config{.lr = 0.5f, .momentum = 0.5f});
+    r->model_units({"a", "b"});
+    r->bind({.master_size = 14, .group = 1, .units = {{"a", 0, 8, 0}, {"b", 8, 6, 8}}});
+    return r;
+  };
+  auto saved = make();
+  std::vector<float> master(14, 1.0f), grad(14, 0.25f);
+  local_access a{.master = master,
+                 .grad = grad,
+                 .step = 0,
+                 .optimizer_step = {},
+                 .sum_over_shards = {},
+                 .loss = {}};
+  saved->optimizer_step(a, 0.5f);
+  saved->after_sync(a, {});
+  state_registry from;
+  saved->register_state(from);
+  const state_entry* e = from.find("element_mask.state");
+  REQUIRE(e != nullptr);
+  // 4 int64 of head, 7 held offsets (8 B each), 7 momentum values (4 B each)
+  REQUIRE(e->bytes() == 32 + 7 * 8 + 7 * 4);
+  std::vector<std::byte> bytes(e->bytes());
+  e->save(bytes);
+  auto loaded = make();
+  state_registry to;
+  loaded->register_state(to);
+  to.find("element_mask.state")->load(bytes);
+  CHECK(loaded->round() == 1);
+  CHECK(std::vector<std::size_t>(loaded->held().begin(), loaded->held().end()) ==
+        std::vector<std::size_t>{0, 1, 2, 3, 10, 11, 12});
+  CHECK(loaded->optimizer().step_count() == 1);
+  for (const float b : loaded->optimizer().state().at(0).data) CHECK(b == 0.25f);
+  bytes.pop_back();
+  CHECK_THROWS_WITH_AS(to.find("element_mask.state")->load(bytes),
+                       doctest::Contains("a saved state of 115 bytes; expected 116 for 7 held"),
+                       invalid_argument);
+}

@@ -102,6 +102,8 @@ class local_element_mask final : public local_rule {
   /// At the first step of a round: the round's held elements, the state remapped.
   void take_round();
   std::vector<std::byte> save() const;
+  /// The held elements of saved bytes `in`; invalid_argument unless its size fits them.
+  std::size_t check_saved(std::span<const std::byte> in) const;
   void load(std::span<const std::byte> in);
 
   std::function<shard::element_ownership(std::int64_t)> masks_;
@@ -164,18 +166,24 @@ void local_element_mask<O>::take_round() {
 template <optim::ShardOptimizer O>
 void local_element_mask<O>::register_state(state_registry& r) {
   r.add_kind({.prefix = "element_mask.", .noun = "element-mask state"});
-  r.add({.name = "element_mask.state",
-         .reshards = false,
-         .variable_size = true,
-         .element_size = 1,
-         .group = "element_mask",
-         .bytes = [this] { return save().size(); },
-         .save =
-             [this](std::span<std::byte> out) {
-               const auto b = save();
-               std::memcpy(out.data(), b.data(), b.size());
-             },
-         .load = [this](std::span<const std::byte> in) { load(in); }});
+  r.add(
+      {.name = "element_mask.state",
+       .reshards = false,
+       .variable_size = true,
+       .element_size = 1,
+       .group = "element_mask",
+       .bytes = [this] { return save().size(); },
+       .save =
+           [this](std::span<std::byte> out) {
+             const auto b = save();
+             std::memcpy(out.data(), b.data(), b.size());
+           },
+       .check =
+           [this](std::span<const std::byte> in) {
+             if (!std::all_of(in.begin(), in.end(), [](std::byte b) { return b == std::byte{0}; }))
+               (void)check_saved(in);
+           },
+       .load = [this](std::span<const std::byte> in) { load(in); }});
 }
 
 template <optim::ShardOptimizer O>
@@ -201,6 +209,21 @@ std::vector<std::byte> local_element_mask<O>::save() const {
 }
 
 template <optim::ShardOptimizer O>
+std::size_t local_element_mask<O>::check_saved(std::span<const std::byte> in) const {
+  std::int64_t head[4];
+  FEDSHARD_EXPECTS(in.size() >= sizeof head, "local_element_mask: a saved state of ", in.size(),
+                   " bytes; expected at least ", sizeof head);
+  std::memcpy(head, in.data(), sizeof head);
+  const std::size_t per = 8 + 4 * opt_->state().size();  // an offset and each buffer's value
+  FEDSHARD_EXPECTS(head[3] >= 0 && (in.size() - sizeof head) % per == 0 &&
+                       static_cast<std::size_t>(head[3]) == (in.size() - sizeof head) / per,
+                   "local_element_mask: a saved state of ", in.size(), " bytes; expected ",
+                   sizeof head + static_cast<std::size_t>(std::max<std::int64_t>(head[3], 0)) * per,
+                   " for ", head[3], " held elements");
+  return static_cast<std::size_t>(head[3]);
+}
+
+template <optim::ShardOptimizer O>
 void local_element_mask<O>::load(std::span<const std::byte> in) {
   if (std::all_of(in.begin(), in.end(), [](std::byte b) { return b == std::byte{0}; })) {
     opt_ = std::make_unique<O>(cfg_, 0);  // a checkpoint without the section: a fresh start
@@ -209,16 +232,11 @@ void local_element_mask<O>::load(std::span<const std::byte> in) {
     taken_ = -1;
     return;
   }
+  const std::size_t k = check_saved(in);
   std::int64_t head[4];
-  FEDSHARD_EXPECTS(in.size() >= sizeof head, "local_element_mask: a saved state of ", in.size(),
-                   " bytes; expected at least ", sizeof head);
   std::memcpy(head, in.data(), sizeof head);
-  const auto k = static_cast<std::size_t>(head[3]);
   auto fresh = std::make_unique<O>(cfg_, k);
   const auto state = fresh->state();
-  FEDSHARD_EXPECTS(in.size() == sizeof head + k * (8 + 4 * state.size()),
-                   "local_element_mask: a saved state of ", in.size(), " bytes; expected ",
-                   sizeof head + k * (8 + 4 * state.size()), " for ", k, " held elements");
   const std::byte* p = in.data() + sizeof head;
   idx_.assign(k, 0);
   for (std::size_t& i : idx_) {
