@@ -25,6 +25,7 @@
 #include "fedshard/plan/traffic.hpp"
 #include "fedshard/plan/wire_tap.hpp"
 
+#include "fedshard/shard/element_ownership.hpp"
 #include "fedshard/shard/engine.hpp"
 #include "fedshard/shard/flat_layout.hpp"
 #include "fedshard/shard/full_shard.hpp"
@@ -41,6 +42,7 @@
 #include "fedshard/optim/sgd.hpp"
 
 #include "fedshard/federation/average.hpp"
+#include "fedshard/federation/element_average.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/gossip.hpp"
 #include "fedshard/federation/holder_average.hpp"

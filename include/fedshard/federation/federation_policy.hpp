@@ -136,6 +136,9 @@ struct sync_info {
   std::span<const packed_unit> units{};
   /// The syncs of this fragment started before this one (sync_context::round of its plan).
   std::int64_t round = 0;
+  /// This rank's shard of its group (mesh_coords::shard): the buffer holds shard `shard` of
+  /// each packed unit (element_average maps it to the units' elements).
+  int shard = 0;
 
   /// The number of groups combined: the ones in `included`, or all G.
   int included_count() const {

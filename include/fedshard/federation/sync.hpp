@@ -718,7 +718,8 @@ class synchronizer {
                                                 : std::span<const double>(),
             .included = std::span<const std::uint8_t>(included_),
             .units = std::span<const packed_unit>(fr.units),
-            .round = round(f)};
+            .round = round(f),
+            .shard = coords_.shard};
   }
 
   /// Fragment f's syncs started before its current one (sync_context::round).
