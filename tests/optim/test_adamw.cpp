@@ -252,3 +252,19 @@ TEST_CASE("adamw::step rejects spans of the wrong size and a negative lr, changi
   CHECK_THROWS_WITH_AS(opt.set_step_count(-1), doctest::Contains("found -1"),
                        fedshard::invalid_argument);
 }
+
+TEST_CASE("an adamw owning its space, move-assigned over another, keeps the moved state") {
+  // As sgd's: the buffers assigned over go back to their own space before it goes.
+  adamw a({}, 5), b({}, 5);
+  std::vector<float> pa(5, 1.0f), pb(5, 1.0f);
+  const std::vector<float> grad(5, 0.25f);
+  a.step(pa, grad, 0.1f);
+  b.step(pb, grad, 0.1f);
+  b.step(pb, grad, 0.1f);
+  const std::vector<float> avg(b.state()[0].data.begin(), b.state()[0].data.end());
+  a = std::move(b);
+  CHECK(a.step_count() == 2);
+  CHECK(std::vector<float>(a.state()[0].data.begin(), a.state()[0].data.end()) == avg);
+  a.step(pb, grad, 0.1f);
+  CHECK(a.step_count() == 3);
+}

@@ -295,3 +295,19 @@ TEST_CASE("momentum_start::zero keeps a buffer for momentum 0 and takes nesterov
                                          "zero, found 7"),
                        invalid_argument);
 }
+
+TEST_CASE("an sgd owning its space, move-assigned over another, keeps the moved state") {
+  // The optimizer assigned over gives its buffer back to its own space before that space
+  // goes (a member-wise assignment dropped the space first, then returned the buffer to it).
+  sgd a({.momentum = 0.9f}, 7), b({.momentum = 0.9f}, 7);
+  std::vector<float> pa(7, 1.0f), pb(7, 1.0f);
+  const std::vector<float> grad(7, 0.5f);
+  a.step(pa, grad, 0.1f);
+  b.step(pb, grad, 0.1f);
+  b.step(pb, grad, 0.1f);
+  a = std::move(b);
+  CHECK(a.step_count() == 2);
+  CHECK(a.state()[0].data[3] == 0.5f * 0.9f + 0.5f);  // b's buffer: 0.5, then 0.95
+  a.step(pb, grad, 0.1f);
+  CHECK(a.state()[0].data[3] == (0.5f * 0.9f + 0.5f) * 0.9f + 0.5f);
+}

@@ -10,7 +10,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "fedshard/core/buffer.hpp"
@@ -44,6 +46,17 @@ class basic_adamw : public space::same_in_every_space<basic_adamw> {
   /// With a space of its own (default-constructed S).
   basic_adamw(config cfg, std::size_t n)
       : basic_adamw(validated(cfg), n, space::space_ref<S>::make()) {}
+  basic_adamw(basic_adamw&&) noexcept = default;
+  /// Takes o's state. The buffers it had go back to its space before that space goes (an
+  /// owned one): destroyed in reverse order, then moved into, where a member-wise assignment
+  /// would drop the space first and then hand the buffers back to it.
+  basic_adamw& operator=(basic_adamw&& o) noexcept {
+    if (this != &o) {
+      this->~basic_adamw();
+      ::new (static_cast<void*>(this)) basic_adamw(std::move(o));
+    }
+    return *this;
+  }
 
   /// One AdamW step of the shard with learning rate lr, queued on stream st of the space.
   void step(std::span<float> param, std::span<const float> grad, float lr, typename S::stream& st) {

@@ -15,7 +15,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "fedshard/core/buffer.hpp"
@@ -61,6 +63,17 @@ class basic_sgd : public space::same_in_every_space<basic_sgd> {
   /// With a space of its own (default-constructed S).
   basic_sgd(config cfg, std::size_t n)
       : basic_sgd(validated(cfg), n, space::space_ref<S>::make()) {}
+  basic_sgd(basic_sgd&&) noexcept = default;
+  /// Takes o's state. The buffer it had go back to its space before that space goes (an
+  /// owned one): destroyed in reverse order, then moved into, where a member-wise assignment
+  /// would drop the space first and then hand the buffer back to it.
+  basic_sgd& operator=(basic_sgd&& o) noexcept {
+    if (this != &o) {
+      this->~basic_sgd();
+      ::new (static_cast<void*>(this)) basic_sgd(std::move(o));
+    }
+    return *this;
+  }
 
   /// One SGD step of the shard with learning rate lr, queued on stream st of the space.
   void step(std::span<float> param, std::span<const float> grad, float lr, typename S::stream& st) {
