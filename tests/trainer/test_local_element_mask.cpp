@@ -186,7 +186,7 @@ TEST_CASE("Collate run: groups step what they hold; each sync averages it over t
       trainer_options<element_sgd> o;
       o.total_steps = steps;
       o.schedule.period = 1;
-      o.federation = {.masks = masks};
+      o.federation = {.masks = [&](const flat_layout&, int, std::int64_t r) { return masks(r); }};
       o.local_rule = [&] {
         return std::make_unique<local_element_mask<optim::sgd>>(
             masks, std::vector<std::size_t>{16, 10}, optim::sgd_config{.lr = 1.0f});
