@@ -75,7 +75,8 @@ struct element_average_config {
   /// every element (then the plan is average's).
   std::function<shard::element_ownership(const flat_layout& layout, int groups, std::int64_t round)>
       masks{};
-  /// True when masks gives the same ownership every round (FEAST): (a) may be chosen.
+  /// True when masks gives the same ownership every round (FEAST): (a) may be chosen, and
+  /// masks is called for round 0 only.
   bool fixed = false;
   /// Weigh each group by its tokens since the fragment's last sync.
   bool weighted = false;
