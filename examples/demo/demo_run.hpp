@@ -294,6 +294,11 @@ inline const std::vector<row_spec>& rows() {
       {.name = "lss", .every = cadence::k},
       // FCP: fl_hsdp's mesh and K, each group's batch spread over its 4 ranks.
       {.name = "fcp", .every = cadence::k, .needs_attention = true},
+      // Sub-models at element granularity on fl_hsdp's mesh and K: FEAST (group g trains the
+      // first (G - g) / G of every tensor's rows) and Collate (a random half of the blocks
+      // per group per round), both token-weighted.
+      {.name = "feast", .every = cadence::k},
+      {.name = "collate", .every = cadence::k},
   };
   return r;
 }

@@ -324,7 +324,7 @@ TEST_CASE("fedshard-sim prices every alias the demo accepts by name, gasloc and 
   CHECK(bad.code == 2);
   CHECK(bad.err.find("unknown algorithm 'scape', expected one of ddp, zero2, fsdp, hsdp, "
                      "fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco, sparseloco, "
-                     "gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss, fcp") !=
+                     "gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss, fcp, feast, collate") !=
         std::string::npos);
 }
 

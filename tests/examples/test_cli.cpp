@@ -153,7 +153,8 @@ TEST_CASE("the demo's parser refuses the bad inputs of issue 28 and keeps its de
       {{"--algorithms", ","}, "--algorithms expects a comma-separated list"},
       {{"--algorithms", "ddp,nosuch"},
        "--algorithms expects names from ddp,zero2,fsdp,hsdp,fl_fsdp,fl_hsdp,fl_hsdp_int8,diloco,"
-       "streaming_diloco,sparseloco,gasloc,fomoe,scape_fsdp,fl_scape_fsdp,hofl,lss,fcp, found "
+       "streaming_diloco,sparseloco,gasloc,fomoe,scape_fsdp,fl_scape_fsdp,hofl,lss,fcp,feast,"
+       "collate, found "
        "'nosuch'"},
       {{"--algorithms", "scape"}, "--algorithms expects names from ddp,"},
       {{"--algorithms", "fomoe"}, "--algorithms fomoe needs the model's experts"},

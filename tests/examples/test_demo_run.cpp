@@ -105,7 +105,7 @@ TEST_CASE("the demo's rows are the catalogue's aliases") {
   }
   CHECK(demo::known_algorithms() ==
         "ddp,zero2,fsdp,hsdp,fl_fsdp,fl_hsdp,fl_hsdp_int8,diloco,streaming_diloco,sparseloco,"
-        "gasloc,fomoe,scape_fsdp,fl_scape_fsdp,hofl,lss,fcp");
+        "gasloc,fomoe,scape_fsdp,fl_scape_fsdp,hofl,lss,fcp,feast,collate");
   for (const char* name : {"gasloc", "fomoe", "scape_fsdp", "fl_scape_fsdp"})
     CHECK(demo::known_algorithm(name));
   CHECK_FALSE(demo::known_algorithm("scape"));  // the row is called by its alias now
@@ -116,7 +116,8 @@ TEST_CASE("the demo's rows are the catalogue's aliases") {
   CHECK(help.find("algorithms (fedshard::for_each_algorithm): ddp, zero2, fsdp, hsdp, "
                   "fl_fsdp,") != std::string::npos);
   CHECK(help.find("--k: steps between syncs of fl_fsdp, fl_hsdp, fl_hsdp_int8, sparseloco, "
-                  "fomoe, fl_scape_fsdp, hofl, lss, fcp (default 8)") != std::string::npos);
+                  "fomoe, fl_scape_fsdp, hofl, lss, fcp, feast, collate (default 8)") !=
+        std::string::npos);
   CHECK(help.find("--h: inner steps of diloco, streaming_diloco, gasloc (default 16)") !=
         std::string::npos);
   CHECK(help.find("SCAPE (shard::sparse) in the rows scape_fsdp, fl_scape_fsdp:") !=

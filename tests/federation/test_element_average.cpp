@@ -96,14 +96,14 @@ flat_layout grid_layout() {
 /// steps p - g from the global value; the holders' values (scaled by |H| w_g / Σ_H w when
 /// weighted) are summed in group order from 0 and divided by |H|; an element nobody holds takes
 /// group 0's value.
-std::vector<std::vector<float>> reference(
-    int G, std::int64_t steps, const std::function<shard::element_ownership(std::int64_t)>& owners,
-    const std::vector<double>& w) {
+std::vector<std::vector<float>> reference(int G, std::int64_t steps,
+                                          const element_average::config& fed,
+                                          const std::vector<double>& w) {
   std::vector<std::vector<float>> theta(units_n);
   for (std::size_t u = 0; u < units_n; ++u)
     for (std::size_t i = 0; i < unit_numel[u]; ++i) theta[u].push_back(grid_model::start(u, i));
   for (std::int64_t s = 0; s < steps; ++s) {
-    const shard::element_ownership o = owners(s);
+    const shard::element_ownership o = fed.masks(grid_layout(), G, s);
     for (std::size_t u = 0; u < units_n; ++u)
       for (std::size_t i = 0; i < unit_numel[u]; ++i) {
         auto local = [&](int g) { return theta[u][i] - grid_model::grad(g, s, u, i); };
@@ -149,7 +149,7 @@ void check_against_reference(const mesh_shape& shape, std::int64_t steps,
     for (int g = 0; g < G; ++g)
       w[static_cast<std::size_t>(g)] =
           static_cast<double>((g % 3 + 1) * shape.replicas * shape.shards);
-  const auto want = reference(G, steps, fed.masks, w);
+  const auto want = reference(G, steps, fed, w);
   on_groups(shape, [&](auto& m, int g) {
     grid_trainer<element_sgd> t(m, {g, g % 3 + 1}, {.lr = 1.0f},
                                 every_step<element_sgd>(steps, fed));
@@ -175,7 +175,7 @@ TEST_CASE("element_average models FederationPolicy") {
 TEST_CASE("FEAST slices: each element is the mean over its holders, by (a) and by (b)") {
   const flat_layout l = grid_layout();
   const std::vector<double> caps{1.0, 0.5, 0.5, 0.25};
-  auto slices = [&](std::int64_t) { return shard::feast_slices(l, caps); };
+  auto slices = [&](const flat_layout&, int, std::int64_t) { return shard::feast_slices(l, caps); };
   for (const auto how : {element_aggregation::masked, element_aggregation::members}) {
     for (const bool weighted : {false, true}) {
       CAPTURE(static_cast<int>(how));
@@ -185,13 +185,13 @@ TEST_CASE("FEAST slices: each element is the mean over its holders, by (a) and b
     }
   }
   // (b) over 2 shards and over 2 replicas: the shard windows map to the units' elements
-  check_against_reference({2, 1, 2}, 2, {.masks = [&](std::int64_t) {
+  check_against_reference({2, 1, 2}, 2, {.masks = [&](const flat_layout&, int, std::int64_t) {
                             const double c[] = {1.0, 0.5};
                             return shard::feast_slices(l, c);
                           }});
   check_against_reference({2, 2, 1}, 2,
                           {.masks =
-                               [&](std::int64_t) {
+                               [&](const flat_layout&, int, std::int64_t) {
                                  const double c[] = {0.25, 0.75};  // rows 3.. of each: nobody's
                                  return shard::feast_slices(l, c);
                                },
@@ -201,9 +201,11 @@ TEST_CASE("FEAST slices: each element is the mean over its holders, by (a) and b
 TEST_CASE("Collate masks change every round; each round's sync is its masks' mean") {
   const flat_layout l = grid_layout();
   const shard::collate_config c{.groups = 3, .fraction = 0.5, .seed = 11, .block = 2};
-  auto masks = [&](std::int64_t r) { return shard::collate_masks(l, c, r); };
-  CHECK(masks(0).held != masks(1).held);
-  CHECK(masks(1).held != masks(2).held);
+  auto masks = [&](const flat_layout&, int, std::int64_t r) {
+    return shard::collate_masks(l, c, r);
+  };
+  CHECK(masks(l, 3, 0).held != masks(l, 3, 1).held);
+  CHECK(masks(l, 3, 1).held != masks(l, 3, 2).held);
   for (const bool weighted : {false, true}) {
     CAPTURE(weighted);
     check_against_reference({3, 1, 1}, 4, {.masks = masks, .weighted = weighted});
@@ -215,11 +217,13 @@ TEST_CASE("every group holding everything is `average`, bit for bit") {
   const flat_layout l = grid_layout();
   const std::vector<element_average::config> alls{
       {},  // no masks
-      {.masks = [&](std::int64_t) { return shard::feast_slices(l, std::vector<double>(4, 1.0)); },
-       .aggregation = element_aggregation::masked},                         // (b), all held
-      {.masks = [&](std::int64_t) { return shard::element_ownership{}; }},  // everyone()
+      {.masks = [&](const flat_layout&, int,
+                    std::int64_t) { return shard::feast_slices(l, std::vector<double>(4, 1.0)); },
+       .aggregation = element_aggregation::masked},  // (b), all held
+      {.masks = [&](const flat_layout&, int,
+                    std::int64_t) { return shard::element_ownership{}; }},  // everyone()
       {.masks =
-           [&](std::int64_t r) {
+           [&](const flat_layout&, int, std::int64_t r) {
              return shard::collate_masks(l, {.groups = 4, .fraction = 1.0}, r);
            }},
   };
@@ -252,7 +256,7 @@ TEST_CASE("the wire moves the closed form: (b) 2 (G-1)/G of the fragment, (a) pe
   //       broadcasts from group 0 of 36 + 12 + 24 = 72 B (x 1): 120 B per rank, 6 calls.
   const flat_layout l = grid_layout();
   const std::vector<double> caps{1.0, 0.25, 0.25, 0.25};
-  auto slices = [&](std::int64_t) { return shard::feast_slices(l, caps); };
+  auto slices = [&](const flat_layout&, int, std::int64_t) { return shard::feast_slices(l, caps); };
   struct expect {
     element_average::config fed;
     double bytes;
@@ -268,7 +272,7 @@ TEST_CASE("the wire moves the closed form: (b) 2 (G-1)/G of the fragment, (a) pe
   //  (b) 2 x 3 x 4 B x 26 = 624; (a) 8 elements held by all x 4 B x 6 + 18 by {0} x 4 B x 4
   //  = 192 + 288 = 480, in 4 + 2 runs.
   const std::vector<federation::packed_unit> units{{0, 16}, {1, 16}};
-  const auto cost = federation::members_cost(slices(0), units, 4);
+  const auto cost = federation::members_cost(slices(l, 4, 0), units, 4);
   CHECK(cost.bytes_b == 624);
   CHECK(cost.bytes_a == 480);
   CHECK(cost.calls_a == 6);
@@ -290,7 +294,9 @@ TEST_CASE("70 groups: begin, the rank-order sum, end give the per-element mean")
   const flat_layout l({{"u", {{"w", {64}}}}}, 1);
   const int G = 70;
   const shard::collate_config c{.groups = G, .fraction = 0.05, .seed = 3, .block = 1};
-  auto masks = [&](std::int64_t r) { return shard::collate_masks(l, c, r); };
+  auto masks = [&](const flat_layout&, int, std::int64_t r) {
+    return shard::collate_masks(l, c, r);
+  };
   const std::vector<federation::packed_unit> units{{0, 64}};
   auto value = [](int g, std::size_t i) { return 0.5f * static_cast<float>(g) + 0.01f * i; };
   for (std::int64_t round : {0, 1}) {
@@ -299,16 +305,18 @@ TEST_CASE("70 groups: begin, the rank-order sum, end give the per-element mean")
       element_average p({.masks = masks}, {64});
       std::vector<float> buf(64);
       for (std::size_t i = 0; i < 64; ++i) buf[i] = value(g, i);
-      p.begin(0, buf, {.fragment = 0, .groups = G, .group = g, .units = units, .round = round});
+      p.begin(
+          0, buf,
+          {.fragment = 0, .groups = G, .group = g, .units = units, .round = round, .layout = &l});
       for (std::size_t i = 0; i < 64; ++i) sum[i] += buf[i];
     }
     element_average last({.masks = masks}, {64});
     std::vector<float> scratch(64);
     const federation::sync_info info{
-        .fragment = 0, .groups = G, .group = 0, .units = units, .round = round};
+        .fragment = 0, .groups = G, .group = 0, .units = units, .round = round, .layout = &l};
     last.begin(0, scratch, info);
     last.end(0, sum, info);
-    const auto o = masks(round);
+    const auto o = masks(l, G, round);
     int nobody = 0;
     for (std::size_t i = 0; i < 64; ++i) {
       float s = 0;
@@ -329,29 +337,48 @@ TEST_CASE("bad input is refused with what was expected") {
   const flat_layout l = grid_layout();
   const std::vector<federation::packed_unit> units{{0, 16}, {1, 16}};
   std::vector<float> buf(32);
-  auto three = [&](std::int64_t) { return shard::feast_slices(l, std::vector<double>(3, 1.0)); };
+  auto three = [&](const flat_layout&, int, std::int64_t) {
+    return shard::feast_slices(l, std::vector<double>(3, 1.0));
+  };
   element_average p({.masks = three}, {32});
-  CHECK_THROWS_WITH_AS(p.begin(0, buf, {.fragment = 0, .groups = 4, .group = 0, .units = units}),
-                       doctest::Contains("element_average: round 0's ownership lists 3 groups, "
-                                         "but the mesh has 4"),
-                       invalid_argument);
-  auto one_unit = [&](std::int64_t) { return shard::element_ownership{{{{{0, 4}}}, {{{0, 4}}}}}; };
+  CHECK_THROWS_WITH_AS(
+      p.begin(0, buf, {.fragment = 0, .groups = 4, .group = 0, .units = units, .layout = &l}),
+      doctest::Contains("element_average: round 0's ownership lists 3 groups, "
+                        "but the mesh has 4"),
+      invalid_argument);
+  auto one_unit = [&](const flat_layout&, int, std::int64_t) {
+    return shard::element_ownership{{{{{0, 4}}}, {{{0, 4}}}}};
+  };
   element_average q({.masks = one_unit}, {32});
   CHECK_THROWS_WITH_AS(
-      q.begin(0, buf, {.fragment = 0, .groups = 2, .group = 0, .units = units}),
+      q.begin(0, buf, {.fragment = 0, .groups = 2, .group = 0, .units = units, .layout = &l}),
       doctest::Contains("lists 1 units for group 0, but the fragment packs unit 1"),
       invalid_argument);
+  // Masks without the model's layout (a caller that sets no sync_context::layout).
+  element_average blind({.masks = one_unit}, {32});
+  CHECK_THROWS_WITH_AS(blind.sync_plan({.shape = {2, 1, 1}, .numel = 32, .units = units}),
+                       doctest::Contains("the masks need the model's layout"), invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      blind.begin(0, buf, {.fragment = 0, .groups = 2, .group = 0, .units = units}),
+      doctest::Contains("found none at round 0"), invalid_argument);
   const double tokens[] = {3, -1};
-  auto two = [&](std::int64_t) { return shard::feast_slices(l, std::vector<double>{1.0, 0.5}); };
+  auto two = [&](const flat_layout&, int, std::int64_t) {
+    return shard::feast_slices(l, std::vector<double>{1.0, 0.5});
+  };
   element_average w({.masks = two, .weighted = true}, {32});
   CHECK_THROWS_WITH_AS(
       w.begin(0, buf,
-              {.fragment = 0, .groups = 2, .group = 0, .group_tokens = tokens, .units = units}),
+              {.fragment = 0,
+               .groups = 2,
+               .group = 0,
+               .group_tokens = tokens,
+               .units = units,
+               .layout = &l}),
       doctest::Contains("weights (tokens since the last sync) must be >= 0, found -1 for group 1"),
       invalid_argument);
   element_average per_round({.masks = two, .aggregation = element_aggregation::members}, {32});
   CHECK_THROWS_WITH_AS(
-      per_round.sync_plan({.shape = {2, 1, 1}, .numel = 32, .units = units}),
+      per_round.sync_plan({.shape = {2, 1, 1}, .numel = 32, .units = units, .layout = &l}),
       doctest::Contains("aggregation by members needs a fixed ownership and at most 64 groups; "
                         "found fixed = false"),
       invalid_argument);

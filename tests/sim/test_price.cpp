@@ -624,7 +624,8 @@ TEST_CASE("the names are for_each_algorithm's aliases") {
                                          "fl_hsdp_int8", "diloco",        "streaming_diloco",
                                          "sparseloco",   "gasloc",        "fomoe",
                                          "scape_fsdp",   "fl_scape_fsdp", "hofl",
-                                         "lss",          "fcp"};
+                                         "lss",          "fcp",           "feast",
+                                         "collate"};
   CHECK(algorithm_names() == aliases);
   std::vector<std::string> visited;
   for_each_algorithm([&]<class A>(std::string_view n) { visited.emplace_back(n); });

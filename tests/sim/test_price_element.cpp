@@ -62,7 +62,7 @@ TEST_CASE("(a) is refused past 64 groups; (b) prices any number") {
                        doctest::Contains("at most 64 groups; found fixed = true and 70 groups"),
                        invalid_argument);
   algorithm_options<element_hsdp> o;
-  o.federation = {.masks = slices};
+  o.federation = {.masks = [&](const flat_layout&, int, std::int64_t r) { return slices(r); }};
   const step_price p = price_plans(describe<element_hsdp>("element_hsdp", o), one_layer(8),
                                    {70, 1, 1}, a100_4gpu_node(), 1.0, 1.0);
   // 8 x 256 f32 = 8192 B over 70 groups: 2 x 69/70 x 8192

@@ -26,12 +26,25 @@ using fedshard::test::small_gpt;
 namespace {
 
 /// Every alias, in the catalogue's order: adding or losing one fails the tests below.
-const std::vector<std::string> catalogue{"ddp",          "zero2",         "fsdp",
-                                         "hsdp",         "fl_fsdp",       "fl_hsdp",
-                                         "fl_hsdp_int8", "diloco",        "streaming_diloco",
-                                         "sparseloco",   "gasloc",        "fomoe",
-                                         "scape_fsdp",   "fl_scape_fsdp", "hofl",
-                                         "lss",          "fcp"};
+const std::vector<std::string> catalogue{"ddp",
+                                         "zero2",
+                                         "fsdp",
+                                         "hsdp",
+                                         "fl_fsdp",
+                                         "fl_hsdp",
+                                         "fl_hsdp_int8",
+                                         "diloco",
+                                         "streaming_diloco",
+                                         "sparseloco",
+                                         "gasloc",
+                                         "fomoe",
+                                         "scape_fsdp",
+                                         "fl_scape_fsdp",
+                                         "hofl",
+                                         "lss",
+                                         "fcp",
+                                         "feast",
+                                         "collate"};
 
 /// An 8-GPU mesh the alias's policies accept: 2 groups when it federates, else one; replicas
 /// of 4 shards when its shard policy takes them, else one replica (or, for DDP's
@@ -57,7 +70,7 @@ TEST_CASE("the catalogue lists every alias once, in order, and the simulator kno
   CHECK(algorithm_names() == catalogue);
   CHECK(algorithm_list() ==
         "ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco, "
-        "sparseloco, gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss, fcp");
+        "sparseloco, gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss, fcp, feast, collate");
   for (const auto& n : catalogue) {
     CAPTURE(n);
     CHECK(is_algorithm_name(n));
@@ -76,7 +89,8 @@ TEST_CASE("the catalogue lists every alias once, in order, and the simulator kno
   const std::string unknown = error_of([] { algorithm_by_name("scape"); });
   CHECK(unknown.find("unknown algorithm 'scape', expected one of ddp, zero2, fsdp, hsdp, "
                      "fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco, sparseloco, "
-                     "gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss, fcp") != std::string::npos);
+                     "gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss, fcp, feast, collate") !=
+        std::string::npos);
   CHECK(error_of([] {
           price_named("gossip", {}, small_gpt(), {1, 1, 8}, a100_4gpu_node());
         }).find("unknown algorithm 'gossip', expected one of ddp,") != std::string::npos);

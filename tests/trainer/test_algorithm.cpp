@@ -83,13 +83,13 @@ TEST_CASE("for_each_algorithm lists every alias once, in order") {
     names.emplace_back(name);
     all_algorithms = all_algorithms && Algorithm<A>;
   });
-  CHECK(names == std::vector<std::string>{"ddp", "zero2", "fsdp", "hsdp", "fl_fsdp", "fl_hsdp",
-                                          "fl_hsdp_int8", "diloco", "streaming_diloco",
-                                          "sparseloco", "gasloc", "fomoe", "scape_fsdp",
-                                          "fl_scape_fsdp", "hofl", "lss", "fcp"});
+  CHECK(names == std::vector<std::string>{
+                     "ddp", "zero2", "fsdp", "hsdp", "fl_fsdp", "fl_hsdp", "fl_hsdp_int8", "diloco",
+                     "streaming_diloco", "sparseloco", "gasloc", "fomoe", "scape_fsdp",
+                     "fl_scape_fsdp", "hofl", "lss", "fcp", "feast", "collate"});
   CHECK(algorithm_list(",") ==
         "ddp,zero2,fsdp,hsdp,fl_fsdp,fl_hsdp,fl_hsdp_int8,diloco,streaming_diloco,sparseloco,"
-        "gasloc,fomoe,scape_fsdp,fl_scape_fsdp,hofl,lss,fcp");
+        "gasloc,fomoe,scape_fsdp,fl_scape_fsdp,hofl,lss,fcp,feast,collate");
   CHECK(is_algorithm_name("gasloc"));
   CHECK_FALSE(is_algorithm_name("GASLOC"));
   CHECK(all_algorithms);

@@ -13,7 +13,7 @@ TEST_CASE("catalogue_text is algorithm_list(), written out by hand, zero-termina
   constexpr auto text = detail::catalogue_text_for<void>();
   const std::string expected =
       "ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco, "
-      "sparseloco, gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss, fcp";
+      "sparseloco, gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss, fcp, feast, collate";
   CHECK(std::string(text.text) == expected);
   CHECK(std::string(text.text) == algorithm_list());
   CHECK(sizeof(text.text) == expected.size() + 1);

@@ -24,22 +24,26 @@ namespace {
 
 /// Group 1 holds a[0, 4) and b[2, 5) in round 0, a[2, 6) and b[0, 3) in round 1 (a: 8
 /// elements, b: 6); group 0 holds everything.
-shard::element_ownership two_rounds(std::int64_t r) {
+shard::element_ownership two_rounds(const flat_layout&, int, std::int64_t r) {
   const std::vector<element_ranges> all{{{0, 8}}, {{0, 6}}};
   if (r == 0) return {{all, {{{0, 4}}, {{2, 5}}}}};
   return {{all, {{{2, 6}}, {{0, 3}}}}};
 }
+
+/// The model of two_rounds: unit a of 8 elements, unit b of 6, unsharded.
+const flat_layout ab({{"a", {{"w", {8}}}}, {"b", {{"w", {6}}}}}, 1);
 
 }  // namespace
 
 TEST_CASE("the step touches the held elements only; state for those only, zero when new") {
   // SGD, lr 0.5, momentum 0.5, with dyadic values so every op is exact: the first step sets
   // buf = g, later ones buf = 0.5 buf + g; p -= 0.5 buf.
-  local_element_mask<optim::sgd> rule(two_rounds, {8, 6}, {.lr = 0.5f, .momentum = 0.5f});
-  rule.model_units({"a", "b"});
+  local_element_mask<optim::sgd> rule(two_rounds, {.lr = 0.5f, .momentum = 0.5f});
   rule.bind({.master_size = 14,
              .group = 1,
-             .units = {{"a", 0, 8, 0}, {"b", 8, 6, 8}}});  // master: a then b
+             .units = {{"a", 0, 8, 0}, {"b", 8, 6, 8}},  // master: a then b
+             .layout = &ab,
+             .groups = 2});
   std::vector<float> master(14), grad(14);
   for (std::size_t i = 0; i < 14; ++i) master[i] = static_cast<float>(i);
   local_access a{.master = master,
@@ -87,14 +91,16 @@ TEST_CASE("the step touches the held elements only; state for those only, zero w
   for (const std::size_t i : {0, 1, 6, 7, 11, 12, 13}) CHECK(master[i] == static_cast<float>(i));
 }
 
-TEST_CASE("bad input: a model of other units, masks of too few groups") {
-  local_element_mask<optim::sgd> rule(two_rounds, {8, 6}, {});
-  CHECK_THROWS_WITH_AS(rule.model_units({"a"}),
-                       doctest::Contains("built for 2 units, but the model declares 1"),
-                       invalid_argument);
-  local_element_mask<optim::sgd> far(two_rounds, {8, 6}, {});
-  far.model_units({"a", "b"});
-  far.bind({.master_size = 8, .group = 2, .units = {{"a", 0, 8, 0}}});
+TEST_CASE("bad input: no layout, masks of too few groups") {
+  local_element_mask<optim::sgd> rule(two_rounds, {});
+  CHECK_THROWS_WITH_AS(
+      rule.bind({.master_size = 8, .group = 0, .units = {{"a", 0, 8, 0}}}),
+      doctest::Contains("expected the model's layout in the local setup, found none"),
+      invalid_argument);
+  CHECK_THROWS_WITH_AS(element_mask_rule<optim::sgd>({}, {}),
+                       doctest::Contains("expected a mask source, found none"), invalid_argument);
+  local_element_mask<optim::sgd> far(two_rounds, {});
+  far.bind({.master_size = 8, .group = 2, .units = {{"a", 0, 8, 0}}, .layout = &ab, .groups = 3});
   std::vector<float> m(8), g(8);
   local_access a{
       .master = m, .grad = g, .step = 0, .optimizer_step = {}, .sum_over_shards = {}, .loss = {}};
@@ -158,14 +164,18 @@ TEST_CASE("Collate run: groups step what they hold; each sync averages it over t
   const flat_layout l({{"a", {{"w", {4, 3}}, {"b", {4}}}}, {"c", {{"w", {5, 2}}}}}, 1);
   const int G = 3;
   const shard::collate_config c{.groups = G, .fraction = 0.4, .seed = 5, .block = 3};
-  auto masks = [&](std::int64_t r) { return shard::collate_masks(l, c, r); };
+  auto masks = [&](const flat_layout& model, int groups, std::int64_t r) {
+    CHECK(model.num_units() == 2);
+    CHECK(groups == G);
+    return shard::collate_masks(l, c, r);
+  };
   const std::int64_t steps = 4;
   std::vector<std::vector<float>> want(2);
   for (std::size_t u = 0; u < 2; ++u)
     for (std::size_t i = 0; i < numel_of[u]; ++i) want[u].push_back(grid_model::start(u, i));
   int nobody = 0;
   for (std::int64_t s = 0; s < steps; ++s) {
-    const auto o = masks(s);
+    const auto o = masks(l, G, s);
     for (std::size_t u = 0; u < 2; ++u)
       for (std::size_t i = 0; i < numel_of[u]; ++i) {
         float sum = 0;
@@ -187,10 +197,7 @@ TEST_CASE("Collate run: groups step what they hold; each sync averages it over t
       o.total_steps = steps;
       o.schedule.period = 1;
       o.federation = {.masks = masks};
-      o.local_rule = [&] {
-        return std::make_unique<local_element_mask<optim::sgd>>(
-            masks, std::vector<std::size_t>{16, 10}, optim::sgd_config{.lr = 1.0f});
-      };
+      o.local_rule = element_mask_rule<optim::sgd>(masks, {.lr = 1.0f});
       trainer<grid_model, element_sgd, optim::sgd, inproc::communicator> t(m, {m.coords().group},
                                                                            {.lr = 1.0f}, o);
       for (std::int64_t s = 0; s < steps; ++s) t.step(0);
@@ -209,10 +216,12 @@ TEST_CASE("Collate run: groups step what they hold; each sync averages it over t
 TEST_CASE("the state saves as bytes and loads into a fresh rule: held elements, buffers, round") {
   auto make = [] {
     auto r = std::make_unique<local_element_mask<optim::sgd>>(
-        two_rounds, std::vector<std::size_t>{8, 6},
-        optim::sgd_config{.lr = 0.5f, .momentum = 0.5f});
-    r->model_units({"a", "b"});
-    r->bind({.master_size = 14, .group = 1, .units = {{"a", 0, 8, 0}, {"b", 8, 6, 8}}});
+        two_rounds, optim::sgd_config{.lr = 0.5f, .momentum = 0.5f});
+    r->bind({.master_size = 14,
+             .group = 1,
+             .units = {{"a", 0, 8, 0}, {"b", 8, 6, 8}},
+             .layout = &ab,
+             .groups = 2});
     return r;
   };
   auto saved = make();

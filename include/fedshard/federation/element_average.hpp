@@ -6,8 +6,9 @@
 /// element.
 ///
 /// Rules:
-///  1. The ownership of a sync is config::masks(sync_info::round), a pure function of the
-///     round, so masks change per round inside the policy: the trainer's loop is untouched.
+///  1. The ownership of a sync is config::masks(layout, G, sync_info::round), a pure function
+///     of the model's layout, the group count and the round, so masks change per round inside the
+///     policy: the trainer's loop is untouched.
 ///  2. An element is averaged over its holders among the included groups, in group order:
 ///     Σ_h s_h θ_h / |H|, s_h = |H| w_h / Σ_H w (1 unweighted; also 1 when every holder's
 ///     weight is 0). An element held by nobody keeps the lowest included group's value: the
@@ -69,10 +70,13 @@ enum class element_aggregation : std::uint8_t { automatic, masked, members };
 /// The settings of element_average.
 struct element_average_config {
   sync_mode sync = sync_mode::hierarchical;
-  /// The ownership of each round (called with sync_info::round); empty: every group holds
+  /// The ownership of each round, from the model's layout (sync_context::layout /
+  /// sync_info::layout), the number of groups and sync_info::round; empty: every group holds
   /// every element (then the plan is average's).
-  std::function<shard::element_ownership(std::int64_t round)> masks{};
-  /// True when masks gives the same ownership every round (FEAST): (a) may be chosen.
+  std::function<shard::element_ownership(const flat_layout& layout, int groups, std::int64_t round)>
+      masks{};
+  /// True when masks gives the same ownership every round (FEAST): (a) may be chosen, and
+  /// masks is called for round 0 only.
   bool fixed = false;
   /// Weigh each group by its tokens since the fragment's last sync.
   bool weighted = false;
@@ -168,7 +172,9 @@ class element_average : public detail::stateless {
   std::vector<std::uint64_t> member_sets(const mesh_shape& shape) const;
 
   /// True when a sync of these units on G groups runs as (a): see the file comment.
-  bool uses_members(std::span<const packed_unit> units, int G) const;
+  /// `layout`: the model's (null once masks(0) was called with one).
+  bool uses_members(std::span<const packed_unit> units, int G,
+                    const flat_layout* layout = nullptr) const;
 
   /// The ops of one sync: the weights' exchange if weighted, then average's plan when no
   /// ownership is given, (a)'s runs, or (b)'s SUM all_reduce.
@@ -200,8 +206,10 @@ class element_average : public detail::stateless {
 
  private:
   /// The ownership of round r, checked against G groups and the packed units.
+  /// A fixed ownership is computed once, as round 0's; a null layout takes it from the cache.
   const shard::element_ownership& owners_at(std::int64_t r, int G,
-                                            std::span<const packed_unit> units) const;
+                                            std::span<const packed_unit> units,
+                                            const flat_layout* layout) const;
   /// Each group's weight in this sync: its tokens (1 unweighted), -1 when left out.
   std::vector<double> weights_of(const sync_info& info) const;
   void begin_masked(std::vector<float>& div, std::span<float> buf, const sync_info& info,
@@ -223,7 +231,7 @@ inline std::vector<std::uint64_t> element_average::member_sets(const mesh_shape&
   if (!config_.masks || !config_.fixed || G > 64 ||
       config_.aggregation == element_aggregation::masked)
     return sets;
-  const shard::element_ownership& o = owners_at(0, G, {});
+  const shard::element_ownership& o = owners_at(0, G, {}, nullptr);
   const std::size_t units = o.held.empty() ? 0 : o.held.front().size();
   for (std::size_t u = 0; u < units; ++u) {
     std::size_t extent = 0;
@@ -237,7 +245,8 @@ inline std::vector<std::uint64_t> element_average::member_sets(const mesh_shape&
   return sets;
 }
 
-inline bool element_average::uses_members(std::span<const packed_unit> units, int G) const {
+inline bool element_average::uses_members(std::span<const packed_unit> units, int G,
+                                          const flat_layout* layout) const {
   if (!config_.masks || config_.aggregation == element_aggregation::masked) return false;
   const bool possible = config_.fixed && G <= 64;
   if (config_.aggregation == element_aggregation::members) {
@@ -248,7 +257,7 @@ inline bool element_average::uses_members(std::span<const packed_unit> units, in
     return true;
   }
   if (!possible) return false;
-  const auto& o = owners_at(0, G, units);
+  const auto& o = owners_at(0, G, units, layout);
   if (o.everyone()) return false;
   const auto c = members_cost(o, units, G);
   return c.bytes_a + c.calls_a * config_.call_bytes < c.bytes_b + c.calls_b * config_.call_bytes;
@@ -258,13 +267,16 @@ inline plan element_average::sync_plan(const sync_context& ctx) const {
   plan p = config_.weighted ? weights_ops(ctx) : plan{};
   if (!config_.masks) return p.append(parameter_average_ops(ctx, config_.sync));
   FEDSHARD_EXPECTS(!ctx.overlap, "element_average: groups of different shapes are not supported");
-  if (!uses_members(ctx.units, ctx.shape.groups)) {  // (b): SUM, divided in end()
+  FEDSHARD_EXPECTS(ctx.layout != nullptr,
+                   "element_average: the masks need the model's layout (sync_context::layout), "
+                   "found none");
+  if (!uses_members(ctx.units, ctx.shape.groups, ctx.layout)) {  // (b): SUM, divided in end()
     plan avg = parameter_average_ops(ctx, config_.sync);
     for (comm_op& op : avg.ops)
       if (op.kind == comm_kind::all_reduce) op.reduce = reduce_op::sum;
     return p.append(avg);
   }
-  const auto& o = owners_at(0, ctx.shape.groups, ctx.units);
+  const auto& o = owners_at(0, ctx.shape.groups, ctx.units, ctx.layout);
   std::size_t at = 0;
   if (ctx.coords.replica == 0)  // (a) runs on replica 0, which then broadcasts in the group
     for (const packed_unit& pu : ctx.units) {
@@ -324,9 +336,14 @@ inline void element_average::run_ops(plan& p, const sync_context& ctx, std::uint
 }
 
 inline const shard::element_ownership& element_average::owners_at(
-    std::int64_t r, int G, std::span<const packed_unit> units) const {
+    std::int64_t r, int G, std::span<const packed_unit> units, const flat_layout* layout) const {
+  if (config_.fixed) r = 0;
   if (auto it = cache_.find(r); it != cache_.end()) return it->second;
-  shard::element_ownership o = config_.masks(r);
+  FEDSHARD_EXPECTS(layout != nullptr,
+                   "element_average: the masks need the model's layout (sync_context::layout / "
+                   "sync_info::layout), found none at round ",
+                   r);
+  shard::element_ownership o = config_.masks(*layout, G, r);
   FEDSHARD_EXPECTS(o.everyone() || o.groups() == G, "element_average: round ", r,
                    "'s ownership lists ", o.groups(), " groups, but the mesh has ", G);
   for (std::size_t g = 0; g < o.held.size(); ++g)
@@ -365,7 +382,7 @@ inline void element_average::begin(int f, std::span<float> buf, const sync_info&
   div.clear();
   if (!config_.masks) return;
   const std::vector<double> w = weights_of(info);
-  if (uses_members(info.units, info.groups)) {
+  if (uses_members(info.units, info.groups, info.layout)) {
     FEDSHARD_EXPECTS(info.included_count() == info.groups,
                      "element_average: aggregation by members combines every group; this sync "
                      "leaves out ",
@@ -378,7 +395,7 @@ inline void element_average::begin(int f, std::span<float> buf, const sync_info&
 
 inline void element_average::begin_masked(std::vector<float>& div, std::span<float> buf,
                                           const sync_info& info, std::span<const double> w) const {
-  const auto& o = owners_at(info.round, info.groups, info.units);
+  const auto& o = owners_at(info.round, info.groups, info.units, info.layout);
   if (o.everyone()) return begin_everyone(div, buf, info, w);
   int keeper = 0;  // the lowest included group keeps what nobody holds
   while (keeper < info.groups && w[static_cast<std::size_t>(keeper)] < 0) ++keeper;
@@ -436,7 +453,7 @@ inline void element_average::begin_everyone(std::vector<float>& div, std::span<f
 inline void element_average::begin_members(std::span<float> buf, const sync_info& info,
                                            std::span<const double> w) const {
   if (!config_.weighted) return;
-  const auto& o = owners_at(0, info.groups, info.units);
+  const auto& o = owners_at(0, info.groups, info.units, info.layout);
   const double mine = w[static_cast<std::size_t>(info.group)];
   std::size_t at = 0;
   for (const packed_unit& pu : info.units) {

@@ -71,6 +71,7 @@
 #include "fedshard/mesh/mesh.hpp"
 #include "fedshard/optim/optimizer.hpp"
 #include "fedshard/plan/comm_op.hpp"
+#include "fedshard/shard/flat_layout.hpp"
 #include "fedshard/shard/ownership.hpp"
 #include "fedshard/space/host_space.hpp"
 
@@ -116,6 +117,8 @@ struct sync_context {
   /// (federation/overlap.hpp): the averages then exchange overlapping ranges; null on a
   /// uniform mesh.
   std::shared_ptr<const overlap_map> overlap{};
+  /// The model's layout, from the synchronizer; null where the caller has none.
+  const flat_layout* layout = nullptr;
 };
 
 /// What a policy is told at a sync point.
@@ -139,6 +142,8 @@ struct sync_info {
   /// This rank's shard of its group (mesh_coords::shard): the buffer holds shard `shard` of
   /// each packed unit (element_average maps it to the units' elements).
   int shard = 0;
+  /// The model's layout, from the synchronizer; null where the caller has none.
+  const flat_layout* layout = nullptr;
 
   /// The number of groups combined: the ones in `included`, or all G.
   int included_count() const {

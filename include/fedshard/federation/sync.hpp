@@ -120,7 +120,8 @@ std::vector<plan> sync_plans_of(const F& policy, const S& schedule, const flat_l
                                     .inner_state_buffers = inner_state_buffers,
                                     .units = fragments[f].units,
                                     .round = round,
-                                    .overlap = overlap}));
+                                    .overlap = overlap,
+                                    .layout = &layout}));
     out.back().check();
   }
   return out;
@@ -436,6 +437,7 @@ class synchronizer {
         schedule_(sched),
         shape_(shape),
         coords_(coords),
+        layout_(layout),
         overlap_(checked_overlap(std::move(overlap))),
         left_out_(std::move(left_out)),
         fragments_(
@@ -719,7 +721,8 @@ class synchronizer {
             .included = std::span<const std::uint8_t>(included_),
             .units = std::span<const packed_unit>(fr.units),
             .round = round(f),
-            .shard = coords_.shard};
+            .shard = coords_.shard,
+            .layout = &layout_};
   }
 
   /// Fragment f's syncs started before its current one (sync_context::round).
@@ -796,7 +799,8 @@ class synchronizer {
                                    .inner_state_buffers = inner_state_buffers_,
                                    .units = fr.units,
                                    .round = round(f),
-                                   .overlap = overlap_});
+                                   .overlap = overlap_,
+                                   .layout = &layout_});
       fr.plan.check();
     }
     space_->wait(sync_, space_->record(compute));  // the master after the optimizer step
@@ -896,6 +900,7 @@ class synchronizer {
   Sch schedule_;
   mesh_shape shape_;
   mesh_coords coords_;
+  flat_layout layout_;  // the model's (sync_context::layout, sync_info::layout)
   std::shared_ptr<const overlap_map> overlap_;  // heterogeneous meshes only
   std::vector<bool> left_out_;                  // units another stage syncs, by unit
   std::vector<fragment> fragments_;

@@ -37,7 +37,10 @@ inline element_prices price_element_average(
     const std::function<shard::element_ownership(std::int64_t)>& masks, bool weighted = false) {
   auto priced = [&](federation::element_aggregation how) {
     algorithm_options<element_hsdp> o;
-    o.federation = {.masks = masks, .fixed = true, .weighted = weighted, .aggregation = how};
+    o.federation = {.masks = [masks](const flat_layout&, int, std::int64_t r) { return masks(r); },
+                    .fixed = true,
+                    .weighted = weighted,
+                    .aggregation = how};
     return price_plans(describe<element_hsdp>("element_hsdp", o), units, shape, c, 1.0, 1.0);
   };
   return {priced(federation::element_aggregation::members),

@@ -10,14 +10,17 @@
 /// FL+HSDP and DiLoCo are aliases, not new code.
 
 #include <concepts>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "fedshard/codec/int8_block.hpp"
 #include "fedshard/codec/topk.hpp"
 #include "fedshard/federation/average.hpp"
+#include "fedshard/federation/element_average.hpp"
 #include "fedshard/federation/federation_policy.hpp"
 #include "fedshard/federation/gossip.hpp"
 #include "fedshard/federation/holder_average.hpp"
@@ -26,6 +29,7 @@
 #include "fedshard/federation/outer_rules.hpp"
 #include "fedshard/federation/weighted_average.hpp"
 #include "fedshard/federation/with_codec.hpp"
+#include "fedshard/optim/adamw.hpp"
 #include "fedshard/schedule/every_step.hpp"
 #include "fedshard/schedule/periodic.hpp"
 #include "fedshard/schedule/post_local.hpp"
@@ -40,6 +44,7 @@
 #include "fedshard/shard/shard_policy.hpp"
 #include "fedshard/shard/sparse.hpp"
 #include "fedshard/shard/with_gather_codec.hpp"
+#include "fedshard/trainer/local_element_mask.hpp"
 #include "fedshard/trainer/local_rule.hpp"
 #include "fedshard/trainer/local_soup.hpp"
 #include "fedshard/trainer/local_zeroth_order.hpp"
@@ -114,6 +119,16 @@ struct algorithm {
       return Defaults::local_rule();
     else
       return {};
+  }
+  /// The federation settings trainer_options starts from: Defaults::federation() where the
+  /// defaults name them (feast, collate: their masks), else the config's default.
+  static typename Federation::config default_federation() {
+    if constexpr (requires {
+                    { Defaults::federation() } -> std::convertible_to<typename Federation::config>;
+                  })
+      return Defaults::federation();
+    else
+      return typename Federation::config{};
   }
 };
 
@@ -239,12 +254,61 @@ struct fcp_defaults {
 /// parameters averaged across groups every K steps, as fl_hsdp.
 using fcp = algorithm<shard::hybrid_shard, federation::average, schedule::periodic, fcp_defaults>;
 
+/// FEAST's masks: group g of G has capability (G - g) / G (G = 2: {1, 0.5}) and holds the
+/// first ceil(capability x rows) rows of every tensor (shard::feast_slices), every round.
+inline shard::element_ownership feast_masks(const flat_layout& layout, int groups, std::int64_t) {
+  std::vector<double> capability;
+  for (int g = 0; g < groups; ++g)
+    capability.push_back(static_cast<double>(groups - g) / static_cast<double>(groups));
+  return shard::feast_slices(layout, capability);
+}
+/// FEAST's defaults: K = 8, feast_masks (fixed), token-weighted averages, and the held rows
+/// stepped by a packed AdamW without weight decay (an element a group does not hold keeps
+/// its global value).
+struct feast_defaults {
+  static constexpr schedule::periodic::config schedule{.period = 8};
+  static federation::element_average::config federation() {
+    return {.masks = feast_masks, .fixed = true, .weighted = true};
+  }
+  static local_rule_factory local_rule() {
+    return element_mask_rule<optim::adamw>(feast_masks, {.weight_decay = 0});
+  }
+};
+/// FEAST: HSDP inside each group; group g trains the width slice its capability affords
+/// (the first rows of every tensor, feast_masks), each element averaged every K steps over
+/// the groups that hold it (federation/element_average.hpp, trainer/local_element_mask.hpp).
+using feast =
+    algorithm<shard::hybrid_shard, federation::element_average, schedule::periodic, feast_defaults>;
+
+/// Collate's masks: in each round each group holds each block of 32 consecutive elements of
+/// a unit with probability 0.5, seed 0 (shard::collate_masks: the same on every rank).
+inline shard::element_ownership collate_round_masks(const flat_layout& layout, int groups,
+                                                    std::int64_t round) {
+  return shard::collate_masks(layout, {.groups = groups, .fraction = 0.5, .seed = 0, .block = 32},
+                              round);
+}
+/// Collate's defaults: as feast's with collate_round_masks, which change every round.
+struct collate_defaults {
+  static constexpr schedule::periodic::config schedule{.period = 8};
+  static federation::element_average::config federation() {
+    return {.masks = collate_round_masks, .fixed = false, .weighted = true};
+  }
+  static local_rule_factory local_rule() {
+    return element_mask_rule<optim::adamw>(collate_round_masks, {.weight_decay = 0});
+  }
+};
+/// Collate: HSDP inside each group; each round every group trains a fresh random half of
+/// the model's blocks (collate_round_masks), each element averaged every K steps over the
+/// groups that held it; an element nobody held keeps its value.
+using collate = algorithm<shard::hybrid_shard, federation::element_average, schedule::periodic,
+                          collate_defaults>;
+
 /// The catalogue: calls `f.template operator()<A>(name)` for every named algorithm above (every
 /// number in them a run-time setting of trainer_options, from the alias's default), in the
 /// order ddp, zero2, fsdp, hsdp, fl_fsdp, fl_hsdp, fl_hsdp_int8, diloco, streaming_diloco,
-/// sparseloco, gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss, fcp. It is the one list that
-/// tools (the simulator's names, the demo's rows, the lists in their messages) read, so a new alias
-/// is added here once.
+/// sparseloco, gasloc, fomoe, scape_fsdp, fl_scape_fsdp, hofl, lss, fcp, feast, collate. It is the
+/// one list that tools (the simulator's names, the demo's rows, the lists in their messages) read,
+/// so a new alias is added here once.
 template <class F>
 constexpr void for_each_algorithm(F&& f) {
   f.template operator()<ddp>(std::string_view("ddp"));
@@ -264,6 +328,8 @@ constexpr void for_each_algorithm(F&& f) {
   f.template operator()<hofl>(std::string_view("hofl"));
   f.template operator()<lss>(std::string_view("lss"));
   f.template operator()<fcp>(std::string_view("fcp"));
+  f.template operator()<feast>(std::string_view("feast"));
+  f.template operator()<collate>(std::string_view("collate"));
 }
 
 /// The aliases of for_each_algorithm in its order, joined by `separator`: the list that

@@ -41,6 +41,7 @@
 #include "fedshard/error.hpp"
 #include "fedshard/optim/optimizer.hpp"
 #include "fedshard/shard/element_ownership.hpp"
+#include "fedshard/shard/flat_layout.hpp"
 #include "fedshard/trainer/local_rule.hpp"
 
 namespace fedshard {
@@ -49,31 +50,33 @@ namespace fedshard {
 template <optim::ShardOptimizer O>
 class local_element_mask final : public local_rule {
  public:
-  /// Masks of each round (as element_average's config::masks), the model's units' element
-  /// counts in declaration order, and the packed optimizer's settings.
-  local_element_mask(std::function<shard::element_ownership(std::int64_t)> masks,
-                     std::vector<std::size_t> unit_numel, typename O::config cfg)
-      : masks_(std::move(masks)),
-        numel_(std::move(unit_numel)),
-        cfg_(cfg),
-        opt_(std::make_unique<O>(cfg_, 0)) {
+  /// The masks of each round (element_average's config::masks: from the model's layout,
+  /// the group count and the round) and the packed optimizer's settings.
+  using mask_source =
+      std::function<shard::element_ownership(const flat_layout&, int groups, std::int64_t round)>;
+  local_element_mask(mask_source masks, typename O::config cfg)
+      : masks_(std::move(masks)), cfg_(cfg), opt_(std::make_unique<O>(cfg_, 0)) {
     FEDSHARD_EXPECTS(masks_ != nullptr, "local_element_mask: expected a mask source, found none");
   }
 
   std::string_view name() const override { return "element_mask"; }
-  void model_units(const std::vector<std::string>& names) override {
-    FEDSHARD_EXPECTS(names.size() == numel_.size(), "local_element_mask: built for ", numel_.size(),
-                     " units, but the model declares ", names.size());
-    base_.assign(names.size(), 0);
-    for (std::size_t u = 0; u < names.size(); ++u) {
-      index_[names[u]] = u;
-      if (u > 0) base_[u] = base_[u - 1] + numel_[u - 1];
-    }
-  }
+  /// Takes the model's layout (its units' names and element counts) and group count from s;
+  /// invalid_argument when s has no layout.
   void bind(const local_setup& s) override {
+    FEDSHARD_EXPECTS(s.layout != nullptr,
+                     "local_element_mask: expected the model's layout in the local setup, found "
+                     "none");
     setup_ = s;
+    layout_.emplace(*s.layout);
+    setup_.layout = &*layout_;
     std::sort(setup_.units.begin(), setup_.units.end(),
               [](const local_unit& a, const local_unit& b) { return a.offset < b.offset; });
+    base_.assign(layout_->num_units(), 0);
+    index_.clear();
+    for (std::size_t u = 0; u < layout_->num_units(); ++u) {
+      index_[layout_->unit(u).name] = u;
+      if (u > 0) base_[u] = base_[u - 1] + layout_->unit(u - 1).numel;
+    }
   }
   void optimizer_step(local_access& a, float lr) override {
     take_round();
@@ -106,8 +109,9 @@ class local_element_mask final : public local_rule {
   std::size_t check_saved(std::span<const std::byte> in) const;
   void load(std::span<const std::byte> in);
 
-  std::function<shard::element_ownership(std::int64_t)> masks_;
-  std::vector<std::size_t> numel_, base_;
+  mask_source masks_;
+  std::optional<flat_layout> layout_;  // the model's, from bind
+  std::vector<std::size_t> base_;      // each unit's first element in the model
   std::map<std::string, std::size_t, std::less<>> index_;
   typename O::config cfg_;
   std::unique_ptr<O> opt_;  // by pointer: a new one per round (see take_round)
@@ -118,7 +122,7 @@ class local_element_mask final : public local_rule {
 
 template <optim::ShardOptimizer O>
 std::vector<std::size_t> local_element_mask<O>::held_in(std::int64_t r) const {
-  const shard::element_ownership o = masks_(r);
+  const shard::element_ownership o = masks_(*layout_, setup_.groups, r);
   std::vector<std::size_t> out;
   for (const local_unit& lu : setup_.units) {
     if (o.everyone()) {
@@ -253,6 +257,17 @@ void local_element_mask<O>::load(std::span<const std::byte> in) {
   opt_ = std::move(fresh);
   round_ = head[0];
   taken_ = head[1];
+}
+
+/// trainer_options::local_rule for local_element_mask with packed optimizer O, these masks
+/// (as element_average's config::masks) and O's settings.
+template <optim::ShardOptimizer O>
+local_rule_factory element_mask_rule(typename local_element_mask<O>::mask_source masks,
+                                     typename O::config cfg) {
+  FEDSHARD_EXPECTS(masks != nullptr, "element_mask_rule: expected a mask source, found none");
+  return [masks = std::move(masks), cfg] {
+    return std::make_unique<local_element_mask<O>>(masks, cfg);
+  };
 }
 
 }  // namespace fedshard

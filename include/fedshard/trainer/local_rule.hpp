@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "fedshard/core/state_registry.hpp"
+#include "fedshard/shard/flat_layout.hpp"
 
 namespace fedshard {
 
@@ -63,6 +64,11 @@ struct local_setup {
   int group = 0;
   /// The units this rank's master holds.
   std::vector<local_unit> units;
+  /// The model's layout (valid while bind runs: a rule that needs it later copies it); null
+  /// where the caller has none.
+  const flat_layout* layout = nullptr;
+  /// The number of groups of the mesh.
+  int groups = 1;
 };
 
 /// What a local rule's hook sees of the trainer (see the file comment).

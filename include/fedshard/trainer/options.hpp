@@ -28,6 +28,16 @@ local_rule_factory default_local_rule_of() {
     return {};
 }
 
+/// The federation settings an algorithm starts from (algorithm::default_federation; the
+/// config's default for an Algorithm without one).
+template <Algorithm A>
+typename A::federation_policy::config default_federation_of() {
+  if constexpr (requires { A::default_federation(); })
+    return A::default_federation();
+  else
+    return typename A::federation_policy::config{};
+}
+
 /// The context axis an algorithm starts from (algorithm::default_context_axis; none for an
 /// Algorithm without one).
 template <Algorithm A>
@@ -49,8 +59,9 @@ struct trainer_options {
   int max_live_units = 2;
   /// Learning rate of each 0-based step; empty = the optimizer config's lr throughout.
   std::function<float(std::int64_t)> lr_schedule{};
-  /// The federation policy's settings (sync mode, outer optimizer, ...).
-  typename A::federation_policy::config federation{};
+  /// The federation policy's settings (sync mode, outer optimizer, ...), from the
+  /// algorithm's default (feast, collate: their masks; the others: the config's default).
+  typename A::federation_policy::config federation = default_federation_of<A>();
   /// The schedule's settings (K, H, fragments, delay, mixing), from the algorithm's defaults.
   typename A::sync_schedule::config schedule = A::default_schedule();
   /// Which groups each sync combines: a seeded sample (federation/participation.hpp; in an

@@ -387,6 +387,8 @@ class trainer final {
     local_setup out;
     out.master_size = engine_.master().size();
     out.group = engine_.topology().coords().group;
+    out.layout = &l;
+    out.groups = engine_.topology().shape().groups;
     const auto master = engine_.master();
     std::uint64_t base = 0;
     for (std::size_t u = 0; u < l.num_units(); ++u) {
