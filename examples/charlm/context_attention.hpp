@@ -69,8 +69,8 @@ class context_attention {
   /// run_context_ops on its communicator, or a step_context's exchange); every rank of the
   /// group calls forward together.
   template <class Exchange>
-  void forward(Exchange&& exchange, std::span<const float> q, std::span<const float> k, std::span<const float> v,
-               std::span<float> out) {
+  void forward(Exchange&& exchange, std::span<const float> q, std::span<const float> k,
+               std::span<const float> v, std::span<float> out) {
     check(q, "q");
     check(k, "k");
     check(v, "v");
@@ -97,8 +97,8 @@ class context_attention {
   /// The gradients of the last forward's q, k and v (rows() x d each) from the outputs'
   /// gradient g; exchange as in forward.
   template <class Exchange>
-  void backward(Exchange&& exchange, std::span<const float> g, std::span<float> dq, std::span<float> dk,
-                std::span<float> dv) {
+  void backward(Exchange&& exchange, std::span<const float> g, std::span<float> dq,
+                std::span<float> dk, std::span<float> dv) {
     check(g, "g");
     check(dq, "dq");
     check(dk, "dk");

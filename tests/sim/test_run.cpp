@@ -26,24 +26,12 @@ using fedshard::test::small_gpt;
 namespace {
 
 /// Every alias, in the catalogue's order: adding or losing one fails the tests below.
-const std::vector<std::string> catalogue{"ddp",
-                                         "zero2",
-                                         "fsdp",
-                                         "hsdp",
-                                         "fl_fsdp",
-                                         "fl_hsdp",
-                                         "fl_hsdp_int8",
-                                         "diloco",
-                                         "streaming_diloco",
-                                         "sparseloco",
-                                         "gasloc",
-                                         "fomoe",
-                                         "scape_fsdp",
-                                         "fl_scape_fsdp",
-                                         "hofl",
-                                         "lss",
-                                         "fcp",
-                                         "feast",
+const std::vector<std::string> catalogue{"ddp",          "zero2",         "fsdp",
+                                         "hsdp",         "fl_fsdp",       "fl_hsdp",
+                                         "fl_hsdp_int8", "diloco",        "streaming_diloco",
+                                         "sparseloco",   "gasloc",        "fomoe",
+                                         "scape_fsdp",   "fl_scape_fsdp", "hofl",
+                                         "lss",          "fcp",           "feast",
                                          "collate"};
 
 /// An 8-GPU mesh the alias's policies accept: 2 groups when it federates, else one; replicas
