@@ -7,9 +7,9 @@
 /// rank's master and gradients (k of them), steps a packed optimizer O of k elements of its
 /// own, and scatters the parameters back; every other element keeps its value bit for bit, so
 /// an element the group does not hold stays at its global value (element_average's rule 2
-/// relies on it). The trainer's inner optimizer is never stepped (its state stays zero; the
-/// engine allocates it all the same: pair the rule with a stateless inner optimizer, e.g. sgd
-/// without momentum, to allocate nothing there).
+/// relies on it). The trainer's inner optimizer is never stepped: the rule owns its optimizer
+/// (local_rule::owns_optimizer), so the trainer allocates no inner state at all, and a group
+/// holds optimizer state for the elements it holds only.
 ///
 /// Rounds: the rule's round is the number of syncs applied so far (after_sync), which is
 /// element_average's sync_info::round when the schedule syncs one fragment and each sync is
@@ -90,6 +90,7 @@ class local_element_mask final : public local_rule {
     for (std::size_t j = 0; j < k; ++j) a.master[idx_[j]] = p[j];
   }
   void after_sync(local_access&, const local_sync&) override { ++round_; }
+  bool owns_optimizer() const override { return true; }
   void register_state(state_registry& r) override;
 
   /// The master offsets of the elements held this round (after the round's first step).

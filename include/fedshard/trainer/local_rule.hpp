@@ -10,6 +10,9 @@
 ///                    engine plans no backward for them and keeps no gradient buffer
 ///   synced_units     (at construction) units the rule syncs itself (after_sync): the
 ///                    federation policy's fragments leave them out
+///   owns_optimizer   (at construction) true when the rule's optimizer_step steps an
+///                    optimizer of its own and never the inner one: the trainer then gives
+///                    the inner optimizer no elements (no state allocated, saved or synced)
 ///   bind             (at construction) where this rank's master holds each unit
 ///
 /// then at fixed points of every step:
@@ -130,6 +133,10 @@ class local_rule {
   /// Names of the units the rule syncs across groups itself, in after_sync (none by
   /// default): the federation policy leaves them out of its fragments.
   virtual std::vector<std::string> synced_units() const { return {}; }
+  /// True when optimizer_step never runs the inner optimizer (local_access::optimizer_step)
+  /// but one of the rule's own, whose state the rule registers: the inner optimizer then
+  /// holds no state (false by default).
+  virtual bool owns_optimizer() const { return false; }
   /// Where this rank's master holds the units; called once, before the first hook.
   virtual void bind(const local_setup& s) { (void)s; }
   /// Before the model's forward; true when the rule wrote a.master.

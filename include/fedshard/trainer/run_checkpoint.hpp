@@ -59,9 +59,10 @@ inline void check_owners(const saved_checkpoint& saved, const std::string& ours)
                    "); loading across ownership masks is not supported yet");
 }
 
-/// What a checkpoint of a run of algorithm A with these parts must match.
-template <class A, class Engine, class Opt, class Sync>
-manifest manifest_of(Engine& engine, Opt& optimizer, const Sync& sync,
+/// What a checkpoint of a run of algorithm A with these parts must match (`inner`: the
+/// inner optimizer's state names, none when a local rule owns its optimizer).
+template <class A, class Engine, class Sync>
+manifest manifest_of(Engine& engine, const std::vector<std::string>& inner, const Sync& sync,
                      const shard::precision& precision) {
   manifest m;
   char fp[24];
@@ -78,16 +79,16 @@ manifest manifest_of(Engine& engine, Opt& optimizer, const Sync& sync,
   m.fields["precision"] =
       fedshard::detail::concat(to_string(precision.param), "/", to_string(precision.reduce));
   std::string names;
-  for (const auto& t : optimizer.state()) names += t.name + " ";
+  for (const auto& n : inner) names += n + " ";
   m.fields["optimizer_state"] = names;
   if (const std::string o = ownership_field(engine.owners()); !o.empty()) m.fields["ownership"] = o;
   return m;
 }
 
 /// Everything a save or load of a trainer's registry needs of the run: A's policies and
-/// these parts; `log` takes the resharding notes.
-template <class A, class Engine, class Opt, class Sync>
-checkpoint_run checkpoint_run_of(Engine& engine, Opt& optimizer, Sync& sync,
+/// these parts (`inner` as manifest_of's); `log` takes the resharding notes.
+template <class A, class Engine, class Sync>
+checkpoint_run checkpoint_run_of(Engine& engine, std::vector<std::string> inner, Sync& sync,
                                  const shard::precision& precision,
                                  std::function<void(const std::string&)> log) {
   auto& m = engine.topology();
@@ -102,12 +103,10 @@ checkpoint_run checkpoint_run_of(Engine& engine, Opt& optimizer, Sync& sync,
                 engine.run(agreement_op(op, engine.topology().size()), {&x, 1, dtype::f64});
                 return x;
               },
-          .fields = manifest_of<A>(engine, optimizer, sync, precision),
+          .fields = manifest_of<A>(engine, inner, sync, precision),
           .describe =
-              [&engine, &optimizer, &sync](file_writer& w) {
+              [&engine, inner, &sync](file_writer& w) {
                 std::vector<std::vector<int>> fragments = geometry_of(engine, sync).fragments;
-                std::vector<std::string> inner;
-                for (const auto& t : optimizer.state()) inner.push_back(t.name);
                 saved_layout::describe(w, engine.topology().shape(), engine.layout(), fragments,
                                        inner, sync.state_names());
               },

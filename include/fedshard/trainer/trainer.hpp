@@ -95,10 +95,10 @@ class trainer final {
         engine_(m, *space_, model_.units(), opts_.precision,
                 federation::owners_of<federation_policy>(opts_.federation), opts_.shard,
                 local_ ? local_->gradient_free_units() : std::vector<std::string>{}),
-        optimizer_(opt, engine_.master().size(), *space_),
+        optimizer_(opt, rule_owns_optimizer() ? 0 : engine_.master().size(), *space_),
         base_lr_(opt.lr),
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
-              static_cast<int>(optimizer_.state().size()), *space_,
+              static_cast<int>(inner_state().size()), *space_,
               federation::overlap_of<shard_policy>(m, engine_.layout()),
               left_out_of(local_.get(), engine_.layout(), m.uniform())) {
     FEDSHARD_EXPECTS(opts_.total_steps >= 0, "trainer: total_steps must be >= 0, found ",
@@ -108,7 +108,12 @@ class trainer final {
         elastic_federation ? federation::screening{} : federation::screening::off()));
     sync_.check_run(opts_.total_steps, engine_.step_plan(), shard_policy::name);
     engine_.set_max_live_units(opts_.max_live_units);
-    engine_.attach_optimizer(optimizer_, opt);
+    FEDSHARD_EXPECTS(!(engine_type::has_runtime && rule_owns_optimizer()),
+                     "trainer: the local rule '", local_ ? local_->name() : "",
+                     "' steps an optimizer of its own, which ", shard_policy::name,
+                     " (a policy that steps the inner optimizer itself) ",
+                     "does not support; expected a shard policy without a runtime");
+    if (!rule_owns_optimizer()) engine_.attach_optimizer(optimizer_, opt);
     if constexpr (model_capabilities<ModelT>::initial_values) {
       for (std::size_t u = 0; u < engine_.layout().num_units(); ++u)
         if (engine_.holds(u)) engine_.set_unit(u, model_.initial_values(engine_.layout(), u));
@@ -170,8 +175,8 @@ class trainer final {
       if (!healed.empty()) log(healed, true);
     }
     const std::int64_t syncs = sync_.syncs_applied();
-    sync_.after_step(engine_.interp(), step_, opts_.total_steps, engine_.master(),
-                     optimizer_.state(), compute);
+    sync_.after_step(engine_.interp(), step_, opts_.total_steps, engine_.master(), inner_state(),
+                     compute);
     if constexpr (elastic_federation) engine_.topology().federation().federation_side().end_round();
     if (sync_.syncs_applied() != syncs) {
       engine_.parameters_changed();
@@ -325,6 +330,7 @@ class trainer final {
   /// The memory space of the trainer's buffers.
   space_type& space() { return *space_; }
   engine_type& engine() noexcept { return engine_; }
+  /// The inner optimizer (of no elements when the local rule owns its optimizer).
   optimizer_type& optimizer() noexcept { return optimizer_; }
   typename sync_type::policy_type& federation() noexcept { return sync_.policy(); }
   const sync_schedule& schedule() const noexcept { return sync_.schedule(); }
@@ -346,14 +352,24 @@ class trainer final {
   /// and its own (the step count, whether the run started).
   void register_state() {
     engine_.register_state(registry_);
-    optim::register_state(
-        registry_, optimizer_,
-        [this](std::span<const float> live, std::span<float> h) { engine_.download(live, h); },
-        [this](std::span<const float> h, std::span<float> live) { engine_.upload(h, live); });
+    if (!rule_owns_optimizer())
+      optim::register_state(
+          registry_, optimizer_,
+          [this](std::span<const float> live, std::span<float> h) { engine_.download(live, h); },
+          [this](std::span<const float> h, std::span<float> live) { engine_.upload(h, live); });
     sync_.register_state(registry_, engine_.interp());
     if (local_) local_->register_state(registry_);
     registry_.add_value({.name = "trainer.step"}, &step_);
     registry_.add_value({.name = "trainer.started"}, &started_);
+  }
+
+  /// True when the local rule steps an optimizer of its own (local_rule::owns_optimizer):
+  /// the inner optimizer then has no elements and no state is registered or synced for it.
+  bool rule_owns_optimizer() const { return local_ && local_->owns_optimizer(); }
+  /// The inner optimizer's state buffers; none when the local rule owns its optimizer.
+  std::vector<optim::state_tensor> inner_state() {
+    if (rule_owns_optimizer()) return {};
+    return optimizer_.state();
   }
 
   /// trainer_options::local_rule's rule, or none.
@@ -507,6 +523,10 @@ class trainer final {
             .step = step_,
             .optimizer_step =
                 [this](float lr) {
+                  FEDSHARD_EXPECTS(!rule_owns_optimizer(), "trainer: the local rule '",
+                                   local_->name(),
+                                   "' owns its optimizer (owns_optimizer) yet ran the inner one, "
+                                   "which holds no state; expected it to step its own");
                   engine_.optimizer_step(optimizer_, lr);
                   synchronize();
                 },
@@ -522,8 +542,10 @@ class trainer final {
 
   /// What a save or load needs of this run (trainer/run_checkpoint.hpp).
   checkpoint::checkpoint_run checkpoint_run() {
+    std::vector<std::string> inner;
+    for (const auto& t : inner_state()) inner.push_back(t.name);
     return checkpoint::checkpoint_run_of<algorithm_type>(
-        engine_, optimizer_, sync_, opts_.precision,
+        engine_, std::move(inner), sync_, opts_.precision,
         [this](const std::string& l) { log(l, false); });
   }
 
