@@ -15,8 +15,9 @@
 /// parallelism on (ctx.context_axis(): trainer_options::context_axis, the group's under fcp),
 /// every rank of that axis is given the same batch; the rank computes the blocks the plan
 /// places on it (rank ctx.axis_rank(a) of ctx.axis_size(a)), exchanging key/value blocks and
-/// their gradients with the others through ctx.exchange. Its loss and gradients are
-/// P / N x the sum over its tokens (P ranks, N predicted tokens in the batch): the group's
+/// their gradients with the others through ctx.exchange, after checking once per step that
+/// every rank was given the same batch (check_same_batch through ctx.agree). Its loss and gradients
+/// are P / N x the sum over its tokens (P ranks, N predicted tokens in the batch): the group's
 /// average of the ranks' gradients (its shard policy reduces with AVG) and of their losses is
 /// then the batch's mean, as one rank computing the whole batch gets it (up to the order of
 /// float sums: tests/examples/test_attention_model.cpp). tokens(b) is the rank's own tokens.
@@ -252,6 +253,9 @@ float attention_model::run(Ctx& ctx, const sequence_batch& b, bool train) {
   ranks_ = context_ ? ctx.axis_size(*context_) : 1;
   rank_ = context_ ? ctx.axis_rank(*context_) : 0;
   const std::vector<row> rows = rows_of(b, rank_, ranks_);
+  fedshard::check_same_batch(*current_, [&](std::span<double> v) {
+    ctx.agree(fedshard::batch_agreement_op(current_->axis(), ranks_), v);
+  });
   std::int64_t total = 0;
   for (const auto& s : b.sequences) total += static_cast<std::int64_t>(s.size()) - 1;
   // The rank's share: P / N x the sum over its tokens (the file comment).

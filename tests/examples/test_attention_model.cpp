@@ -1,6 +1,7 @@
 // charlm::attention_model (charlm/attention_model.hpp): its hand-written backward against
 // finite differences, and a training step with each batch spread over 1 to 4 ranks of a group
-// (context parallelism through step_context::exchange) against the same step on one rank.
+// (context parallelism through step_context::exchange) against the same step on one rank;
+// ranks of a group given different batches are refused on every rank.
 #include "charlm/attention_model.hpp"
 
 #include <doctest/doctest.h>
@@ -121,12 +122,13 @@ TEST_CASE("a step with each batch spread over 1 to 4 ranks equals the step on on
       for (const auto& b : batches) {
         const auto before = t.traffic()[axis::group];
         loss = t.mean_over_world(t.step(b));
-        // The group axis carries the plan's key/value exchanges, nothing else.
+        // The group axis carries the batch check (one all_reduce of 32 bytes, P > 1) and the
+        // plan's key/value exchanges, nothing else.
         std::vector<std::int64_t> lengths;
         for (const auto& s : b.sequences) lengths.push_back(std::int64_t(s.size()) - 1);
         const context_settings cs{.block_tokens = 8, .ranks = P, .kv_dim = 4, .element_bytes = 4};
         const context_plan plan(fcp_placement(lengths, cs), cs, axis::group);
-        std::int64_t calls = 0, bytes = 0;
+        std::int64_t calls = P > 1 ? 1 : 0, bytes = P > 1 ? 32 : 0;
         for (const fedshard::plan& ops : {plan.forward(c.rank()), plan.backward(c.rank())})
           for (const comm_op& op : ops.ops)
             if (op.kind != comm_kind::recv) {
@@ -135,7 +137,7 @@ TEST_CASE("a step with each batch spread over 1 to 4 ranks equals the step on on
             }
         CHECK(t.traffic()[axis::group].calls - before.calls == calls);
         CHECK(t.traffic()[axis::group].payload_bytes - before.payload_bytes == bytes);
-        if (P > 1) CHECK(bytes > 0);
+        if (P > 1) CHECK(bytes > 32);
       }
       const std::vector<float> params = t.parameters();
       if (c.rank() != 0) return;
@@ -152,6 +154,23 @@ TEST_CASE("a step with each batch spread over 1 to 4 ranks equals the step on on
         off += std::abs(params[i] - one[i]) > 1e-5f ? 1 : 0;
       CHECK(off == 0);
       CHECK(std::abs(loss - one_loss) <= 1e-5 * one_loss);
+    });
+  }
+}
+
+TEST_CASE("ranks of a group given different batches are refused on every rank, never hang") {
+  const charlm::corpus data = letters();
+  for (const int P : {2, 3}) {
+    CAPTURE(P);
+    // Rank 1 draws the next step's batch: other lengths, so another placement.
+    test::spawn_ranks(P, [&](inproc::communicator& c) {
+      mesh m(c, mesh_shape{1, 1, P});
+      trainer<charlm::attention_model, context_fsdp, optim::sgd, inproc::communicator> t(
+          m, charlm::attention_model(small, 3), {.lr = 0.5f});
+      const auto b = charlm::draw_sequences(data, 64, 5, c.rank() == 1 ? 1 : 0, 0, 8);
+      CHECK(test::error_of([&] { (void)t.step(b); })
+                .find("context parallelism: the ranks of the group axis made their plans from "
+                      "different batches") != std::string::npos);
     });
   }
 }

@@ -5,9 +5,12 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <set>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "fedshard/comm/inproc.hpp"
@@ -207,4 +210,44 @@ TEST_CASE("the cache makes a plan once per tuple of lengths and drops the least 
   CHECK(error_of([] {
           context_plan_cache bad({}, axis::group, 0);
         }).find("expected a capacity >= 1, found 0") != std::string::npos);
+}
+
+TEST_CASE("check_same_batch: one all_reduce of 32 bytes; other lengths on another rank refused") {
+  const context_settings s{.block_tokens = 4, .ranks = 3, .kv_dim = 2, .element_bytes = 4};
+  const context_plan a(fcp_placement(std::vector<std::int64_t>{9, 3, 5}, s), s, axis::group);
+  const context_plan same(fcp_placement(std::vector<std::int64_t>{9, 3, 5}, s), s, axis::group);
+  const context_plan other(fcp_placement(std::vector<std::int64_t>{9, 5, 3}, s), s, axis::group);
+  CHECK(a.fingerprint() == same.fingerprint());
+  CHECK(a.fingerprint() != other.fingerprint());
+  // The op: a max all_reduce of 4 f64 on the plan's axis over its ranks.
+  const comm_op op = batch_agreement_op(axis::group, 3);
+  CHECK(op.kind == comm_kind::all_reduce);
+  CHECK(op.reduce == reduce_op::max);
+  CHECK(op.dtype == dtype::f64);
+  CHECK(op.bytes == 32);
+  CHECK(op.ranks == 3);
+  // agree() stands for the all_reduce: the maximum of this rank's values and a peer's.
+  const auto peer = [](const context_plan& p) {
+    return [&p](std::span<double> v) {
+      const std::uint64_t f = p.fingerprint();
+      const double theirs[] = {double(f >> 32), double(f & 0xffffffffu), -double(f >> 32),
+                               -double(f & 0xffffffffu)};
+      REQUIRE(v.size() == 4);
+      for (std::size_t i = 0; i < 4; ++i) v[i] = std::max(v[i], theirs[i]);
+    };
+  };
+  check_same_batch(a, peer(same));
+  CHECK(error_of([&] {
+          check_same_batch(a, peer(other));
+        }).find("the ranks of the group axis made their plans from different batches") !=
+        std::string::npos);
+  CHECK(error_of([&] {
+          check_same_batch(other, peer(a));
+        }).find("made their plans from different batches") != std::string::npos);
+  // One rank: nothing runs.
+  const context_settings one{.block_tokens = 4, .ranks = 1, .kv_dim = 2, .element_bytes = 4};
+  int calls = 0;
+  check_same_batch(context_plan(fcp_placement(std::vector<std::int64_t>{9}, one), one, axis::group),
+                   [&](std::span<double>) { ++calls; });
+  CHECK(calls == 0);
 }

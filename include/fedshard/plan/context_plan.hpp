@@ -28,11 +28,17 @@
 /// of the blocks it received (laid out as its receive area) back to their owners, who receive
 /// them laid out as their send area and add them to their own.
 ///
+/// One batch on every rank: each rank computes the plan from the lengths it was given, so
+/// ranks given different batches would run different ops (a hang or silent garbage).
+/// check_same_batch refuses that, on every rank alike, with one all_reduce of 32 bytes on
+/// the plan's axis per call (a model calls it once per step, before its first exchange:
+/// examples/charlm/attention_model.hpp).
+///
 /// Not yet: a relay (tree or chain) for the first blocks of a long sequence, which every
-/// later chunk's rank needs: one rank sends them k - 1 times (sim/context.hpp's P = 64 row);
-/// ops fired by a model's step_context (a runner calls them: examples/charlm).
+/// later chunk's rank needs: one rank sends them k - 1 times (sim/context.hpp's P = 64 row).
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -43,6 +49,7 @@
 
 #include "fedshard/comm/communicator.hpp"
 #include "fedshard/core/dtype.hpp"
+#include "fedshard/core/mix.hpp"
 #include "fedshard/error.hpp"
 #include "fedshard/mesh/axis.hpp"
 #include "fedshard/plan/comm_op.hpp"
@@ -96,6 +103,22 @@ class context_plan {
     return transfers_[index(src, dst)];
   }
   int ranks() const noexcept { return placement_.ranks; }
+  /// The axis of the plan's ops.
+  fedshard::axis axis() const noexcept { return axis_; }
+  /// A fingerprint of the settings and every block (sequence, index, first token, tokens,
+  /// rank): plans of different batches differ in it (but for a chance of 2^-64).
+  std::uint64_t fingerprint() const noexcept {
+    std::uint64_t h = mix64(static_cast<std::uint64_t>(settings_.block_tokens));
+    for (const std::int64_t x :
+         {std::int64_t{placement_.ranks}, settings_.kv_dim, settings_.element_bytes,
+          static_cast<std::int64_t>(placement_.blocks.size())})
+      h = mix64(h ^ static_cast<std::uint64_t>(x));
+    for (const context_block& b : placement_.blocks)
+      for (const std::int64_t x : {std::int64_t{b.sequence}, std::int64_t{b.index}, b.first_token,
+                                   b.tokens, std::int64_t{b.rank}})
+        h = mix64(h ^ static_cast<std::uint64_t>(x));
+    return h;
+  }
   /// Elements of one token's keys and values together (2 kv_dim).
   std::int64_t elements_per_token() const noexcept { return 2 * settings_.kv_dim; }
 
@@ -247,6 +270,41 @@ void run_context_ops(C& c, const plan& ops, std::span<std::byte> area0,
     std::byte* out = has_output(op.kind) ? range(op.out, op) : nullptr;
     start_op(c, op, in, out).wait();
   }
+}
+
+/// The op of check_same_batch on a plan of `ranks` ranks on axis a: a max all_reduce of 4 f64
+/// (role value).
+inline comm_op batch_agreement_op(fedshard::axis a, int ranks) {
+  return {.kind = comm_kind::all_reduce,
+          .axis = a,
+          .dtype = dtype::f64,
+          .bytes = 32,
+          .ranks = ranks,
+          .reduce = reduce_op::max,
+          .in = {.role = role::value},
+          .out = {.role = role::value},
+          .overlappable = false};
+}
+
+/// Refuses, on every rank of p's axis alike, ranks that made their plans from different
+/// batches (the file comment): agree(v) runs batch_agreement_op(p.axis(), p.ranks()) on the 4
+/// values v (a model passes step_context::agree), the halves of p.fingerprint() and their
+/// negations, whose maxima then say whether every rank's halves are equal. invalid_argument
+/// when they are not; nothing runs with one rank.
+template <class Agree>
+void check_same_batch(const context_plan& p, Agree&& agree) {
+  if (p.ranks() == 1) return;
+  const std::uint64_t f = p.fingerprint();
+  const auto hi = static_cast<double>(f >> 32), lo = static_cast<double>(f & 0xffffffffu);
+  std::array<double, 4> v{hi, lo, -hi, -lo};
+  agree(std::span<double>(v));
+  FEDSHARD_EXPECTS(v[0] == -v[2] && v[1] == -v[3], "context parallelism: the ranks of the ",
+                   to_string(p.axis()),
+                   " axis made their plans from different batches (this rank's plan has "
+                   "fingerprint ",
+                   f, " over ", p.placement().blocks.size(),
+                   " blocks); expected every rank of a context-parallel group to be given the "
+                   "same batch (the same sequence lengths in the same order)");
 }
 
 /// The plans of the batches seen, by their tuple of lengths, each made once (fcp_placement

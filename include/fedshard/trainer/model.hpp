@@ -135,6 +135,12 @@ class unit_hooks {
     FEDSHARD_EXPECTS(p.ops.empty(), "step_context::exchange: these unit hooks have no mesh to ",
                      "run ", p.ops.size(), " point-to-point ops on");
   }
+  /// Runs op (an all_reduce of f64 values, shard::engine::run) on v; hooks without a mesh
+  /// leave v as it is: one rank agrees with itself.
+  virtual void agree(const comm_op& op, std::span<double> v) {
+    (void)op;
+    (void)v;
+  }
 };
 
 /// unit_hooks over a shard engine (shard/engine.hpp): each hook is the engine's member of
@@ -164,6 +170,14 @@ class engine_hooks final : public unit_hooks<S> {
   int axis_size(axis a) const override { return e_->topology().axis_size(a); }
   void exchange(const plan& p, buffer_view area0, buffer_view area1) override {
     e_->exchange(p, area0, area1);
+  }
+  void agree(const comm_op& op, std::span<double> v) override {
+    FEDSHARD_EXPECTS(op.kind == comm_kind::all_reduce && op.dtype == dtype::f64 &&
+                         op.in.role == role::value && op.out.role == role::value &&
+                         op.bytes == static_cast<std::int64_t>(8 * v.size()),
+                     "step_context::agree: expected an all_reduce of ", v.size(),
+                     " f64 values (role value), found ", describe(op));
+    e_->run(op, {v.data(), v.size(), dtype::f64});
   }
 
  private:
@@ -255,6 +269,10 @@ class basic_step_context {
   void exchange(const plan& ops, buffer_view area0, buffer_view area1) {
     hooks_->exchange(ops, area0, area1);
   }
+  /// Runs op, an all_reduce of the f64 values v over an axis, with every rank of that axis at
+  /// the same point of its step, counted at the wire; for checks that those ranks agree
+  /// (context parallelism: plan/context_plan.hpp's check_same_batch). One rank: v unchanged.
+  void agree(const comm_op& op, std::span<double> v) { hooks_->agree(op, v); }
   /// Unit u's padded parameters, gathered on first use if the unit was not acquired.
   std::span<const float> params(std::size_t u) { return hooks_->params(u); }
   /// Unit u's padded gradient buffer (zero at the start of the step).
