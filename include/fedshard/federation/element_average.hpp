@@ -53,6 +53,7 @@
 #include <map>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -61,6 +62,7 @@
 #include "fedshard/federation/sync_plan.hpp"
 #include "fedshard/shard/element_ownership.hpp"
 #include "fedshard/space/host_space.hpp"
+#include "fedshard/space/memory_space.hpp"
 
 namespace fedshard::federation {
 
@@ -154,11 +156,19 @@ inline element_sync_cost members_cost(const shard::element_ownership& o,
 
 /// Averaging of each element over the groups that hold it, on host buffers; see the file
 /// comment.
+template <space::MemorySpace S>
+class element_average_in;
+
 class element_average : public detail::stateless {
  public:
   using config = element_average_config;
   static constexpr std::string_view name = "element_average";
   static constexpr bool syncs = true;
+  /// The policy in memory space T (federation_policy.hpp's requirement 10): itself on host
+  /// memory, element_average_in<T> on another host-accessible space.
+  template <space::MemorySpace T>
+  using in_space = std::conditional_t<std::is_same_v<T, space::host_space>, element_average,
+                                      element_average_in<T>>;
 
   element_average() = default;
   element_average(config c, std::vector<std::size_t> sizes)
@@ -472,5 +482,34 @@ inline void element_average::begin_members(std::span<float> buf, const sync_info
     at += pu.numel;
   }
 }
+
+/// element_average in a host-accessible memory space S other than host memory (a
+/// checked_space, whose streams defer their work): begin and end synchronize the sync stream
+/// (the fragment's buffer as the queued work leaves it), then run element_average's host work
+/// on the buffer, done when they return.
+template <space::MemorySpace S>
+class element_average_in : public element_average {
+  static_assert(S::host_accessible,
+                "federation::element_average combines the groups' masks on the host: its memory "
+                "space must be host-accessible (host_space, checked_space); a device kernel for "
+                "it is not written yet");
+
+ public:
+  element_average_in(config c, std::vector<std::size_t> sizes, S& s)
+      : element_average(std::move(c), std::move(sizes)), space_(&s) {}
+  using element_average::begin;
+  using element_average::end;
+  void begin(int f, std::span<float> buf, const sync_info& info, typename S::stream& st) {
+    space_->synchronize(st);
+    element_average::begin(f, buf, info);
+  }
+  void end(int f, std::span<float> buf, const sync_info& info, typename S::stream& st) {
+    space_->synchronize(st);
+    element_average::end(f, buf, info);
+  }
+
+ private:
+  S* space_;
+};
 
 }  // namespace fedshard::federation
