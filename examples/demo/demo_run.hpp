@@ -70,6 +70,8 @@ struct settings {
   // --model: "mlp" (charlm::model) or "attention" (charlm::attention_model: --batch counts
   // sequences, and the fcp row needs it); demo/models.hpp
   std::string model = "mlp";
+  // --sync-dtype: the federation's averages travel and combine in it (precision.sync)
+  std::string sync_dtype = "f32";
   // --group-shapes: the federated rows' groups, R_g x S_g each (sites of different sizes;
   // empty: G groups of one shape). Sets ranks = sum R_g S_g and groups = their count.
   std::vector<fedshard::group_shape> group_shapes;
@@ -372,6 +374,9 @@ template <class A>
 fedshard::trainer_options<A> options_of(const settings& s, std::string_view name = {}) {
   using schedule = typename A::sync_schedule;
   fedshard::trainer_options<A> o;
+  o.precision.sync = s.sync_dtype == "bf16"  ? fedshard::dtype::bf16
+                     : s.sync_dtype == "f16" ? fedshard::dtype::f16
+                                             : fedshard::dtype::f32;
   if constexpr (std::is_same_v<schedule, fedshard::schedule::periodic>)
     o.schedule = {.period = cadence_of<A>(name) == cadence::h ? s.h : s.k};
   if constexpr (std::is_same_v<schedule, fedshard::schedule::streaming>)
@@ -472,7 +477,7 @@ inline std::string usage_text(std::string_view program = "fedshard-demo") {
          "       [--slow-site S] [--slow-factor F]\n"
          "       [--eval-every N] [--eval-examples N]\n"
          "       [--bandwidth-gbit G] [--latency-ms MS] [--lr LR] [--seed S] [--out DIR]\n"
-         "       [--k K] [--h H] [--fragments P] [--delay T]\n"
+         "       [--k K] [--h H] [--fragments P] [--delay T] [--sync-dtype f32|bf16|f16]\n"
          "       [--scape-density D] [--scape-refresh P] [--scape-dense-steps N]\n"
          "       [--scape-dense-every N] [--scape-per-tensor 0|1] [--scape-dense-below N]\n"
          "       [--algorithms " +
@@ -498,6 +503,8 @@ inline std::string usage_text(std::string_view program = "fedshard-demo") {
          " (default 16)\n"
          "  --fragments, --delay: streaming's fragments (default 2) and overlap in steps\n"
          "  (default 1)\n"
+         "  --sync-dtype: the dtype the federated rows' averages travel and combine in (summed\n"
+         "  in f32, rounded once; default f32); rows whose policy cannot are skipped\n"
          "  SCAPE (shard::sparse) in the rows " +
          listed(sparse_rows(), 36) +
          ":\n"
@@ -546,6 +553,12 @@ inline std::string known_algorithms() {
 inline void declare_options(cli::parser& p, settings& s) {
   const cli::bounds positive_time = cli::closed(0, 1e6);
   p.text("--corpus", s.corpus)
+      .custom("--sync-dtype",
+              [&s](const std::string& o, const std::string& v) {
+                if (v != "f32" && v != "bf16" && v != "f16")
+                  cli::fail(o + " expects f32, bf16 or f16, found '" + v + "'");
+                s.sync_dtype = v;
+              })
       .custom("--model",
               [&s](const std::string& o, const std::string& v) {
                 if (v != "mlp" && v != "attention")

@@ -90,8 +90,10 @@ int run(int argc, char** argv) {
         demo::attention_kit::max_length);
   std::printf(
       "%d steps x %d %s per rank per step; AdamW lr %g; fl_* and sparseloco sync every "
-      "%d steps, diloco every %d.\n\n",
-      s.steps, s.batch, s.model == "attention" ? "sequences" : "examples", double(s.lr), s.k, s.h);
+      "%d steps, diloco every %d%s%s.\n\n",
+      s.steps, s.batch, s.model == "attention" ? "sequences" : "examples", double(s.lr), s.k, s.h,
+      s.sync_dtype == "f32" ? "" : "; averages in ",
+      s.sync_dtype == "f32" ? "" : s.sync_dtype.c_str());
 
   std::vector<result> results;
   for (const auto& a : s.algorithms) {
@@ -99,8 +101,8 @@ int run(int argc, char** argv) {
     std::optional<result> r;
     try {
       r = demo::train_named(a, s, data);
-    } catch (const fedshard::invalid_argument& e) {  // e.g. a policy refusing --group-shapes
-      if (s.group_shapes.empty()) throw;
+    } catch (const fedshard::invalid_argument& e) {  // a policy refusing --group-shapes or
+      if (s.group_shapes.empty() && s.sync_dtype == "f32") throw;  // --sync-dtype
       std::printf("  skipped: %s\n", e.what());
       continue;
     }

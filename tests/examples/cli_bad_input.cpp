@@ -202,6 +202,7 @@ TEST_CASE("fedshard-demo refuses bad input with exit status 2 and runs a good on
       {{"--algorithms", "ddp,nosuch"}, "--algorithms expects names from"},
       {{"--algorithms", "fomoe"}, "--experts"},
       {{"--model", "rnn"}, "--model expects mlp or attention, found 'rnn'"},
+      {{"--sync-dtype", "f64"}, "--sync-dtype expects f32, bf16 or f16, found 'f64'"},
       {{"--algorithms", "fcp"},
        "--algorithms fcp spreads each group's batch of sequences over its ranks: expected "
        "--model attention, found --model mlp"},

@@ -119,6 +119,8 @@ struct sync_context {
   std::shared_ptr<const overlap_map> overlap{};
   /// The model's layout, from the synchronizer; null where the caller has none.
   const flat_layout* layout = nullptr;
+  /// The dtype average_ops combine in (shard::precision::sync): f32, bf16 or f16.
+  dtype reduce = dtype::f32;
 };
 
 /// What a policy is told at a sync point.

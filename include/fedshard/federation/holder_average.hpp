@@ -217,17 +217,18 @@ class basic_holder_average : public detail::begins_only<basic_holder_average<S>>
     return p;
   }
 
-  /// The ops averaging elements [at, at + n) of the fragment among the groups of h.
+  /// The ops averaging elements [at, at + n) of the fragment among the groups of h, in
+  /// ctx.reduce.
   void run_ops(plan& p, const sync_context& ctx, shard::group_set h, std::size_t at,
                std::size_t n) const {
     const int G = ctx.shape.groups, R = ctx.shape.replicas;
     const operand range{.role = role::fragment,
                         .offset = static_cast<std::int64_t>(at),
                         .count = static_cast<std::int64_t>(n)};
-    const auto bytes = static_cast<std::int64_t>(n * sizeof(float));
+    const auto bytes = static_cast<std::int64_t>(n * size_of(ctx.reduce));
     const comm_op across{.kind = comm_kind::all_reduce,
                          .axis = axis::federation,
-                         .dtype = dtype::f32,
+                         .dtype = ctx.reduce,
                          .bytes = bytes,
                          .ranks = std::popcount(h),
                          .reduce = reduce_op::avg,

@@ -99,7 +99,7 @@ std::vector<fragment_slices> fragments_of(const S& schedule, const flat_layout& 
 /// may be one built for no fragments; nothing of the model's size is allocated); `held` as
 /// and `left_out` as for fragments_of; at the fragments' sync number `round`
 /// (sync_context::round; plan_per_round policies only); on a heterogeneous mesh, `overlap`
-/// (sync_context::overlap).
+/// (sync_context::overlap); averaging in `reduce` (sync_context::reduce).
 template <class F, schedule::SyncSchedule S>
 requires requires(const F& f, const sync_context& ctx) {
   { f.sync_plan(ctx) } -> std::same_as<plan>;
@@ -109,7 +109,7 @@ std::vector<plan> sync_plans_of(const F& policy, const S& schedule, const flat_l
                                 int inner_state_buffers, const std::vector<bool>& held = {},
                                 std::int64_t round = 0,
                                 std::shared_ptr<const overlap_map> overlap = nullptr,
-                                const std::vector<bool>& left_out = {}) {
+                                const std::vector<bool>& left_out = {}, dtype reduce = dtype::f32) {
   std::vector<plan> out;
   const auto fragments = fragments_of(schedule, layout, shape.replicas, held, left_out);
   for (std::size_t f = 0; f < fragments.size(); ++f) {
@@ -121,7 +121,8 @@ std::vector<plan> sync_plans_of(const F& policy, const S& schedule, const flat_l
                                     .units = fragments[f].units,
                                     .round = round,
                                     .overlap = overlap,
-                                    .layout = &layout}));
+                                    .layout = &layout,
+                                    .reduce = reduce}));
     out.back().check();
   }
   return out;
@@ -170,13 +171,16 @@ class synchronizer {
   /// moment); on a heterogeneous mesh, `overlap` says how every group cuts the model
   /// (federation/overlap.hpp; the policy must have heterogeneous_groups); `left_out` (by
   /// unit; empty: none) names units another stage syncs (a local rule's records), left out of
-  /// every fragment. Throws invalid_argument for settings that cannot work.
+  /// every fragment; `reduce` is the dtype its averages combine in (shard::precision::sync;
+  /// invalid_argument when it is not f32 and the policy's plans average nothing in it: a
+  /// policy that does not average through average_ops). Throws invalid_argument for
+  /// settings that cannot work.
   synchronizer(const typename F::config& fed, const typename Sch::config& sched,
                const flat_layout& layout, const mesh_shape& shape, const mesh_coords& coords,
                int inner_state_buffers, S& s, std::shared_ptr<const overlap_map> overlap = nullptr,
-               std::vector<bool> left_out = {})
+               std::vector<bool> left_out = {}, dtype reduce = dtype::f32)
       : synchronizer(fed, sched, layout, shape, coords, inner_state_buffers, space::space_ref<S>(s),
-                     std::move(overlap), std::move(left_out)) {}
+                     std::move(overlap), std::move(left_out), reduce) {}
   /// With a space of its own (default-constructed S).
   synchronizer(const typename F::config& fed, const typename Sch::config& sched,
                const flat_layout& layout, const mesh_shape& shape, const mesh_coords& coords,
@@ -431,7 +435,7 @@ class synchronizer {
                const flat_layout& layout, const mesh_shape& shape, const mesh_coords& coords,
                int inner_state_buffers, space::space_ref<S> sr,
                std::shared_ptr<const overlap_map> overlap = nullptr,
-               std::vector<bool> left_out = {})
+               std::vector<bool> left_out = {}, dtype reduce = dtype::f32)
       : space_(std::move(sr)),
         sync_(space_->make_stream()),
         schedule_(sched),
@@ -443,7 +447,8 @@ class synchronizer {
         fragments_(
             cut(*space_, schedule_, layout, shape, held_of(fed, layout, shape, coords), left_out_)),
         policy_(make_policy(fed, sizes(fragments_), *space_)),
-        inner_state_buffers_(inner_state_buffers) {
+        inner_state_buffers_(inner_state_buffers),
+        reduce_(reduce) {
     if constexpr (by_progress) {
       FEDSHARD_EXPECTS(schedule_.fragments() == 1, Sch::name,
                        ": a progress schedule syncs the whole model as one fragment, found ",
@@ -452,8 +457,10 @@ class synchronizer {
       progress_plan_.check();
       progress_buf_ = space_->template allocate<double>(2);
     }
-    const auto plans = sync_plans_of(policy_, schedule_, layout, shape, coords, inner_state_buffers,
-                                     held_of(fed, layout, shape, coords), 0, overlap_, left_out_);
+    const auto plans =
+        sync_plans_of(policy_, schedule_, layout, shape, coords, inner_state_buffers,
+                      held_of(fed, layout, shape, coords), 0, overlap_, left_out_, reduce_);
+    check_reduce(plans);
     if (overlap_ && coords_.replica == 0) {  // the holder sets every replica-0 rank splits
       std::vector<std::vector<int>> units;
       for (const auto& fr : fragments_) units.push_back(unit_ids(fr.units));
@@ -476,6 +483,22 @@ class synchronizer {
       for (std::size_t k = 0; k < moments; ++k)
         fr.moments.push_back(space_->template allocate<float>(fr.buf.size()));
     }
+  }
+
+  /// invalid_argument (on every rank alike) when the averages are to combine in a narrow
+  /// dtype but no fragment's plan has a federation op in it (the policy does not average
+  /// through average_ops, or a heterogeneous mesh's overlap averages do, which are f32).
+  void check_reduce(const std::vector<plan>& plans) const {
+    if (reduce_ == dtype::f32 || !F::syncs) return;
+    for (const plan& p : plans)
+      for (const comm_op& op : p.ops)
+        if (op.axis == axis::federation && op.dtype == reduce_) return;
+    throw invalid_argument(fedshard::detail::concat(
+        "fedshard: precision.sync = ", to_string(reduce_), ", but federation policy ", F::name,
+        overlap_ ? " on groups of different shapes" : "",
+        " averages nothing in it; expected f32 there (a narrow sync dtype applies to average, "
+        "weighted_average, holder_average and the outer optimizers, on groups of one shape, "
+        "without a codec)"));
   }
 
   /// A heterogeneous mesh's map, refused (on every rank alike) for a policy that cannot
@@ -800,7 +823,8 @@ class synchronizer {
                                    .units = fr.units,
                                    .round = round(f),
                                    .overlap = overlap_,
-                                   .layout = &layout_});
+                                   .layout = &layout_,
+                                   .reduce = reduce_});
       fr.plan.check();
     }
     space_->wait(sync_, space_->record(compute));  // the master after the optimizer step
@@ -906,6 +930,7 @@ class synchronizer {
   std::vector<fragment> fragments_;
   policy_type policy_;
   int inner_state_buffers_ = 0;
+  dtype reduce_ = dtype::f32;  // the averages' dtype (shard::precision::sync)
   std::int64_t syncs_applied_ = 0;
   round_hooks hooks_;  // a federation axis with rounds (set_round_hooks)
   participation participation_{};

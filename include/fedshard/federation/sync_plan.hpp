@@ -55,7 +55,9 @@ inline void append_average(plan& p, const comm_op& across, bool hierarchical, in
 
 /// The ops that average the f32 buffer `what` (a fragment or a moment, ctx.numel elements)
 /// over the federation axis for this rank: the cross-group average runs at trigger
-/// `start`, sharing it with the group's other replicas at trigger `finish`.
+/// `start`, sharing it with the group's other replicas at trigger `finish`. Both ops are in
+/// ctx.reduce (staged by the interpreter when narrower than f32: the sharing moves the
+/// average's own narrow values, exactly).
 ///  - hierarchical: every replica all-reduces its 1/R piece over the groups, then the
 ///    replicas all-gather the pieces;
 ///  - reference: replica 0 all-reduces the whole buffer over the groups, then broadcasts it
@@ -67,7 +69,7 @@ inline plan average_ops(const sync_context& ctx, sync_mode mode, operand what, t
     return overlap_average_ops(*ctx.overlap, unit_ids(ctx.units), ctx.fragment, ctx.numel, what,
                                start, finish);
   plan p;
-  const auto bytes = static_cast<std::int64_t>(ctx.numel * sizeof(float));
+  const auto bytes = static_cast<std::int64_t>(ctx.numel * size_of(ctx.reduce));
   const int G = ctx.shape.groups, R = ctx.shape.replicas;
   FEDSHARD_EXPECTS(mode != sync_mode::hierarchical || ctx.numel % static_cast<std::size_t>(R) == 0,
                    "average_ops: a hierarchical sync splits the fragment over ", R,
@@ -75,7 +77,7 @@ inline plan average_ops(const sync_context& ctx, sync_mode mode, operand what, t
                    " elements do not divide evenly (pad it with padded_fragment_numel)");
   const comm_op across{.kind = comm_kind::all_reduce,
                        .axis = axis::federation,
-                       .dtype = dtype::f32,
+                       .dtype = ctx.reduce,
                        .bytes = bytes,
                        .ranks = G,
                        .reduce = reduce_op::avg,

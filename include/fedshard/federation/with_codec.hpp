@@ -65,8 +65,13 @@ class with_codec : public F {
       : F(base_config(c), std::move(sizes), s), codec_(codec::spec_of<Codec>(c.codec)) {}
   with_codec() : codec_(codec::spec_of<Codec>()) {}
 
-  /// F's sync plan, its cross-group fragment averages encoded.
+  /// F's sync plan, its cross-group fragment averages encoded; invalid_argument for a narrow
+  /// sync dtype (sync_context::reduce): the codec decides what the average carries.
   plan sync_plan(const sync_context& ctx) const {
+    FEDSHARD_EXPECTS(ctx.reduce == dtype::f32, "fedshard: precision.sync = ", to_string(ctx.reduce),
+                     ", but federation policy ", F::name,
+                     " sends its average encoded (the codec sets what travels); expected "
+                     "precision.sync f32 with a codec");
     plan p = F::sync_plan(ctx);
     for (comm_op& op : p.ops)
       if (averages_fragment_across_groups(op)) op.codec = codec_;

@@ -48,19 +48,27 @@
 namespace fedshard::shard {
 
 /// Mixed precision: parameters travel (and are computed with) in `param`, gradients are
-/// reduced in `reduce`; master parameters, gradients given to the optimizer and optimizer
-/// state are always f32.
+/// reduced in `reduce`, and the federation's averages (federation::average_ops: the
+/// cross-group all_reduce and the replicas' share of it) travel and combine in `sync`;
+/// master parameters, gradients given to the optimizer and optimizer state are always f32.
+/// A reduction in a narrow type casts each rank's f32 input to it, the backend sums every
+/// element in f32 in rank order and rounds the result once to it (comm/detail/reduction.hpp),
+/// and the result is widened back to f32: half the bytes of f32 on the wire, each input and
+/// the result rounded once.
 struct precision {
   dtype param = dtype::f32;
   dtype reduce = dtype::f32;
+  dtype sync = dtype::f32;
 
   friend bool operator==(const precision&, const precision&) = default;
-  /// Throws invalid_argument unless param is f32/bf16/f16 and reduce is f32/bf16.
+  /// Throws invalid_argument unless param and sync are f32/bf16/f16 and reduce is f32/bf16.
   void check() const {
     FEDSHARD_EXPECTS(param == dtype::f32 || param == dtype::bf16 || param == dtype::f16,
                      "precision: param dtype must be f32, bf16 or f16, found ", to_string(param));
     FEDSHARD_EXPECTS(reduce == dtype::f32 || reduce == dtype::bf16,
                      "precision: reduce dtype must be f32 or bf16, found ", to_string(reduce));
+    FEDSHARD_EXPECTS(sync == dtype::f32 || sync == dtype::bf16 || sync == dtype::f16,
+                     "precision: sync dtype must be f32, bf16 or f16, found ", to_string(sync));
   }
 };
 

@@ -100,7 +100,7 @@ class trainer final {
         sync_(opts_.federation, opts_.schedule, engine_.layout(), m.shape(), m.coords(),
               static_cast<int>(inner_state().size()), *space_,
               federation::overlap_of<shard_policy>(m, engine_.layout()),
-              left_out_of(local_.get(), engine_.layout(), m.uniform())) {
+              left_out_of(local_.get(), engine_.layout(), m.uniform()), opts_.precision.sync) {
     FEDSHARD_EXPECTS(opts_.total_steps >= 0, "trainer: total_steps must be >= 0, found ",
                      opts_.total_steps);
     sync_.set_participation(opts_.participation);
