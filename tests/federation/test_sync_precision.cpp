@@ -124,6 +124,22 @@ TEST_CASE("average in bf16 and f16: inputs and the mean rounded once each, half 
   }
 }
 
+TEST_CASE("reference mode (replica 0 averages, then broadcasts): the same bits on every rank") {
+  // Replica 1's plan has no federation op, only the broadcast: it must not be refused while
+  // replica 0 goes on (the refusal is decided alike on every rank).
+  const mesh_shape shape{3, 2, 1};
+  for (const dtype t : {dtype::bf16, dtype::f16}) {
+    CAPTURE(t);
+    const outcome hier = sync_once<average>(shape, t);
+    const outcome ref = sync_once<average>(shape, t, {.sync = sync_mode::reference});
+    for (std::size_t r = 0; r < ref.master.size(); ++r) {
+      CAPTURE(r);
+      CHECK(std::memcmp(ref.master[r].data(), hier.master[r].data(),
+                        ref.master[r].size() * sizeof(float)) == 0);
+    }
+  }
+}
+
 TEST_CASE("the narrow sync dtype in weighted_average's plan; refused where nothing averages") {
   // weighted_average averages through average_ops: its cross-group op is in bf16.
   const mesh_shape shape{2, 1, 1};

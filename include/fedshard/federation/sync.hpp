@@ -460,7 +460,7 @@ class synchronizer {
     const auto plans =
         sync_plans_of(policy_, schedule_, layout, shape, coords, inner_state_buffers,
                       held_of(fed, layout, shape, coords), 0, overlap_, left_out_, reduce_);
-    check_reduce(plans);
+    check_reduce(fed, plans);
     if (overlap_ && coords_.replica == 0) {  // the holder sets every replica-0 rank splits
       std::vector<std::vector<int>> units;
       for (const auto& fr : fragments_) units.push_back(unit_ids(fr.units));
@@ -485,12 +485,21 @@ class synchronizer {
     }
   }
 
-  /// invalid_argument (on every rank alike) when the averages are to combine in a narrow
-  /// dtype but no fragment's plan has a federation op in it (the policy does not average
-  /// through average_ops, or a heterogeneous mesh's overlap averages do, which are f32).
-  void check_reduce(const std::vector<plan>& plans) const {
+  /// invalid_argument when the averages are to combine in a narrow dtype but the policy
+  /// averages nothing in it (it does not average through average_ops, or a heterogeneous
+  /// mesh's overlap averages do, which are f32). Decided from the plans of world rank 0's
+  /// coordinates (`plans` when they are this rank's), so every rank decides alike: another
+  /// rank's plans may have no federation op (a replica that only receives the average, a
+  /// group with nothing to share).
+  void check_reduce(const typename F::config& fed, const std::vector<plan>& plans) const {
     if (reduce_ == dtype::f32 || !F::syncs) return;
-    for (const plan& p : plans)
+    const mesh_coords first{};
+    const std::vector<plan> theirs =
+        coords_ == first
+            ? plans
+            : sync_plans_of(policy_, schedule_, layout_, shape_, first, inner_state_buffers_,
+                            held_of(fed, layout_, shape_, first), 0, overlap_, left_out_, reduce_);
+    for (const plan& p : theirs)
       for (const comm_op& op : p.ops)
         if (op.axis == axis::federation && op.dtype == reduce_) return;
     throw invalid_argument(fedshard::detail::concat(
