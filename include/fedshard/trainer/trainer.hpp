@@ -372,7 +372,6 @@ class trainer final {
     return optimizer_.state();
   }
 
-  /// trainer_options::local_rule's rule, or none.
   /// o.context_axis, which names an axis inside a group (shard, replica or group): the
   /// ranks that share a batch exchange keys and values on it every step.
   static std::optional<axis> checked_context_axis(const options& o) {
@@ -383,6 +382,7 @@ class trainer final {
                      a ? to_string(*a) : "", " axis");
     return a;
   }
+  /// trainer_options::local_rule's rule, or none.
   static std::unique_ptr<local_rule> make_local_rule(const options& o,
                                                      const std::vector<unit_spec>& units) {
     if (!o.local_rule) return nullptr;
