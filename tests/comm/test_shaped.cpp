@@ -107,26 +107,33 @@ TEST_CASE("concurrent cross-site collectives queue on the one link") {
 }
 
 TEST_CASE("a collective's link time starts when its last member arrives") {
-  // Rank 1 arrives 30 ms after rank 0: both finish no earlier than 30 ms + the 20 ms latency
-  // (counted from the first arrival it would be 30 ms for both).
+  // Rank 1 arrives 30 ms after rank 0: both finish no earlier than rank 1's arrival + the 20 ms
+  // latency (counted from the first arrival they would finish 30 ms after rank 0 arrived). The
+  // times are absolute: the ranks leave the barrier at slightly different moments.
   const shaped::link wan{.bandwidth_bytes_per_s = 1e12, .latency_s = 0.02};
-  std::vector<double> elapsed(2);
+  using clock = std::chrono::steady_clock;
+  std::vector<clock::time_point> arrived(2), finished(2);
   auto net = shaped::network::create(shaped::topology::blocks(2, 2, wan));
   test::spawn_ranks(2, [&](inproc::communicator& w) {
     const int r = w.rank();
     shaped_comm world(std::move(w), net);
     float x = 1.0f, y = 0.0f;
     world.inner().barrier();  // the wrapped barrier: no link latency
-    const auto t0 = std::chrono::steady_clock::now();
     if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    arrived[static_cast<std::size_t>(r)] = clock::now();
     auto req = world.all_reduce_async(&x, &y, 1, dtype::f32, reduce_op::sum);
     while (!req.test()) std::this_thread::yield();  // test() alone completes it too
     req.wait();
-    elapsed[static_cast<std::size_t>(r)] = seconds_since(t0);
+    finished[static_cast<std::size_t>(r)] = clock::now();
     CHECK(y == 2.0f);
   });
-  CHECK(elapsed[0] >= 0.050);
-  CHECK(elapsed[1] >= 0.050);
+  const auto after_last = [&](int r) {
+    return std::chrono::duration<double>(finished[static_cast<std::size_t>(r)] - arrived[1])
+        .count();
+  };
+  CHECK(std::chrono::duration<double>(arrived[1] - arrived[0]).count() >= 0.030);
+  CHECK(after_last(0) >= 0.020);
+  CHECK(after_last(1) >= 0.020);
 }
 
 TEST_CASE("bad topologies are refused") {
