@@ -6,6 +6,7 @@
 // --slow-site, --slow-factor change the world, its sites and their links; --experts adds a
 // mixture-of-experts layer to the model) and reports tokens/s, perplexity and bytes.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -37,7 +38,12 @@ using comm = fedshard::shaped::communicator<fedshard::inproc::communicator>;
 
 struct settings {
   std::string corpus = "/usr/share/common-licenses";
-  int steps = 480;
+  int steps = 480;  // --steps; under --time-budget, a cap (unbounded unless given)
+  bool steps_given = false;
+  // --time-budget S: every row trains until S seconds of training (rank 0's clock; 0: none)
+  double time_budget = 0;
+  // --token-budget N: every row trains the steps that reach N tokens (0: --steps decides)
+  std::int64_t token_budget = 0;
   int batch = 16;           // examples per rank per step
   int hidden = 256;         // width of the two hidden layers
   int experts = 0;          // mixture-of-experts layer: number of experts (0: none)
@@ -85,6 +91,7 @@ struct curve_point {
 struct result {
   std::string name;
   fedshard::mesh_shape shape;
+  int steps = 0;             // training steps taken
   std::string group_shapes;  // the federated rows' "RxS,RxS" on a heterogeneous mesh, else ""
   double tokens = 0, seconds = 0, ppl = 0, comm_seconds = 0, link_delay = 0;
   double cross_site = 0;  // bytes rank 0 sent over the inter-site links (any communicator)
@@ -136,6 +143,22 @@ inline charlm::dims dims_of(const settings& s, const charlm::corpus& data) {
           .expert_hidden = s.expert_hidden};
 }
 
+/// The steps a row trains: --token-budget's (the first step count whose tokens reach it,
+/// the same on every rank: the tokens of a step are a function of the step and the mesh),
+/// else --steps.
+template <class Kit, class Mesh>
+inline int steps_of(const Kit& kit, const Mesh& m, const settings& s) {
+  if (s.token_budget <= 0) return s.steps;
+  double tokens = 0;
+  int steps = 0;
+  while (tokens < static_cast<double>(s.token_budget)) {
+    FEDSHARD_EXPECTS(steps < s.steps, "demo: --token-budget ", s.token_budget,
+                     " is not reached within the ", s.steps, " steps --steps allows");
+    tokens += kit.world_tokens(m, steps++);
+  }
+  return steps;
+}
+
 template <class Algorithm, class Kit>
 inline result train(const std::string& name, fedshard::mesh_shape shape, const settings& s,
                     const Kit& kit, fedshard::trainer_options<Algorithm> opts = {}) {
@@ -144,8 +167,10 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
   r.name = name;
   r.shape = shape;
   auto net = fedshard::shaped::network::create(topology_of(s));
-  opts.total_steps = s.steps;
   std::mutex mu;
+  // --time-budget: rank 0's clock decides, after a step, that the row stops; the others
+  // read it after the next barrier, so every rank takes the same steps.
+  std::atomic<bool> out_of_time{false};
   // 8 ranks computing on few cores: waiting ranks sleep at once instead of polling, so the
   // ranks they wait for get the cores (fedshard::inproc::options::spin_polls).
   fedshard::inproc::options run_options;
@@ -159,8 +184,11 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
         const bool hetero = !s.group_shapes.empty() && shape.groups > 1;
         fedshard::mesh m =
             hetero ? fedshard::mesh(world, s.group_shapes) : fedshard::mesh(world, shape);
+        const int steps = steps_of(kit, m, s);
+        fedshard::trainer_options<Algorithm> o = opts;
+        o.total_steps = s.time_budget > 0 ? 0 : steps;  // under a time budget: not known
         fedshard::trainer<typename Kit::model_type, Algorithm, fedshard::optim::adamw, comm> t(
-            m, kit.make(), {.lr = s.lr, .weight_decay = 0.0f}, opts);
+            m, kit.make(), {.lr = s.lr, .weight_decay = 0.0f}, o);
         const auto eval = kit.eval_batch(m);
         double train_seconds = 0, tokens = 0;
         // A shard policy with run-time state (scape) gathers packed or dense from step to
@@ -175,13 +203,20 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
           const double loss = kit.eval_loss(t, eval);
           curve.push_back({step, tokens, train_seconds, std::exp(loss)});
           if (rank == 0 && !s.quiet) {
-            std::printf("  [%-8s] step %4d/%d  tokens %7.0f  eval ppl %7.3f  (%.1f s training)\n",
-                        name.c_str(), step, s.steps, tokens, std::exp(loss), train_seconds);
+            std::printf("  [%-8s] step %4d%s  tokens %7.0f  eval ppl %7.3f  (%.1f s training)\n",
+                        name.c_str(), step,
+                        s.time_budget > 0 ? "" : ("/" + std::to_string(steps)).c_str(), tokens,
+                        std::exp(loss), train_seconds);
             std::fflush(stdout);
           }
         };
         evaluate(0);
-        for (int step = 0; step < s.steps; ++step) {
+        int taken = 0;
+        for (int step = 0; step < steps; ++step) {
+          if (s.time_budget > 0) {
+            world.inner().barrier();  // rank 0's decision after the last step is visible
+            if (out_of_time.load()) break;
+          }
           const auto b = kit.train_batch(m, step);
           tokens += kit.world_tokens(m, step);
           // All ranks start the step together and the time covers the slowest. The barriers
@@ -199,18 +234,23 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
           world.inner().barrier();
           train_seconds +=
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          taken = step + 1;
+          if (rank == 0 && s.time_budget > 0 && train_seconds >= s.time_budget)
+            out_of_time.store(true);
           for (fedshard::axis a : fedshard::all_axes) {
             auto& x = step_traffic[a];
             x.calls += t.traffic()[a].calls - before[a].calls;
             x.payload_bytes += t.traffic()[a].payload_bytes - before[a].payload_bytes;
             x.wire_bytes += t.traffic()[a].wire_bytes - before[a].wire_bytes;
           }
-          if ((step + 1) % s.eval_every == 0 || step + 1 == s.steps) evaluate(step + 1);
+          if ((step + 1) % s.eval_every == 0 || step + 1 == steps) evaluate(step + 1);
         }
+        if (curve.back().step != taken) evaluate(taken);  // stopped by the time budget
         if (rank != 0) return;
         std::lock_guard lock(mu);
         if (hetero) r.group_shapes = fedshard::to_string(s.group_shapes);
         r.curve = curve;
+        r.steps = taken;
         r.seconds = train_seconds;
         r.tokens = tokens;
         r.ppl = curve.back().ppl;
@@ -220,8 +260,7 @@ inline result train(const std::string& name, fedshard::mesh_shape shape, const s
                                     fedshard::wire_bytes(rt.mask_plan().ops.at(0));
         } else {
           for (const auto& op : t.step_plan().ops)  // the wire carries the plan (tested)
-            if (op.out.role == fedshard::role::params)
-              r.gather += fedshard::wire_bytes(op) * s.steps;
+            if (op.out.role == fedshard::role::params) r.gather += fedshard::wire_bytes(op) * taken;
         }
         for (fedshard::axis a : fedshard::all_axes) {
           r.bytes[a] = t.traffic()[a].wire_bytes;
@@ -471,7 +510,8 @@ inline std::string default_algorithms() {
 /// The --help text of the demo's options (fedshard-demo, fedshard-sim --predict-demo).
 inline std::string usage_text(std::string_view program = "fedshard-demo") {
   return std::string("usage: ") + std::string(program) +
-         " [--corpus PATH] [--steps N] [--batch N] [--hidden N]\n"
+         " [--corpus PATH] [--steps N | --token-budget N] [--time-budget S]\n"
+         "       [--batch N] [--hidden N]\n"
          "       [--model mlp|attention] [--experts X] [--expert-hidden F] [--expert-copies C]\n"
          "       [--ranks N] [--groups G] [--group-shapes RxS,RxS,...]\n"
          "       [--slow-site S] [--slow-factor F]\n"
@@ -495,6 +535,10 @@ inline std::string usage_text(std::string_view program = "fedshard-demo") {
          "  rows that need --model attention (each group's batch spread over its ranks): " +
          listed(row_names([](const row_spec& r) { return r.needs_attention; }), 79) +
          "\n"
+         "  --steps N (default 480) or --token-budget N: every row trains the same tokens;\n"
+         "  --time-budget S: every row trains S seconds (rank 0's training time, evaluation\n"
+         "  not counted; the last step may run past S), at most --steps steps if given;\n"
+         "  the table reports the steps and tokens each row reached\n"
          "  --k: steps between syncs of " +
          listed(synced_every(cadence::k), 30) +
          " (default 8)\n"
@@ -565,7 +609,13 @@ inline void declare_options(cli::parser& p, settings& s) {
                   cli::fail(o + " expects mlp or attention, found '" + v + "'");
                 s.model = v;
               })
-      .integer("--steps", s.steps, 1, max_steps)
+      .custom("--steps",
+              [&s](const std::string& o, const std::string& v) {
+                s.steps = cli::parse_integer<int>(o, v, 1, max_steps);
+                s.steps_given = true;
+              })
+      .real("--time-budget", s.time_budget, cli::above(0, 1e6))
+      .integer("--token-budget", s.token_budget, 1, std::int64_t{1} << 50)
       .integer("--batch", s.batch, 1, max_batch)
       .integer("--hidden", s.hidden, 1, max_hidden)
       .integer("--experts", s.experts, 0, max_experts)
@@ -610,6 +660,11 @@ inline void declare_options(cli::parser& p, settings& s) {
 /// The checks between settings, after every option is read.
 inline void check_settings(settings& s) {
   using fedshard::detail::concat;
+  if (s.token_budget > 0 && s.steps_given)
+    cli::fail(concat("--token-budget ", s.token_budget, " and --steps ", s.steps,
+                     " both set the tokens every row trains: expected one of them"));
+  if ((s.time_budget > 0 || s.token_budget > 0) && !s.steps_given)
+    s.steps = max_steps;  // a budget decides; --steps, when given, caps it
   if (!s.group_shapes.empty()) {
     s.groups = static_cast<int>(s.group_shapes.size());
     std::int64_t ranks = 0;

@@ -48,6 +48,22 @@ std::string human_bytes(double b) {
   return buf;
 }
 
+/// "480 steps", "the steps that reach 1000000 tokens", "20 s of training each (at most 480
+/// steps)".
+std::string budget_text(const demo::settings& s) {
+  std::ostringstream out;
+  if (s.time_budget > 0) {
+    out << s.time_budget << " s of training each";
+    if (s.token_budget > 0) out << " (at most " << s.token_budget << " tokens)";
+    if (s.steps_given) out << " (at most " << s.steps << " steps)";
+  } else if (s.token_budget > 0) {
+    out << "the steps that reach " << s.token_budget << " tokens";
+  } else {
+    out << s.steps << " steps";
+  }
+  return out.str();
+}
+
 /// The demo: every check of its input (options, --out, the corpus) before any training.
 int run(int argc, char** argv) {
   const demo::settings s = demo::parse(argc, argv);
@@ -89,10 +105,10 @@ int run(int argc, char** argv) {
         "attention_model); fcp spreads each group's batch over its ranks by FCP's placement.\n",
         demo::attention_kit::max_length);
   std::printf(
-      "%d steps x %d %s per rank per step; AdamW lr %g; fl_* and sparseloco sync every "
+      "%s x %d %s per rank per step; AdamW lr %g; fl_* and sparseloco sync every "
       "%d steps, diloco every %d%s%s.\n\n",
-      s.steps, s.batch, s.model == "attention" ? "sequences" : "examples", double(s.lr), s.k, s.h,
-      s.sync_dtype == "f32" ? "" : "; averages in ",
+      budget_text(s).c_str(), s.batch, s.model == "attention" ? "sequences" : "examples",
+      double(s.lr), s.k, s.h, s.sync_dtype == "f32" ? "" : "; averages in ",
       s.sync_dtype == "f32" ? "" : s.sync_dtype.c_str());
 
   std::vector<result> results;
@@ -114,10 +130,10 @@ int run(int argc, char** argv) {
   for (const auto& r : results)
     if (r.name == "hsdp") hsdp_rate = r.tokens / r.seconds;
   std::printf(
-      "\n| algorithm | mesh G x R x S | tokens/s | eval ppl | shard B/rank (gathers) | "
-      "replica B/rank | federation B/rank | group B/rank | cross-site B/rank | comm s | "
-      "speed-up vs hsdp |\n");
-  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+      "\n| algorithm | mesh G x R x S | steps | tokens | tokens/s | eval ppl | shard B/rank "
+      "(gathers) | replica B/rank | federation B/rank | group B/rank | cross-site B/rank | "
+      "comm s | speed-up vs hsdp |\n");
+  std::printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& r : results) {
     const double rate = r.tokens / r.seconds;
     char mesh[64];
@@ -125,13 +141,14 @@ int run(int argc, char** argv) {
     const std::string mesh_text = r.group_shapes.empty() ? mesh : "groups " + r.group_shapes;
     char speed[32] = "n/a";
     if (hsdp_rate > 0) std::snprintf(speed, sizeof speed, "%.2fx", rate / hsdp_rate);
-    std::printf(
-        "| %s | %s | %.0f | %.3f | %s (%s) | %s | %s | %s | %s | %.1f | %s |\n", r.name.c_str(),
-        mesh_text.c_str(), rate, r.ppl, human_bytes(r.bytes.at(fedshard::axis::shard)).c_str(),
-        human_bytes(r.gather).c_str(), human_bytes(r.bytes.at(fedshard::axis::replica)).c_str(),
-        human_bytes(r.bytes.at(fedshard::axis::federation)).c_str(),
-        human_bytes(r.bytes.at(fedshard::axis::group)).c_str(), human_bytes(r.cross_site).c_str(),
-        r.comm_seconds, speed);
+    std::printf("| %s | %s | %d | %.0f | %.0f | %.3f | %s (%s) | %s | %s | %s | %s | %.1f | %s |\n",
+                r.name.c_str(), mesh_text.c_str(), r.steps, r.tokens, rate, r.ppl,
+                human_bytes(r.bytes.at(fedshard::axis::shard)).c_str(),
+                human_bytes(r.gather).c_str(),
+                human_bytes(r.bytes.at(fedshard::axis::replica)).c_str(),
+                human_bytes(r.bytes.at(fedshard::axis::federation)).c_str(),
+                human_bytes(r.bytes.at(fedshard::axis::group)).c_str(),
+                human_bytes(r.cross_site).c_str(), r.comm_seconds, speed);
   }
 
   const auto csv = std::filesystem::path(s.out) / "curves.csv";

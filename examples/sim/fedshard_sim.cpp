@@ -147,9 +147,11 @@ How
                         order unit by unit, each op when its trigger fires, on one channel per
                         rank) or channel (every overlappable op behind the whole compute:
                         max(compute, comm))
-  --sync-dtype T        f32 (default: master weights) or bf16: the federation's average sent
-                        through the bf16 cast codec (each group's wire all-gathered, decoded
-                        in f32); ignored by algorithms that do not federate
+  --sync-dtype T        f32, bf16 or f16: what the federation's averages travel and combine
+                        in (the trainer's precision.sync; summed in f32, half of f32's
+                        bytes). Default f32, bf16 under --paper. Refused for a federation
+                        that averages nothing in it (codecs, robust means, gossip); ignored
+                        by algorithms that do not federate
   --zo-units LIST       units trained zeroth-order (HO-FL), e.g. embed,layer0 (the model's
                         units: embed, layer0..layer<L-1>, head): no backward for them, 2P
                         forward passes and loss means per step, their records (a count and
@@ -206,8 +208,10 @@ struct options {
   std::optional<int> fragments, delay;
   std::optional<float> alpha;
   federation::sync_mode sync = federation::sync_mode::hierarchical;
-  dtype sync_dtype = dtype::f32;  ///< of the federation's average (algorithm_settings)
-  local_rule_desc local{};        ///< --zo-*, --soup-*: the groups' local rule
+  /// --sync-dtype: of the federation's average (algorithm_settings); unset: f32, and bf16
+  /// under --paper (the paper's mixed precision)
+  std::optional<dtype> sync_dtype;
+  local_rule_desc local{};  ///< --zo-*, --soup-*: the groups' local rule
   price_options pricing{};
   bool paper = false;
   bool sweep = false;
@@ -371,7 +375,8 @@ void declare_how(cli::parser& p, options& o) {
               })
       .custom("--sync-dtype",
               [&o](const std::string& f, const std::string& v) {
-                o.sync_dtype = choice(f, v, {"f32", "bf16"}) == 0 ? dtype::f32 : dtype::bf16;
+                constexpr dtype dtypes[] = {dtype::f32, dtype::bf16, dtype::f16};
+                o.sync_dtype = dtypes[choice(f, v, {"f32", "bf16", "f16"})];
               })
       .real("--scape-density", o.scape.density, cli::above(0, 1))
       .integer("--scape-refresh", o.scape.refresh_period, 1, max_period)
@@ -503,12 +508,23 @@ algorithm_settings plain_settings(const options& o, std::optional<int> k) {
   return {.period = k, .sync = o.sync};
 }
 
+/// --sync-dtype, f32 when it is not given.
+dtype sync_dtype_of(const options& o) {
+  return o.sync_dtype.value_or(dtype::f32);
+}
+
+/// "f32 (master weights)", "bf16 (all-reduced, summed in f32)".
+std::string sync_dtype_label(dtype d) {
+  return d == dtype::f32 ? "f32 (master weights)"
+                         : std::string(to_string(d)) + " (all-reduced, summed in f32)";
+}
+
 /// The alias `name` with settings s, its federation's average sent in --sync-dtype when it
 /// federates.
 algorithm_desc described(const options& o, const std::string& name, algorithm_settings s) {
   algorithm_desc a = algorithm_by_name(name, s);
-  if (o.sync_dtype == dtype::f32 || !a.syncs()) return a;
-  s.sync_dtype = o.sync_dtype;
+  if (sync_dtype_of(o) == dtype::f32 || !a.syncs()) return a;
+  s.sync_dtype = sync_dtype_of(o);
   return algorithm_by_name(name, s);
 }
 
@@ -553,7 +569,7 @@ void print_setting(const options& o, const cluster& c) {
       o.work.micro_batch, o.work.seq, o.work.tokens_per_gpu(),
       std::string(to_string(o.pricing.precision.param)).c_str(),
       std::string(to_string(o.pricing.precision.reduce)).c_str(),
-      o.sync_dtype == dtype::f32 ? "f32" : "bf16 (cast codec)",
+      sync_dtype_label(sync_dtype_of(o)).c_str(),
       std::string(to_string(o.pricing.collectives)).c_str(),
       std::string(to_string(o.pricing.overlap)).c_str());
   // Settings that are off print nothing.
@@ -669,10 +685,12 @@ cluster with_node_gbps(cluster c, double gbps) {
 }
 
 void what_it_would_take(const options& base, const cluster& c);
+void paper_bandwidth_table(const options& o, const cluster& c);
 
 void paper(options o) {
   o.work = workload{llama31_8b(), 2, 2048, o.work.mfu, o.work.recompute, o.work.seconds_per_token};
   o.gpus = 512;
+  if (!o.sync_dtype) o.sync_dtype = dtype::bf16;  // the paper's bf16 mixed precision
   const cluster& c = o.where;
   std::printf("Reproduction of the FL+FSDP paper's setting (PAPERS.md section 1)\n");
   print_setting(o, c);
@@ -718,11 +736,6 @@ void paper(options o) {
           : "part of them is exposed");
 
   std::printf("\nsensitivity (same model, nothing tuned):\n");
-  for (double gbps : {200.0, 100.0, 50.0}) {
-    const auto q = paper_prices(o, with_node_gbps(c, gbps));
-    std::printf("  node network %4.0f Gb/s: fsdp %.4f s/step; fl_fsdp %.2fx, fl_hsdp %.2fx\n", gbps,
-                q[0].step, q[0].step / q[2].step, q[0].step / q[3].step);
-  }
   for (double mfu : {0.3, 0.7}) {
     options m = o;
     m.work.mfu = mfu;
@@ -730,43 +743,25 @@ void paper(options o) {
     std::printf("  MFU %.1f: fl_fsdp %.2fx, fl_hsdp %.2fx\n", mfu, q[0].step / q[2].step,
                 q[0].step / q[3].step);
   }
-  {
-    const auto q = paper_prices(o, with_node_gbps(c, 1e-3));
-    std::printf("  bandwidth-bound limit (node network -> 0): fl_fsdp %.2fx, fl_hsdp %.2fx\n",
-                q[0].step / q[2].step, q[0].step / q[3].step);
-    if (best_fl_speedup(q) < paper_speedup) {
-      std::printf(
-          "  -> no network bandwidth gives %.2fx in this model: the syncs move %s, and the "
-          "bytes ratio caps the speed-up\n",
-          paper_speedup,
-          o.sync_dtype == dtype::f32 ? "f32 master weights" : "bf16 wires of every group");
-    } else {
-      double lo = 1e-3, hi = c.node_bandwidth() * 8 / 1e9;
-      for (int it = 0; it < 60; ++it) {
-        const double mid = std::sqrt(lo * hi);
-        (best_fl_speedup(paper_prices(o, with_node_gbps(c, mid))) >= paper_speedup ? lo : hi) = mid;
-      }
-      std::printf("  -> %.2fx needs the node network to deliver <= %.1f Gb/s (%.1f%% of %.0f)\n",
-                  paper_speedup, lo, 100 * lo / (c.node_bandwidth() * 8 / 1e9),
-                  c.node_bandwidth() * 8 / 1e9);
-    }
-  }
+  paper_bandwidth_table(o, c);
   what_it_would_take(o, c);
 }
 
-/// What node network bandwidth gives fl_* the paper's speed-up over fsdp: the largest at
-/// which it is reached (bisection), or the cap (the speed-up as the bandwidth goes to 0, the
-/// ratio of the bytes leaving a node) when none does.
+/// The node network bandwidths at which fl_* reach the paper's speed-up over fsdp. The
+/// speed-up need not fall as bandwidth grows (with a high latency per ring step, fsdp's
+/// 512-rank rings pay it at any bandwidth), so a log grid of bandwidths is scanned and the
+/// ends of the range that reaches it are bisected.
 struct bandwidth_needed {
   bool reachable = false;
-  double gbps = 0;      ///< nominal node bandwidth (Gb/s, all NICs), when reachable
-  double cap = 0;       ///< speed-up as the node bandwidth goes to 0
-  double at_now = 0;    ///< speed-up at the cluster's own bandwidth
-  bool always = false;  ///< reached even at max_gbps
+  double from_gbps = 0;    ///< nominal node bandwidth (Gb/s, all NICs): the range's low end,
+  double gbps = 0;         ///< and its high end, when reachable
+  bool from_zero = false;  ///< reached as the bandwidth goes to 0
+  bool always = false;     ///< reached even at the grid's highest bandwidth
+  double cap = 0;          ///< the highest speed-up over the grid
+  double at_now = 0;       ///< speed-up at the cluster's own bandwidth
 };
 
 bandwidth_needed bandwidth_for(const options& o, const cluster& c, std::size_t row) {
-  constexpr double min_gbps = 1e-3, max_gbps = 1e5;
   const paper_row r = paper_rows()[row];
   const algorithm_desc fsdp = algorithm_by_name("fsdp", plain_settings(o, 8));
   const algorithm_desc fl = described(o, r.algo, plain_settings(o, 8));
@@ -774,23 +769,104 @@ bandwidth_needed bandwidth_for(const options& o, const cluster& c, std::size_t r
     const cluster x = with_node_gbps(c, gbps);
     return run(o, fsdp, paper_rows()[0].shape, x).step / run(o, fl, r.shape, x).step;
   };
+  auto reached = [&](double gbps) { return speedup(gbps) >= paper_speedup; };
+  auto edge = [&](double in, double out) {  // reached(in) != reached(out): bisect to `in`'s side
+    for (int it = 0; it < 14; ++it) {       // the grid's step to 1.0001x
+      const double mid = std::sqrt(in * out);
+      (reached(mid) ? in : out) = mid;
+    }
+    return in;
+  };
+  std::vector<double> grid;  // 1e-3 to 1e5 Gb/s, 3 points a decade
+  for (int i = 0; i <= 24; ++i) grid.push_back(std::pow(10.0, -3 + i / 3.0));
   bandwidth_needed n;
-  n.cap = speedup(min_gbps);
   n.at_now = speedup(c.node_bandwidth() * 8 / 1e9);
-  if (n.cap < paper_speedup) return n;
+  std::optional<std::size_t> first, last;
+  for (std::size_t i = 0; i < grid.size(); ++i) {
+    const double x = speedup(grid[i]);
+    n.cap = std::max(n.cap, x);
+    if (x < paper_speedup) continue;
+    if (!first) first = i;
+    last = i;
+  }
+  if (!first) return n;
   n.reachable = true;
-  if (speedup(max_gbps) >= paper_speedup) {
-    n.always = true;
-    n.gbps = max_gbps;
-    return n;
-  }
-  double lo = min_gbps, hi = max_gbps;  // speedup(lo) >= target > speedup(hi)
-  for (int it = 0; it < 28; ++it) {
-    const double mid = std::sqrt(lo * hi);
-    (speedup(mid) >= paper_speedup ? lo : hi) = mid;
-  }
-  n.gbps = lo;
+  n.from_zero = *first == 0;
+  n.always = *last + 1 == grid.size();
+  n.from_gbps = n.from_zero ? 0 : edge(grid[*first], grid[*first - 1]);
+  n.gbps = n.always ? grid.back() : edge(grid[*last], grid[*last + 1]);
   return n;
+}
+
+cluster with_latency(cluster c, double seconds) {
+  c.inter.alpha = seconds;
+  return c;
+}
+
+/// Where fl_* reach the paper's speed-up, in effective Gb/s per node: "<= 12.7 Gb/s",
+/// ">= 96.0 Gb/s", "3.1 to 240.5 Gb/s", "any", "none (cap 6.00x)".
+std::string needed_cell(const bandwidth_needed& n, const cluster& c) {
+  const double lo = n.from_gbps / c.inter.oversubscription;
+  const double hi = n.gbps / c.inter.oversubscription;
+  char buf[64];
+  if (!n.reachable)
+    std::snprintf(buf, sizeof buf, "none (cap %.2fx)", n.cap);
+  else if (n.from_zero && n.always)
+    std::snprintf(buf, sizeof buf, "any");
+  else if (n.from_zero)
+    std::snprintf(buf, sizeof buf, "<= %.1f Gb/s", hi);
+  else if (n.always)
+    std::snprintf(buf, sizeof buf, ">= %.1f Gb/s", lo);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f to %.1f Gb/s", lo, hi);
+  return buf;
+}
+
+/// --paper's bandwidth table: the speed-up of fl_fsdp and fl_hsdp over fsdp against the node
+/// network's bandwidth (25 to 800 Gb/s) and its latency per ring step, the bandwidth at which
+/// each reaches the paper's speed-up, and the summary line `paper: fl_fsdp reaches ...`.
+void paper_bandwidth_table(const options& o, const cluster& c) {
+  const double nccl = c.inter.alpha;
+  const double latencies[] = {nccl, 10 * nccl, 100 * nccl};
+  std::printf(
+      "\nspeed-up over fsdp by node network bandwidth and latency (%s syncs, %s reductions; "
+      "latency: seconds per ring step between nodes, %.1f us is NCCL's)\n",
+      std::string(to_string(sync_dtype_of(o))).c_str(),
+      std::string(to_string(o.pricing.precision.reduce)).c_str(), nccl * 1e6);
+  std::printf("%-19s", "latency");
+  for (double l : latencies) std::printf(" | %11.1f us per step", l * 1e6);
+  std::printf("\n%-19s", "node Gb/s");
+  for (std::size_t i = 0; i < std::size(latencies); ++i)
+    std::printf(" | %12s %12s", "fl_fsdp", "fl_hsdp");
+  std::printf("\n");
+  for (double gbps : {25.0, 50.0, 100.0, 200.0, 400.0, 800.0}) {
+    std::printf("%-19.0f", gbps);
+    for (double l : latencies) {
+      const auto q = paper_prices(o, with_latency(with_node_gbps(c, gbps), l));
+      std::printf(" | %11.2fx %11.2fx", q[0].step / q[2].step, q[0].step / q[3].step);
+    }
+    std::printf("\n");
+  }
+  bandwidth_needed n;  // fl_fsdp's at NCCL's latency
+  for (std::size_t row : {std::size_t{2}, std::size_t{3}}) {
+    std::printf("%-19s", row == 2 ? "fl_fsdp 8.04x needs" : "fl_hsdp 8.04x needs");
+    for (double l : latencies) {
+      const cluster x = with_latency(c, l);
+      const bandwidth_needed needs = bandwidth_for(o, x, row);
+      if (row == 2 && l == nccl) n = needs;
+      std::printf(" | %25s", needed_cell(needs, x).c_str());
+    }
+    std::printf("\n");
+  }
+  if (n.reachable)
+    std::printf("paper: fl_fsdp reaches %.2fx at %s per node (%.1f us per ring step)\n",
+                paper_speedup, needed_cell(n, c).c_str(), nccl * 1e6);
+  else
+    std::printf(
+        "paper: fl_fsdp cap %.2fx: its highest from 0.001 to 100000 Gb/s per node; as the "
+        "network goes to 0, the bytes leaving a node (fsdp's gathers and reduce-scatters against "
+        "fl_fsdp's %s syncs) bound it\n",
+        n.cap, std::string(to_string(sync_dtype_of(o))).c_str());
 }
 
 /// --paper's "what it would take" table: for sync dtype f32 and bf16, stragglers off and on
@@ -800,7 +876,7 @@ void what_it_would_take(const options& base, const cluster& c) {
   const double cv = base.pricing.stragglers.active() ? base.pricing.stragglers.cv : 0.05;
   std::printf(
       "\nwhat it would take: the effective node network bandwidth (all NICs, after any "
-      "oversubscription) at or below which fl_* reach %.2fx over fsdp; speed-up at %.0f Gb/s "
+      "oversubscription) at which fl_* reach %.2fx over fsdp; speed-up at %.0f Gb/s "
       "in brackets\n",
       paper_speedup, c.node_bandwidth() * 8 / 1e9 / c.inter.oversubscription);
   std::printf("%-10s | %-10s | %-36s | %-36s\n", "sync dtype", "stragglers", "fl_fsdp needs",
@@ -813,27 +889,22 @@ void what_it_would_take(const options& base, const cluster& c) {
       std::string cells[2];
       for (std::size_t i = 0; i < 2; ++i) {
         const bandwidth_needed n = bandwidth_for(o, c, 2 + i);
-        char buf[96];
-        if (!n.reachable)
-          std::snprintf(buf, sizeof buf, "none (cap %.2fx) [%.2fx]", n.cap, n.at_now);
-        else if (n.always)
-          std::snprintf(buf, sizeof buf, "any bandwidth [%.2fx]", n.at_now);
-        else
-          std::snprintf(buf, sizeof buf, "<= %.1f Gb/s per node [%.2fx]",
-                        n.gbps / c.inter.oversubscription, n.at_now);
-        cells[i] = buf;
+        char at_now[32];
+        std::snprintf(at_now, sizeof at_now, " [%.2fx]", n.at_now);
+        cells[i] = needed_cell(n, c) + at_now;
       }
-      std::printf("%-10s | %-10s | %-36s | %-36s\n", d == dtype::f32 ? "f32" : "bf16",
+      std::printf("%-10s | %-10s | %-36s | %-36s\n", std::string(to_string(d)).c_str(),
                   v > 0 ? ("cv " + number(100 * v) + "%").c_str() : "off", cells[0].c_str(),
                   cells[1].c_str());
     }
   std::printf(
-      "  cap: the speed-up as the network goes to 0, the ratio of the bytes leaving a node "
-      "(fsdp's gathers and reduce-scatters against fl_*'s\n  syncs and, for fl_hsdp, its "
-      "replica all-reduce); stragglers only add compute-proportional time, so they do not move "
-      "it.\n  bf16 syncs price the plans of federation::with_codec<average, cast<bf16>>: each "
-      "group's bf16 wire is all-gathered and decoded\n  in f32, so a rank sends (G-1) half "
-      "buffers instead of the ring all_reduce's 2(G-1)/G buffers: more bytes once G > 4.\n");
+      "  cap: the highest speed-up from 0.001 to 100000 Gb/s; at NCCL's latency it is the one "
+      "as the network goes to 0, the ratio of the bytes leaving a node\n  (fsdp's gathers and "
+      "reduce-scatters against fl_*'s syncs and, for fl_hsdp, "
+      "its replica all-reduce);\n  stragglers only add compute-proportional time, so they do not "
+      "move "
+      "it.\n  bf16 syncs price the trainer's precision.sync = bf16: the federation's all-reduce "
+      "moves bf16 (half of f32's bytes) and sums in f32.\n");
 }
 
 void sweep(const options& o) {
@@ -976,11 +1047,14 @@ int predict_demo_main(int argc, char** argv, int first) {
 /// --group-shapes: one sync of the algorithm on a heterogeneous mesh, priced from its
 /// overlap exchanges (sim/hetero.hpp), each group a site.
 void price_group_shapes(const options& o) {
+  if (sync_dtype_of(o) != dtype::f32)
+    fail(
+        "--group-shapes: groups of different shapes average in f32 (their overlap exchanges), "
+        "found --sync-dtype " +
+        std::string(to_string(sync_dtype_of(o))) + "; expected f32");
   const algorithm_desc a = described(o, o.algo, settings_of(o, o.k));
   const std::string_view policy = a.federation_policy();
-  if (!a.syncs() ||
-      !(policy == "average" || policy == "weighted_average" || policy == "nesterov") ||
-      o.sync_dtype != dtype::f32)
+  if (!a.syncs() || !(policy == "average" || policy == "weighted_average" || policy == "nesterov"))
     fail("--group-shapes: " + o.algo + " (federation policy " + std::string(policy) +
          ") cannot sync groups of different shapes: expected an averaging policy without a "
          "codec (average, weighted_average, an outer Nesterov step)");
@@ -1055,7 +1129,7 @@ void print_run(options o, const algorithm_desc& a) {
   o.scape.check();  // invalid_argument naming the bad setting
   (void)placement(shape, o.where);
   run_settings rs{.algorithm = settings_of(o, o.k), .sparse = o.scape, .steps = o.scape_steps};
-  rs.algorithm.sync_dtype = o.sync_dtype;
+  rs.algorithm.sync_dtype = sync_dtype_of(o);
   const run_price r = price_named(name, rs, o.work, shape, o.where, o.pricing);
   FEDSHARD_EXPECTS(r.over_run.has_value(), "fedshard-sim: ", name, " was priced as one step");
   print_setting(o, o.where);

@@ -203,6 +203,12 @@ TEST_CASE("fedshard-demo refuses bad input with exit status 2 and runs a good on
       {{"--algorithms", "fomoe"}, "--experts"},
       {{"--model", "rnn"}, "--model expects mlp or attention, found 'rnn'"},
       {{"--sync-dtype", "f64"}, "--sync-dtype expects f32, bf16 or f16, found 'f64'"},
+      {{"--time-budget", "0"}, "--time-budget expects a finite number in (0, 1000000], found '0'"},
+      {{"--time-budget", "nan"}, "--time-budget expects a finite number"},
+      {{"--token-budget", "0"}, "--token-budget expects a whole number in [1, "},
+      {{"--token-budget", "1000", "--steps", "8"},
+       "--token-budget 1000 and --steps 8 both set the tokens every row trains: expected one of "
+       "them"},
       {{"--algorithms", "fcp"},
        "--algorithms fcp spreads each group's batch of sequences over its ranks: expected "
        "--model attention, found --model mlp"},
@@ -273,6 +279,9 @@ TEST_CASE("fedshard-sim refuses bad input and non-physical settings with exit st
       {{"--layers", "0"}, "--layers"},
       {{"--cluster", "nope"}, "--cluster"},
       {{"--sync", "sometimes"}, "--sync expects hierarchical or reference"},
+      {{"--sync-dtype", "f64"}, "--sync-dtype expects f32 or bf16 or f16, found 'f64'"},
+      {{"--algo", "gasloc", "--sync-dtype", "bf16"},
+       "sync dtype bf16, but federation policy gossip averages nothing in it"},
       {{"--algo"}, "--algo expects a value, found nothing"},
       {{"--predict-demo", "--rounds", "0"}, "--rounds expects a whole number"},
       {{"--predict-demo", "--fail-above", "nan"}, "--fail-above"},

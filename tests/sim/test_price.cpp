@@ -53,6 +53,7 @@ recorded train(mesh_shape shape, int steps, std::int64_t total_steps, const algo
   out.sync_plans.resize(W);
   trainer_options<A> opts;
   opts.precision = prec;
+  opts.precision.sync = o.sync_dtype;  // the simulator's is the algorithm's setting
   opts.total_steps = total_steps;
   opts.federation = o.federation;
   opts.schedule = o.schedule;
@@ -181,6 +182,51 @@ TEST_CASE("priced bytes equal the trainer's wire traffic, for every alias") {
     });
   }
   CHECK(aliases == 2 * static_cast<int>(algorithm_names().size()));
+}
+
+TEST_CASE("bf16 and f16 syncs: the simulator prices the trainer's plans, and refuses as it does") {
+  // The aliases whose federation averages in the narrow dtype (average, holder_average, the
+  // outer optimizers); sparseloco (a codec), gasloc (gossip), feast and collate
+  // (element_average) are refused alike; SCAPE's varying steps and the local rules (hofl,
+  // lss) are checked elsewhere.
+  const std::set<std::string> narrow{"fl_fsdp",          "fl_hsdp", "fl_hsdp_int8", "diloco",
+                                     "streaming_diloco", "fomoe",   "fcp"};
+  for (dtype d : {dtype::bf16, dtype::f16}) {
+    CAPTURE(to_string(d));
+    std::set<std::string> accepted;
+    for_each_algorithm([&]<class A>(std::string_view name) {
+      if constexpr (!steps_vary_v<A> && A::federation_policy::syncs) {
+        if (A::default_local_rule()) return;
+        CAPTURE(name);
+        algorithm_settings s{.period = 2, .sync_dtype = d};
+        if constexpr (requires(typename A::sync_schedule::config c) { c.fragments; })
+          s = {.period = 6, .fragments = 3, .delay = 1, .alpha = 0.5f, .sync_dtype = d};
+        const algorithm_options<A> o = options_for<A>(name, s);
+        algorithm_options<A> narrowed = o;
+        narrowed.sync_dtype = d;
+        const algorithm_desc a = describe<A>(std::string(name), narrowed);
+        const mesh_shape shape = test_mesh<A>();
+        const flat_layout layout = layout_of(a, test::mlp_model{}.units(), shape);
+        const std::string sim_error = error_of([&] { (void)sync_plans_of(a, layout, shape, 0); });
+        const std::string trainer_error = error_of([&] {
+          (void)train<A>(shape, 1, 1, narrowed, {dtype::bf16, dtype::f32});
+        });
+        CHECK(sim_error.empty() == trainer_error.empty());
+        if (!sim_error.empty()) {
+          CHECK(sim_error.find(std::string(to_string(d)) + ", but federation policy") !=
+                std::string::npos);
+          return;
+        }
+        accepted.emplace(name);
+        // Every federation op that averages travels in d: half of an f32 op's bytes.
+        for (const plan& p : sync_plans_of(a, layout, shape, 0))
+          for (const comm_op& op : p.ops)
+            if (op.axis == axis::federation) CHECK(op.dtype == d);
+        check_against_wire<A>(name, a, narrowed);
+      }
+    });
+    CHECK(accepted == narrow);
+  }
 }
 
 TEST_CASE("priced bytes equal the trainer's wire traffic, for custom algorithms") {

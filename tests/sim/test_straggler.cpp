@@ -267,33 +267,49 @@ TEST_CASE("seconds_per_token replaces the FLOP model") {
   CHECK_THROWS_AS((void)price(a, w, {1, 1, 8}, c), invalid_argument);
 }
 
-TEST_CASE("sync dtype bf16: the federation's plans through the bf16 cast codec") {
+TEST_CASE("sync dtype bf16: the federation's average all-reduced at half of f32's bytes") {
   const cluster c = a100_4gpu_node();
   const workload w = small_gpt();
   const auto f32 = algorithm_by_name("fl_fsdp");
   const auto bf16 = algorithm_by_name("fl_fsdp", {.sync_dtype = dtype::bf16});
   CHECK(bf16.federation_policy() == f32.federation_policy());
   CHECK(bf16.cadence().period() == 8);
-  // The real plan: the cross-group average carries codec cast_bf16.
+  // The plan: the cross-group average is an all_reduce of bf16, no codec.
   const flat_layout layout = bf16.layout(transformer_units(w.model, dtype::bf16), {2, 1, 4});
   const auto plans = bf16.sync_plans(layout, {2, 1, 4}, 0);
   REQUIRE(!plans.empty());
-  bool coded = false;
+  int narrow = 0;
   for (const auto& op : plans[0].ops)
-    if (op.axis == axis::federation) coded = coded || encoded(op);
-  CHECK(coded);
-  // G = 2: the f32 ring all_reduce sends 2 (G-1)/G = 1 buffer, the bf16 wires' all_gather
-  // (G-1) half buffers = 0.5: half the bytes. At G = 8 the gather sends 7 x 0.5 = 3.5 buffers
-  // against 1.75: twice the bytes (the codec decodes every group's wire in f32).
+    if (op.axis == axis::federation) {
+      CHECK_FALSE(encoded(op));
+      CHECK(op.kind == comm_kind::all_reduce);
+      narrow += op.dtype == dtype::bf16;
+    }
+  CHECK(narrow > 0);
+  // A ring all_reduce of half-size elements: half the bytes at any G (the cast codec's
+  // all-gather of every group's wire sent (G-1)/2 buffers: twice f32's at G = 8).
   for (int g : {2, 8}) {
     CAPTURE(g);
     const double b32 = price(f32, w, {g, 1, 4}, c)[axis::federation].sync_bytes;
     const double b16 = price(bf16, w, {g, 1, 4}, c)[axis::federation].sync_bytes;
-    CHECK(b16 / b32 == doctest::Approx(g == 2 ? 0.5 : 2.0).epsilon(1e-3));
+    CHECK(b16 / b32 == doctest::Approx(0.5).epsilon(1e-9));
   }
-  // Refused where it cannot apply.
-  CHECK_THROWS_AS((void)algorithm_by_name("fsdp", {.sync_dtype = dtype::bf16}), invalid_argument);
-  CHECK_THROWS_AS((void)algorithm_by_name("sparseloco", {.sync_dtype = dtype::bf16}),
-                  invalid_argument);
-  CHECK_THROWS_AS((void)algorithm_by_name("fl_fsdp", {.sync_dtype = dtype::f16}), invalid_argument);
+  // Refused where it cannot apply, with the reason.
+  CHECK(error_of([] {
+          (void)algorithm_by_name("fsdp", {.sync_dtype = dtype::bf16});
+        }).find("fsdp: a bf16 sync needs an algorithm that federates") != std::string::npos);
+  const auto sloco = algorithm_by_name("sparseloco", {.sync_dtype = dtype::bf16});
+  CHECK(error_of([&] {
+          (void)sloco.sync_plans(sloco.layout(transformer_units(w.model, dtype::bf16), {2, 1, 4}),
+                                 {2, 1, 4}, 0);
+        }).find("sends its average encoded") != std::string::npos);
+  CHECK(error_of([] {
+          (void)algorithm_by_name("fl_fsdp", {.sync_dtype = dtype::f64});
+        }).find("the sync dtype must be f32, bf16 or f16, found f64") != std::string::npos);
+  // The sync dtype is the algorithm's: price_options' precision.sync is refused.
+  price_options po;
+  po.precision.sync = dtype::bf16;
+  CHECK(error_of([&] {
+          (void)price(f32, w, {2, 1, 4}, c, po);
+        }).find("price_options::precision.sync must be f32, found bf16") != std::string::npos);
 }

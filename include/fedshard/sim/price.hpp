@@ -218,6 +218,11 @@ struct algorithm_options {
   std::int64_t cadence_window = 0;
   /// The local rule the groups train with (sim/local_rule.hpp); none by default.
   local_rule_desc local{};
+  /// The dtype the federation's averages travel and combine in (shard::precision::sync, the
+  /// trainer's setting): f32 (master weights), bf16 or f16 (half the bytes, summed in f32).
+  /// A narrow dtype is refused where the federation policy averages nothing in it (codecs,
+  /// robust means, gossip), as the trainer refuses it.
+  dtype sync_dtype = dtype::f32;
 };
 
 namespace detail {
@@ -280,7 +285,15 @@ class algorithm_model_of final : public algorithm_model {
         owners_(federation::owners_of<federation_type>(o.federation)),
         inner_state_buffers_(o.inner_state_buffers),
         cadence_(cadence_of(schedule_, window(o))),
-        local_(o.local) {}
+        local_(o.local),
+        sync_dtype_(o.sync_dtype) {
+    FEDSHARD_EXPECTS(
+        sync_dtype_ == dtype::f32 || sync_dtype_ == dtype::bf16 || sync_dtype_ == dtype::f16,
+        "the sync dtype must be f32, bf16 or f16, found ", to_string(sync_dtype_));
+    FEDSHARD_EXPECTS(sync_dtype_ == dtype::f32 || federation_type::syncs, "a ",
+                     to_string(sync_dtype_), " sync needs an algorithm that federates, but ",
+                     federation_type::name, " never syncs");
+  }
 
   std::string_view shard_policy() const noexcept override { return shard_type::name; }
   std::string_view federation_policy() const noexcept override { return federation_type::name; }
@@ -314,23 +327,45 @@ class algorithm_model_of final : public algorithm_model {
     std::vector<bool> held = owners_.everyone() ? std::vector<bool>{}
                                                 : owners_.held_by(coords.group, layout.num_units());
     const bool seeds = local_.zeroth_order_on() && local_.zeroth_order.seeds_on_wire;
-    if (!seeds)
-      return federation::sync_plans_of(policy_, schedule_, layout, shape, coords,
-                                       inner_state_buffers_, held, round);
+    if (!seeds) return checked_narrow(plans_for(layout, shape, coords, held, round), layout, shape);
     // Seeds on the wire: the zeroth-order units leave the parameter sync (planned as if the
     // group did not hold them) and every applied sync gathers the groups' records after it.
     const std::vector<bool> zo = zeroth_order_mask(layout, local_);
     check_units_left(layout, zo);
     if (held.empty()) held.assign(layout.num_units(), true);
     for (std::size_t u = 0; u < held.size(); ++u) held[u] = held[u] && !zo[u];
-    std::vector<plan> out = federation::sync_plans_of(policy_, schedule_, layout, shape, coords,
-                                                      inner_state_buffers_, held, round);
+    std::vector<plan> out =
+        checked_narrow(plans_for(layout, shape, coords, held, round), layout, shape);
     const std::int64_t k = records_steps(cadence_);
     if (k > 0)
       for (plan& frag : out)
         for (const comm_op& op : zo_records_ops(shape, coords, k, local_.zeroth_order.probes).ops)
           frag.ops.push_back(op);
     return out;
+  }
+  std::vector<plan> plans_for(const flat_layout& layout, const mesh_shape& shape,
+                              const mesh_coords& coords, const std::vector<bool>& held,
+                              std::int64_t round) const {
+    return federation::sync_plans_of(policy_, schedule_, layout, shape, coords,
+                                     inner_state_buffers_, held, round, nullptr, {}, sync_dtype_);
+  }
+  /// `plans`, or invalid_argument when the sync dtype is narrow and the policy averages
+  /// nothing in it: decided, as the trainer's synchronizer decides, from the plans of world
+  /// rank 0's coordinates (a replica that only receives the average has no federation op).
+  std::vector<plan> checked_narrow(std::vector<plan> plans, const flat_layout& layout,
+                                   const mesh_shape& shape) const {
+    if (sync_dtype_ == dtype::f32) return plans;
+    const mesh_coords first{};
+    const std::vector<bool> held =
+        owners_.everyone() ? std::vector<bool>{} : owners_.held_by(0, layout.num_units());
+    for (const plan& p : plans_for(layout, shape, first, held, 0))
+      for (const comm_op& op : p.ops)
+        if (op.axis == axis::federation && op.dtype == sync_dtype_) return plans;
+    throw invalid_argument(fedshard::detail::concat(
+        "fedshard: sync dtype ", to_string(sync_dtype_), ", but federation policy ",
+        federation_type::name,
+        " averages nothing in it; expected f32 there (a narrow sync dtype applies to average, "
+        "weighted_average, holder_average and the outer optimizers, without a codec)"));
   }
   /// invalid_argument when a fragment of the schedule holds zeroth-order units only (the
   /// synchronizer refuses a fragment with no unit left to sync).
@@ -373,6 +408,7 @@ class algorithm_model_of final : public algorithm_model {
   int inner_state_buffers_;
   sync_cadence cadence_;
   local_rule_desc local_;
+  dtype sync_dtype_;
 };
 
 }  // namespace detail
@@ -503,12 +539,10 @@ struct algorithm_settings {
   std::optional<float> alpha{};    ///< α (streaming); refused by a schedule without mixing
   federation::sync_mode sync = federation::sync_mode::hierarchical;  ///< how R > 1 syncs
   int inner_state_buffers = 2;  ///< the inner optimizer's state buffers (2 for AdamW)
-  /// The dtype the cross-group average travels in. f32: the federation policy's own plans
-  /// (master weights, as the trainer runs the alias). bf16: the policy wrapped as
-  /// federation::with_codec<F, codec::cast<bf16>> (what a trainer of that algorithm runs):
-  /// each group's fragment is sent as bf16 and the wires are all-gathered and decoded in f32,
-  /// so the all_reduce becomes an all_gather of G half-size wires. Refused for an algorithm
-  /// that does not federate or whose federation already carries a codec.
+  /// The dtype the cross-group average travels and combines in (algorithm_options::sync_dtype,
+  /// the trainer's precision.sync): f32 master weights, or bf16/f16 all-reduced at half the
+  /// bytes and summed in f32. Refused for an algorithm that does not federate, or whose
+  /// federation averages nothing in it (a codec, a robust mean, gossip).
   dtype sync_dtype = dtype::f32;
   /// The local rule its groups train with (zeroth-order units, a soup); none: the alias's
   /// own (catalogue_local_rule: hofl's and lss's), if it has one.
@@ -586,34 +620,12 @@ using with_sync_codec = algorithm<typename A::shard_policy,
 
 namespace detail {
 
-/// describe<A> named n with settings s, its sync sent in s.sync_dtype (algorithm_settings).
+/// describe<A> named n with settings s.
 template <Algorithm A>
 algorithm_desc describe_named(std::string_view n, const algorithm_settings& s) {
-  const algorithm_options<A> o = options_for<A>(n, s);
-  if (s.sync_dtype == dtype::f32) return describe<A>(std::string(n), o);
-  using F = typename A::federation_policy;
-  FEDSHARD_EXPECTS(s.sync_dtype == dtype::bf16, "sim: ", n,
-                   ": the sync dtype must be f32 or bf16, found ", to_string(s.sync_dtype));
-  if constexpr (!F::syncs) {
-    FEDSHARD_EXPECTS(false, "sim: ", n, ": a bf16 sync needs an algorithm that federates, but ",
-                     F::name, " never syncs");
-    return {};
-  } else if constexpr (!std::is_same_v<federation::sync_codec_t<F>, codec::identity>) {
-    FEDSHARD_EXPECTS(false, "sim: ", n, ": a bf16 sync wraps the federation in a cast codec, but ",
-                     F::name, " already sends its sync through codec ",
-                     federation::sync_codec_t<F>::name);
-    return {};
-  } else {
-    using B = with_sync_codec<A, codec::cast<bf16>>;
-    algorithm_options<B> b;
-    static_cast<typename A::federation_policy::config&>(b.federation) = o.federation;
-    b.schedule = o.schedule;
-    b.shard = o.shard;
-    b.inner_state_buffers = o.inner_state_buffers;
-    b.cadence_window = o.cadence_window;
-    b.local = o.local;
-    return describe<B>(std::string(n), b);
-  }
+  algorithm_options<A> o = options_for<A>(n, s);
+  o.sync_dtype = s.sync_dtype;
+  return describe<A>(std::string(n), o);
 }
 
 }  // namespace detail
@@ -735,8 +747,8 @@ constexpr std::string_view to_string(step_overlap m) noexcept {
 struct price_options {
   collective_algorithm collectives = collective_algorithm::best;
   /// bf16 on the wire for parameters and gradient reductions (the paper's bf16 mixed
-  /// precision); master weights, and so federation syncs, are f32 unless the federation
-  /// sends them through a codec (algorithm_settings::sync_dtype).
+  /// precision). `sync` must stay f32 here: the federation's dtype is part of the algorithm's
+  /// sync plans (algorithm_settings::sync_dtype, algorithm_options::sync_dtype).
   shard::precision precision{dtype::bf16, dtype::bf16};
   /// How a step's ops overlap its compute (see the file comment).
   step_overlap overlap = step_overlap::timeline;
@@ -1432,6 +1444,11 @@ inline step_price price_plans(const algorithm_desc& a, std::vector<unit_spec> un
                    "sim::price_plans: the stragglers' coefficient of variation must be a finite "
                    "number >= 0, found ",
                    o.stragglers.cv);
+  FEDSHARD_EXPECTS(o.precision.sync == dtype::f32,
+                   "sim::price_plans: price_options::precision.sync must be f32, found ",
+                   to_string(o.precision.sync),
+                   "; the federation's sync dtype is the algorithm's (algorithm_settings::"
+                   "sync_dtype or algorithm_options::sync_dtype)");
   detail::plan_pricing pricing(a, std::move(units), shape, c, o);
   const local_price local = detail::local_costs(a.local(), pricing, compute_seconds);
   if (a.local().active()) {
