@@ -2,10 +2,11 @@
 // with int8 gathers) on a character-level language model, 8 in-process ranks on 2 emulated
 // sites joined by a slow link.
 //
-// Every algorithm trains the same model on the same number of tokens. Collectives whose
+// Every algorithm trains the same model on the same number of tokens (--steps,
+// --token-budget), or for the same training time (--time-budget). Collectives whose
 // members span both sites wait latency + cross-site bytes / bandwidth (shaped::communicator;
-// the link is emulated, the training is real). The output is a table of tokens/s, eval
-// perplexity, bytes per rank on each mesh axis and time in communication, and CSV curves of
+// the link is emulated, the training is real). The output is a table of steps, tokens, tokens/s,
+// eval perplexity, bytes per rank on each mesh axis and time in communication, and CSV curves of
 // eval perplexity against time and tokens (examples/plot_curves.py renders them).
 //
 // Bad input (an option out of its range or not a number, an unknown option or algorithm, an

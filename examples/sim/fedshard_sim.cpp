@@ -13,6 +13,7 @@
 // (sim::cluster::check): a bad value exits 2 with one line on stderr before anything is
 // priced; a failure while running exits 1.
 #include <fedshard/sim/calibrate.hpp>
+#include <fedshard/sim/failures.hpp>
 #include <fedshard/sim/hetero.hpp>
 #include <fedshard/sim/price.hpp>
 #include <fedshard/sim/run.hpp>
@@ -172,6 +173,14 @@ Modes
                         1 when the worst predicted/measured ratio exceeds X or the bytes a run
                         moved differ from its plans
   --paper               the paper's 512-GPU reproduction table (Llama-3.1-8B, 128 x 4 A100)
+  --failures            effective training time under failures: checkpoint-restart (fsdp),
+                        fedshard's elastic groups (fl_fsdp) and a per-step quorum like
+                        torchft's fault-tolerant HSDP (hsdp), for the paper's 512 A100 and
+                        for 64 H200 (Llama-3.1-8B), and the failure rates where the winner
+                        changes. --mtbf-hours H (default 50700, Llama 3's) per --mtbf-per
+                        gpu|node; --detect-s (10), --restart-s (300, the whole job),
+                        --group-restart-s (120), --storage-gbs (2 GB/s per node),
+                        --checkpoint-every-s (default: Young's optimum), --quorum-s (0.02)
   --sweep               CSV over --sweep-k, --sweep-groups and --sweep-gbps, for --algo
                         (default: fl_fsdp and fl_hsdp); --csv FILE (default: stdout)
   --sweep-k LIST        e.g. 1,2,4,8,16,32,64 (default)
@@ -214,6 +223,8 @@ struct options {
   local_rule_desc local{};  ///< --zo-*, --soup-*: the groups' local rule
   price_options pricing{};
   bool paper = false;
+  bool failures = false;       ///< --failures
+  failure_settings failure{};  ///< --mtbf-hours, --detect-s, ...
   bool sweep = false;
   std::string csv;
   std::vector<int> sweep_k{1, 2, 4, 8, 16, 32, 64};
@@ -403,6 +414,25 @@ void declare_how(cli::parser& p, options& o) {
 /// Modes (--paper, --sweep) and measured constants (--calibrate).
 void declare_modes(cli::parser& p, options& o, measurement_overrides& measured_as) {
   p.flag("--paper", o.paper)
+      .flag("--failures", o.failures)
+      .real("--mtbf-hours", o.failure.mtbf_hours, cli::closed(1e-3, 1e12))
+      .custom("--mtbf-per",
+              [&o](const std::string& f, const std::string& v) {
+                o.failure.per_node = choice(f, v, {"gpu", "node"}) == 1;
+              })
+      .real("--detect-s", o.failure.detect_s, cli::closed(0, 1e7))
+      .real("--restart-s", o.failure.restart_s, cli::closed(0, 1e7))
+      .real("--group-restart-s", o.failure.group_restart_s, cli::closed(0, 1e7))
+      .custom("--storage-gbs",
+              [&o](const std::string& f, const std::string& v) {
+                o.failure.storage_bytes_per_s =
+                    gbyte_per_s(cli::parse_real(f, v, cli::above(0, 1e6)));
+              })
+      .custom("--checkpoint-every-s",
+              [&o](const std::string& f, const std::string& v) {
+                o.failure.checkpoint_every_s = cli::parse_real(f, v, cli::above(0, 1e9));
+              })
+      .real("--quorum-s", o.failure.quorum_s, cli::closed(0, 1e4))
       .flag("--sweep", o.sweep)
       .text("--csv", o.csv)
       .custom("--sweep-k", [&o](const std::string& f,
@@ -1152,6 +1182,136 @@ void print_run(options o, const algorithm_desc& a) {
 }
 
 /// fedshard-sim's modes, after their settings are checked.
+/// One recovery scheme on one configuration: the algorithm it runs, priced, and the scheme.
+struct failure_row {
+  std::string algo;
+  mesh_shape shape;
+  scheme_price (*scheme)(const failing_job&, const failure_settings&);
+};
+
+/// The failing_job of algorithm `algo` on `shape` of cluster c, priced without failures:
+/// 12 bytes of state per parameter (f32 weights and AdamW's two moments) over the shard
+/// degree; the groups (or replicas) drop out alone; heals arrive at a node's network rate.
+failing_job job_of(const options& o, const cluster& c, const failure_row& r, double* tokens) {
+  const algorithm_desc a = described(o, r.algo, plain_settings(o, 8));
+  const step_price p = run(o, a, r.shape, c);
+  *tokens = p.tokens_per_s_per_gpu;
+  return {.gpus = r.shape.size(),
+          .gpus_per_node = c.gpus_per_node,
+          .step_s = p.step,
+          .state_bytes_per_gpu = 12.0 * total_params(o.work.model) / r.shape.shards,
+          .groups = r.shape.groups > 1 ? r.shape.groups : r.shape.replicas,
+          .steps_per_sync = static_cast<int>(std::lround(p.period)),
+          .heal_bytes_per_s = c.node_bandwidth() / c.inter.oversubscription,
+          .heal_latency_s = c.inter.alpha};
+}
+
+/// The effective tokens/s per GPU of each row at MTBF `mtbf_hours`.
+std::vector<double> effective_rates(const options& o, const cluster& c,
+                                    const std::vector<failure_row>& rows, double mtbf_hours) {
+  failure_settings f = o.failure;
+  f.mtbf_hours = mtbf_hours;
+  std::vector<double> out;
+  for (const auto& r : rows) {
+    double tokens = 0;
+    const failing_job j = job_of(o, c, r, &tokens);
+    out.push_back(tokens * r.scheme(j, f).effective);
+  }
+  return out;
+}
+
+/// The row with the highest effective rate; `none` when no row trains at all.
+constexpr std::size_t none = static_cast<std::size_t>(-1);
+std::size_t best_of(const std::vector<double>& x) {
+  const auto it = std::max_element(x.begin(), x.end());
+  return *it > 0 ? static_cast<std::size_t>(it - x.begin()) : none;
+}
+
+/// --failures on one cluster: the three schemes at --mtbf-hours, then their effective
+/// tokens/s over MTBFs from 10 to 10^7 hours and where the winner changes.
+void failures_on(const options& o, const cluster& c, const std::vector<failure_row>& rows) {
+  const failure_settings& f = o.failure;
+  std::printf("\n%s, %d GPUs, %s; MTBF %g h per %s\n", c.name.c_str(), rows[0].shape.size(),
+              o.work.model.name.c_str(), f.mtbf_hours, f.per_node ? "node" : "GPU");
+  std::printf("%-19s %-18s %8s %10s %8s %11s %9s %10s %12s  %s\n", "scheme", "runs", "step s",
+              "tok/s/GPU", "fails/h", "lost/fail s", "overhead", "effective", "eff tok/s/GPU",
+              "recovery");
+  for (const auto& r : rows) {
+    double tokens = 0;
+    const failing_job j = job_of(o, c, r, &tokens);
+    const scheme_price p = r.scheme(j, f);
+    char recovery[96];
+    if (p.checkpoint_every_s > 0)
+      std::snprintf(recovery, sizeof recovery, "save %.1f s every %.0f s", p.checkpoint_s,
+                    p.checkpoint_every_s);
+    else
+      std::snprintf(recovery, sizeof recovery, "heal %.2f s, %d groups", p.heal_s, j.groups);
+    std::printf("%-19s %-18s %8.4f %10.1f %8.3f %11.1f %8.3f%% %9.3f%% %12.1f  %s\n",
+                p.scheme.c_str(), (r.algo + " " + mesh_string(r.shape)).c_str(), j.step_s, tokens,
+                p.failures_per_hour, p.lost_per_failure_s, 100 * p.overhead, 100 * p.effective,
+                tokens * p.effective, recovery);
+  }
+  std::printf("effective tok/s/GPU by MTBF per %s (hours):\n%-10s", f.per_node ? "node" : "GPU",
+              "MTBF h");
+  for (const auto& r : rows) std::printf(" %18s", r.algo.c_str());
+  std::printf("  best\n");
+  for (double h : {10.0, 100.0, 1e3, 1e4, 5.07e4, 1e5, 1e6, 1e7}) {
+    const auto x = effective_rates(o, c, rows, h);
+    std::printf("%-10g", h);
+    for (double v : x) std::printf(" %18.1f", v);
+    std::printf("  %s\n", best_of(x) == none ? "none" : rows[best_of(x)].algo.c_str());
+  }
+  // Where the winner changes: a log grid, 8 points a decade, each change bisected.
+  auto name = [&](std::size_t w) { return w == none ? std::string("none") : rows[w].algo; };
+  double lo = 1.0;
+  std::size_t winner = best_of(effective_rates(o, c, rows, lo));
+  int changes = 0;
+  for (int i = 1; i <= 56; ++i) {
+    const double hi = std::pow(10.0, i / 8.0);
+    const std::size_t w = best_of(effective_rates(o, c, rows, hi));
+    if (w != winner) {
+      double a = lo, b = hi;
+      for (int it = 0; it < 30; ++it) {
+        const double mid = std::sqrt(a * b);
+        (best_of(effective_rates(o, c, rows, mid)) == winner ? a : b) = mid;
+      }
+      if (winner == none)
+        std::printf(
+            "below MTBF %.4g h per %s no scheme trains (first order: a recovery outlasts "
+            "the time between failures); above it %s leads\n",
+            b, f.per_node ? "node" : "GPU", name(w).c_str());
+      else
+        std::printf("crossover: at MTBF %.4g h per %s, %s overtakes %s\n", b,
+                    f.per_node ? "node" : "GPU", name(w).c_str(), name(winner).c_str());
+      winner = w;
+      changes += winner != none;
+    }
+    lo = hi;
+  }
+  if (changes == 0)
+    std::printf("crossover: none from 1 to 10^7 h; %s leads throughout\n", name(winner).c_str());
+}
+
+void failures(options o) {
+  o.work = workload{llama31_8b(), 2, 2048, o.work.mfu, o.work.recompute, o.work.seconds_per_token};
+  if (!o.sync_dtype) o.sync_dtype = dtype::bf16;  // the paper's bf16 mixed precision
+  o.failure.check();
+  std::printf(
+      "Failures priced (sim/failures.hpp): detect %g s, whole-job restart %g s, group restart "
+      "%g s, storage %g GB/s per node, quorum %g s per step; state 12 B per parameter\n",
+      o.failure.detect_s, o.failure.restart_s, o.failure.group_restart_s,
+      o.failure.storage_bytes_per_s / 1e9, o.failure.quorum_s);
+  const cluster a100 = o.where.name == "a100-4gpu-node" ? o.where : a100_4gpu_node();
+  failures_on(o, a100,
+              {{"fsdp", {1, 1, 512}, &checkpoint_restart},
+               {"fl_fsdp", {128, 1, 4}, &elastic_groups},
+               {"hsdp", {1, 128, 4}, &per_step_quorum}});
+  failures_on(o, h200_8gpu_node(),
+              {{"fsdp", {1, 1, 64}, &checkpoint_restart},
+               {"fl_fsdp", {8, 1, 8}, &elastic_groups},
+               {"hsdp", {1, 8, 8}, &per_step_quorum}});
+}
+
 int run_sim(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (std::string_view(argv[i]) == "--predict-demo") return predict_demo_main(argc, argv, i + 1);
@@ -1159,6 +1319,10 @@ int run_sim(int argc, char** argv) {
   if (!o.calibrate.empty()) install_calibration(o);
   if (o.paper) {
     paper(o);
+    return 0;
+  }
+  if (o.failures) {
+    failures(o);
     return 0;
   }
   if (o.sweep) {

@@ -44,7 +44,10 @@ TEST_CASE("every field of the presets: the cited figures, NCCL's latencies, the 
   };
   check(a100_4gpu_node(), "a100-4gpu-node", 4, 100, 235, 0.5);
   check(h100_8gpu_node(), "h100-8gpu-node", 8, 400, 450, 0.4);
-  CHECK(cluster_preset_names() == std::vector<std::string>{"a100-4gpu-node", "h100-8gpu-node"});
+  check(h200_8gpu_node(), "h200-8gpu-node", 8, 400, 450, 0.4);
+  CHECK(h200_8gpu_node().memory_bandwidth == doctest::Approx(4.8e12));
+  CHECK(cluster_preset_names() ==
+        std::vector<std::string>{"a100-4gpu-node", "h100-8gpu-node", "h200-8gpu-node"});
   CHECK(cluster_preset("h100-8gpu-node").peak_flops == h100_8gpu_node().peak_flops);
   CHECK_THROWS_WITH_AS(cluster_preset("tpu-pod"),
                        doctest::Contains("expected one of a100-4gpu-node, h100-8gpu-node"),

@@ -208,8 +208,27 @@ inline constexpr preset_figures h100_8gpu_figures{
     // H100 SXM datasheet: HBM3 3.35 TB/s.
     .memory_gbyte_per_s = 3350};
 
+/// A DGX H200.
+inline constexpr preset_figures h200_8gpu_figures{
+    .name = "h200-8gpu-node",
+    // NVIDIA DGX H200 datasheet: 8 x H200 SXM, 8 x single-port ConnectX-7 VPI, up to
+    // 400 Gb/s InfiniBand.
+    .gpus_per_node = 8,
+    .nics_per_node = 8,
+    .nic_gbit_per_s = 400,
+    // H200 SXM datasheet: NVLink 900 GB/s (both directions), the H100's; we use the same
+    // 450 GB/s busbw.
+    .nvlink_busbw_gbyte_per_s = 450,
+    // H200 SXM datasheet: BF16 Tensor Core 1,979 TFLOP/s with sparsity, 989 dense (the
+    // H100's compute); MFU as the H100's.
+    .peak_flops = 989e12,
+    .default_mfu = 0.4,
+    // H200 SXM datasheet: 141 GB HBM3e at 4.8 TB/s.
+    .memory_gbyte_per_s = 4800};
+
 /// Every preset, in the order cluster_preset_names() lists them.
-inline constexpr const preset_figures* presets[] = {&a100_4gpu_figures, &h100_8gpu_figures};
+inline constexpr const preset_figures* presets[] = {&a100_4gpu_figures, &h100_8gpu_figures,
+                                                    &h200_8gpu_figures};
 
 /// The cluster of a preset's figures, with NCCL's latencies and the default WAN.
 inline cluster cluster_of(const preset_figures& f) {
@@ -237,6 +256,11 @@ inline cluster a100_4gpu_node() {
 /// 8 x H100 SXM per node, 8 x 400 Gb/s NDR InfiniBand: a DGX H100.
 inline cluster h100_8gpu_node() {
   return detail::cluster_of(detail::h100_8gpu_figures);
+}
+
+/// 8 x H200 SXM per node, 8 x 400 Gb/s NDR InfiniBand: a DGX H200.
+inline cluster h200_8gpu_node() {
+  return detail::cluster_of(detail::h200_8gpu_figures);
 }
 
 /// Names of the cluster presets.
