@@ -61,12 +61,12 @@ struct precision {
   dtype sync = dtype::f32;
 
   friend bool operator==(const precision&, const precision&) = default;
-  /// Throws invalid_argument unless param and sync are f32/bf16/f16 and reduce is f32/bf16.
+  /// Throws invalid_argument unless param, reduce and sync are f32, bf16 or f16.
   void check() const {
     FEDSHARD_EXPECTS(param == dtype::f32 || param == dtype::bf16 || param == dtype::f16,
                      "precision: param dtype must be f32, bf16 or f16, found ", to_string(param));
-    FEDSHARD_EXPECTS(reduce == dtype::f32 || reduce == dtype::bf16,
-                     "precision: reduce dtype must be f32 or bf16, found ", to_string(reduce));
+    FEDSHARD_EXPECTS(reduce == dtype::f32 || reduce == dtype::bf16 || reduce == dtype::f16,
+                     "precision: reduce dtype must be f32, bf16 or f16, found ", to_string(reduce));
     FEDSHARD_EXPECTS(sync == dtype::f32 || sync == dtype::bf16 || sync == dtype::f16,
                      "precision: sync dtype must be f32, bf16 or f16, found ", to_string(sync));
   }
