@@ -108,20 +108,23 @@ TEST_CASE("the failure rate: per GPU or per node; rarer failures favour checkpoi
 TEST_CASE("bad settings are refused with the setting's name") {
   failure_settings f = hourly();
   f.mtbf_hours = 0;
-  CHECK(error_of([&] { (void)elastic_groups(small_job(), f); })
-            .find("mtbf_hours: expected a finite number > 0, found 0") != std::string::npos);
+  CHECK(error_of([&] {
+          (void)elastic_groups(small_job(), f);
+        }).find("mtbf_hours: expected a finite number > 0, found 0") != std::string::npos);
   f = hourly();
   f.storage_bytes_per_s = -1;
-  CHECK(error_of([&] { (void)checkpoint_restart(small_job(), f); })
-            .find("storage_bytes_per_s") != std::string::npos);
+  CHECK(error_of([&] { (void)checkpoint_restart(small_job(), f); }).find("storage_bytes_per_s") !=
+        std::string::npos);
   f = hourly();
   f.checkpoint_every_s = 0.0;
-  CHECK(error_of([&] { (void)checkpoint_restart(small_job(), f); })
-            .find("checkpoint_every_s: expected finite seconds > 0") != std::string::npos);
+  CHECK(error_of([&] {
+          (void)checkpoint_restart(small_job(), f);
+        }).find("checkpoint_every_s: expected finite seconds > 0") != std::string::npos);
   failing_job j = small_job();
   j.groups = 0;
-  CHECK(error_of([&] { (void)per_step_quorum(j, hourly()); })
-            .find("expected gpus, gpus_per_node, groups and steps_per_sync >= 1") !=
+  CHECK(error_of([&] {
+          (void)per_step_quorum(j, hourly());
+        }).find("expected gpus, gpus_per_node, groups and steps_per_sync >= 1") !=
         std::string::npos);
   j = small_job();
   j.heal_bytes_per_s = 0;
