@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -107,20 +108,26 @@ TEST_CASE("concurrent cross-site collectives queue on the one link") {
 }
 
 TEST_CASE("a collective's link time starts when its last member arrives") {
-  // Rank 1 arrives 30 ms after rank 0: both finish no earlier than rank 1's arrival + the 20 ms
-  // latency (counted from the first arrival they would finish 30 ms after rank 0 arrived). The
-  // times are absolute: the ranks leave the barrier at slightly different moments.
+  // Rank 1 arrives 30 ms after rank 0 (it waits for rank 0's arrival, then sleeps): both
+  // finish no earlier than rank 1's arrival + the 20 ms latency (counted from the first
+  // arrival they would finish 30 ms after rank 0 arrived). The times are absolute: the
+  // ranks leave a barrier at slightly different moments.
   const shaped::link wan{.bandwidth_bytes_per_s = 1e12, .latency_s = 0.02};
   using clock = std::chrono::steady_clock;
   std::vector<clock::time_point> arrived(2), finished(2);
+  std::atomic<bool> first_arrived{false};
   auto net = shaped::network::create(shaped::topology::blocks(2, 2, wan));
   test::spawn_ranks(2, [&](inproc::communicator& w) {
     const int r = w.rank();
     shaped_comm world(std::move(w), net);
     float x = 1.0f, y = 0.0f;
     world.inner().barrier();  // the wrapped barrier: no link latency
-    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    if (r == 1) {
+      while (!first_arrived.load()) std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    }
     arrived[static_cast<std::size_t>(r)] = clock::now();
+    if (r == 0) first_arrived.store(true);
     auto req = world.all_reduce_async(&x, &y, 1, dtype::f32, reduce_op::sum);
     while (!req.test()) std::this_thread::yield();  // test() alone completes it too
     req.wait();
