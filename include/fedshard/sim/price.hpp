@@ -327,7 +327,8 @@ class algorithm_model_of final : public algorithm_model {
     std::vector<bool> held = owners_.everyone() ? std::vector<bool>{}
                                                 : owners_.held_by(coords.group, layout.num_units());
     const bool seeds = local_.zeroth_order_on() && local_.zeroth_order.seeds_on_wire;
-    if (!seeds) return checked_narrow(plans_for(layout, shape, coords, held, round), layout, shape);
+    if (!seeds)
+      return checked_narrow(plans_for(layout, shape, coords, held, round), layout, shape, coords);
     // Seeds on the wire: the zeroth-order units leave the parameter sync (planned as if the
     // group did not hold them) and every applied sync gathers the groups' records after it.
     const std::vector<bool> zo = zeroth_order_mask(layout, local_);
@@ -335,7 +336,7 @@ class algorithm_model_of final : public algorithm_model {
     if (held.empty()) held.assign(layout.num_units(), true);
     for (std::size_t u = 0; u < held.size(); ++u) held[u] = held[u] && !zo[u];
     std::vector<plan> out =
-        checked_narrow(plans_for(layout, shape, coords, held, round), layout, shape);
+        checked_narrow(plans_for(layout, shape, coords, held, round), layout, shape, coords);
     const std::int64_t k = records_steps(cadence_);
     if (k > 0)
       for (plan& frag : out)
@@ -351,14 +352,17 @@ class algorithm_model_of final : public algorithm_model {
   }
   /// `plans`, or invalid_argument when the sync dtype is narrow and the policy averages
   /// nothing in it: decided, as the trainer's synchronizer decides, from the plans of world
-  /// rank 0's coordinates (a replica that only receives the average has no federation op).
+  /// rank 0's coordinates (a replica that only receives the average has no federation op);
+  /// `plans` themselves when `coords` are rank 0's.
   std::vector<plan> checked_narrow(std::vector<plan> plans, const flat_layout& layout,
-                                   const mesh_shape& shape) const {
+                                   const mesh_shape& shape, const mesh_coords& coords) const {
     if (sync_dtype_ == dtype::f32) return plans;
     const mesh_coords first{};
     const std::vector<bool> held =
         owners_.everyone() ? std::vector<bool>{} : owners_.held_by(0, layout.num_units());
-    for (const plan& p : plans_for(layout, shape, first, held, 0))
+    const std::vector<plan> theirs =
+        coords == first ? std::vector<plan>{} : plans_for(layout, shape, first, held, 0);
+    for (const plan& p : coords == first ? plans : theirs)
       for (const comm_op& op : p.ops)
         if (op.axis == axis::federation && op.dtype == sync_dtype_) return plans;
     throw invalid_argument(fedshard::detail::concat(
