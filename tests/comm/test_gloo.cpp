@@ -96,7 +96,7 @@ std::vector<float> inputs_of(int r, std::size_t n) {
 
 }  // namespace
 
-TEST_CASE("gloo: every reduction is bit-identical to inproc's, on both all_reduce paths") {
+TEST_CASE("gloo: every reduction is bit-identical to inproc's, on every all_reduce path") {
   for (int n : {2, 3, 5}) {
     CAPTURE(n);
     const std::size_t count = 100003;
@@ -114,12 +114,19 @@ TEST_CASE("gloo: every reduction is bit-identical to inproc's, on both all_reduc
       outs.push_back(mine);
       return outs;
     });
-    for (std::int64_t small : {std::int64_t{1} << 40, std::int64_t{0}}) {
-      CAPTURE(small);
+    // The all-gather path; the alltoall path in one stage; and in stages of 4096 B, 33 of
+    // them for n = 3 (chunks of 33344 f32, the last stage 576), with padded chunks for n = 5.
+    struct path {
+      std::int64_t small, pipeline;
+    };
+    for (path p : {path{std::int64_t{1} << 40, 0}, path{0, 0}, path{0, 4096}}) {
+      CAPTURE(p.small);
+      CAPTURE(p.pipeline);
       const auto prefix = next_prefix();
       auto got = ft::on_threads(n, [&](int r) {
         gl::options o = ft::gloo_timeout(60);
-        o.small_all_reduce_bytes = small;
+        o.small_all_reduce_bytes = p.small;
+        o.pipeline_bytes = p.pipeline;
         gl::communicator c(shared_store(), prefix, r, n, o);
         std::vector<std::vector<float>> outs;
         for (reduce_op op : {reduce_op::sum, reduce_op::avg, reduce_op::max}) {
@@ -432,12 +439,14 @@ TEST_CASE("gloo: a communicator dropped as soon as it is made leaves no peer hal
 }
 
 TEST_CASE("gloo: moved() counts what is handed to Gloo for the algorithm used (4 ranks)") {
-  for (std::int64_t small : {std::int64_t{256} * 1024, std::int64_t{0}}) {
+  // The large path in one stage and in 4 stages of 256 B (64 f32): the same bytes.
+  for (std::int64_t small : {std::int64_t{256} * 1024, std::int64_t{0}, std::int64_t{-1}}) {
     CAPTURE(small);
     const auto prefix = next_prefix();
     auto got = ft::on_threads(4, [&](int r) {
       gl::options o = ft::gloo_timeout(60);
-      o.small_all_reduce_bytes = small;
+      o.small_all_reduce_bytes = std::max<std::int64_t>(small, 0);
+      o.pipeline_bytes = small < 0 ? 256 : 0;
       gl::communicator c(shared_store(), prefix, r, 4, o);
       std::vector<float> x(1000, 1.0f);
       std::vector<fedshard::moved_bytes> seen;
