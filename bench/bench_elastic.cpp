@@ -25,6 +25,10 @@
 /// restarted group. A sync is complete when t.step() returns at a step where the link saw a
 /// round: the round decided, joiners healed, the average applied.
 ///
+/// Arguments: join_timeout in ms, and reuse (1: a round whose members are the previous
+/// round's keeps its Gloo context, elastic::options::reuse_connections; 0: a new one every
+/// round).
+///
 /// Counters (seconds; means over the iterations, and the worst for recovery and heal):
 ///  - recovery_s: from the SIGKILL to the first sync after it completed by both survivors
 ///    (the later of groups 0 and 1). It holds the 2 steps left before the sync (~40 ms), the
@@ -140,6 +144,10 @@ void append_line(const std::filesystem::path& file, const std::string& line) {
   ::close(fd);
 }
 
+/// elastic::options::reuse_connections of the links (the benchmark's second argument; the
+/// group processes are forked after it is set).
+bool reuse_connections = true;
+
 /// Group g's process body (life 0: first start, 1: restarted); see the file comment.
 void group_process(const std::filesystem::path& dir, double join_timeout, int g, int life) {
   fedshard::inproc::options run_options;
@@ -152,6 +160,7 @@ void group_process(const std::filesystem::path& dir, double join_timeout, int g,
         o.join_timeout = std::chrono::duration<double>(join_timeout);
         o.transport.timeout = std::chrono::duration<double>(30);
         o.log = [](const std::string&) {};
+        o.reuse_connections = reuse_connections;
         el::link lk(std::make_shared<gl::file_store>(dir / "store"), groups, g, locals, c.rank(),
                     o);
         world_type w(c.split(0, c.rank()), std::move(lk));
@@ -343,6 +352,7 @@ scenario_result run_scenario(double join_timeout) {
 
 void bm_elastic_recovery(benchmark::State& state) {
   const double join_timeout = double(state.range(0)) / 1000.0;
+  reuse_connections = state.range(1) != 0;
   std::vector<scenario_result> runs;
   for (auto _ : state) {
     try {
@@ -376,9 +386,8 @@ void bm_elastic_recovery(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(bm_elastic_recovery)
-    ->ArgName("join_timeout_ms")
-    ->Arg(500)
-    ->Arg(1000)
+    ->ArgNames({"join_timeout_ms", "reuse"})
+    ->ArgsProduct({{500, 1000}, {1, 0}})
     ->Iterations(3)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

@@ -329,6 +329,41 @@ TEST_CASE_FIXTURE(
   CHECK_FALSE(sink.has("missed round"));
 }
 
+TEST_CASE_FIXTURE(store_and_log,
+                  "elastic: rounds of the same members keep their Gloo context; a change makes "
+                  "a new one") {
+  // Groups 0 and 1 take part in rounds 0-3, group 2 in rounds 0 and 1 only (then its link is
+  // gone: it stops beating and is dead by round 2). Contexts connected by groups 0 and 1:
+  // round 0 one, round 1 none (same members), round 2 one ({0, 1}), round 3 none: 2 in all;
+  // without reuse, one per round: 4. Every mean stays exact.
+  for (const bool reuse : {true, false}) {
+    CAPTURE(reuse);
+    ft::temp_dir fresh;
+    auto store = std::make_shared<gl::file_store>(fresh.path());
+    const int G = 3;
+    auto seen = ft::on_threads(G, [&](int g) {
+      auto o = ft::elastic_options(sink);
+      o.reuse_connections = reuse;
+      el::link lk(store, G, g, 1, 0, o);
+      std::vector<std::int64_t> connects;
+      for (int e = 0; e < (g == 2 ? 2 : 4); ++e) {
+        const auto& r = lk.begin_round(e);
+        const int members = static_cast<int>(r.members.size());
+        float v = static_cast<float>(g + 1);
+        lk.all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
+        const float want = members == 3 ? 2.0f : 1.5f;
+        connects.push_back(v == want && members == (e < 2 ? 3 : 2) ? lk.connects() : -1);
+      }
+      return connects;
+    });
+    const std::vector<std::int64_t> kept{1, 1, 2, 2}, fresh_each{1, 2, 3, 4};
+    CHECK(seen[0] == (reuse ? kept : fresh_each));
+    CHECK(seen[1] == (reuse ? kept : fresh_each));
+    CHECK(seen[2] == std::vector<std::int64_t>{1, reuse ? 1 : 2});
+    CHECK_FALSE(sink.has("failed"));  // no op ran on a context with a member gone
+  }
+}
+
 TEST_CASE_FIXTURE(store_and_log, "elastic: bad settings are refused with what was expected") {
   CHECK_THROWS_WITH_AS(el::link(st, 3, 3, 1, 0), doctest::Contains("group must be in [0, groups)"),
                        fedshard::invalid_argument);

@@ -42,7 +42,12 @@
 ///            not in the decision under its own token missed the round: it waits as a
 ///            joiner for round e+1 (never in e);
 ///   CONNECT  the members' ranks with local rank l meet under `r<e>/link<l>`: each writes
-///            `ready/<g>`; all ready, a Gloo context connects within options::connect_timeout.
+///            `ready/<g>` = the name of the context it holds from an earlier round ("-" if
+///            none). All ready: when every member names the same context, and that
+///            context's members (groups and incarnations) are this round's, they keep it
+///            (options::reuse_connections; every rank reads the same names, so all decide
+///            alike, and a member that died since fails the first op, below). Otherwise a
+///            Gloo context connects within options::connect_timeout.
 ///            A member not ready when it is dead, or at join_timeout, fails the connect.
 ///            Then each writes `done/<g>` or `failed/<g>`, and the first to know the
 ///            outcome writes `verdict` (create-if-absent): a connect that failed on one
@@ -162,6 +167,11 @@ struct options {
   /// member that dies in between fails the connect by then (not at Gloo's own connect
   /// timeout, 5 x the op timeout).
   std::chrono::duration<double> connect_timeout{10.0};
+  /// Keep a round's Gloo context for the next round when that round's members (each
+  /// rank's incarnation) are the same and every one of them still holds it (CONNECT of the
+  /// file comment); false: connect a new context every round. FEDSHARD_ELASTIC_REUSE=0
+  /// turns it off (for debugging).
+  bool reuse_connections = fedshard::detail::env_flag("FEDSHARD_ELASTIC_REUSE", true);
   /// Called on every rank as it passes a point of the round's state machine (see the file
   /// comment), with the round's number: "arrived", "decided" (the decision read),
   /// "ready" (before the context connects), "connected", "op" (before each collective of
@@ -508,6 +518,10 @@ class link : public blocking_calls<link> {
     return round_;
   }
 
+  /// How many Gloo contexts this link connected (a round that kept the previous round's
+  /// context connected none; see CONNECT in the file comment).
+  std::int64_t connects() const { return connects_; }
+
   /// Logs the outcome of the round in progress (once; begin_round calls it too).
   void end_round() {
     if (!in_round_) return;
@@ -852,6 +866,7 @@ class link : public blocking_calls<link> {
       e = e + 1;
     }
     decided_ = round_;
+    held_ = std::move(ctx_);  // kept when every member holds it still (connect())
     ctx_.reset();
     prefix_ = key(detail::concat("r", round_.round, "/link", local_));
     retrying("connect", [](gloo::communicator&) {});
@@ -1118,17 +1133,30 @@ class link : public blocking_calls<link> {
   /// CONNECT of the file comment: every member's rank of this link says it is ready; when
   /// all are, the context connects within connect_timeout. A member that is dead before it
   /// is ready fails the connect at once (peer_failure), one that is late at join_timeout.
-  /// Then the members agree whether the context is whole (agree): a connect that failed on
-  /// one member fails on all, so the survivors REGROUP at the same op.
+  /// When every member holds the previous round's context for these members, they keep it
+  /// instead (await_ready). Then the members agree whether the context is whole (agree): a
+  /// connect that failed on one member fails on all, so the survivors REGROUP at the same op;
+  /// and no member starts an op before every other one is through CONNECT (a member that
+  /// dies mid-op can leave a survivor that only sends to it waiting for the op's timeout:
+  /// Gloo notices a closed socket only where it reads).
   void connect() {
     try {
-      await_ready();
-      gloo::options t = o_.transport;
-      t.connect_timeout = o_.connect_timeout;
+      const bool keep = await_ready();
       phase("ready", round_.round);
-      ctx_.emplace(
-          std::make_shared<detail::bounded_store>(st_, gloo::detail::to_ms(o_.connect_timeout)),
-          prefix_, index_in(round_.members, group_), static_cast<int>(round_.members.size()), t);
+      if (keep) {
+        ctx_ = std::move(held_);
+      } else {
+        held_.reset();
+        gloo::options t = o_.transport;
+        t.connect_timeout = o_.connect_timeout;
+        ctx_.emplace(
+            std::make_shared<detail::bounded_store>(st_, gloo::detail::to_ms(o_.connect_timeout)),
+            prefix_, index_in(round_.members, group_), static_cast<int>(round_.members.size()), t);
+        ctx_prefix_ = prefix_;
+        ctx_members_ = members_key();
+        ++connects_;
+      }
+      held_.reset();
     } catch (const gloo::store_error&) {
       throw;
     } catch (const fedshard::error&) {
@@ -1179,9 +1207,19 @@ class link : public blocking_calls<link> {
     }
   }
 
-  /// CONNECT's ready barrier (see connect()).
-  void await_ready() {
-    st_->set(prefix_ + "/ready/" + std::to_string(group_), gloo::bytes_of("1"));
+  /// This link's members as a context knows them: each group with its rank's incarnation.
+  std::string members_key() const {
+    std::string k;
+    for (int g : round_.members) k += detail::concat(g, ":", token_in(decided_, g, local_), ",");
+    return k;
+  }
+
+  /// CONNECT's ready barrier (see connect()): true when every member named the context this
+  /// rank holds (held_), made for this round's members, so all keep it.
+  bool await_ready() {
+    const bool can_keep = o_.reuse_connections && held_ && ctx_members_ == members_key();
+    const std::string mine = can_keep ? ctx_prefix_ + "|" + ctx_members_ : "-";
+    st_->set(prefix_ + "/ready/" + std::to_string(group_), gloo::bytes_of(mine));
     const auto deadline =
         std::chrono::steady_clock::now() +
         std::chrono::duration_cast<std::chrono::steady_clock::duration>(o_.join_timeout);
@@ -1203,6 +1241,13 @@ class link : public blocking_calls<link> {
       std::this_thread::sleep_for(nap);
       nap = std::min(nap * 2, std::chrono::milliseconds(10));
     }
+    if (!can_keep) return false;
+    for (int g : round_.members) {
+      bool found = false;
+      const auto v = st_->try_get(prefix_ + "/ready/" + std::to_string(g), found);
+      if (!found || std::string(v.begin(), v.end()) != mine) return false;
+    }
+    return true;
   }
 
   /// Runs f(c) and adds what c moved meanwhile to moved_, also when f throws (the bytes of a
@@ -1311,7 +1356,10 @@ class link : public blocking_calls<link> {
   int local_;
   options o_;
   std::optional<gloo::communicator> ctx_;
-  std::string prefix_;  // where the round's context (re)connects
+  std::optional<gloo::communicator> held_;  // the last round's context, while connecting
+  std::string ctx_prefix_;                  // where the newest context connected
+  std::string ctx_members_;                 // and its members (members_key())
+  std::string prefix_;                      // where the round's context (re)connects
   round_info round_;
   std::vector<int> rejected_;
   std::vector<int> dropped_;  // groups this link dropped in the current round
@@ -1326,6 +1374,7 @@ class link : public blocking_calls<link> {
   std::int64_t rounds_seen_ = 0;
   bool ever_member_ = false;
   moved_bytes moved_{};
+  std::int64_t connects_ = 0;
 };
 
 static_assert(Communicator<link>);
