@@ -8,8 +8,9 @@
 /// 0 times the call alone (manual time). Rank 1 runs the same calls and exits.
 ///
 /// Arguments: S in MiB, checked (1: every call's arguments exchanged first, options::checked;
-/// 0: not) and pipelined (1: options::pipeline_bytes at its default; 0: one exchange for the
-/// whole message).
+/// 0: not), pipelined (1: options::pipeline_bytes at its default; 0: one exchange for the
+/// whole message) and stripes (options::stripes: TCP connections between the two ranks, each
+/// with its own Gloo context and threads).
 ///
 /// Counters:
 ///  - Gbit/s: S x 8 / time (what the caller sees: the algorithm's bandwidth);
@@ -43,6 +44,7 @@ struct setting {
   std::int64_t bytes;
   bool checked;
   bool pipelined;
+  int stripes;
 };
 
 gl::options options_of(const setting& s) {
@@ -50,6 +52,7 @@ gl::options options_of(const setting& s) {
   o.timeout = std::chrono::seconds(120);
   o.checked = s.checked;
   if (!s.pipelined) o.pipeline_bytes = 0;
+  o.stripes = s.stripes;
   return o;
 }
 
@@ -76,7 +79,8 @@ std::int64_t run_rank(const std::filesystem::path& dir, int rank, const setting&
 }
 
 void bm_all_reduce(benchmark::State& state) {
-  const setting s{state.range(0) << 20, state.range(1) != 0, state.range(2) != 0};
+  const setting s{state.range(0) << 20, state.range(1) != 0, state.range(2) != 0,
+                  static_cast<int>(state.range(3))};
   const auto dir = std::filesystem::temp_directory_path() /
                    ("fedshard_bench_link_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
@@ -117,8 +121,15 @@ void bm_all_reduce(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(bm_all_reduce)
-    ->ArgNames({"MiB", "checked", "pipelined"})
-    ->ArgsProduct({{1, 16, 64}, {1, 0}, {1, 0}})
+    ->ArgNames({"MiB", "checked", "pipelined", "stripes"})
+    ->ArgsProduct({{1, 16, 64}, {1, 0}, {1, 0}, {1}})
+    ->Iterations(iterations)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+// Stripes against one connection, unchecked and pipelined.
+BENCHMARK(bm_all_reduce)
+    ->ArgNames({"MiB", "checked", "pipelined", "stripes"})
+    ->ArgsProduct({{16, 64}, {0}, {1}, {2, 4, 8}})
     ->Iterations(iterations)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

@@ -114,19 +114,24 @@ TEST_CASE("gloo: every reduction is bit-identical to inproc's, on every all_redu
       outs.push_back(mine);
       return outs;
     });
-    // The all-gather path; the alltoall path in one stage; and in stages of 4096 B, 33 of
-    // them for n = 3 (chunks of 33344 f32, the last stage 576), with padded chunks for n = 5.
+    // The all-gather path; the alltoall path in one stage; in stages of 4096 B, 33 of them
+    // for n = 3 (chunks of 33344 f32, the last stage 576), with padded chunks for n = 5; and
+    // those stages over 3 stripes (stage s on stripe s % 3).
     struct path {
       std::int64_t small, pipeline;
+      int stripes;
     };
-    for (path p : {path{std::int64_t{1} << 40, 0}, path{0, 0}, path{0, 4096}}) {
+    for (path p :
+         {path{std::int64_t{1} << 40, 0, 1}, path{0, 0, 1}, path{0, 4096, 1}, path{0, 4096, 3}}) {
       CAPTURE(p.small);
       CAPTURE(p.pipeline);
+      CAPTURE(p.stripes);
       const auto prefix = next_prefix();
       auto got = ft::on_threads(n, [&](int r) {
         gl::options o = ft::gloo_timeout(60);
         o.small_all_reduce_bytes = p.small;
         o.pipeline_bytes = p.pipeline;
+        o.stripes = p.stripes;
         gl::communicator c(shared_store(), prefix, r, n, o);
         std::vector<std::vector<float>> outs;
         for (reduce_op op : {reduce_op::sum, reduce_op::avg, reduce_op::max}) {
@@ -326,6 +331,59 @@ TEST_CASE("gloo: a peer process killed mid-run gives peer_failure at once, not a
   CHECK(waited < 30);  // far below the 60 s timeout: the closed socket is noticed
 }
 
+TEST_CASE("gloo: a peer killed during a striped all_reduce gives peer_failure on every stripe") {
+  // 2^16 f32 between 2 ranks in stages of 4096 B: 32 stages over 3 stripes, 3 threads
+  // waiting on the dead peer at once; all of them must come back, and the call throws once.
+  ft::temp_dir dir;
+  auto striped = [] {
+    gl::options o = ft::gloo_timeout(60);
+    o.pipeline_bytes = 4096;
+    o.stripes = 3;
+    return o;
+  };
+  const pid_t child = ::fork();
+  if (child == 0) {
+    try {
+      auto st = std::make_shared<gl::file_store>(dir.path());
+      gl::communicator c(st, "striped", 1, 2, striped());
+      double v = 2;
+      c.all_reduce(&v, &v, 1, dtype::f64, reduce_op::sum);
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::kill(::getpid(), SIGKILL);
+    ::_exit(4);
+  }
+  REQUIRE(child > 0);
+  auto st = std::make_shared<gl::file_store>(dir.path());
+  gl::communicator c(st, "striped", 0, 2, striped());
+  double v = 1;
+  c.all_reduce(&v, &v, 1, dtype::f64, reduce_op::sum);
+  CHECK(v == 3);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> big(1 << 16, 1.0f);
+  CHECK_THROWS_AS(c.all_reduce(big.data(), big.data(), static_cast<std::int64_t>(big.size()),
+                               dtype::f32, reduce_op::sum),
+                  fedshard::peer_failure);
+  CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 30);
+  CHECK_THROWS_WITH_AS(c.barrier(), doctest::Contains("unusable after an earlier failure"),
+                       fedshard::backend_error);
+}
+
+TEST_CASE("gloo: stripes outside [1, 64] are refused with what was found") {
+  ft::temp_dir dir;
+  for (int bad : {0, 65}) {
+    gl::options o = ft::gloo_timeout(5);
+    o.stripes = bad;
+    const auto want = fedshard::detail::concat("stripes must be in [1, 64], found ", bad);
+    CHECK_THROWS_WITH_AS(
+        gl::communicator(std::make_shared<gl::file_store>(dir.path()), "bad", 0, 1, o),
+        doctest::Contains(want.c_str()), fedshard::invalid_argument);
+  }
+}
+
 /// Runs body() in a child process whose SIGPIPE disposition is the default (the process
 /// ends); returns how the child ended: "exit N" or "signal N".
 template <class F>
@@ -439,7 +497,8 @@ TEST_CASE("gloo: a communicator dropped as soon as it is made leaves no peer hal
 }
 
 TEST_CASE("gloo: moved() counts what is handed to Gloo for the algorithm used (4 ranks)") {
-  // The large path in one stage and in 4 stages of 256 B (64 f32): the same bytes.
+  // The large path in one stage and in 4 stages of 256 B (64 f32) over 2 stripes: the same
+  // bytes.
   for (std::int64_t small : {std::int64_t{256} * 1024, std::int64_t{0}, std::int64_t{-1}}) {
     CAPTURE(small);
     const auto prefix = next_prefix();
@@ -447,6 +506,7 @@ TEST_CASE("gloo: moved() counts what is handed to Gloo for the algorithm used (4
       gl::options o = ft::gloo_timeout(60);
       o.small_all_reduce_bytes = std::max<std::int64_t>(small, 0);
       o.pipeline_bytes = small < 0 ? 256 : 0;
+      o.stripes = small < 0 ? 2 : 1;
       gl::communicator c(shared_store(), prefix, r, 4, o);
       std::vector<float> x(1000, 1.0f);
       std::vector<fedshard::moved_bytes> seen;

@@ -434,6 +434,9 @@ struct options {
   /// A larger all_reduce exchanges each rank's chunk in stages of at most this many bytes,
   /// reducing one stage while the next is exchanged; 0: one stage (no overlap).
   std::int64_t pipeline_bytes = 1 << 20;
+  /// Connections between every two ranks (1 to 64): a larger all_reduce's stages go round
+  /// the stripes, each on its own Gloo context, device (transport thread) and thread.
+  int stripes = 1;
   /// The deadline of connecting the context (meeting the peers and making the pairs);
   /// 0: Gloo's own, 5 x timeout.
   std::chrono::duration<double> connect_timeout{0};
@@ -458,12 +461,17 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     s_->rank = rank;
     s_->size = size;
     s_->opts = std::move(o);
+    FEDSHARD_EXPECTS(s_->opts.stripes >= 1 && s_->opts.stripes <= 64,
+                     "gloo::communicator: options::stripes must be in [1, 64], found ",
+                     s_->opts.stripes);
     ::gloo::transport::tcp::attr attr;
     attr.hostname = s_->opts.hostname;
     try {
       const fedshard::detail::sigpipe_shield
           shield;  // the transport thread starts with SIGPIPE blocked
       s_->device = ::gloo::transport::tcp::CreateDevice(attr);
+      for (int k = 1; k < s_->opts.stripes; ++k)
+        s_->stripe_devices.push_back(::gloo::transport::tcp::CreateDevice(attr));
     } catch (const std::exception& e) {
       throw backend_error(detail::concat("fedshard: gloo::communicator: cannot listen on ",
                                          s_->opts.hostname, ": ", e.what()));
@@ -511,7 +519,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
       if (members[i].second == s_->rank) me = static_cast<int>(i);
     const auto seq = s_->splits++;
     return communicator(s_->kv, detail::concat(s_->prefix, "/split", seq, "c", color), me,
-                        static_cast<int>(members.size()), s_->opts, s_->device);
+                        static_cast<int>(members.size()), s_->opts, s_->device, s_->stripe_devices);
   }
 
  private:
@@ -542,15 +550,19 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     options opts;
     std::shared_ptr<::gloo::transport::Device> device;
     std::shared_ptr<::gloo::rendezvous::Context> ctx;
+    std::vector<std::shared_ptr<::gloo::transport::Device>> stripe_devices;  // stripes 1, 2, ...
+    std::vector<std::shared_ptr<::gloo::rendezvous::Context>> stripes;       // and their contexts
     std::uint64_t seq = 0;
     int splits = 0;
     std::string broken;               // why the communicator is unusable, empty while it is fine
     moved_bytes moved;                // the data handed to Gloo so far (see the file comment)
     std::map<int, self_box> mailbox;  // messages to itself, per tag
+    std::vector<std::vector<char>> scratch;  // a large all_reduce's buffers, per stripe
   };
 
   communicator(std::shared_ptr<store> st, std::string prefix, int rank, int size, options o,
-               std::shared_ptr<::gloo::transport::Device> dev)
+               std::shared_ptr<::gloo::transport::Device> dev,
+               std::vector<std::shared_ptr<::gloo::transport::Device>> stripe_devices)
       : s_(std::make_unique<state>()) {
     s_->kv = std::move(st);
     s_->prefix = std::move(prefix);
@@ -558,6 +570,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     s_->size = size;
     s_->opts = std::move(o);
     s_->device = std::move(dev);
+    s_->stripe_devices = std::move(stripe_devices);
     connect();
   }
 
@@ -576,17 +589,13 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
                                 ? detail::to_ms(s_->opts.connect_timeout)
                                 : 5 * timeout();
     try {
-      // Gloo waits 5 x the context's timeout for a pair to connect, 1 x for an address.
-      s_->ctx->setTimeout(std::max(connect_in / 5, std::chrono::milliseconds(1)));
-      s_->ctx->connectFullMesh(prefixed, s_->device);
-      // connectFullMesh can return on one rank while a peer still completes its side of their
-      // pair; a rank that then closed the context at once (a split used and dropped, an
-      // elastic round abandoned) would fail that peer's connect. The barrier makes the
-      // constructor's promise symmetric: when it returns anywhere, every rank has connected.
-      ::gloo::BarrierOptions all_connected(s_->ctx);
-      all_connected.setTimeout(connect_in);
-      ::gloo::barrier(all_connected);
-      s_->ctx->setTimeout(timeout());
+      connect_mesh(s_->ctx, prefixed, s_->device, connect_in);
+      for (std::size_t k = 0; k < s_->stripe_devices.size(); ++k) {
+        s_->stripes.push_back(std::make_shared<::gloo::rendezvous::Context>(s_->rank, s_->size));
+        ::gloo::rendezvous::PrefixStore stripe(detail::concat(s_->prefix, "/stripe", k + 1),
+                                               *s_->kv);
+        connect_mesh(s_->stripes.back(), stripe, s_->stripe_devices[k], connect_in);
+      }
     } catch (const fedshard::error& e) {
       throw timeout_error(detail::concat("fedshard: gloo::communicator: rank ", s_->rank, " of ",
                                          s_->size, " ('", s_->prefix,
@@ -596,6 +605,23 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
                                          s_->size, " ('", s_->prefix,
                                          "') could not connect: ", e.what()));
     }
+  }
+
+  /// Connects ctx's pairs through the store within connect_in.
+  void connect_mesh(const std::shared_ptr<::gloo::rendezvous::Context>& ctx,
+                    ::gloo::rendezvous::Store& st, std::shared_ptr<::gloo::transport::Device> dev,
+                    std::chrono::milliseconds connect_in) {
+    // Gloo waits 5 x the context's timeout for a pair to connect, 1 x for an address.
+    ctx->setTimeout(std::max(connect_in / 5, std::chrono::milliseconds(1)));
+    ctx->connectFullMesh(st, dev);
+    // connectFullMesh can return on one rank while a peer still completes its side of their
+    // pair; a rank that then closed the context at once (a split used and dropped, an
+    // elastic round abandoned) would fail that peer's connect. The barrier makes the
+    // constructor's promise symmetric: when it returns anywhere, every rank has connected.
+    ::gloo::BarrierOptions all_connected(ctx);
+    all_connected.setTimeout(connect_in);
+    ::gloo::barrier(all_connected);
+    ctx->setTimeout(timeout());
   }
 
   /// Runs f(), turning Gloo's errors into fedshard's (and marking the communicator broken).
@@ -633,14 +659,19 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   }
 
   void gather_bytes(const void* in, void* out, std::size_t bytes) {
-    ::gloo::AllgatherOptions o(s_->ctx);
+    gather_bytes(s_->ctx, in, out, bytes);
+  }
+  void gather_bytes(const std::shared_ptr<::gloo::rendezvous::Context>& ctx, const void* in,
+                    void* out, std::size_t bytes) {
+    ::gloo::AllgatherOptions o(ctx);
     o.setInput(static_cast<char*>(const_cast<void*>(in)), bytes);
     o.setOutput(static_cast<char*>(out), bytes * static_cast<std::size_t>(s_->size));
     o.setTimeout(timeout());
     ::gloo::allgather(o);
   }
-  void alltoall_bytes(const void* in, void* out, std::size_t bytes_per_rank) {
-    ::gloo::AlltoallOptions o(s_->ctx);
+  void alltoall_bytes(const std::shared_ptr<::gloo::rendezvous::Context>& ctx, const void* in,
+                      void* out, std::size_t bytes_per_rank) {
+    ::gloo::AlltoallOptions o(ctx);
     const auto total = bytes_per_rank * static_cast<std::size_t>(s_->size);
     o.setInput(static_cast<char*>(const_cast<void*>(in)), total);
     o.setOutput(static_cast<char*>(out), total);
@@ -723,7 +754,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
           if (n == 1)
             std::memcpy(blocks.data(), a.in, bytes);
           else
-            alltoall_bytes(a.in, blocks.data(), bytes);
+            alltoall_bytes(s_->ctx, a.in, blocks.data(), bytes);
           count_both((n - 1) * bytes);
           fedshard::detail::reduce_blocks(a.type, a.op, blocks.data(), bytes, n, a.out, a.count);
           return;
@@ -752,49 +783,194 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
       fedshard::detail::reduce_blocks(a.type, a.op, all.data(), bytes, n, a.out, a.count);
       return;
     }
-    // Chunk p of every input goes to rank p, which reduces it; then the chunks are gathered.
-    // Pipelined: every chunk is cut in stages of at most pipeline_bytes, and stage s+1's
-    // alltoall runs while a second thread reduces stage s (see pipelined_stages).
-    const auto chunk = fedshard::detail::chunk_elems(a.count, n, esz);
-    const auto stage = stage_elems(chunk, esz);
-    const auto me = fedshard::detail::chunk_of(a.count, n, esz, s_->rank);
-    const auto stages = (chunk + stage - 1) / stage;
-    const auto* in = static_cast<const char*>(a.in);
-    auto* out = static_cast<char*>(a.out);
-    // Stage s of every chunk: elements [s * stage, min(chunk, (s+1) * stage)) of it.
-    const auto len_of = [&](std::int64_t s) { return std::min(stage, chunk - s * stage); };
-    const auto sb = static_cast<std::size_t>(stage) * esz;
-    std::vector<char> send(sb * un), mine(sb), gathered(sb * un);
-    std::array<std::vector<char>, 2> recv{std::vector<char>(sb * un), std::vector<char>(sb * un)};
-    const auto exchange = [&](std::int64_t s) {  // stage s of every chunk to its rank
-      const auto len = len_of(s);
-      for (int p = 0; p < n; ++p)
-        copy_range(in, a.count, p * chunk + s * stage, len, esz, send.data() + p * len * esz);
-      alltoall_bytes(send.data(), recv[static_cast<std::size_t>(s % 2)].data(),
-                     static_cast<std::size_t>(len) * esz);
-    };
-    const auto reduce = [&](std::int64_t s) {  // this rank's stage s, summed in rank order
-      const auto len = len_of(s);
-      const auto valid = std::clamp<std::int64_t>(me.end - me.begin - s * stage, 0, len);
-      fedshard::detail::reduce_blocks(a.type, a.op, recv[static_cast<std::size_t>(s % 2)].data(),
-                                      static_cast<std::size_t>(len) * esz, n, mine.data(), valid);
-    };
-    const auto gather = [&](std::int64_t s) {  // every rank's stage s into its place in out
-      const auto len = len_of(s);
-      const auto lb = static_cast<std::size_t>(len) * esz;
-      gather_bytes(mine.data(), gathered.data(), lb);
-      for (int p = 0; p < n; ++p) {
-        const auto begin = p * chunk + s * stage;
-        const auto keep = std::clamp<std::int64_t>(a.count - begin, 0, len);
-        std::memcpy(out + begin * static_cast<std::int64_t>(esz), gathered.data() + p * lb,
-                    static_cast<std::size_t>(keep) * esz);
+    // Chunk p of every input goes to rank p, which reduces it; then the chunks are gathered,
+    // in stages (see stage_elems): stage s on stripe s % stripes, each stripe's stages in
+    // order on its own context and thread, reducing one while exchanging the next.
+    const stage_cut cut(a, n, s_->rank, esz,
+                        stage_elems(fedshard::detail::chunk_elems(a.count, n, esz), esz));
+    const auto lanes = static_cast<std::int64_t>(s_->stripes.size()) + 1;
+    s_->scratch.resize(static_cast<std::size_t>(lanes));  // before the lanes' threads start
+    std::vector<std::future<void>> others;
+    for (std::int64_t k = 1; k < std::min(lanes, cut.stages); ++k)
+      others.push_back(std::async(std::launch::async, [this, &cut, k, lanes] {
+        run_stripe(cut, s_->stripes[static_cast<std::size_t>(k - 1)], k, lanes);
+      }));
+    std::exception_ptr failed;
+    try {
+      run_stripe(cut, s_->ctx, 0, lanes);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    for (auto& f : others) try {
+        f.get();
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
       }
-    };
-    pipelined_stages(stages, exchange, reduce, gather);
+    if (failed) std::rethrow_exception(failed);
     // The alltoall's chunks out and in, then the gather's: per stage, as one exchange of
     // the whole chunks would move.
-    count_both(2 * (un - 1) * static_cast<std::size_t>(chunk) * esz);
+    count_both(2 * (un - 1) * static_cast<std::size_t>(cut.chunk) * esz);
   }
+
+  /// A large all_reduce cut in stages: chunk p (chunk elements, whole cache lines) of every
+  /// input belongs to rank p; stage s of a chunk is its elements [s * stage, min(chunk,
+  /// (s+1) * stage)).
+  struct stage_cut {
+    stage_cut(const call_args& call, int ranks, int me, std::size_t elem, std::int64_t per)
+        : a(call),
+          n(ranks),
+          esz(elem),
+          chunk(fedshard::detail::chunk_elems(call.count, ranks, elem)),
+          stage(per),
+          stages((chunk + per - 1) / per),
+          mine(fedshard::detail::chunk_of(call.count, ranks, elem, me)) {}
+    std::int64_t len(std::int64_t s) const { return std::min(stage, chunk - s * stage); }
+    const call_args& a;
+    int n;
+    std::size_t esz;
+    std::int64_t chunk, stage, stages;
+    fedshard::detail::elem_range mine;
+  };
+
+  /// Stripe k of `lanes` runs stages k, k + lanes, ... of cut on context ctx (see
+  /// pipelined_stages and stripe_lane).
+  void run_stripe(const stage_cut& c, const std::shared_ptr<::gloo::rendezvous::Context>& ctx,
+                  std::int64_t k, std::int64_t lanes) {
+    stripe_lane lane(c, ctx, s_->rank, timeout(), s_->scratch[static_cast<std::size_t>(k)]);
+    const auto stage_of = [&](std::int64_t i) { return k + i * lanes; };
+    pipelined_stages((c.stages - k + lanes - 1) / lanes,
+                     [&](std::int64_t i) { lane.exchange(stage_of(i), i % 2); },
+                     [&](std::int64_t i) { lane.reduce(stage_of(i), i % 2); },
+                     [&](std::int64_t i) { lane.gather(stage_of(i)); });
+  }
+
+  /// One stripe's stages, point to point: every rank sends block p of stage s straight from
+  /// the input to rank p, which sums the blocks in rank order straight into the output, then
+  /// sends its reduced stage straight from the output to every rank, which receives it in
+  /// place. Only a block that crosses the end of the message (its padding) and the rank's
+  /// own block go through a copy. In place (in == out) is safe: a stage's positions are read
+  /// (sent, or copied for the own block) before they are written. Received blocks alternate
+  /// between two buffers, so stage s is reduced while the next one arrives.
+  struct stripe_lane {
+    using buffer = std::unique_ptr<::gloo::transport::UnboundBuffer>;
+    static constexpr std::uint64_t exchange_slot = std::uint64_t{0x7e} << 56;
+    static constexpr std::uint64_t gather_slot = exchange_slot + 1;
+
+    /// scratch: the lane's buffers, kept by the communicator between calls (grown to 4
+    /// stages of n blocks: two halves of received blocks, the padded blocks, the tails).
+    stripe_lane(const stage_cut& cut, const std::shared_ptr<::gloo::rendezvous::Context>& ctx,
+                int rank, std::chrono::milliseconds timeout, std::vector<char>& scratch)
+        : c(cut),
+          r(rank),
+          esz(static_cast<std::int64_t>(cut.esz)),
+          sb(static_cast<std::size_t>(cut.stage * esz) * static_cast<std::size_t>(cut.n)),
+          wait_for(timeout),
+          in(const_cast<char*>(static_cast<const char*>(cut.a.in))),
+          out(static_cast<char*>(cut.a.out)) {
+      if (scratch.size() < 4 * sb) scratch.resize(4 * sb);
+      blocks = {scratch.data(), scratch.data() + sb};
+      padded = scratch.data() + 2 * sb;
+      tail = scratch.data() + 3 * sb;
+      const auto total = static_cast<std::size_t>(c.a.count * esz);
+      const auto over = [&](void* p, std::size_t bytes) {
+        return ctx->createUnboundBuffer(p, std::max<std::size_t>(bytes, 1));
+      };
+      in_b = over(in, total);
+      out_b = over(out, total);
+      block_b = {over(blocks[0], sb), over(blocks[1], sb)};
+      pad_b = over(padded, sb);
+      tail_b = over(tail, sb);
+    }
+
+    /// Block p of stage s to rank p; the blocks of stage s from every rank into blocks[half].
+    void exchange(std::int64_t s, std::int64_t half) {
+      const auto len = c.len(s);
+      const auto lb = static_cast<std::size_t>(len * esz);
+      auto& recv_b = *block_b[static_cast<std::size_t>(half)];
+      int from_in = 0, from_pad = 0;
+      for (int p = 0; p < c.n; ++p) {
+        if (p == r) continue;
+        recv_b.recv(p, exchange_slot, static_cast<std::size_t>(p) * lb, lb);
+        if (valid(p, s) == len) {
+          in_b->send(p, exchange_slot, at(p, s), lb);
+          ++from_in;
+        } else {
+          copy_range(in, c.a.count, p * c.chunk + s * c.stage, len, c.esz,
+                     padded + static_cast<std::size_t>(p) * lb);
+          pad_b->send(p, exchange_slot, static_cast<std::size_t>(p) * lb, lb);
+          ++from_pad;
+        }
+      }
+      copy_range(in, c.a.count, r * c.chunk + s * c.stage, len, c.esz,
+                 blocks[static_cast<std::size_t>(half)] + static_cast<std::size_t>(r) * lb);
+      wait(*in_b, from_in, 0);
+      wait(*pad_b, from_pad, 0);
+      wait(recv_b, 0, c.n - 1);
+    }
+    /// This rank's stage s, summed in rank order, into its place in out.
+    void reduce(std::int64_t s, std::int64_t half) {
+      fedshard::detail::reduce_blocks(c.a.type, c.a.op, blocks[static_cast<std::size_t>(half)],
+                                      static_cast<std::size_t>(c.len(s) * esz), c.n, out + at(r, s),
+                                      valid(r, s));
+    }
+    /// Every rank's reduced stage s into its place in out (padding received aside).
+    void gather(std::int64_t s) {
+      const auto len = c.len(s);
+      const auto lb = static_cast<std::size_t>(len * esz);
+      const bool whole = valid(r, s) == len;
+      if (!whole) {  // the padding of this rank's stage travels too
+        std::memset(padded, 0, lb);
+        std::memcpy(padded, out + at(r, s), static_cast<std::size_t>(valid(r, s) * esz));
+      }
+      int tails = 0;
+      for (int p = 0; p < c.n; ++p) {
+        if (p == r) continue;
+        if (valid(p, s) == len) {
+          out_b->recv(p, gather_slot, at(p, s), lb);
+        } else {
+          tail_b->recv(p, gather_slot, static_cast<std::size_t>(p) * lb, lb);
+          ++tails;
+        }
+        if (whole)
+          out_b->send(p, gather_slot, at(r, s), lb);
+        else
+          pad_b->send(p, gather_slot, 0, lb);
+      }
+      wait(whole ? *out_b : *pad_b, c.n - 1, 0);
+      wait(*out_b, 0, c.n - 1 - tails);
+      wait(*tail_b, 0, tails);
+      for (int p = 0; p < c.n; ++p)
+        if (p != r && valid(p, s) < len)
+          std::memcpy(out + at(p, s), tail + static_cast<std::size_t>(p) * lb,
+                      static_cast<std::size_t>(valid(p, s) * esz));
+    }
+
+    /// Elements of stage s of chunk p inside the message (the rest is padding).
+    std::int64_t valid(int p, std::int64_t s) const {
+      return std::clamp<std::int64_t>(c.a.count - (p * c.chunk + s * c.stage), 0, c.len(s));
+    }
+    /// Where stage s of chunk p starts in the message, in bytes.
+    std::size_t at(int p, std::int64_t s) const {
+      return static_cast<std::size_t>((p * c.chunk + s * c.stage) * esz);
+    }
+    void wait(::gloo::transport::UnboundBuffer& b, int sends, int recvs) const {
+      for (int i = 0; i < sends; ++i) b.waitSend(wait_for);
+      for (int i = 0; i < recvs; ++i) b.waitRecv(wait_for);
+    }
+
+    const stage_cut& c;
+    int r;
+    std::int64_t esz;
+    std::size_t sb;  // bytes of a stage's n blocks
+    std::chrono::milliseconds wait_for;
+    char* in;
+    char* out;
+    std::array<char*, 2> blocks{};
+    char* padded = nullptr;
+    char* tail = nullptr;
+    buffer in_b, out_b, pad_b, tail_b;
+    std::array<buffer, 2> block_b;
+  };
 
   /// Elements per pipeline stage of a chunk of `chunk` elements: whole cache lines of at most
   /// options::pipeline_bytes, the whole chunk when pipelining is off (0).
