@@ -14,7 +14,8 @@
 ///
 /// Counters:
 ///  - Gbit/s: S x 8 / time (what the caller sees: the algorithm's bandwidth);
-///  - wire_Gbit/s: the bytes this rank handed to Gloo (moved().sent) x 8 / time.
+///  - wire_Gbit/s: the bytes this rank handed to Gloo (moved().sent) x 8 / time;
+///  - GB/s: S / time (the heal's measure: bm_transfer, S from rank 0 to rank 1, striped).
 
 #include <benchmark/benchmark.h>
 #include <sys/wait.h>
@@ -30,6 +31,9 @@
 #include <vector>
 
 #include "fedshard/comm/gloo.hpp"
+#include "fedshard/federation/heal.hpp"
+#include "fedshard/mesh/mesh.hpp"
+#include "fedshard/plan/interpreter.hpp"
 
 namespace {
 
@@ -45,6 +49,8 @@ struct setting {
   bool checked;
   bool pipelined;
   int stripes;
+  bool transfer = false;  // rank 0 sends the bytes to rank 1 instead of an all_reduce
+  bool heal = false;      // rank 0 heals rank 1 with a state of the bytes (federation/heal.hpp)
 };
 
 gl::options options_of(const setting& s) {
@@ -56,31 +62,75 @@ gl::options options_of(const setting& s) {
   return o;
 }
 
-/// Runs `calls` all_reduces of s.bytes on rank `rank`; rank 0 reports each timed call's
-/// seconds to `time` and returns the bytes it sent.
+/// Rank c.rank() of a heal of s.bytes: rank 0 (the donor) sends its state through the heal
+/// plan and the interpreter (federation::send_heal), rank 1 (the joiner) receives it
+/// (receive_heal: the size, then a fresh buffer of the state) and answers with one float once
+/// it holds it; rank 0 times from before send_heal to the answer.
+template <class Time>
+std::int64_t heal_rank(gl::communicator& c, const setting& s, Time&& time) {
+  fedshard::mesh m(c, {2, 1, 1});
+  fedshard::interpreter<gl::communicator> in(m);
+  const fedshard::federation::heal_round r{.ranks = 2, .donor = 0, .joiners = {1}, .me = c.rank()};
+  const std::string blob(static_cast<std::size_t>(s.bytes), 'x');
+  float ack = 0;
+  for (int i = 0; i < warmup + iterations; ++i) {
+    if (r.me == 0) {
+      std::string state = blob;  // the donor's serialized state, made before the clock starts
+      c.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      fedshard::federation::send_heal(in, r, std::move(state));
+      c.recv(&ack, 1, dtype::f32, 1);
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (i >= warmup) time(t);
+    } else {
+      c.barrier();
+      const auto got = fedshard::federation::receive_heal(in, r, s.bytes);
+      if (got.size() != blob.size() || got.front() != 'x' || got.back() != 'x')
+        throw std::runtime_error("bench_link: the healed state differs");
+      c.send(&ack, 1, dtype::f32, 0);
+    }
+  }
+  return in.traffic().total().sent;
+}
+
+/// Runs `calls` all_reduces of s.bytes on rank `rank` (or transfers: rank 0 sends, rank 1
+/// receives and answers with one float, which rank 0 receives); rank 0 reports each timed
+/// call's seconds to `time` and returns the bytes it sent.
 template <class Time>
 std::int64_t run_rank(const std::filesystem::path& dir, int rank, const setting& s, Time&& time) {
   auto st = std::make_shared<gl::file_store>(dir);
   gl::communicator c(st, "link", rank, 2, options_of(s));
+  if (s.heal) return heal_rank(c, s, time);
   const auto n = s.bytes / static_cast<std::int64_t>(sizeof(float));
   std::vector<float> in(static_cast<std::size_t>(n), 1.0f + static_cast<float>(rank));
   std::vector<float> out(in.size());
-  for (int i = 0; i < warmup; ++i)
-    c.all_reduce(in.data(), out.data(), n, dtype::f32, reduce_op::sum);
+  float ack = 0;
+  const auto call = [&] {
+    if (!s.transfer) {
+      c.all_reduce(in.data(), out.data(), n, dtype::f32, reduce_op::sum);
+    } else if (rank == 0) {
+      c.send(in.data(), n, dtype::f32, 1);
+      c.recv(&ack, 1, dtype::f32, 1);
+    } else {
+      c.recv(out.data(), n, dtype::f32, 0);
+      c.send(&ack, 1, dtype::f32, 0);
+    }
+  };
+  for (int i = 0; i < warmup; ++i) call();
   const auto before = c.moved();
   for (int i = 0; i < iterations; ++i) {
     c.barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    c.all_reduce(in.data(), out.data(), n, dtype::f32, reduce_op::sum);
+    call();
     time(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  if (out[0] != 3.0f) throw std::runtime_error("bench_link: wrong all_reduce result");
+  const float want = s.transfer ? 1.0f : 3.0f;
+  if ((!s.transfer || rank == 1) && (out.front() != want || out.back() != want))
+    throw std::runtime_error("bench_link: wrong result");
   return (c.moved() - before).sent;
 }
 
-void bm_all_reduce(benchmark::State& state) {
-  const setting s{state.range(0) << 20, state.range(1) != 0, state.range(2) != 0,
-                  static_cast<int>(state.range(3))};
+void run(benchmark::State& state, const setting& s) {
   const auto dir = std::filesystem::temp_directory_path() /
                    ("fedshard_bench_link_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
@@ -115,7 +165,26 @@ void bm_all_reduce(benchmark::State& state) {
   if (total > 0) {
     state.counters["Gbit/s"] = static_cast<double>(s.bytes) * 8 * iterations / total / 1e9;
     state.counters["wire_Gbit/s"] = static_cast<double>(sent) * 8 / total / 1e9;
+    state.counters["GB/s"] = static_cast<double>(s.bytes) * iterations / total / 1e9;
   }
+}
+
+void bm_all_reduce(benchmark::State& state) {
+  run(state, {state.range(0) << 20, state.range(1) != 0, state.range(2) != 0,
+              static_cast<int>(state.range(3))});
+}
+
+/// A heal's transfer: S MiB from rank 0 to rank 1 over `stripes` connections.
+void bm_transfer(benchmark::State& state) {
+  run(state, {state.range(0) << 20, false, true, static_cast<int>(state.range(1)), true});
+}
+
+/// A heal of S MiB (the plan's size and state transfers, through the interpreter) over
+/// `stripes` connections.
+void bm_heal(benchmark::State& state) {
+  setting s{state.range(0) << 20, false, true, static_cast<int>(state.range(1))};
+  s.heal = true;
+  run(state, s);
 }
 
 }  // namespace
@@ -130,6 +199,18 @@ BENCHMARK(bm_all_reduce)
 BENCHMARK(bm_all_reduce)
     ->ArgNames({"MiB", "checked", "pipelined", "stripes"})
     ->ArgsProduct({{16, 64}, {0}, {1}, {2, 4, 8}})
+    ->Iterations(iterations)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_transfer)
+    ->ArgNames({"MiB", "stripes"})
+    ->ArgsProduct({{64, 1024}, {1, 4, 8}})
+    ->Iterations(iterations)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_heal)
+    ->ArgNames({"MiB", "stripes"})
+    ->ArgsProduct({{1024}, {1, 8}})
     ->Iterations(iterations)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

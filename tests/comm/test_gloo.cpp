@@ -372,6 +372,46 @@ TEST_CASE("gloo: a peer killed during a striped all_reduce gives peer_failure on
                        fedshard::backend_error);
 }
 
+TEST_CASE("gloo: messages over 3 stripes arrive whole and in order per tag") {
+  // On tag 7, as bf16 words: 1 MiB (cut in 3 pieces of 256 KiB or more, one per stripe),
+  // 100 B (one piece), 700 KiB + 2 B (2 pieces, of different sizes), all posted before rank 1
+  // receives any.
+  const std::vector<std::size_t> sizes{std::size_t{1} << 20, 100, (std::size_t{700} << 10) + 2};
+  const auto byte_of = [](std::size_t m, std::size_t i) {
+    return static_cast<char>((i * 131 + m * 7 + i / 4096) % 251);
+  };
+  const auto prefix = next_prefix();
+  auto got = ft::on_threads(2, [&](int r) {
+    gl::options o = ft::gloo_timeout(60);
+    o.stripes = 3;
+    gl::communicator c(shared_store(), prefix, r, 2, o);
+    std::vector<std::vector<char>> bufs;
+    for (std::size_t m = 0; m < sizes.size(); ++m) {
+      bufs.emplace_back(sizes[m]);
+      if (r == 0)
+        for (std::size_t i = 0; i < sizes[m]; ++i) bufs[m][i] = byte_of(m, i);
+    }
+    std::vector<fedshard::request> pending;
+    for (auto& b : bufs) {
+      const auto n = static_cast<std::int64_t>(b.size() / 2);
+      pending.push_back(r == 0 ? c.send_async(b.data(), n, dtype::bf16, 1, 7)
+                               : c.recv_async(b.data(), n, dtype::bf16, 0, 7));
+    }
+    for (auto& q : pending) q.wait();
+    return std::pair(bufs, c.moved());
+  });
+  const auto& [received, moved] = got[1];
+  for (std::size_t m = 0; m < sizes.size(); ++m) {
+    CAPTURE(m);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < sizes[m]; ++i) wrong += received[m][i] != byte_of(m, i);
+    CHECK(wrong == 0);
+  }
+  const auto total = static_cast<std::int64_t>(sizes[0] + sizes[1] + sizes[2]);
+  CHECK(got[0].second == fedshard::moved_bytes{total, 0});
+  CHECK(moved == fedshard::moved_bytes{0, total});
+}
+
 TEST_CASE("gloo: stripes outside [1, 64] are refused with what was found") {
   ft::temp_dir dir;
   for (int bad : {0, 65}) {
