@@ -1,7 +1,8 @@
 # The example_multi_job test (cmake -P): runs fedshard-multi-job with group 2 SIGKILLed
 # between two syncs and restarted 5 s after it died (join timeout 2 s, so the others leave
 # it out first). Passes when the launcher exits 0 and its output shows a round with group 2
-# left out, then a later round with group 2 as a joiner that healed.
+# left out, then a later round with group 2 as a joiner that healed and said how long after
+# its restart its first sync came.
 #   cmake -DEXE=<fedshard-multi-job> [-DLAUNCHER=<command list>] -P check_multi_job.cmake
 if(NOT EXE)
   message(FATAL_ERROR "check_multi_job.cmake: pass -DEXE=<path of fedshard-multi-job>")
@@ -21,6 +22,7 @@ string(FIND "${out}" "left out {2}" left_out)
 string(FIND "${out}" "healed {2}" joined)
 string(FIND "${out}" "[group 2] restarted" restarted)
 string(FIND "${out}" "(healed: took group" healed)
+string(REGEX MATCH "first sync [0-9]+\\.[0-9][0-9] s after this process started" rejoin "${out}")
 if(left_out EQUAL -1)
   list(APPEND problems "no round left group 2 out ('left out {2}')")
 endif()
@@ -31,6 +33,9 @@ if(joined EQUAL -1 OR healed EQUAL -1)
   list(APPEND problems "no round had group 2 as a joiner that healed ('healed {2}', '(healed: ...')")
 elseif(NOT left_out EQUAL -1 AND joined LESS left_out)
   list(APPEND problems "group 2 joined before it was left out")
+endif()
+if(NOT rejoin)
+  list(APPEND problems "the healed group did not report its restart-to-first-sync time")
 endif()
 if(problems)
   list(JOIN problems "\n  " text)

@@ -226,6 +226,7 @@ using trainer_type =
     fedshard::trainer<charlm::model, fedshard::fl_hsdp, fedshard::optim::adamw, world_type>;
 
 int run_group(const settings& s) {
+  const auto started = std::chrono::steady_clock::now();
   const std::string tag = concat("[group ", s.group, "] ");
   const charlm::corpus data = charlm::corpus::load(s.corpus);
   const charlm::dims dims{data.vocab(), 8, 16, s.hidden};
@@ -286,18 +287,25 @@ int run_group(const settings& s) {
           const auto rounds = link.rounds_seen();
           // Rank (g, l)'s batch; a healed group jumps to the donor's step, so the step is read
           // from the trainer every time.
+          const auto before = std::chrono::steady_clock::now();
           t.step(charlm::model::training_batch(data, dims.context, s.seed, step, s.group * L + l,
                                                s.batch));
+          const auto after = std::chrono::steady_clock::now();
           if (link.rounds_seen() == rounds) continue;
+          // The step with the round: its compute, the round (arrive, decide, connect, heal)
+          // and the sync; a survivor's stall when a group died shows here.
+          const double sync_step = std::chrono::duration<double>(after - before).count();
           const double ppl = group_ppl();
           if (l != 0) continue;
           const el::round_info& r = link.round();
           std::string healed;
           if (r.has(r.joiners, s.group))
             healed = concat(" (healed: took group ", r.donor, "'s state, step ", step + 1, " -> ",
-                            t.step_count(), ")");
-          say(tag + concat(link.outcome(), "; now at step ", t.step_count(), ", eval ppl ",
-                           fixed(ppl, 3), healed));
+                            t.step_count(), "; first sync ",
+                            fixed(std::chrono::duration<double>(after - started).count(), 2),
+                            " s after this process started)");
+          say(tag + concat(link.outcome(), "; sync step ", fixed(sync_step, 3), " s; now at step ",
+                           t.step_count(), ", eval ppl ", fixed(ppl, 3), healed));
         }
         if (l == 0)
           say(tag + concat("done: ", t.step_count(), " steps, ", t.syncs_applied(), " syncs, ",
