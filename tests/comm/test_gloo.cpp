@@ -342,16 +342,23 @@ TEST_CASE("gloo: a peer process killed mid-run gives peer_failure at once, not a
   }
 }
 
-TEST_CASE("gloo: stripes outside [1, 64] are refused with what was found") {
+TEST_CASE(
+    "gloo: stripes outside [1, 64] and a negative pipeline_bytes are refused with what "
+    "was found") {
   ft::temp_dir dir;
-  for (int bad : {0, 65}) {
-    gl::options o = ft::gloo_timeout(5);
-    o.stripes = bad;
-    const auto want = fedshard::detail::concat("stripes must be in [1, 64], found ", bad);
+  const auto refused = [&](const gl::options& o, const std::string& want) {
     CHECK_THROWS_WITH_AS(
         gl::communicator(std::make_shared<gl::file_store>(dir.path()), "bad", 0, 1, o),
         doctest::Contains(want.c_str()), fedshard::invalid_argument);
+  };
+  for (int bad : {0, 65}) {
+    gl::options o = ft::gloo_timeout(5);
+    o.stripes = bad;
+    refused(o, fedshard::detail::concat("stripes must be in [1, 64], found ", bad));
   }
+  gl::options o = ft::gloo_timeout(5);
+  o.pipeline_bytes = -1;
+  refused(o, "pipeline_bytes must be >= 0 (0: one stage), found -1");
 }
 
 /// Runs body() in a child process whose SIGPIPE disposition is the default (the process

@@ -473,6 +473,10 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     FEDSHARD_EXPECTS(s_->opts.stripes >= 1 && s_->opts.stripes <= 64,
                      "gloo::communicator: options::stripes must be in [1, 64], found ",
                      s_->opts.stripes);
+    FEDSHARD_EXPECTS(s_->opts.pipeline_bytes >= 0,
+                     "gloo::communicator: options::pipeline_bytes must be >= 0 (0: one stage), "
+                     "found ",
+                     s_->opts.pipeline_bytes);
     ::gloo::transport::tcp::attr attr;
     attr.hostname = s_->opts.hostname;
     try {
