@@ -672,19 +672,14 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   }
 
   void gather_bytes(const void* in, void* out, std::size_t bytes) {
-    gather_bytes(s_->ctx, in, out, bytes);
-  }
-  void gather_bytes(const std::shared_ptr<::gloo::rendezvous::Context>& ctx, const void* in,
-                    void* out, std::size_t bytes) {
-    ::gloo::AllgatherOptions o(ctx);
+    ::gloo::AllgatherOptions o(s_->ctx);
     o.setInput(static_cast<char*>(const_cast<void*>(in)), bytes);
     o.setOutput(static_cast<char*>(out), bytes * static_cast<std::size_t>(s_->size));
     o.setTimeout(timeout());
     ::gloo::allgather(o);
   }
-  void alltoall_bytes(const std::shared_ptr<::gloo::rendezvous::Context>& ctx, const void* in,
-                      void* out, std::size_t bytes_per_rank) {
-    ::gloo::AlltoallOptions o(ctx);
+  void alltoall_bytes(const void* in, void* out, std::size_t bytes_per_rank) {
+    ::gloo::AlltoallOptions o(s_->ctx);
     const auto total = bytes_per_rank * static_cast<std::size_t>(s_->size);
     o.setInput(static_cast<char*>(const_cast<void*>(in)), total);
     o.setOutput(static_cast<char*>(out), total);
@@ -767,7 +762,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
           if (n == 1)
             std::memcpy(blocks.data(), a.in, bytes);
           else
-            alltoall_bytes(s_->ctx, a.in, blocks.data(), bytes);
+            alltoall_bytes(a.in, blocks.data(), bytes);
           count_both((n - 1) * bytes);
           fedshard::detail::reduce_blocks(a.type, a.op, blocks.data(), bytes, n, a.out, a.count);
           return;
@@ -797,10 +792,9 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
       return;
     }
     // Chunk p of every input goes to rank p, which reduces it; then the chunks are gathered,
-    // in stages (see stage_elems): stage s on stripe s % stripes, each stripe's stages in
+    // in stages (see stage_cut): stage s on stripe s % stripes, each stripe's stages in
     // order on its own context and thread, reducing one while exchanging the next.
-    const stage_cut cut(a, n, s_->rank, esz,
-                        stage_elems(fedshard::detail::chunk_elems(a.count, n, esz), esz));
+    const stage_cut cut(a, n, esz, s_->opts.pipeline_bytes);
     const auto lanes = static_cast<std::int64_t>(s_->stripes.size()) + 1;
     s_->scratch.resize(static_cast<std::size_t>(lanes));  // before the lanes' threads start
     std::vector<std::future<void>> others;
@@ -820,29 +814,28 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
         if (!failed) failed = std::current_exception();
       }
     if (failed) std::rethrow_exception(failed);
-    // The alltoall's chunks out and in, then the gather's: per stage, as one exchange of
-    // the whole chunks would move.
+    // The chunks out and in, then the reduced chunks out and in: summed over the stages and
+    // stripes, what one exchange of the whole chunks moves.
     count_both(2 * (un - 1) * static_cast<std::size_t>(cut.chunk) * esz);
   }
 
   /// A large all_reduce cut in stages: chunk p (chunk elements, whole cache lines) of every
   /// input belongs to rank p; stage s of a chunk is its elements [s * stage, min(chunk,
-  /// (s+1) * stage)).
+  /// (s+1) * stage)), stage being whole cache lines of at most pipeline_bytes (the whole chunk
+  /// when pipeline_bytes is 0).
   struct stage_cut {
-    stage_cut(const call_args& call, int ranks, int me, std::size_t elem, std::int64_t per)
+    stage_cut(const call_args& call, int ranks, std::size_t elem, std::int64_t pipeline_bytes)
         : a(call),
           n(ranks),
           esz(elem),
           chunk(fedshard::detail::chunk_elems(call.count, ranks, elem)),
-          stage(per),
-          stages((chunk + per - 1) / per),
-          mine(fedshard::detail::chunk_of(call.count, ranks, elem, me)) {}
+          stage(stage_elems(chunk, elem, pipeline_bytes)),
+          stages((chunk + stage - 1) / stage) {}
     std::int64_t len(std::int64_t s) const { return std::min(stage, chunk - s * stage); }
     const call_args& a;
     int n;
     std::size_t esz;
     std::int64_t chunk, stage, stages;
-    fedshard::detail::elem_range mine;
   };
 
   /// Stripe k of `lanes` runs stages k, k + lanes, ... of cut on context ctx (see
@@ -986,9 +979,8 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   };
 
   /// Elements per pipeline stage of a chunk of `chunk` elements: whole cache lines of at most
-  /// options::pipeline_bytes, the whole chunk when pipelining is off (0).
-  std::int64_t stage_elems(std::int64_t chunk, std::size_t esz) const {
-    const auto limit = s_->opts.pipeline_bytes;
+  /// `limit` bytes, the whole chunk when pipelining is off (0).
+  static std::int64_t stage_elems(std::int64_t chunk, std::size_t esz, std::int64_t limit) {
     if (limit <= 0) return std::max<std::int64_t>(chunk, 1);
     const auto line =
         std::max<std::int64_t>(1, static_cast<std::int64_t>(fedshard::cache_line_bytes / esz));
