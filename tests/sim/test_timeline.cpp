@@ -100,6 +100,33 @@ TEST_CASE("ops of one trigger run one after another") {
   CHECK(time_step(ops, {{1.0, 0, 0}, {0.2, 2.0, 0}}, {1}, 0).step == doctest::Approx(3.2));
 }
 
+TEST_CASE("host-driven chains: a follow-up starts when the rank next enters the interpreter") {
+  // HSDP's backward over two equal units, C = 6 (forward 1 + 1, backward 2 + 2): each unit's
+  // grads_ready fires a reduce_scatter on the compute stream (cpu 0.25), then the replica
+  // all_reduce of its shard (holds the channel 1.0).
+  std::vector<comm_op> ops{
+      op_at(comm_kind::reduce_scatter, trigger::grads_ready, phase::backward, 1),
+      op_at(comm_kind::all_reduce, trigger::grads_ready, phase::backward, 1),
+      op_at(comm_kind::reduce_scatter, trigger::grads_ready, phase::backward, 0),
+      op_at(comm_kind::all_reduce, trigger::grads_ready, phase::backward, 0)};
+  ops[1].axis = ops[3].axis = axis::replica;
+  const std::vector<op_time> times{{0, 0, 0.25}, {1.0, 0, 0}, {0, 0, 0.25}, {1.0, 0, 0}};
+  // Stream-ordered: unit 1's backward ends at 4, its reduce_scatter at 4.25, its all_reduce
+  // runs 4.25-5.25 behind unit 0's backward (4.25-6.25); unit 0's reduce_scatter ends at
+  // 6.5 and its all_reduce runs 6.5-7.5.
+  CHECK(time_step(ops, times, {1, 1}, 6).step == doctest::Approx(7.5));
+  // Host-driven: unit 1's all_reduce waits for the next firing after unit 0's backward,
+  // 6.25-7.25; unit 0's reduce_scatter runs 6.25-6.5, and its all_reduce, left for the end
+  // of the step, queues behind unit 1's: 7.25-8.25.
+  const step_timeline host = time_step(ops, times, {1, 1}, 6, true);
+  CHECK(host.step == doctest::Approx(8.25));
+  CHECK(host.busy == doctest::Approx(2.0));
+  CHECK(host.cpu == doctest::Approx(0.5));
+  // A chain of one op is issued whole at its firing either way: DDP's all_reduces.
+  const std::vector<comm_op> ddp{ops[1], ops[3]};
+  CHECK(time_step(ddp, {{0.5, 0, 0}, {0.5, 0, 0}}, {1, 1}, 6, true).step == doctest::Approx(6.5));
+}
+
 TEST_CASE("bad timelines are refused with a clear message") {
   const auto ops = fsdp_two_units();
   CHECK_THROWS_WITH_AS(time_step(ops, {}, {1, 1}, 1), doctest::Contains("6 ops but 0 op times"),

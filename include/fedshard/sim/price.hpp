@@ -1323,7 +1323,8 @@ class rank_pricer {
       return;
     }
     const std::vector<comm_op>& ops = p_.step_ops.ops;
-    const step_timeline tl = time_step(ops, step_times, p_.unit_elements, window_compute_);
+    const step_timeline tl =
+        time_step(ops, step_times, p_.unit_elements, window_compute_, p_.c.host_driven);
     double all = 0;
     std::array<double, 5> by_axis{};
     for (std::size_t i = 0; i < ops.size(); ++i) {

@@ -75,7 +75,12 @@ struct cluster {
   link_level intra;          ///< NVLink: α per step, β = busbw per GPU
   link_level inter;  ///< network: α per step; β is node_bandwidth(), `inter.bandwidth` unused
   link_level wan;    ///< between sites: α per step, β per site uplink
-  double op_latency = 0;     ///< fixed seconds per collective
+  double op_latency = 0;  ///< fixed seconds per collective
+  /// The ranks' communicators are not stream-ordered (host memory: inproc, MPI, Gloo): the
+  /// interpreter issues an op that follows another in its chain only when the rank next
+  /// enters it (sim/timeline.hpp prices that under step_overlap::timeline). False: NCCL's
+  /// streams, the whole chain queued at once.
+  bool host_driven = false;
   double peak_flops = 0;     ///< dense bf16 FLOP/s of one GPU
   double default_mfu = 0.5;  ///< achieved fraction of peak_flops for transformer training
   int sites = 1;             ///< the world is split over this many sites
