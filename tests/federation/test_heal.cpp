@@ -222,6 +222,29 @@ TEST_CASE("one donor heals two joiners in turn; a collective on the axis runs af
   });
 }
 
+TEST_CASE("a joiner's buffer: its memory takes the state when it holds it, its bytes never leak") {
+  // The donor's 77 bytes travel as 80 (10 words). The joiner passes a buffer of 200 'z's
+  // (capacity enough: the state lands in its memory) or of 3 (too small: it grows); either
+  // way it gets exactly the donor's 77 bytes, none of the z's.
+  for (const std::size_t held : {std::size_t{200}, std::size_t{3}}) {
+    CAPTURE(held);
+    test::spawn_ranks(2, [&](communicator& world) {
+      mesh m(world, {2, 1, 1});
+      interpreter<communicator> in(m);
+      const heal_round r{.ranks = 2, .donor = 0, .joiners = {1}, .me = m.coords().group};
+      if (r.me == 0) {
+        federation::send_heal(in, r, state_of(77, 0));
+        return;
+      }
+      std::string buffer(held, 'z');
+      const char* memory = buffer.data();
+      const std::string got = federation::receive_heal(in, r, 4096, std::move(buffer));
+      CHECK(got == state_of(77, 0));
+      if (held >= 80) CHECK(got.data() == memory);
+    });
+  }
+}
+
 TEST_CASE("a joiner refuses an announced size outside its bound before receiving a state") {
   // The donor announces a size with the heal's own size op, then stops; the joiner, bounded
   // at 4096 bytes, refuses 5000, 10.5 and -8, and has sent nothing.

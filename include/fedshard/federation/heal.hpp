@@ -173,9 +173,13 @@ void send_heal(interpreter<C, S>& in, const heal_round& r, std::string state) {
 
 /// A joiner's side: receives the donor's state through the interpreter (its size, checked to
 /// be a whole number of bytes in [1, max_state_bytes] before anything is allocated, then the
-/// state) and returns it.
+/// state) and returns it. The state lands in `buffer`'s memory when its capacity holds it
+/// (a joiner passes its own serialized state, the same layout: memory it has already
+/// touched, so no page of a fresh gigabyte is faulted in during the heal); whatever buffer
+/// held is overwritten.
 template <Communicator C, space::MemorySpace S>
-std::string receive_heal(interpreter<C, S>& in, const heal_round& r, std::int64_t max_state_bytes) {
+std::string receive_heal(interpreter<C, S>& in, const heal_round& r, std::int64_t max_state_bytes,
+                         std::string buffer = {}) {
   static_assert(S::host_accessible,
                 "fedshard::federation::receive_heal: the state arrives in "
                 "host memory; the interpreter's space must be host-accessible");
@@ -191,7 +195,8 @@ std::string receive_heal(interpreter<C, S>& in, const heal_round& r, std::int64_
                    "heal: donor ", r.donor, " announced a state of ", announced,
                    " bytes, expected a whole number of bytes in [1, ", max_state_bytes, "]");
   const auto size = static_cast<std::int64_t>(announced);
-  std::string state(static_cast<std::size_t>(padded_state_bytes(size)), '\0');
+  std::string state = std::move(buffer);
+  state.resize(static_cast<std::size_t>(padded_state_bytes(size)));  // every byte received
   in.run(heal_state_op(r, r.me, size), [&](const comm_op&, const operand&) -> buffer_view {
     return {state.data(), state.size() / 8, dtype::f64};
   });
@@ -208,7 +213,8 @@ struct heal_report {
 
 /// Runs round r's heal on this rank: the donor sends state() (a std::string of the
 /// serialized state) to the joiners; a joiner receives the donor's, bounded by
-/// heal_bound(state().size()), and calls take(std::string) with it; other ranks do nothing.
+/// heal_bound(state().size()), into the memory of its own state() string, and calls
+/// take(std::string) with it; other ranks do nothing.
 /// Every call goes through the interpreter (see the file comment).
 template <Communicator C, space::MemorySpace S, class State, class Take>
 heal_report heal(interpreter<C, S>& in, const heal_round& r, State&& state, Take&& take) {
@@ -222,8 +228,9 @@ heal_report heal(interpreter<C, S>& in, const heal_round& r, State&& state, Take
     h.sent = static_cast<int>(r.joiners.size());
     send_heal(in, r, std::move(s));
   } else if (r.joining()) {
-    const auto own = static_cast<std::int64_t>(state().size());
-    std::string s = receive_heal(in, r, heal_bound(own) + r.seal_bytes);
+    std::string own = state();
+    const auto own_bytes = static_cast<std::int64_t>(own.size());
+    std::string s = receive_heal(in, r, heal_bound(own_bytes) + r.seal_bytes, std::move(own));
     if (r.open) s = r.open(std::move(s));
     h.state_bytes = static_cast<std::int64_t>(s.size());
     h.received = true;
