@@ -4,7 +4,6 @@
 // collectives as the demo's plans run them, and the memory bandwidth of a rank.
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>

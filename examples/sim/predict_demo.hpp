@@ -382,7 +382,6 @@ struct summary {
   /// Every pair of rows in the same order, predicted and measured, or measured within the
   /// run-to-run noise of each other (within_noise).
   bool order_matches = false;
-  bool strict_order = false;  ///< the two orders are the same list
   bool bytes_match = true;
 };
 
@@ -405,7 +404,6 @@ inline summary report(const std::vector<row>& rows) {
   }
   const auto predicted = order_by(rows, [](const row& r) { return r.predicted; });
   const auto measured = order_by(rows, [](const row& r) { return r.measured; });
-  out.strict_order = predicted == measured;
   auto joined = [](const std::vector<std::string>& v) {
     std::string j;
     for (const auto& n : v) j += (j.empty() ? "" : " > ") + n;
