@@ -559,7 +559,9 @@ int run_launcher(const settings& s, int argc, char** argv) {
   }
   say(tag + concat(s.groups, " groups x ", s.replicas, " x ", s.shards,
                    " thread ranks, charlm (hidden ", s.hidden, "), fl_hsdp: ", s.steps,
-                   " steps, a sync every ", s.k, " steps, join timeout ", s.join_timeout, " s"));
+                   " steps, a sync every ", s.k, " steps, join timeout ", s.join_timeout,
+                   " s; a dead group is noticed after ", el::options{}.missed_beats,
+                   " missed beats of ", el::options{}.beat_period.count(), " s"));
   if (s.kill_group >= 0)
     say(tag + concat("group ", s.kill_group, " will SIGKILL itself at step ", s.kill_at_step,
                      s.restart_after >= 0

@@ -20,6 +20,7 @@
 #include <fedshard/sim/sparse.hpp>
 
 #include "common/cli.hpp"
+#include "multi_job_check.hpp"
 #include "predict_demo.hpp"
 
 #include <algorithm>
@@ -181,6 +182,11 @@ Modes
                         gpu|node; --detect-s (10), --restart-s (300, the whole job),
                         --group-restart-s (120), --storage-gbs (2 GB/s per node),
                         --checkpoint-every-s (default: Young's optimum), --quorum-s (0.02)
+  --check-multi-job EXE [--check-tolerance X]
+                        with --failures: run the multi-job example EXE (fedshard-multi-job)
+                        with a group killed and restarted, and print the model's stall and
+                        heal on this machine against the measured ones; exit 1 when either
+                        ratio is more than X (default 0.25) from 1
   --sweep               CSV over --sweep-k, --sweep-groups and --sweep-gbps, for --algo
                         (default: fl_fsdp and fl_hsdp); --csv FILE (default: stdout)
   --sweep-k LIST        e.g. 1,2,4,8,16,32,64 (default)
@@ -223,8 +229,10 @@ struct options {
   local_rule_desc local{};  ///< --zo-*, --soup-*: the groups' local rule
   price_options pricing{};
   bool paper = false;
-  bool failures = false;       ///< --failures
-  failure_settings failure{};  ///< --mtbf-hours, --detect-s, ...
+  bool failures = false;          ///< --failures
+  failure_settings failure{};     ///< --mtbf-hours, --detect-s, ...
+  std::string check_multi_job;    ///< --check-multi-job: the example's path
+  double check_tolerance = 0.25;  ///< --check-tolerance
   bool sweep = false;
   std::string csv;
   std::vector<int> sweep_k{1, 2, 4, 8, 16, 32, 64};
@@ -433,6 +441,8 @@ void declare_modes(cli::parser& p, options& o, measurement_overrides& measured_a
                 o.failure.checkpoint_every_s = cli::parse_real(f, v, cli::above(0, 1e9));
               })
       .real("--quorum-s", o.failure.quorum_s, cli::closed(0, 1e4))
+      .text("--check-multi-job", o.check_multi_job)
+      .real("--check-tolerance", o.check_tolerance, cli::closed(0, 100))
       .flag("--sweep", o.sweep)
       .text("--csv", o.csv)
       .custom("--sweep-k", [&o](const std::string& f,
@@ -501,6 +511,11 @@ options parse(int argc, char** argv) {
   declare_modes(p, o, measured_as);
   p.parse(argc, argv);
   finish(o, x, custom);
+  if (!o.check_multi_job.empty() && !o.failures)
+    fail("--check-multi-job checks --failures' model: expected --failures with it, found none");
+  if (o.check_multi_job.find('\'') != std::string::npos)
+    fail("--check-multi-job expects a path without a single quote, found '" + o.check_multi_job +
+         "'");
   return o;
 }
 
@@ -1323,7 +1338,13 @@ int run_sim(int argc, char** argv) {
   }
   if (o.failures) {
     failures(o);
-    return 0;
+    if (o.check_multi_job.empty()) return 0;
+    std::printf("\n");
+    const double off = multi_job_check::check(o.check_multi_job);
+    if (off <= o.check_tolerance) return 0;
+    std::printf("a predicted/measured ratio is %.2f from 1, more than --check-tolerance %g\n", off,
+                o.check_tolerance);
+    return 1;
   }
   if (o.sweep) {
     sweep(o);

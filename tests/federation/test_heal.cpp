@@ -7,8 +7,10 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -158,7 +160,13 @@ TEST_CASE(
     std::string took;
     const auto h = federation::heal(
         in, r, [&] { return state_of(n, 100 * g + s); },
-        [&](std::string b) { took = std::move(b); });
+        [&](std::string b) {
+          took = std::move(b);
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));  // inside the heal's time
+        });
+    // The heal's wall time: a joiner's includes take(); a rank outside the heal has none.
+    CHECK(h.seconds >= (g == 2 ? 0.02 : 0.0));
+    CHECK((g == 1) == (h.seconds == 0.0));
     if (g == 0) {
       CHECK(h.state_bytes == static_cast<std::int64_t>(n));
       CHECK(h.sent == 1);

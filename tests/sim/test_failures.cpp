@@ -78,6 +78,21 @@ TEST_CASE("elastic groups: one stall for everyone, the rest of the absence on 1/
   CHECK(elastic_groups(eight, hourly()).lost_per_failure_s == doctest::Approx(25.625));
 }
 
+TEST_CASE("a heal's host passes, when priced, add the node's state at their rate") {
+  // 4 GB: 1 s over the network, + 0.25 s latency, + 4 GB at 2 GB/s of host passes = 3.25 s;
+  // per failure 10 + (120 + 3.25 + 4) / 2 = 73.625 s.
+  failing_job j = small_job();
+  j.heal_latency_s = 0.25;
+  j.heal_host_bytes_per_s = 2e9;
+  const scheme_price p = elastic_groups(j, hourly());
+  CHECK(p.heal_s == doctest::Approx(3.25));
+  CHECK(p.lost_per_failure_s == doctest::Approx(73.625));
+  CHECK(per_step_quorum(j, hourly()).heal_s == doctest::Approx(3.25));
+  j.heal_host_bytes_per_s = -1;
+  CHECK(error_of([&] { (void)elastic_groups(j, hourly()); }).find("heal_host_bytes_per_s >= 0") !=
+        std::string::npos);
+}
+
 TEST_CASE("per-step quorum: half a step lost, a quorum paid every step") {
   // Per failure: 10 + (120 + 1 + 0.5) / 2 = 70.75 s; overhead 0.02 / 1.02 of every step.
   const scheme_price p = per_step_quorum(small_job(), hourly());

@@ -28,6 +28,7 @@
 /// 8 and padded_state_bytes(S) bytes; a joiner sends nothing.
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -209,6 +210,9 @@ struct heal_report {
   std::int64_t state_bytes = 0;  ///< S: the state sent or received (0: neither)
   int sent = 0;                  ///< joiners the state was sent to (the donor's)
   bool received = false;         ///< this rank is a joiner and took the state
+  /// Wall-clock seconds of the heal on this rank: a joiner's from serializing its own state
+  /// (the bound) to take() returning, the donor's from serializing to the last send.
+  double seconds = 0;
 };
 
 /// Runs round r's heal on this rank: the donor sends state() (a std::string of the
@@ -220,7 +224,8 @@ template <Communicator C, space::MemorySpace S, class State, class Take>
 heal_report heal(interpreter<C, S>& in, const heal_round& r, State&& state, Take&& take) {
   check(r);
   heal_report h;
-  if (r.joiners.empty()) return h;
+  if (r.joiners.empty() || (r.me != r.donor && !r.joining())) return h;
+  const auto start = std::chrono::steady_clock::now();
   if (r.me == r.donor) {
     std::string s = state();
     if (r.seal) s = r.seal(std::move(s));
@@ -236,6 +241,7 @@ heal_report heal(interpreter<C, S>& in, const heal_round& r, State&& state, Take
     h.received = true;
     take(std::move(s));
   }
+  h.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return h;
 }
 
@@ -287,7 +293,7 @@ std::string begin_elastic_round(Sync& sync, Mesh& m, std::int64_t step, std::int
   if (!h.received) return {};
   return fedshard::detail::concat("fedshard: heal: group ", m.coords().group,
                                   " took the state of group ", round.donor, " (", h.state_bytes,
-                                  " bytes) in round ", round.round);
+                                  " bytes) in round ", round.round, ": heal ", h.seconds, " s");
 }
 
 }  // namespace fedshard::federation

@@ -79,6 +79,10 @@ struct failing_job {
   int steps_per_sync = 1;       ///< K: a dead group loses K / 2 steps on average
   double heal_bytes_per_s = 0;  ///< what a healed node receives at (its network)
   double heal_latency_s = 0;
+  /// What a heal's host passes run at, per byte of the node's state: the donor serializes
+  /// (copies and checksums) it, the joiner verifies and applies it (trainer/state_io.hpp);
+  /// 0: not priced (they hide behind a network that is slower than memory).
+  double heal_host_bytes_per_s = 0;
 };
 
 /// One scheme's price.
@@ -101,11 +105,13 @@ inline void check_job(const failing_job& j) {
                    ">= 1, found ",
                    j.gpus, ", ", j.gpus_per_node, ", ", j.groups, " and ", j.steps_per_sync);
   FEDSHARD_EXPECTS(j.step_s > 0 && std::isfinite(j.step_s) && j.state_bytes_per_gpu >= 0 &&
-                       j.heal_bytes_per_s > 0 && j.heal_latency_s >= 0,
+                       j.heal_bytes_per_s > 0 && j.heal_latency_s >= 0 &&
+                       j.heal_host_bytes_per_s >= 0 && std::isfinite(j.heal_host_bytes_per_s),
                    "sim::failing_job: expected step_s > 0, state_bytes_per_gpu >= 0, "
-                   "heal_bytes_per_s > 0 and heal_latency_s >= 0, found ",
-                   j.step_s, ", ", j.state_bytes_per_gpu, ", ", j.heal_bytes_per_s, " and ",
-                   j.heal_latency_s);
+                   "heal_bytes_per_s > 0, heal_latency_s >= 0 and heal_host_bytes_per_s >= 0, "
+                   "found ",
+                   j.step_s, ", ", j.state_bytes_per_gpu, ", ", j.heal_bytes_per_s, ", ",
+                   j.heal_latency_s, " and ", j.heal_host_bytes_per_s);
 }
 
 /// λ: failures per second of the whole job.
@@ -119,6 +125,14 @@ inline double node_bytes(const failing_job& j) {
   return j.state_bytes_per_gpu * std::min(j.gpus_per_node, j.gpus);
 }
 
+/// One group's heal: the node's state over its network, after the latency, plus the host
+/// passes at heal_host_bytes_per_s when priced.
+inline double heal_seconds(const failing_job& j) {
+  const double b = node_bytes(j);
+  return j.heal_latency_s + b / j.heal_bytes_per_s +
+         (j.heal_host_bytes_per_s > 0 ? b / j.heal_host_bytes_per_s : 0.0);
+}
+
 /// A drop-out scheme: per failure, the stall plus 1/G of the group's absence (restart and
 /// heal) and of its lost work (`lost_steps` steps); `overhead` of every step.
 inline scheme_price drop_out(std::string name, const failing_job& j, const failure_settings& f,
@@ -128,7 +142,7 @@ inline scheme_price drop_out(std::string name, const failing_job& j, const failu
   scheme_price p{.scheme = std::move(name)};
   const double lambda = failure_rate(j, f);
   p.failures_per_hour = lambda * 3600;
-  p.heal_s = node_bytes(j) / j.heal_bytes_per_s + j.heal_latency_s;
+  p.heal_s = heal_seconds(j);
   p.lost_per_failure_s =
       f.detect_s + (f.group_restart_s + p.heal_s + lost_steps * j.step_s) / j.groups;
   p.overhead = overhead;
