@@ -556,6 +556,11 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   };
 
   struct state {
+    // Buffers Gloo's transport writes into, declared before the contexts so that they are
+    // freed after them: after an op failed (a peer died), a receive it had posted from a
+    // live peer may still land, and must land in memory we have not freed.
+    std::vector<std::vector<char>> scratch;    // a large all_reduce's buffers, per stripe
+    std::vector<std::int64_t> exchange_words;  // checked mode's argument exchange
     std::shared_ptr<gloo::store> kv;
     std::string prefix;
     int rank = 0;
@@ -570,7 +575,6 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     std::string broken;               // why the communicator is unusable, empty while it is fine
     moved_bytes moved;                // the data handed to Gloo so far (see the file comment)
     std::map<int, self_box> mailbox;  // messages to itself, per tag
-    std::vector<std::vector<char>> scratch;  // a large all_reduce's buffers, per stripe
   };
 
   communicator(std::shared_ptr<store> st, std::string prefix, int rank, int size, options o,
@@ -691,7 +695,8 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   std::vector<call_summary> exchange(const call_args& a) {
     ++s_->seq;
     const auto mine = fedshard::detail::summarize(a, s_->rank, s_->size).pack();
-    std::vector<std::int64_t> words(mine.size() * static_cast<std::size_t>(s_->size));
+    std::vector<std::int64_t>& words = s_->exchange_words;  // outlives a failed gather (state)
+    words.assign(mine.size() * static_cast<std::size_t>(s_->size), 0);
     if (s_->size == 1) {
       std::copy(mine.begin(), mine.end(), words.begin());
     } else {
