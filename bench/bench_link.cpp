@@ -15,12 +15,20 @@
 /// Counters:
 ///  - Gbit/s: S x 8 / time (what the caller sees: the algorithm's bandwidth);
 ///  - wire_Gbit/s: the bytes this rank handed to Gloo (moved().sent) x 8 / time;
-///  - GB/s: S / time (the heal's measure: bm_transfer, S from rank 0 to rank 1, striped).
+///  - GB/s: S / time (the heal's measure: bm_transfer, S from rank 0 to rank 1, striped);
+///  - median_ms: the median of the timed calls (the time column is their mean).
+///
+/// bm_firing/tensors/check: one firing of a plan of `tensors` all_reduce(sum) ops of 16 KiB
+/// each (a sync of a model of that many tensors) over the federation axis of a mesh of the two
+/// ranks, through the interpreter, timed from a barrier to the firing's completion. check 0:
+/// unchecked; 1: checked, every call (options::every_call, FEDSHARD_GLOO_CHECKED=always);
+/// 2: checked as by default, the firing's first call only (the plan vouches for the others).
 
 #include <benchmark/benchmark.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -43,6 +51,7 @@ using fedshard::reduce_op;
 
 constexpr int warmup = 2;
 constexpr int iterations = 8;
+constexpr int firing_iterations = 48;  // bm_firing: short calls, whose times spread widely
 
 struct setting {
   std::int64_t bytes;
@@ -51,6 +60,8 @@ struct setting {
   int stripes;
   bool transfer = false;  // rank 0 sends the bytes to rank 1 instead of an all_reduce
   bool heal = false;      // rank 0 heals rank 1 with a state of the bytes (federation/heal.hpp)
+  int tensors = 0;        // > 0: a firing of that many all_reduces of `bytes` (bm_firing)
+  bool every_call = false;
 };
 
 gl::options options_of(const setting& s) {
@@ -59,7 +70,42 @@ gl::options options_of(const setting& s) {
   o.checked = s.checked;
   if (!s.pipelined) o.pipeline_bytes = 0;
   o.stripes = s.stripes;
+  o.every_call = s.every_call;
   return o;
+}
+
+/// Rank c.rank() of bm_firing: fires a plan of s.tensors all_reduces of s.bytes each on the
+/// federation axis; rank 0 times each firing from a barrier to its completion.
+template <class Time>
+void firing_rank(gl::communicator& c, const setting& s, Time&& time) {
+  fedshard::mesh m(c, {2, 1, 1});
+  fedshard::interpreter<gl::communicator> in(m);
+  const auto n = static_cast<std::size_t>(s.bytes / 4);
+  fedshard::plan p;
+  std::vector<std::vector<float>> bufs;
+  for (int i = 0; i < s.tensors; ++i) {
+    p.ops.push_back({.kind = fedshard::comm_kind::all_reduce,
+                     .axis = fedshard::axis::federation,
+                     .bytes = s.bytes,
+                     .ranks = 2,
+                     .reduce = reduce_op::sum,
+                     .in = {.role = fedshard::role::value, .index = 2 * i},
+                     .out = {.role = fedshard::role::value, .index = 2 * i + 1}});
+    bufs.emplace_back(n, 1.0f + static_cast<float>(c.rank()));
+    bufs.emplace_back(n, 0.0f);
+  }
+  const auto bind = [&](const fedshard::comm_op&, const fedshard::operand& o) {
+    auto& v = bufs[static_cast<std::size_t>(o.index)];
+    return fedshard::buffer_view{v.data(), v.size(), dtype::f32};
+  };
+  for (int i = 0; i < warmup + firing_iterations; ++i) {
+    c.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    in.wait(in.fire(p, {}, bind));
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= warmup) time(t);
+  }
+  if (bufs.back().front() != 3.0f) throw std::runtime_error("bench_link: wrong firing result");
 }
 
 /// Rank c.rank() of a heal of s.bytes: rank 0 (the donor) sends its state through the heal
@@ -102,6 +148,10 @@ std::int64_t run_rank(const std::filesystem::path& dir, int rank, const setting&
   auto st = std::make_shared<gl::file_store>(dir);
   gl::communicator c(st, "link", rank, 2, options_of(s));
   if (s.heal) return heal_rank(c, s, time);
+  if (s.tensors > 0) {
+    firing_rank(c, s, time);
+    return 0;
+  }
   const auto n = s.bytes / static_cast<std::int64_t>(sizeof(float));
   std::vector<float> in(static_cast<std::size_t>(n), 1.0f + static_cast<float>(rank));
   std::vector<float> out(in.size());
@@ -164,9 +214,13 @@ void run(benchmark::State& state, const setting& s) {
     total += t;
   }
   if (total > 0) {
-    state.counters["Gbit/s"] = static_cast<double>(s.bytes) * 8 * iterations / total / 1e9;
+    const auto timed = static_cast<double>(seconds.size());
+    const auto bytes = static_cast<double>(s.bytes) * std::max(1, s.tensors);  // per timed call
+    std::sort(seconds.begin(), seconds.end());
+    state.counters["median_ms"] = seconds[seconds.size() / 2] * 1e3;
+    state.counters["Gbit/s"] = bytes * 8 * timed / total / 1e9;
     state.counters["wire_Gbit/s"] = static_cast<double>(sent) * 8 / total / 1e9;
-    state.counters["GB/s"] = static_cast<double>(s.bytes) * iterations / total / 1e9;
+    state.counters["GB/s"] = bytes * timed / total / 1e9;
   }
 }
 
@@ -185,6 +239,15 @@ void bm_transfer(benchmark::State& state) {
 void bm_heal(benchmark::State& state) {
   setting s{state.range(0) << 20, false, true, static_cast<int>(state.range(1))};
   s.heal = true;
+  run(state, s);
+}
+
+/// A firing of `tensors` all_reduces of 16 KiB, checked as `check` says (file comment).
+void bm_firing(benchmark::State& state) {
+  const auto check = state.range(1);
+  setting s{16 << 10, check != 0, true, 1};
+  s.tensors = static_cast<int>(state.range(0));
+  s.every_call = check == 1;
   run(state, s);
 }
 
@@ -213,5 +276,11 @@ BENCHMARK(bm_heal)
     ->ArgNames({"MiB", "stripes"})
     ->ArgsProduct({{1024}, {1, 8}})
     ->Iterations(iterations)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_firing)
+    ->ArgNames({"tensors", "check"})
+    ->ArgsProduct({{8, 64}, {0, 1, 2}})
+    ->Iterations(firing_iterations)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

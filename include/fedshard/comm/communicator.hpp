@@ -39,6 +39,13 @@
 /// 11. `federation_side()`, returning a communicator with rounds (`begin_round(step)`,
 ///     `end_round()`): a world whose federation axis is an elastic link (comm/hybrid.hpp);
 ///     the trainer then begins and ends a round around each sync. Default: no rounds.
+/// 12. `vouch(std::uint64_t fingerprint, bool first)`: the calls made from now on are those
+///     of a plan's firing whose calls on this communicator have fingerprint `fingerprint`
+///     (0: none, the calls are no plan's), `first` for the firing's first call. The
+///     interpreter vouches for each call it makes and clears it after (plan/interpreter.hpp);
+///     a backend that checks calls across ranks may check a firing's first call with its
+///     fingerprint, and its other calls no more once every rank sent the same one (gloo's
+///     checked mode). Default: every call checked as the backend's settings say.
 
 #include <concepts>
 #include <cstdint>
@@ -111,7 +118,7 @@ concept Communicator = std::movable<C> && requires(C& c, const C& cc, const void
   { cc.algorithm_of(collective::all_reduce, n, t) } -> std::same_as<wire_algorithm>;
 };
 
-/// The optional capabilities 10 and 11 of Communicator C, detected here and nowhere else.
+/// The optional capabilities 10 to 12 of Communicator C, detected here and nowhere else.
 template <class C>
 struct comm_capabilities {
   /// 10.
@@ -123,6 +130,8 @@ struct comm_capabilities {
     c.federation_side().begin_round(std::int64_t{});
     c.federation_side().end_round();
   };
+  /// 12.
+  static constexpr bool vouch = requires(C & c) { c.vouch(std::uint64_t{}, bool{}); };
 };
 
 namespace detail {

@@ -613,6 +613,13 @@ class link : public blocking_calls<link> {
       if (mask[static_cast<std::size_t>(g)] != 0) kept.push_back(g);
     round_.participants = std::move(kept);
   }
+  /// Capability 12 (comm/communicator.hpp): vouched for on the round's Gloo context, for
+  /// the data call of each op (its retries on a new context are checked again).
+  void vouch(std::uint64_t fingerprint, bool first) noexcept {
+    vouched_ = fingerprint;
+    first_ = first;
+  }
+
   /// Participants of the current op, as a mask over the G groups (rejected ones cleared).
   std::vector<std::uint8_t> included() const {
     std::vector<std::uint8_t> m(static_cast<std::size_t>(groups_), 0);
@@ -724,7 +731,7 @@ class link : public blocking_calls<link> {
       return;  // alone: the buffer is already the group's
     }
     retrying("broadcast", [&](gloo::communicator& c) {
-      c.broadcast(buf, n, t, index_in(round_.members, root));
+      vouched_call(c, [&] { c.broadcast(buf, n, t, index_in(round_.members, root)); });
     });
   }
   void barrier() {
@@ -1082,8 +1089,23 @@ class link : public blocking_calls<link> {
   /// out (members x bytes) = the members' inputs, in member order, over the round's context;
   /// a failure is retried among the survivors.
   void gather_members(const void* in, void* out, std::size_t bytes, std::int64_t n, dtype t) {
-    retrying("all_gather", [&](gloo::communicator& c) { c.all_gather(in, out, n, t); });
+    retrying("all_gather",
+             [&](gloo::communicator& c) { vouched_call(c, [&] { c.all_gather(in, out, n, t); }); });
     if (round_.members.size() == 1) std::memcpy(out, in, bytes);  // alone (from the start or now)
+  }
+
+  /// Runs f, a call on c, with what vouch() said (the firing's first call only once).
+  template <class F>
+  void vouched_call(gloo::communicator& c, F&& f) {
+    c.vouch(vouched_, first_);
+    first_ = false;
+    try {
+      f();
+    } catch (...) {
+      c.vouch(0, true);
+      throw;
+    }
+    c.vouch(0, true);
   }
 
   /// Runs f on the round's context (connecting it first if needed); when that fails (a
@@ -1356,6 +1378,8 @@ class link : public blocking_calls<link> {
   int local_;
   options o_;
   std::optional<gloo::communicator> ctx_;
+  std::uint64_t vouched_ = 0;  // vouch(): the firing's fingerprint, and whether its first call
+  bool first_ = true;          // is the next one
   std::optional<gloo::communicator> held_;  // the last round's context, while connecting
   std::string ctx_prefix_;                  // where the newest context connected
   std::string ctx_members_;                 // and its members (members_key())

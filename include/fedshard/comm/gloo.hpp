@@ -41,8 +41,15 @@
 ///  - checked mode (options::checked: on unless FEDSHARD_GLOO_CHECKED=0, in every build)
 ///    exchanges every call's arguments first (one small all-gather), so a mismatch throws
 ///    collective_mismatch and an invalid argument invalid_argument on every rank, with
-///    inproc's messages; split always exchanges. Unchecked, a mismatched collective is
-///    Gloo's to handle: its transport thread aborts the process on a size mismatch;
+///    inproc's messages; split always exchanges. Calls a plan vouches for (vouch(), capability
+///    12 of comm/communicator.hpp: the interpreter vouches for the calls of each firing) are
+///    exchanged until the ranks agree: the first call of a firing exchanges its arguments
+///    with the fingerprint of the firing's calls; when every rank sent the same one, the
+///    firing's other calls run without an exchange (their arguments follow from the plan the
+///    ranks agreed on). options::every_call (FEDSHARD_GLOO_CHECKED=always, for debugging)
+///    exchanges every call all the same; exchanges() counts them. Unchecked, a mismatched
+///    collective is Gloo's to handle: its transport thread aborts the process on a size
+///    mismatch;
 ///  - every call has a deadline (options::timeout: FEDSHARD_TIMEOUT_S, else 300 s): a peer
 ///    that does not answer in time gives timeout_error, a peer whose process died (its sockets
 ///    closed) gives peer_failure, as soon as the transport notices. After either the
@@ -437,6 +444,9 @@ struct options {
   /// Exchange every collective's arguments first (see the file comment): on by default,
   /// since a cross-job link's calls are few and large, and Gloo aborts on a mismatch.
   bool checked = fedshard::detail::env_flag("FEDSHARD_GLOO_CHECKED", true);
+  /// Checked mode exchanges every call's arguments, also those of a firing whose plan the
+  /// ranks agreed on (see the file comment): FEDSHARD_GLOO_CHECKED=always.
+  bool every_call = fedshard::detail::env_is("FEDSHARD_GLOO_CHECKED", "always");
   /// all_reduce of at most this many bytes (ranks x count x element size) all-gathers.
   std::int64_t small_all_reduce_bytes = 256 * 1024;
   /// A larger all_reduce exchanges each rank's chunk in stages of at most this many bytes,
@@ -514,6 +524,17 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   const std::shared_ptr<store>& meeting_store() const noexcept { return s_->kv; }
   const options& settings() const noexcept { return s_->opts; }
 
+  /// Capability 12 (comm/communicator.hpp): the calls made from now on belong to a firing
+  /// whose calls on this communicator have fingerprint `fingerprint` (0: none; a call that
+  /// is no plan's), `first` when the next one is the firing's first. Checked mode skips the
+  /// exchange of a firing's later calls once the ranks agreed on it (see the file comment).
+  void vouch(std::uint64_t fingerprint, bool first) noexcept {
+    s_->vouched = fingerprint;
+    s_->first = first;
+  }
+  /// The argument exchanges of checked mode so far (splits included).
+  std::int64_t exchanges() const noexcept { return s_->exchanges; }
+
   /// Collective: the communicator of the ranks that passed the same color (>= 0), ordered
   /// by key then rank; a new Gloo context under this one's prefix.
   communicator split(int color, int key) {
@@ -521,7 +542,7 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
                                          dtype::f32);
     a.color = color;
     a.key = key;
-    const auto all = exchange(a);  // always: split must agree
+    const auto all = exchange(a, false);  // always: split must agree
     std::vector<std::pair<std::int64_t, int>> members;
     for (int p = 0; p < s_->size; ++p)
       if (all[static_cast<std::size_t>(p)].color == color)
@@ -572,6 +593,10 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     std::vector<std::shared_ptr<::gloo::rendezvous::Context>> stripes;       // and their contexts
     std::uint64_t seq = 0;
     int splits = 0;
+    std::uint64_t vouched = 0;  // the fingerprint vouch() gave for the next calls (0: none)
+    bool first = true;          // whether the next call is the first of its firing
+    std::uint64_t agreed = 0;   // the firing fingerprint every rank sent (0: none agreed)
+    std::int64_t exchanges = 0;
     std::string broken;               // why the communicator is unusable, empty while it is fine
     moved_bytes moved;                // the data handed to Gloo so far (see the file comment)
     std::map<int, self_box> mailbox;  // messages to itself, per tag
@@ -692,21 +717,43 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   }
 
   /// Every rank's summary of call a (all-gathered), checked: throws the same error everywhere.
-  std::vector<call_summary> exchange(const call_args& a) {
+  /// Every rank's summary of call a (all-gathered with the fingerprint vouched for it, and
+  /// whether it is its firing's first call), checked: throws the same error everywhere.
+  /// Agreed on a fingerprint when every rank sent the same one (not 0) with a first call:
+  /// from there on the ranks make the same calls of the same firing.
+  std::vector<call_summary> exchange(const call_args& a, bool first) {
     ++s_->seq;
-    const auto mine = fedshard::detail::summarize(a, s_->rank, s_->size).pack();
+    ++s_->exchanges;
+    constexpr int per = call_summary::words + 1;
+    std::array<std::int64_t, per> mine{};
+    const auto summary = fedshard::detail::summarize(a, s_->rank, s_->size).pack();
+    std::copy(summary.begin(), summary.end(), mine.begin());
+    // A first call's fingerprint, else 0 (two ranks at different calls of a firing of the
+    // same plan never agree).
+    mine.back() = first ? static_cast<std::int64_t>(s_->vouched) : 0;
     std::vector<std::int64_t>& words = s_->exchange_words;  // outlives a failed gather (state)
     words.assign(mine.size() * static_cast<std::size_t>(s_->size), 0);
+    s_->agreed = 0;
     if (s_->size == 1) {
       std::copy(mine.begin(), mine.end(), words.begin());
     } else {
       guarded("argument exchange", [&] { gather_bytes(mine.data(), words.data(), sizeof mine); });
     }
     std::vector<call_summary> all;
-    for (int p = 0; p < s_->size; ++p)
-      all.push_back(call_summary::unpack(words.data() + p * call_summary::words));
+    bool same = mine.back() != 0;
+    for (int p = 0; p < s_->size; ++p) {
+      all.push_back(call_summary::unpack(words.data() + p * per));
+      same = same && words[static_cast<std::size_t>(p * per + per - 1)] == mine.back();
+    }
     fedshard::detail::check_calls(all, s_->seq);
+    if (same) s_->agreed = s_->vouched;
     return all;
+  }
+
+  /// True when call a may skip checked mode's exchange: it continues a firing whose
+  /// fingerprint every rank sent with the firing's first call.
+  bool vouched_for() const noexcept {
+    return !s_->opts.every_call && !s_->first && s_->vouched != 0 && s_->vouched == s_->agreed;
   }
 
   /// Runs a collective now; its error (if any) is rethrown by the request's wait().
@@ -715,8 +762,10 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
   }
 
   void run_collective(const call_args& a) {
-    if (s_->opts.checked) {
-      exchange(a);
+    const bool skip = vouched_for(), first = s_->first;
+    s_->first = false;  // a call that makes several: the first one checks the firing
+    if (s_->opts.checked && !skip) {
+      exchange(a, first);
     } else {
       ++s_->seq;
       const auto why = fedshard::detail::validate(

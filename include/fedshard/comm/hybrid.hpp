@@ -90,6 +90,16 @@ class hybrid {
     return {};
   }
 
+  /// Capability 12: passed on to the side's communicator (the world's: both) where it has it.
+  void vouch(std::uint64_t fingerprint, bool first) {
+    if constexpr (comm_capabilities<C>::vouch) {
+      if (side_ != side::federation && group_) group_->vouch(fingerprint, first);
+    }
+    if constexpr (comm_capabilities<F>::vouch) {
+      if (side_ != side::group && link_) link_->vouch(fingerprint, first);
+    }
+  }
+
   /// Bytes moved: the side's communicator's; the world's group and link together.
   moved_bytes moved() const {
     switch (side_) {

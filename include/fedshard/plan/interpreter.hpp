@@ -23,6 +23,14 @@
 ///    chains), and before a firing issues its first call on an axis, every earlier chain's
 ///    pending calls on that axis are issued first.
 ///
+/// Vouching (capability 12 of comm/communicator.hpp, where C has it): each collective call of
+/// a firing is made with the fingerprint of the firing's collective calls on its
+/// communicator (kind, dtype, bytes, ranks, reduction and root of each, in order; point-to-
+/// point calls, whose two sides differ, are left out) and whether it is the firing's first
+/// there; gloo's checked mode then checks the first call with the fingerprint and, once the
+/// ranks agreed on it, not the others. The order rules above keep a firing's calls on one
+/// communicator together: every earlier chain's calls there are issued before its first.
+///
 /// Every call goes through a wire_tap per axis, so traffic() counts what moved. Local ops
 /// (pack, unpack, zero: plan/comm_op.hpp) are no calls: they run in chain order on the
 /// firing's stream through the space's gather_index, scatter_index and fill.
@@ -349,6 +357,8 @@ class interpreter {
     std::vector<std::uint8_t> included;  // encoded and masked ops: the ranks combined
     bool masked = false;                 // a plain op combining the included ranks only
     void* masked_out = nullptr;          // where a masked op's result goes (in op.dtype)
+    std::uint64_t vouch = 0;  // the fingerprint of its firing's calls on its communicator
+    bool first = false;       // whether it is the firing's first call there
     request req;
   };
 
@@ -367,6 +377,7 @@ class interpreter {
 
   ticket launch(chain c) {
     if (c.ops.empty()) return {};
+    if constexpr (comm_capabilities<C>::vouch) fingerprint(c);
     if constexpr (ordered) {
       for (bound_op& b : c.ops) start(b, *c.stream);
       c.next = c.ops.size();
@@ -384,6 +395,57 @@ class interpreter {
       const ticket t{first_id_ + chains_.size() - 1};
       progress();
       return t;
+    }
+  }
+
+  /// The call op b makes on its communicator (an encoded op's all_gather of the wires, a
+  /// masked op's all_gather of the inputs).
+  static comm_op call_of(const bound_op& b) {
+    if (b.coder != nullptr) return carried(b.op);
+    return b.masked ? gathered(b.op) : b.op;
+  }
+
+  /// Sets every collective op's vouch (the FNV-1a hash of the calls of c on its
+  /// communicator: the axis, or its member groups) and first (see the file comment).
+  static void fingerprint(chain& c) {
+    std::map<std::pair<axis, std::uint64_t>, std::uint64_t> hashes;
+    const auto mix = [](std::uint64_t h, std::uint64_t v) {
+      for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ (v & 0xffu)) * 0x100000001b3ull;
+      return h;
+    };
+    for (bound_op& b : c.ops) {
+      if (local(b.op.kind) || point_to_point(b.op.kind)) continue;
+      const comm_op op = call_of(b);
+      const auto [it, first] =
+          hashes.try_emplace({op.axis, op.members}, std::uint64_t{0xcbf29ce484222325ull});
+      b.first = first;
+      std::uint64_t& h = it->second;
+      for (const std::int64_t v :
+           {static_cast<std::int64_t>(op.kind), static_cast<std::int64_t>(op.dtype), op.bytes,
+            std::int64_t{op.ranks}, op.reduce ? static_cast<std::int64_t>(*op.reduce) + 1 : 0,
+            std::int64_t{op.root}})
+        h = mix(h, static_cast<std::uint64_t>(v));
+    }
+    for (bound_op& b : c.ops)
+      if (!local(b.op.kind) && !point_to_point(b.op.kind))
+        b.vouch = std::max<std::uint64_t>(hashes.at({b.op.axis, b.op.members}), 1);
+  }
+
+  /// Makes a call of b on c with b's vouch (where C has capability 12), cleared after it.
+  template <class Call>
+  request vouched(const bound_op& b, wire_tap<C>& c, Call&& call) {
+    if constexpr (comm_capabilities<C>::vouch) {
+      c.inner().vouch(b.vouch, b.first);
+      try {
+        request r = call();
+        c.inner().vouch(0, true);
+        return r;
+      } catch (...) {
+        c.inner().vouch(0, true);
+        throw;
+      }
+    } else {
+      return call();
     }
   }
 
@@ -658,7 +720,7 @@ class interpreter {
         decode(b);
         if (b.staged) cast_back(b, st);
       } else {  // decoded when the call completed (step)
-        b.req = start_op(c, carried(op), encode(b), b.wire);
+        b.req = vouched(b, c, [&] { return start_op(c, carried(op), encode(b), b.wire); });
       }
       return;
     }
@@ -680,7 +742,7 @@ class interpreter {
       if (b.staged) cast_back(b, st);
     } else {
       space_->synchronize(st);
-      b.req = start_op(c, op, in, out);
+      b.req = vouched(b, c, [&] { return start_op(c, op, in, out); });
     }
   }
 
@@ -697,7 +759,7 @@ class interpreter {
       combine_included(b);
       if (b.staged) cast_back(b, st);
     } else {
-      b.req = start_op(c, gathered(b.op), in, b.wire);
+      b.req = vouched(b, c, [&] { return start_op(c, gathered(b.op), in, b.wire); });
     }
   }
 

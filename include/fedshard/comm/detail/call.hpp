@@ -32,6 +32,12 @@ inline bool env_flag(const char* name, bool fallback) {
   return fallback;
 }
 
+/// True when environment variable `name` is set to `value`.
+inline bool env_is(const char* name, std::string_view value) {
+  const char* s = std::getenv(name);
+  return s != nullptr && std::string_view(s) == value;
+}
+
 /// True in builds without NDEBUG: the backends check calls across ranks by default there.
 #ifdef NDEBUG
 inline constexpr bool checked_build = false;
