@@ -132,8 +132,8 @@ if(FEDSHARD_BUILD_TESTS)
     set(target "test_cuda_${name}")
     add_executable(${target} "${source}")
     target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/tests")
-    if(name STREQUAL "trainer_gpu")
-      # Its model is the example's device MLP (examples/gpu/device_mlp.cuh).
+    if(name STREQUAL "trainer_gpu" OR name STREQUAL "alias_gpu")
+      # Their model is the example's device MLP (examples/gpu/device_mlp.cuh).
       target_include_directories(${target} PRIVATE "${PROJECT_SOURCE_DIR}/examples")
     endif()
     target_link_libraries(${target} PRIVATE fedshard::cuda fedshard_gpu_test_main
