@@ -16,13 +16,7 @@
 #   --rounds    runs (env ROUNDS, default 3)
 #   --min-time  seconds each run measures for (default 40, the benchmark's own)
 # Benchmark-only: CI never runs this, and the library never depends on the venv.
-#
-# Two things the wheel's CMake files need here: CMAKE_PREFIX_PATH is the torch folder (so its
-# lib/ is searched), and c10_LIBRARY is given, since TorchConfig's find_library would take a
-# system libc10 (Debian's libtorch-dev) first. The wheel is a CUDA build: its libtorch_cuda
-# references NCCL symbols that the CUDA toolkit's older NCCL lacks, resolved at run time from
-# the venv's own NCCL (libtorch's RUNPATH), so the link allows undefined symbols in shared
-# libraries. No GPU is used.
+# How it builds against the wheel: bench/peer/torch_build.sh.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -44,24 +38,9 @@ done
 [[ $min_time =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "overhead.sh: --min-time takes seconds, found '$min_time'" >&2; exit 2; }
 
 py=$venv/bin/python
-torch_dir=$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null) ||
-  { echo "overhead.sh: no torch in venv $venv (run bench/peer/setup_venv.sh, or pass --venv)" >&2; exit 1; }
-version=$("$py" -c 'import torch; print(torch.__version__)')
-[[ -f $torch_dir/lib/libc10.so && -d $torch_dir/share/cmake/Torch ]] ||
-  { echo "overhead.sh: $torch_dir has no LibTorch (lib/libc10.so, share/cmake/Torch)" >&2; exit 1; }
-
-echo "overhead.sh: building bench_overhead in $build against torch $version ($torch_dir)" >&2
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_dir" \
-  -Dc10_LIBRARY="$torch_dir/lib/libc10.so" -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined \
-  -DFEDSHARD_BUILD_TESTS=OFF -DFEDSHARD_BUILD_EXAMPLES=OFF -DFEDSHARD_BUILD_BENCH=ON \
-  -DFEDSHARD_ENABLE_MPI=OFF -DFEDSHARD_ENABLE_GLOO=OFF -DFEDSHARD_ENABLE_CUDA=OFF >/dev/null
-cmake --build "$build" --target bench_overhead -j 2 >/dev/null
+source "$here/torch_build.sh"  # torch_dir, version, torch_build
+torch_build bench_overhead
 exe=$build/bench/bench_overhead
-if ldd "$exe" | grep -q 'libc10\.so\.[0-9]'; then
-  echo "overhead.sh: $exe loads a system libc10 besides the venv's (ldd):" >&2
-  ldd "$exe" | grep libc10 >&2
-  exit 1
-fi
 
 keys="ddp/plain fsdp/plain fl_hsdp/fsdp plain_ms ddp_ms"
 results=$(mktemp)
