@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates the benchmark-only Python peer venv (torch + numpy from PyPI) used by
-# bench/peer/torch_gloo_allreduce.py. Not a dependency of fedshard; CI never runs it.
+# bench/peer/torch_gloo_allreduce.py, torch_data_parallel.py and (its LibTorch) overhead.sh and
+# data_parallel.sh. Not a dependency of fedshard; CI never runs it.
 # Idempotent: an existing venv is reused and pip runs only if `import torch` fails there.
 #
 # Usage: bench/peer/setup_venv.sh        (venv at ${FEDSHARD_PEER_VENV:-/opt/peer-venv})
