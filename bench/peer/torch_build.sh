@@ -1,7 +1,7 @@
 # Sourced by bench/peer/overhead.sh and data_parallel.sh (after they set root, py and build):
 # finds the LibTorch of the peer venv's torch (PyPI's wheel ships its shared libraries and
 # CMake files) and defines torch_build TARGET..., which configures a Release build of the
-# benchmarks alone in $build against it (tests, examples, MPI, Gloo and CUDA off) and builds
+# benchmarks alone in $build against it (tests, examples, MPI and CUDA off; Gloo on) and builds
 # the targets, refusing a result that loads a system libc10 besides the venv's.
 #
 # Two things the wheel's CMake files need here: CMAKE_PREFIX_PATH is the torch folder (so its
@@ -22,7 +22,7 @@ torch_build() {
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$torch_dir" \
     -Dc10_LIBRARY="$torch_dir/lib/libc10.so" -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined \
     -DFEDSHARD_BUILD_TESTS=OFF -DFEDSHARD_BUILD_EXAMPLES=OFF -DFEDSHARD_BUILD_BENCH=ON \
-    -DFEDSHARD_ENABLE_MPI=OFF -DFEDSHARD_ENABLE_GLOO=OFF -DFEDSHARD_ENABLE_CUDA=OFF >/dev/null 2>&1 ||
+    -DFEDSHARD_ENABLE_MPI=OFF -DFEDSHARD_ENABLE_CUDA=OFF >/dev/null 2>&1 ||
     { echo "$(basename "$0"): configuring $build failed (run the cmake line of bench/peer/torch_build.sh to see why)" >&2; exit 1; }
   cmake --build "$build" --target "$@" -j 2 >/dev/null
   local t

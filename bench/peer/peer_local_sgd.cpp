@@ -1,0 +1,149 @@
+// fedshard's side of bench/peer/local_sgd.sh: one group (one process, one rank, one torch
+// thread) of fl_fsdp (the parameters averaged over the groups every K steps) with the model,
+// data and optimizer of bench/peer/torchft_local_sgd.py (torchft's LocalSGD), over a fixed Gloo
+// link (gloo::communicator) or an elastic one (elastic::link), the groups meeting through a
+// file store.
+//
+//   peer_local_sgd --group G --store DIR [--groups 2] [--link gloo|elastic] [--steps S]
+//                  [--k K] [--warmup W] [--out FILE]
+//
+// Model: 4 x Linear(1024, 1024) with ReLU between, torch's initialisation after
+// torch::manual_seed(0), the layers made in order. Step s of group g: input and target of
+// 64 x 1024 from torch::randn with a CPU generator seeded 1000 s + g; MSE; SGD (lr 0.01).
+// Group 0 prints "step_ms <the mean of the steps after the warm-up ones>" (syncs amortized)
+// and writes its parameters after the last step (module order, raw f32) to FILE.
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fedshard/comm/elastic.hpp>
+#include <fedshard/comm/gloo.hpp>
+#include <fedshard/comm/hybrid.hpp>
+#include <fedshard/comm/inproc.hpp>
+#include <fedshard/mesh/mesh.hpp>
+#include <fedshard/optim/sgd.hpp>
+#include <fedshard/trainer/algorithm.hpp>
+#include <fedshard/trainer/trainer.hpp>
+
+#include "../../examples/common/cli.hpp"
+#include "torch_model.hpp"
+
+namespace {
+
+constexpr std::int64_t kWidth = 1024;
+constexpr std::int64_t kBatch = 64;
+constexpr float kLr = 0.01f;
+
+using net_t = torch::nn::Sequential;
+using model_t = fedshard_torch::torch_model<net_t>;
+
+struct settings {
+  std::int64_t group = -1;
+  std::int64_t groups = 2;
+  std::string store;
+  std::string link = "gloo";
+  std::int64_t steps = 40;
+  std::int64_t k = 20;
+  std::int64_t warmup = 20;
+  std::string out;
+};
+
+/// The layers made in order, as Python makes them (C++ evaluates arguments in no set order).
+net_t make_net() {
+  torch::manual_seed(0);
+  std::vector<torch::nn::Linear> l;
+  for (int i = 0; i < 4; ++i) l.emplace_back(kWidth, kWidth);
+  return net_t(l[0], torch::nn::ReLU(), l[1], torch::nn::ReLU(), l[2], torch::nn::ReLU(), l[3]);
+}
+
+fedshard_torch::batch batch_of(std::int64_t step, std::int64_t group) {
+  auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(1000 * step + group));
+  torch::Tensor x = torch::randn({kBatch, kWidth}, gen);
+  torch::Tensor y = torch::randn({kBatch, kWidth}, gen);
+  return {x, y};
+}
+
+torch::Tensor mse(net_t& net, const fedshard_torch::batch& b) {
+  return torch::mse_loss(net->forward(b.input), b.target);
+}
+
+/// Trains this group over world W (its federation side the link); returns the mean step.
+template <class W>
+double train(W& world, const settings& s, std::vector<float>& params) {
+  const int G = static_cast<int>(s.groups);
+  fedshard::mesh m(world, {.groups = G, .replicas = 1, .shards = 1});
+  fedshard::trainer_options<fedshard::fl_fsdp> o;
+  o.schedule.period = static_cast<int>(s.k);
+  o.total_steps = s.warmup + s.steps;
+  o.log = [](const std::string&) {};
+  fedshard::trainer<model_t, fedshard::fl_fsdp, fedshard::optim::sgd, W> t(
+      m, model_t(make_net(), mse), fedshard::optim::sgd_config{.lr = kLr}, o);
+  std::chrono::steady_clock::time_point start;
+  for (std::int64_t step = 0; step < s.warmup + s.steps; ++step) {
+    if (step == s.warmup) start = std::chrono::steady_clock::now();
+    t.step(batch_of(step, s.group));
+  }
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  params = t.parameters();
+  return ms / static_cast<double>(s.steps);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return cli::run_main("peer_local_sgd", [&] {
+    settings s;
+    cli::parser p;
+    p.integer("--group", s.group, 0, 63)
+        .integer("--groups", s.groups, 1, 64)
+        .text("--store", s.store)
+        .custom("--link",
+                [&](const std::string& o, const std::string& v) {
+                  if (v != "gloo" && v != "elastic")
+                    cli::fail(o + " expects gloo or elastic, found " + v);
+                  s.link = v;
+                })
+        .integer("--steps", s.steps, 1, 100000)
+        .integer("--k", s.k, 1, 100000)
+        .integer("--warmup", s.warmup, 0, 100000)
+        .text("--out", s.out);
+    p.parse(argc, argv);
+    if (s.group < 0 || s.group >= s.groups || s.store.empty())
+      cli::fail("--group (< --groups) and --store are needed");
+    torch::set_num_threads(1);
+    auto st = std::make_shared<fedshard::gloo::file_store>(s.store);
+    const int G = static_cast<int>(s.groups), g = static_cast<int>(s.group);
+    std::vector<float> params;
+    double ms = 0;
+    fedshard::inproc::run(1, [&](fedshard::inproc::communicator& c) {
+      if (s.link == "gloo") {
+        fedshard::gloo::communicator lk(st, "link", g, G);
+        fedshard::hybrid<fedshard::inproc::communicator, fedshard::gloo::communicator> w(
+            c.split(0, 0), std::move(lk));
+        ms = train(w, s, params);
+      } else {
+        fedshard::elastic::options eo;
+        eo.log = [](const std::string&) {};
+        fedshard::elastic::link lk(st, G, g, 1, 0, eo);
+        fedshard::hybrid<fedshard::inproc::communicator, fedshard::elastic::link> w(c.split(0, 0),
+                                                                                    std::move(lk));
+        ms = train(w, s, params);
+      }
+    });
+    if (g != 0) return 0;
+    std::printf("step_ms %.4f\n", ms);
+    if (!s.out.empty()) {
+      std::ofstream f(s.out, std::ios::binary);
+      f.write(reinterpret_cast<const char*>(params.data()),
+              static_cast<std::streamsize>(params.size() * sizeof(float)));
+      if (!f) cli::fail("cannot write " + s.out);
+    }
+    return 0;
+  });
+}

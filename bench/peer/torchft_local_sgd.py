@@ -1,0 +1,99 @@
+"""The peer's side of bench/peer/local_sgd.sh: one replica group (one process, one thread) of
+torchft's LocalSGD, with the model, data and optimizer of peer_local_sgd.cpp (fedshard's
+fl_fsdp over a Gloo link), so that both train the same parameters.
+
+    python torchft_local_sgd.py --group G --lighthouse URL [--groups 2] [--steps S] [--k K]
+                                [--warmup W] [--out FILE]
+
+Model: 4 x Linear(1024, 1024) with ReLU between, torch's default initialisation after
+torch.manual_seed(0). Step s of group g: input and target of 64 x 1024 from torch.randn with a
+CPU generator seeded 1000 s + g; MSE; SGD (lr 0.01); LocalSGD averages the parameters over
+the groups every K steps (after the optimizer's step), through torchft's Manager (quorum from
+the lighthouse, ProcessGroupGloo). Group 0 prints "step_ms <the mean of the steps after the
+warm-up ones>" (syncs amortized) and writes its parameters after the last step (module
+order, raw f32) to FILE. Benchmark-only: never a dependency of fedshard.
+"""
+
+import argparse
+import os
+import socket
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torchft import Manager, ProcessGroupGloo
+from torchft.local_sgd import LocalSGD
+
+WIDTH = 1024
+BATCH = 64
+LR = 0.01
+
+
+def make_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
+                         nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH))
+
+
+def batch_of(step, group):
+    gen = torch.Generator().manual_seed(1000 * step + group)
+    return torch.randn(BATCH, WIDTH, generator=gen), torch.randn(BATCH, WIDTH, generator=gen)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--group", type=int, required=True)
+    p.add_argument("--groups", type=int, default=2)
+    p.add_argument("--lighthouse", required=True)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--k", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--out", default="")
+    args = p.parse_args()
+    if not 0 <= args.group < args.groups or args.steps < 1 or args.k < 1 or args.warmup < 0:
+        p.error("expected 0 <= --group < --groups, --steps >= 1, --k >= 1, --warmup >= 0")
+    torch.set_num_threads(1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        store_port = s.getsockname()[1]
+    store = dist.TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False)
+    net = make_net()
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    manager = Manager(
+        pg=ProcessGroupGloo(),
+        load_state_dict=net.load_state_dict,
+        state_dict=net.state_dict,
+        min_replica_size=args.groups,
+        store_addr="127.0.0.1",
+        store_port=store_port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=args.lighthouse,
+        replica_id=f"group{args.group}",
+        hostname="127.0.0.1",
+        timeout=timedelta(seconds=60),
+        init_sync=False,  # every group starts from the same seed: no state copied at the start
+    )
+    total = args.warmup + args.steps
+    start = None
+    with LocalSGD(manager, net, opt, sync_every=args.k):
+        for step in range(total):
+            if step == args.warmup:
+                start = time.perf_counter()
+            x, y = batch_of(step, args.group)
+            opt.zero_grad()
+            nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+    mean_ms = (time.perf_counter() - start) * 1e3 / args.steps
+    if args.group == 0:
+        print(f"step_ms {mean_ms:.4f}", flush=True)
+        if args.out:
+            torch.cat([q.detach().reshape(-1) for q in net.parameters()]).numpy().tofile(args.out)
+    manager.shutdown()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
