@@ -4,12 +4,13 @@
 // link (gloo::communicator) or an elastic one (elastic::link), the groups meeting through a
 // file store.
 //
-//   peer_local_sgd --group G --store DIR [--groups 2] [--link gloo|elastic] [--steps S]
-//                  [--k K] [--warmup W] [--out FILE]
+//   peer_local_sgd --group G --store DIR [--groups 2] [--link gloo|elastic] [--optim sgd|adamw]
+//                  [--steps S] [--k K] [--warmup W] [--out FILE]
 //
 // Model: 4 x Linear(1024, 1024) with ReLU between, torch's initialisation after
 // torch::manual_seed(0), the layers made in order. Step s of group g: input and target of
-// 64 x 1024 from torch::randn with a CPU generator seeded 1000 s + g; MSE; SGD (lr 0.01).
+// 64 x 1024 from torch::randn with a CPU generator seeded 1000 s + g; MSE; SGD (lr 0.01) or
+// AdamW (torch's defaults: lr 1e-3, betas 0.9 and 0.999, eps 1e-8, weight decay 0.01).
 // Group 0 prints "step_ms <the mean of the steps after the warm-up ones>" (syncs amortized)
 // and writes its parameters after the last step (module order, raw f32) to FILE.
 #include <torch/torch.h>
@@ -26,6 +27,7 @@
 #include <fedshard/comm/hybrid.hpp>
 #include <fedshard/comm/inproc.hpp>
 #include <fedshard/mesh/mesh.hpp>
+#include <fedshard/optim/adamw.hpp>
 #include <fedshard/optim/sgd.hpp>
 #include <fedshard/trainer/algorithm.hpp>
 #include <fedshard/trainer/trainer.hpp>
@@ -47,6 +49,7 @@ struct settings {
   std::int64_t groups = 2;
   std::string store;
   std::string link = "gloo";
+  std::string optim = "sgd";
   std::int64_t steps = 40;
   std::int64_t k = 20;
   std::int64_t warmup = 20;
@@ -72,17 +75,17 @@ torch::Tensor mse(net_t& net, const fedshard_torch::batch& b) {
   return torch::mse_loss(net->forward(b.input), b.target);
 }
 
-/// Trains this group over world W (its federation side the link); returns the mean step.
-template <class W>
-double train(W& world, const settings& s, std::vector<float>& params) {
+/// Trains this group over world W (its federation side the link) with optimizer O; returns
+/// the mean step.
+template <class O, class W>
+double train(W& world, const settings& s, typename O::config cfg, std::vector<float>& params) {
   const int G = static_cast<int>(s.groups);
   fedshard::mesh m(world, {.groups = G, .replicas = 1, .shards = 1});
   fedshard::trainer_options<fedshard::fl_fsdp> o;
   o.schedule.period = static_cast<int>(s.k);
   o.total_steps = s.warmup + s.steps;
   o.log = [](const std::string&) {};
-  fedshard::trainer<model_t, fedshard::fl_fsdp, fedshard::optim::sgd, W> t(
-      m, model_t(make_net(), mse), fedshard::optim::sgd_config{.lr = kLr}, o);
+  fedshard::trainer<model_t, fedshard::fl_fsdp, O, W> t(m, model_t(make_net(), mse), cfg, o);
   std::chrono::steady_clock::time_point start;
   for (std::int64_t step = 0; step < s.warmup + s.steps; ++step) {
     if (step == s.warmup) start = std::chrono::steady_clock::now();
@@ -92,6 +95,14 @@ double train(W& world, const settings& s, std::vector<float>& params) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   params = t.parameters();
   return ms / static_cast<double>(s.steps);
+}
+
+/// train() with the optimizer s.optim names.
+template <class W>
+double run_with(W& world, const settings& s, std::vector<float>& params) {
+  if (s.optim == "adamw")
+    return train<fedshard::optim::adamw>(world, s, fedshard::optim::adamw_config{}, params);
+  return train<fedshard::optim::sgd>(world, s, fedshard::optim::sgd_config{.lr = kLr}, params);
 }
 
 }  // namespace
@@ -113,6 +124,10 @@ int main(int argc, char** argv) {
         .integer("--k", s.k, 1, 100000)
         .integer("--warmup", s.warmup, 0, 100000)
         .text("--out", s.out);
+    p.custom("--optim", [&](const std::string& o, const std::string& v) {
+      if (v != "sgd" && v != "adamw") cli::fail(o + " expects sgd or adamw, found " + v);
+      s.optim = v;
+    });
     p.parse(argc, argv);
     if (s.group < 0 || s.group >= s.groups || s.store.empty())
       cli::fail("--group (< --groups) and --store are needed");
@@ -126,14 +141,14 @@ int main(int argc, char** argv) {
         fedshard::gloo::communicator lk(st, "link", g, G);
         fedshard::hybrid<fedshard::inproc::communicator, fedshard::gloo::communicator> w(
             c.split(0, 0), std::move(lk));
-        ms = train(w, s, params);
+        ms = run_with(w, s, params);
       } else {
         fedshard::elastic::options eo;
         eo.log = [](const std::string&) {};
         fedshard::elastic::link lk(st, G, g, 1, 0, eo);
         fedshard::hybrid<fedshard::inproc::communicator, fedshard::elastic::link> w(c.split(0, 0),
                                                                                     std::move(lk));
-        ms = train(w, s, params);
+        ms = run_with(w, s, params);
       }
     });
     if (g != 0) return 0;

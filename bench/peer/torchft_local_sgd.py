@@ -2,12 +2,12 @@
 torchft's LocalSGD, with the model, data and optimizer of peer_local_sgd.cpp (fedshard's
 fl_fsdp over a Gloo link), so that both train the same parameters.
 
-    python torchft_local_sgd.py --group G --lighthouse URL [--groups 2] [--steps S] [--k K]
-                                [--warmup W] [--out FILE]
+    python torchft_local_sgd.py --group G --lighthouse URL [--groups 2] [--optim sgd|adamw]
+                                [--steps S] [--k K] [--warmup W] [--out FILE]
 
 Model: 4 x Linear(1024, 1024) with ReLU between, torch's default initialisation after
 torch.manual_seed(0). Step s of group g: input and target of 64 x 1024 from torch.randn with a
-CPU generator seeded 1000 s + g; MSE; SGD (lr 0.01); LocalSGD averages the parameters over
+CPU generator seeded 1000 s + g; MSE; SGD (lr 0.01) or AdamW (its defaults); LocalSGD averages the parameters over
 the groups every K steps (after the optimizer's step), through torchft's Manager (quorum from
 the lighthouse, ProcessGroupGloo). Group 0 prints "step_ms <the mean of the steps after the
 warm-up ones>" (syncs amortized) and writes its parameters after the last step (module
@@ -47,6 +47,7 @@ def main():
     p.add_argument("--group", type=int, required=True)
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--lighthouse", required=True)
+    p.add_argument("--optim", choices=["sgd", "adamw"], default="sgd")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--k", type=int, default=20)
     p.add_argument("--warmup", type=int, default=20)
@@ -60,7 +61,10 @@ def main():
         store_port = s.getsockname()[1]
     store = dist.TCPStore("127.0.0.1", store_port, is_master=True, wait_for_workers=False)
     net = make_net()
-    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    if args.optim == "adamw":
+        opt = torch.optim.AdamW(net.parameters())
+    else:
+        opt = torch.optim.SGD(net.parameters(), lr=LR)
     manager = Manager(
         pg=ProcessGroupGloo(),
         load_state_dict=net.load_state_dict,
