@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fedshard's fl_fsdp (parameters averaged over the groups every K steps) over a fixed Gloo link
 # and over an elastic link, against torchft's LocalSGD (its Manager, lighthouse and
-# ProcessGroupGloo), 2 groups of one process and one thread each on the loopback, one model,
+# ProcessGroupGloo); with --algo diloco, fedshard's diloco against torchft's DiLoCo (outer
+# Nesterov SGD, lr 0.7, momentum 0.9, on both sides); 2 groups of one process and one thread each on the loopback, one model,
 # data and optimizer (bench/peer/peer_local_sgd.cpp and torchft_local_sgd.py: 4 x
 # Linear(1024, 1024), batch 64, MSE, SGD), both on the peer venv's LibTorch (fedshard's side
 # built against it as overhead.sh does).
@@ -17,7 +18,7 @@
 # stderr, the table to stdout.
 #
 # Usage: bench/peer/local_sgd.sh [--venv DIR] [--build DIR] [--rounds N] [--optim sgd|adamw]
-#                                [--k K] [--steps S] [--warmup W]
+#                                [--algo localsgd|diloco] [--k K] [--steps S] [--warmup W]
 #   --venv    Python venv with torch and torchft (env FEDSHARD_PEER_VENV, default /opt/peer-venv;
 #             bench/peer/setup_venv.sh makes it)
 #   --build   build folder (env FEDSHARD_PEER_BUILD, default <repo>/build/peer)
@@ -35,6 +36,7 @@ k=20
 steps=40
 warmup=20
 optim=sgd
+algo=localsgd
 while (($#)); do
   case $1 in
     --venv) venv=$2; shift 2 ;;
@@ -44,12 +46,14 @@ while (($#)); do
     --steps) steps=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
     --optim) optim=$2; shift 2 ;;
+    --algo) algo=$2; shift 2 ;;
     *) echo "local_sgd.sh: unknown argument $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
 for v in rounds k steps; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "local_sgd.sh: --$v takes a positive integer, found '${!v}'" >&2; exit 2; }
 done
+[[ $algo == localsgd || $algo == diloco ]] || { echo "local_sgd.sh: --algo takes localsgd or diloco, found '$algo'" >&2; exit 2; }
 [[ $optim == sgd || $optim == adamw ]] || { echo "local_sgd.sh: --optim takes sgd or adamw, found '$optim'" >&2; exit 2; }
 [[ $warmup =~ ^[0-9]+$ ]] || { echo "local_sgd.sh: --warmup takes an integer >= 0, found '$warmup'" >&2; exit 2; }
 
@@ -73,6 +77,8 @@ port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); p
   --bind "127.0.0.1:$port" >"$work/lighthouse.log" 2>&1 &
 lighthouse_pid=$!
 
+mine=$([[ $algo == diloco ]] && echo diloco || echo fl_fsdp)  # fedshard's name
+theirs=$([[ $algo == diloco ]] && echo DiLoCo || echo LocalSGD)
 common=(--steps "$steps" --k "$k" --warmup "$warmup" --optim "$optim")
 step_ms() { grep -oE '^step_ms [0-9.]+' "$1" | cut -d' ' -f2; }
 # run NAME CMD...: group 1 in the background, group 0 in the foreground (its output kept).
@@ -89,13 +95,14 @@ run() {
 fedshard() {  # fedshard LINK GROUP [--out FILE]
   local link=$1 group=$2
   shift 2
-  "$exe" --link "$link" --store "$work/store.$link.$r" --group "$group" "${common[@]}" "$@"
+  "$exe" --link "$link" --store "$work/store.$link.$r" --group "$group" --algo "$mine" \
+    "${common[@]}" "$@"
 }
 torchft() {  # torchft GROUP [--out FILE]
   local group=$1
   shift
   "$py" "$here/torchft_local_sgd.py" --lighthouse "http://127.0.0.1:$port" --group "$group" \
-    "${common[@]}" "$@"
+    --algo "$algo" "${common[@]}" "$@"
 }
 for ((r = 1; r <= rounds; ++r)); do
   echo "local_sgd.sh: round $r of $rounds" >&2
@@ -117,8 +124,8 @@ g=$(cut -d' ' -f1 "$work/results" | median)
 e=$(cut -d' ' -f2 "$work/results" | median)
 t=$(cut -d' ' -f3 "$work/results" | median)
 echo "torch $version, torchft $ft_version (PyPI); 2 groups of one thread, $optim, K = $k, $steps timed steps after $warmup; $rounds rounds; $([[ $optim == sgd ]] && echo "parameters equal bit for bit in every round" || echo "parameters not compared (AdamW)")"
-echo "| run | mean step (ms) | x torchft LocalSGD |"
+echo "| run | mean step (ms) | x torchft $theirs |"
 echo "|---|---:|---:|"
-printf '| fedshard fl_fsdp, Gloo link | %.2f | %.2f |\n' "$g" "$(awk -v a="$g" -v b="$t" 'BEGIN {print a / b}')"
-printf '| fedshard fl_fsdp, elastic link | %.2f | %.2f |\n' "$e" "$(awk -v a="$e" -v b="$t" 'BEGIN {print a / b}')"
-printf '| torchft LocalSGD | %.2f | 1.00 |\n' "$t"
+printf '| fedshard %s, Gloo link | %.2f | %.2f |\n' "$mine" "$g" "$(awk -v a="$g" -v b="$t" 'BEGIN {print a / b}')"
+printf '| fedshard %s, elastic link | %.2f | %.2f |\n' "$mine" "$e" "$(awk -v a="$e" -v b="$t" 'BEGIN {print a / b}')"
+printf '| torchft %s | %.2f | 1.00 |\n' "$theirs" "$t"

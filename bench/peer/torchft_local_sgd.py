@@ -3,7 +3,11 @@ torchft's LocalSGD, with the model, data and optimizer of peer_local_sgd.cpp (fe
 fl_fsdp over a Gloo link), so that both train the same parameters.
 
     python torchft_local_sgd.py --group G --lighthouse URL [--groups 2] [--optim sgd|adamw]
-                                [--steps S] [--k K] [--warmup W] [--out FILE]
+                                [--algo localsgd|diloco] [--steps S] [--k K] [--warmup W]
+                                [--out FILE]
+
+--algo diloco: torchft's DiLoCo instead, its outer optimizer SGD with Nesterov momentum (lr
+0.7, momentum 0.9), against fedshard's diloco.
 
 Model: 4 x Linear(1024, 1024) with ReLU between, torch's default initialisation after
 torch.manual_seed(0). Step s of group g: input and target of 64 x 1024 from torch.randn with a
@@ -24,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torchft import Manager, ProcessGroupGloo
-from torchft.local_sgd import LocalSGD
+from torchft.local_sgd import DiLoCo, LocalSGD
 
 WIDTH = 1024
 BATCH = 64
@@ -48,6 +52,7 @@ def main():
     p.add_argument("--groups", type=int, default=2)
     p.add_argument("--lighthouse", required=True)
     p.add_argument("--optim", choices=["sgd", "adamw"], default="sgd")
+    p.add_argument("--algo", choices=["localsgd", "diloco"], default="localsgd")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--k", type=int, default=20)
     p.add_argument("--warmup", type=int, default=20)
@@ -79,10 +84,16 @@ def main():
         hostname="127.0.0.1",
         timeout=timedelta(seconds=60),
         init_sync=False,  # every group starts from the same seed: no state copied at the start
+        use_async_quorum=args.algo != "diloco",  # DiLoCo requires a synchronous quorum
     )
     total = args.warmup + args.steps
     start = None
-    with LocalSGD(manager, net, opt, sync_every=args.k):
+    if args.algo == "diloco":
+        outer = torch.optim.SGD(net.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+        wrapper = DiLoCo(manager, [net], opt, outer, sync_every=args.k, pin_memory=False)
+    else:
+        wrapper = LocalSGD(manager, net, opt, sync_every=args.k)
+    with wrapper:
         for step in range(total):
             if step == args.warmup:
                 start = time.perf_counter()
