@@ -36,16 +36,16 @@
 #include <fedshard/trainer/trainer.hpp>
 
 #include "../../examples/common/cli.hpp"
-#include "torch_model.hpp"
+#include "peer_model.hpp"
 
 namespace {
 
-constexpr std::int64_t kWidth = 1024;
-constexpr std::int64_t kBatch = 64;
-constexpr float kLr = 0.01f;
-
-using net_t = torch::nn::Sequential;
-using model_t = fedshard_torch::torch_model<net_t>;
+using peer::batch_of;
+using peer::kLr;
+using peer::make_net;
+using peer::model_t;
+using peer::mse;
+using peer::net_t;
 
 struct settings {
   std::int64_t group = -1;
@@ -59,25 +59,6 @@ struct settings {
   std::int64_t warmup = 20;
   std::string out;
 };
-
-/// The layers made in order, as Python makes them (C++ evaluates arguments in no set order).
-net_t make_net() {
-  torch::manual_seed(0);
-  std::vector<torch::nn::Linear> l;
-  for (int i = 0; i < 4; ++i) l.emplace_back(kWidth, kWidth);
-  return net_t(l[0], torch::nn::ReLU(), l[1], torch::nn::ReLU(), l[2], torch::nn::ReLU(), l[3]);
-}
-
-fedshard_torch::batch batch_of(std::int64_t step, std::int64_t group) {
-  auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(1000 * step + group));
-  torch::Tensor x = torch::randn({kBatch, kWidth}, gen);
-  torch::Tensor y = torch::randn({kBatch, kWidth}, gen);
-  return {x, y};
-}
-
-torch::Tensor mse(net_t& net, const fedshard_torch::batch& b) {
-  return torch::mse_loss(net->forward(b.input), b.target);
-}
 
 /// Trains this group over world W (its federation side the link) with algorithm A and
 /// optimizer O; returns the mean step.

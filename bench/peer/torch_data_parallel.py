@@ -23,22 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 
-WIDTH = 1024
-BATCH = 64
-LR = 0.01
-
-
-def make_net():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
-                         nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH))
-
-
-def batch_of(step, rank):
-    gen = torch.Generator().manual_seed(1000 * step + rank)
-    x = torch.randn(BATCH, WIDTH, generator=gen)
-    y = torch.randn(BATCH, WIDTH, generator=gen)
-    return x, y
+from peer_model import LR, batch_of, make_net
 
 
 def full_parameters(model, algo):

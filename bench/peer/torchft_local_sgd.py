@@ -27,23 +27,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+
 from torchft import Manager, ProcessGroupGloo
 from torchft.local_sgd import DiLoCo, LocalSGD
 
-WIDTH = 1024
-BATCH = 64
-LR = 0.01
-
-
-def make_net():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
-                         nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH))
-
-
-def batch_of(step, group):
-    gen = torch.Generator().manual_seed(1000 * step + group)
-    return torch.randn(BATCH, WIDTH, generator=gen), torch.randn(BATCH, WIDTH, generator=gen)
+from peer_model import LR, batch_of, make_net
 
 
 def main():
