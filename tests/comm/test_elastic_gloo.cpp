@@ -2,10 +2,11 @@
 /// store): rounds decide the same members and participants on every rank, averages combine
 /// the participants they are given (a sample matches a hand-computed mean), a group that
 /// does not come is left out after the join timeout and later rounds do not wait for it, one
-/// that dies inside an all_reduce leaves the survivors' exact mean of their own inputs, the
-/// federation's screening through the link's agreement rejects a group that sends NaN or an
-/// outlier on all its links with a log line, and the bad input a user can give is refused
-/// with a message.
+/// that dies inside an all_reduce leaves the survivors' exact mean of their own inputs (a
+/// survivor that comes to REGROUP late, as one stuck in the op until its timeout, is waited
+/// for rather than dropped), the federation's screening through the link's agreement rejects
+/// a group that sends NaN or an outlier on all its links with a log line, and the bad input
+/// a user can give is refused with a message.
 
 #include <doctest/doctest.h>
 
@@ -181,6 +182,37 @@ TEST_CASE_FIXTURE(
   fail_on_each(seen);
   CHECK(sink.has("failed ("));
   CHECK(sink.has("dropped 1 group(s), going on with 2"));
+}
+
+TEST_CASE_FIXTURE(
+    store_and_log,
+    "elastic: a survivor that reaches REGROUP after the join timeout is waited for, not "
+    "dropped") {
+  // Group 2 dies in round 0. Group 0's all_reduce fails at once and it regroups; group 1
+  // comes to the op after more than the join timeout, as a survivor does whose Gloo send to
+  // the dead member waited out the op's timeout (a send completes once its receiver posted
+  // the receive: in the chaos soak, one sat 20 s). Group 0 must wait for it in REGROUP (the
+  // op's timeout plus the join timeout) rather than drop it: both then average
+  // (1 + 2) / 2 = 1.5; dropping it would split them into 1 and 2, each alone.
+  const int G = 3;
+  const double join = 0.5, op = 2.0;
+  auto seen = ft::on_threads(G, [&](int g) {
+    std::vector<std::string> out;
+    auto lk = std::make_unique<el::link>(st, G, g, 1, 0, ft::elastic_options(sink, join, op));
+    lk->begin_round(0);
+    if (g == 2) {
+      lk.reset();
+      return out;
+    }
+    if (g == 1) std::this_thread::sleep_for(std::chrono::duration<double>(2 * join));
+    float v = static_cast<float>(g + 1);
+    lk->all_reduce(&v, &v, 1, dtype::f32, reduce_op::avg);
+    if (v != 1.5f) out.push_back(concat("group ", g, ": round 0 mean ", v));
+    return out;
+  });
+  fail_on_each(seen);
+  CHECK(sink.has("dropped 1 group(s), going on with 2"));
+  CHECK_FALSE(sink.has("dropped 2 group(s)"));
 }
 
 TEST_CASE_FIXTURE(

@@ -58,7 +58,11 @@
 ///   REGROUP  after a failed connect or op k (a member died: peer_failure; hung: the op's
 ///            timeout; broke: backend_error) the link's survivors write
 ///            `r<e>/op<k>/l<l>/a<attempt>/here/<g>` and wait until every member is here,
-///            dead, or join_timeout passed; the first to see that decides (create-if-absent)
+///            dead, or the op's timeout plus join_timeout passed (a live member may still be
+///            inside the op: a Gloo send completes once its receiver posted the receive, and
+///            one to a member that died mid-op was seen to wait out the op's timeout;
+///            dropping that survivor would split the survivors for the round);
+///            the first to see that decides (create-if-absent)
 ///            who goes on; the missing groups are marked `r<e>/dropped/<g>`, and the op runs
 ///            again among the rest, under a fresh prefix. A rank the decision leaves out goes
 ///            on alone. A group dropped by any of its links heals in its next round;
@@ -69,9 +73,11 @@
 /// T = the transport's op timeout): a group killed between syncs delays the next round by
 /// at most D (+ the store's polling, 20 ms); killed after arrival or after the decision, by
 /// at most D (its ready key never comes); killed while connecting, by at most C + D; killed
-/// inside an op, by D (its sockets close: the op fails at once, then REGROUP); a group that
-/// hangs without dying (stopped, not killed) by T + J. A live group that is slow is waited
-/// for J in DECIDE and in REGROUP. No rank of a live group throws or hangs because another
+/// inside an op, by D (its sockets close: the op fails at once, then REGROUP), or by up to T
+/// when a survivor's send to it waits out the op's timeout (see REGROUP: the others wait for
+/// that survivor); a group that hangs without dying
+/// (stopped, not killed) by T + J. A live group that is slow is waited for J in DECIDE and
+/// T + J in REGROUP. No rank of a live group throws or hangs because another
 /// group died or restarted, and a store that stays away is not fatal either (below).
 ///
 /// The store away. A store call that fails (after the Redis store's own reconnect attempts)
@@ -1295,9 +1301,10 @@ class link : public blocking_calls<link> {
     const auto base = key(detail::concat("r", e, "/op", k, "/l", local_, "/a", attempt));
     st_->set(base + "/here/" + std::to_string(group_), gloo::bytes_of("1"));
     const auto dkey = base + "/decision";
-    const auto deadline =
-        std::chrono::steady_clock::now() +
-        std::chrono::duration_cast<std::chrono::steady_clock::duration>(o_.join_timeout);
+    // A live member not here yet may be inside the op still, until its timeout.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              o_.transport.timeout + o_.join_timeout);
     std::string proposal;  // who goes on: the rest of the link's round is theirs
     for (;;) {
       if (st_->has(dkey)) break;
