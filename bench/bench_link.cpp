@@ -23,8 +23,15 @@
 /// ranks, through the interpreter, timed from a barrier to the firing's completion. check 0:
 /// unchecked; 1: checked, every call (options::every_call, FEDSHARD_GLOO_CHECKED=always);
 /// 2: checked as by default, the firing's first call only (the plan vouches for the others).
+///
+/// Across network namespaces (bench/netns_link.sh): with FEDSHARD_BENCH_NETNS=
+/// "<ns0>@<addr0>,<ns1>@<addr1>" rank r enters network namespace <nsr> (ip netns's
+/// /run/netns/<nsr>) before it connects and listens on <addrr>, so the two ranks talk over
+/// whatever joins the namespaces (a veth pair with a rate limit) instead of the loopback.
 
 #include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,6 +42,8 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -63,6 +72,39 @@ struct setting {
   int tensors = 0;        // > 0: a firing of that many all_reduces of `bytes` (bm_firing)
   bool every_call = false;
 };
+
+/// Where rank `rank` runs under FEDSHARD_BENCH_NETNS (file comment): its namespace and
+/// address; nothing when the variable is unset; std::runtime_error when it is malformed.
+struct place {
+  std::string netns;
+  std::string address;
+};
+std::optional<place> place_of(int rank) {
+  const char* v = std::getenv("FEDSHARD_BENCH_NETNS");
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  const std::string all(v);
+  const auto comma = all.find(',');
+  const std::string mine = rank == 0                    ? all.substr(0, comma)
+                           : comma == std::string::npos ? std::string()
+                                                        : all.substr(comma + 1);
+  const auto at = mine.find('@');
+  if (at == std::string::npos || at == 0 || at + 1 == mine.size())
+    throw std::runtime_error(
+        "bench_link: FEDSHARD_BENCH_NETNS must be "
+        "'<ns0>@<addr0>,<ns1>@<addr1>', found '" +
+        all + "'");
+  return place{mine.substr(0, at), mine.substr(at + 1)};
+}
+/// Moves the calling thread (and the threads it starts from now on: Gloo's) into namespace
+/// p.netns.
+void enter(const place& p) {
+  const std::string path = "/run/netns/" + p.netns;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("bench_link: cannot open " + path);
+  const int rc = ::setns(fd, CLONE_NEWNET);
+  ::close(fd);
+  if (rc != 0) throw std::runtime_error("bench_link: setns into " + path + " failed");
+}
 
 gl::options options_of(const setting& s) {
   gl::options o;
@@ -146,7 +188,12 @@ std::int64_t heal_rank(gl::communicator& c, const setting& s, Time&& time) {
 template <class Time>
 std::int64_t run_rank(const std::filesystem::path& dir, int rank, const setting& s, Time&& time) {
   auto st = std::make_shared<gl::file_store>(dir);
-  gl::communicator c(st, "link", rank, 2, options_of(s));
+  auto o = options_of(s);
+  if (const auto p = place_of(rank)) {
+    enter(*p);
+    o.hostname = p->address;
+  }
+  gl::communicator c(st, "link", rank, 2, o);
   if (s.heal) return heal_rank(c, s, time);
   if (s.tensors > 0) {
     firing_rank(c, s, time);
