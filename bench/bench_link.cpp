@@ -24,6 +24,13 @@
 /// unchecked; 1: checked, every call (options::every_call, FEDSHARD_GLOO_CHECKED=always);
 /// 2: checked as by default, the firing's first call only (the plan vouches for the others).
 ///
+/// bm_heal_donors/MiB/donors: a heal of S bytes (federation/heal.hpp) into one joiner from
+/// `donors` donors, donors + 1 processes: with one donor the whole state from it (heal()),
+/// with more the split of a heal from several donors (heal_from_donors): 3/5 of S the first
+/// donor's own state, 2/5 the shared one (diloco's proportions with AdamW inside: master and
+/// two moments against anchor and outer momentum), in pieces from the others, side by side.
+/// Timed on rank 0 from a barrier to the joiner's answer once it holds and checked the state.
+///
 /// Across network namespaces (bench/netns_link.sh): with FEDSHARD_BENCH_NETNS=
 /// "<ns0>@<addr0>,<ns1>@<addr1>" rank r enters network namespace <nsr> (ip netns's
 /// /run/netns/<nsr>) before it connects and listens on <addrr>, so the two ranks talk over
@@ -69,6 +76,7 @@ struct setting {
   int stripes;
   bool transfer = false;  // rank 0 sends the bytes to rank 1 instead of an all_reduce
   bool heal = false;      // rank 0 heals rank 1 with a state of the bytes (federation/heal.hpp)
+  int donors = 0;         // > 0: bm_heal_donors, on donors + 1 ranks
   int tensors = 0;        // > 0: a firing of that many all_reduces of `bytes` (bm_firing)
   bool every_call = false;
 };
@@ -182,6 +190,48 @@ std::int64_t heal_rank(gl::communicator& c, const setting& s, Time&& time) {
   return in.traffic().total().sent;
 }
 
+/// Rank c.rank() of bm_heal_donors (file comment): ranks 0..donors-1 donate, the last rank
+/// joins; the states are made before the clock starts.
+template <class Time>
+void heal_donors_rank(gl::communicator& c, const setting& s, Time&& time) {
+  namespace fed = fedshard::federation;
+  const int n = c.size(), joiner = n - 1;
+  fedshard::mesh m(c, {n, 1, 1});
+  fedshard::interpreter<gl::communicator> in(m);
+  fed::heal_round r{.ranks = n, .donor = 0, .joiners = {joiner}, .me = c.rank()};
+  if (s.donors > 1)
+    for (int d = 0; d < s.donors; ++d) r.donors.push_back(d);
+  const auto own_bytes = static_cast<std::size_t>(s.bytes * 3 / 5);
+  const auto shared_bytes = static_cast<std::size_t>(s.bytes) - own_bytes;
+  const std::string own_blob(own_bytes, 'o'), shared_blob(shared_bytes, 's');
+  const std::string whole = own_blob + shared_blob;
+  const bool joins = r.me == joiner;
+  float ack = 0;
+  for (int i = 0; i < warmup + iterations; ++i) {
+    std::string own(own_bytes, joins ? 'y' : 'o'), shared(shared_bytes, joins ? 'z' : 's');
+    std::string all = joins ? std::string(whole.size(), 'y') : whole;
+    bool right = false;
+    c.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (s.donors == 1) {
+      fed::heal(
+          in, r, [&] { return std::move(all); }, [&](std::string got) { right = got == whole; });
+    } else {
+      fed::heal_from_donors(
+          in, r, [&] { return std::move(own); }, [&] { return std::move(shared); },
+          [&](fed::heal_parts p) { right = p.own == own_blob && p.shared == shared_blob; });
+    }
+    if (joins) {
+      if (!right) throw std::runtime_error("bench_link: the healed state differs");
+      c.send(&ack, 1, dtype::f32, 0);
+    } else if (r.me == 0) {
+      c.recv(&ack, 1, dtype::f32, joiner);
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (i >= warmup) time(t);
+    }
+  }
+}
+
 /// Runs `calls` all_reduces of s.bytes on rank `rank` (or transfers: rank 0 sends, rank 1
 /// receives and answers with one float, which rank 0 receives); rank 0 reports each timed
 /// call's seconds to `time` and returns the bytes it sent.
@@ -193,8 +243,12 @@ std::int64_t run_rank(const std::filesystem::path& dir, int rank, const setting&
     enter(*p);
     o.hostname = p->address;
   }
-  gl::communicator c(st, "link", rank, 2, o);
+  gl::communicator c(st, "link", rank, s.donors > 0 ? s.donors + 1 : 2, o);
   if (s.heal) return heal_rank(c, s, time);
+  if (s.donors > 0) {
+    heal_donors_rank(c, s, time);
+    return 0;
+  }
   if (s.tensors > 0) {
     firing_rank(c, s, time);
     return 0;
@@ -233,14 +287,18 @@ void run(benchmark::State& state, const setting& s) {
                    ("fedshard_bench_link_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  const pid_t child = ::fork();
-  if (child == 0) {
-    try {
-      (void)run_rank(dir, 1, s, [](double) {});
-      ::_exit(0);
-    } catch (...) {
-      ::_exit(3);
+  std::vector<pid_t> children;
+  for (int rank = 1; rank < (s.donors > 0 ? s.donors + 1 : 2); ++rank) {
+    const pid_t child = ::fork();
+    if (child == 0) {
+      try {
+        (void)run_rank(dir, rank, s, [](double) {});
+        ::_exit(0);
+      } catch (...) {
+        ::_exit(3);
+      }
     }
+    children.push_back(child);
   }
   std::vector<double> seconds;
   std::int64_t sent = 0;
@@ -249,10 +307,14 @@ void run(benchmark::State& state, const setting& s) {
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
   }
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  bool failed = false;
+  for (const pid_t child : children) {
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    failed = failed || !WIFEXITED(status) || WEXITSTATUS(status) != 0;
+  }
   std::filesystem::remove_all(dir);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) state.SkipWithError("rank 1 failed");
+  if (failed) state.SkipWithError("another rank failed");
   double total = 0;
   std::size_t i = 0;
   for (auto _ : state) {
@@ -289,6 +351,13 @@ void bm_heal(benchmark::State& state) {
   run(state, s);
 }
 
+/// A heal of S MiB into one joiner from `donors` donors (file comment).
+void bm_heal_donors(benchmark::State& state) {
+  setting s{state.range(0) << 20, false, true, 1};
+  s.donors = static_cast<int>(state.range(1));
+  run(state, s);
+}
+
 /// A firing of `tensors` all_reduces of 16 KiB, checked as `check` says (file comment).
 void bm_firing(benchmark::State& state) {
   const auto check = state.range(1);
@@ -322,6 +391,12 @@ BENCHMARK(bm_transfer)
 BENCHMARK(bm_heal)
     ->ArgNames({"MiB", "stripes"})
     ->ArgsProduct({{1024}, {1, 8}})
+    ->Iterations(iterations)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_heal_donors)
+    ->ArgNames({"MiB", "donors"})
+    ->ArgsProduct({{1024}, {1, 2, 3}})
     ->Iterations(iterations)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);

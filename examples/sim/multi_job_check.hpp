@@ -91,7 +91,7 @@ inline measured parse(std::string output, int dead) {
   const std::regex round(
       R"(\[group (\d+)\] round \d+ \(step \d+\): .*left out \{([0-9,]*)\}.*sync step ([0-9.]+) s)");
   const std::regex heal(
-      R"(took the state of group \d+ \((\d+) bytes\) in round \d+: heal ([0-9.e+-]+) s)");
+      R"(took the state of groups? [0-9, ]+ \((\d+) bytes\) in round \d+: heal ([0-9.e+-]+) s)");
   std::map<int, std::vector<double>> normal;
   std::map<int, double> stalled;
   std::istringstream in(m.output);

@@ -396,6 +396,52 @@ TEST_CASE_FIXTURE(store_and_log,
   }
 }
 
+TEST_CASE_FIXTURE(store_and_log,
+                  "elastic: joiners heal from up to heal_donors participants, and from the "
+                  "donor alone after a failed heal") {
+  // 3 groups of 1 rank, 4 rounds. Round 0: every group starts there, none joins: no donors.
+  // Group 2 then restarts (a new link): in round 1 it is the joiner, and participants 0 and 1 both
+  // donate (heal_donors 4), or group 0 alone (heal_donors 1). Its heal fails there (heal_failed
+  // marks it unhealthy), so in round 2 it heals from the donor alone either way. Round 3: no
+  // joiner, no donors.
+  for (const int most : {4, 1}) {
+    CAPTURE(most);
+    ft::temp_dir here;
+    auto store = std::make_shared<gl::file_store>(here.path());
+    auto seen = ft::on_threads(3, [&](int g) {
+      std::vector<std::string> out;
+      auto o = ft::elastic_options(sink, 5.0);
+      o.heal_donors = most;
+      auto lk = std::make_unique<el::link>(store, 3, g, 1, 0, o);
+      for (int e = 0; e < 4; ++e) {
+        if (g == 2 && e == 1) {
+          lk.reset();
+          lk = std::make_unique<el::link>(store, 3, g, 1, 0, o);
+        }
+        const auto& r = lk->begin_round(e);
+        std::string d;
+        for (const int x : r.donors) d += std::to_string(x);
+        out.push_back(concat("round ", r.round, " donors {", d, "} joiners ", r.joiners.size()));
+        if (g == 2 && e == 1) lk->heal_failed("the test fails it");
+        float v = 1;
+        lk->all_reduce(&v, &v, 1, dtype::f32, reduce_op::sum);
+        lk->end_round();
+      }
+      return out;
+    });
+    const std::vector<std::string> want{
+        "round 0 donors {} joiners 0",
+        most == 4 ? "round 1 donors {01} joiners 1" : "round 1 donors {0} joiners 1",
+        "round 2 donors {0} joiners 1", "round 3 donors {} joiners 0"};
+    for (const auto& r : seen) {
+      std::string got;
+      for (const auto& x : r) got += x + "; ";
+      CAPTURE(got);
+      CHECK(r == want);
+    }
+  }
+}
+
 TEST_CASE_FIXTURE(store_and_log, "elastic: bad settings are refused with what was expected") {
   CHECK_THROWS_WITH_AS(el::link(st, 3, 3, 1, 0), doctest::Contains("group must be in [0, groups)"),
                        fedshard::invalid_argument);
@@ -412,6 +458,11 @@ TEST_CASE_FIXTURE(store_and_log, "elastic: bad settings are refused with what wa
   c.connect_timeout = std::chrono::duration<double>(-1);
   CHECK_THROWS_WITH_AS(el::link(st, 3, 0, 1, 0, c),
                        doctest::Contains("connect_timeout must be > 0 s, found -1"),
+                       fedshard::invalid_argument);
+  el::options d;
+  d.heal_donors = 0;
+  CHECK_THROWS_WITH_AS(el::link(st, 3, 0, 1, 0, d),
+                       doctest::Contains("heal_donors must be >= 1, found 0"),
                        fedshard::invalid_argument);
   CHECK_THROWS_WITH_AS(el::link(nullptr, 3, 0, 1, 0), doctest::Contains("store is null"),
                        fedshard::invalid_argument);

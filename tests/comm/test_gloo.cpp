@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -294,6 +295,46 @@ TEST_CASE("gloo: a silent peer gives timeout_error, and the communicator says so
   CHECK(ft::contains(seen[0], "timed out"));
   CHECK(ft::contains(seen[0], "unusable after an earlier failure"));
   CHECK(ft::contains(seen[0], "|fast"));
+}
+
+TEST_CASE(
+    "gloo: receives posted from two peers complete in the order their peers send, and "
+    "test() never blocks") {
+  // Rank 0 posts a receive from rank 1 and one from rank 2; neither peer sends until rank 0
+  // lets it. test() on both says false at once (a blocking test() would wait for rank 1,
+  // which waits for rank 0: the op timeout). Rank 2 sends first: its receive completes while
+  // rank 1's is still pending. 2^18 f32 each, over 2 stripes: each receive is two pieces.
+  const auto prefix = next_prefix();
+  std::atomic<bool> go1{false}, go2{false};
+  constexpr std::int64_t n = 1 << 18;
+  auto seen = ft::on_threads(3, [&](int r) -> std::string {
+    gl::options o = ft::gloo_timeout(20);
+    o.stripes = 2;
+    gl::communicator c(shared_store(), prefix, r, 3, o);
+    if (r > 0) {
+      while (!(r == 1 ? go1 : go2)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const std::vector<float> v(n, static_cast<float>(r));
+      c.send(v.data(), n, dtype::f32, 0);
+      return "";
+    }
+    std::vector<float> from1(n), from2(n);
+    fedshard::request a = c.recv_async(from1.data(), n, dtype::f32, 1);
+    fedshard::request b = c.recv_async(from2.data(), n, dtype::f32, 2);
+    const bool a0 = a.test(), b0 = b.test();
+    go2 = true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (!b.test() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const bool b1 = b.test(), a1 = a.test();
+    go1 = true;
+    a.wait();
+    b.wait();
+    const bool right = std::all_of(from1.begin(), from1.end(), [](float x) { return x == 1; }) &&
+                       std::all_of(from2.begin(), from2.end(), [](float x) { return x == 2; });
+    return concat(a0, b0, "|", b1, a1, "|", right);
+  });
+  // before: neither done; rank 2 sent: its receive done, rank 1's not; both right at the end
+  CHECK(seen[0] == "00|10|1");
 }
 
 TEST_CASE("gloo: a peer process killed mid-run gives peer_failure at once, not a hang") {

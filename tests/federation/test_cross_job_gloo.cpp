@@ -23,6 +23,7 @@
 #include <functional>
 #include <limits>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -93,7 +94,8 @@ using elastic_world = hybrid<inproc::communicator, el::link>;
 /// after every sync to <life>sync<step>_<g>_<l> and at the end to <life>final_<g>_<l>; at the
 /// end also the bytes of each point-to-point message its tap recorded on the federation axis
 /// (one a line) to <life>p2p_<g>_<l>, and its federation payload bytes to <life>fed_<g>_<l>.
-/// Its trainer's log lines go to <life>trainer_log_<g>_<l>.
+/// Its trainer's log lines go to <life>trainer_log_<g>_<l>. Alg: fl_hsdp unless named.
+template <class Alg = fl_hsdp>
 void elastic_group(const std::filesystem::path& dir, int g, int die_at = -1,
                    const std::string& life = "", double join = 30,
                    std::int64_t await_joiner_at = -1, bool sign = false) {
@@ -103,15 +105,15 @@ void elastic_group(const std::filesystem::path& dir, int g, int die_at = -1,
     el::link lk(st, G, g, L, c.rank(), elastic_options(dir, g, join));
     elastic_world w(c.split(0, c.rank()), std::move(lk));
     mesh m(w, shape);
-    trainer_options<fl_hsdp> o;
+    trainer_options<Alg> o;
     o.total_steps = steps;
     o.schedule.period = period;
     const auto log_file = dir / concat(life, "trainer_log_", g, "_", c.rank());
     o.log = [log_file](const std::string& s) {
       std::ofstream(log_file, std::ios::app) << s << '\n';
     };
-    trainer<ft::mlp_model, fl_hsdp, optim::adamw, elastic_world> t(m, ft::mlp_model{},
-                                                                   {.lr = 0.02f}, o);
+    trainer<ft::mlp_model, Alg, optim::adamw, elastic_world> t(m, ft::mlp_model{}, {.lr = 0.02f},
+                                                               o);
     t.wire().keep_calls(true);
     while (t.step_count() < steps) {
       const auto s = t.step_count();
@@ -268,6 +270,66 @@ TEST_CASE("cross-job: a group killed mid-run is left out, the others finish; res
                 std::stoll(read_text(dir.path() / concat("fed_1_", l))) ==
             8 + padded);
     }
+  }
+}
+
+TEST_CASE(
+    "cross-job: a diloco group restarted after a kill heals from two donors, the donor's own "
+    "state and the other's anchors and outer momentum, and syncs equal to them") {
+  // As the test above with restart, on diloco: its anchor and outer momentum are held alike
+  // in every group, so the joiner takes its state from groups 0 and 1 (options::heal_donors
+  // is 4; two participants): group 0 sends its own state (master, inner optimizer, records),
+  // group 1 the shared state behind a 16-byte header; each sealed with a 32-byte tag, in
+  // whole words.
+  const double join = 4;
+  ft::temp_dir dir;
+  std::vector<pid_t> pids;
+  for (int g = 0; g < G; ++g)
+    pids.push_back(spawn([&, g] {
+      elastic_group<diloco>(dir.path(), g, g == 2 ? 4 : -1, "", join, g != 2 ? 3 * period - 1 : -1,
+                            true);
+    }));
+  const int killed = wait_for(pids[2], 120);
+  CHECK((killed >= 0 && WIFSIGNALED(killed)));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!std::filesystem::exists(dir.path() / concat("sync", 2 * period - 1, "_0_0")) &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const pid_t again =
+      spawn([&] { elastic_group<diloco>(dir.path(), 2, -1, "again_", join, -1, true); });
+  CHECK(exited_ok(wait_for(pids[0], 120)));
+  CHECK(exited_ok(wait_for(pids[1], 120)));
+  CHECK(exited_ok(wait_for(again, 120)));
+  int first = -1;
+  for (int s = period - 1; s < steps && first < 0; s += period)
+    if (std::filesystem::exists(dir.path() / concat("again_sync", s, "_2_0"))) first = s;
+  REQUIRE(first > 2 * period - 1);
+  for (int l = 0; l < L; ++l) {
+    CAPTURE(l);
+    // A wrong anchor or momentum would give the joiner another outer step than the others'.
+    CHECK(same_bits(read_floats(dir.path() / concat("again_sync", first, "_2_", l)),
+                    read_floats(dir.path() / concat("sync", first, "_0_", l))));
+    CHECK(same_bits(read_floats(dir.path() / concat("again_final_2_", l)),
+                    read_floats(dir.path() / concat("final_0_", l))));
+    const std::string healed = read_text(dir.path() / concat("again_trainer_log_2_", l));
+    CAPTURE(healed);
+    const std::string said = "fedshard: heal: group 2 took the state of groups 0, 1 (";
+    const auto at = healed.find(said);
+    REQUIRE(at != std::string::npos);
+    const std::int64_t state = std::stoll(healed.substr(at + said.size()));  // own + shared
+    std::istringstream p0(read_text(dir.path() / concat("p2p_0_", l)));
+    std::istringstream p1(read_text(dir.path() / concat("p2p_1_", l)));
+    std::int64_t size0 = 0, own = 0, size1 = 0, piece = 0;
+    p0 >> size0 >> own;
+    p1 >> size1 >> piece;
+    CHECK(size0 == 8);
+    CHECK(size1 == 8);
+    CHECK(piece > 16 + 32);
+    // Both blobs padded to words: own + 32 and 16 + shared + 32, each up to 7 bytes more.
+    const std::int64_t slack = own + piece - (state + 32 + 16 + 32);
+    CHECK(slack >= 0);
+    CHECK(slack <= 14);
+    CHECK(read_text(dir.path() / concat("again_p2p_2_", l)).empty());
   }
 }
 

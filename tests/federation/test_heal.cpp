@@ -282,3 +282,98 @@ TEST_CASE("a joiner refuses an announced size outside its bound before receiving
                      " bytes, expected a whole number of bytes in [1, 4096]") != std::string::npos);
   }
 }
+
+TEST_CASE(
+    "a heal from three donors: the first sends its own state, the others the shared one in "
+    "two pieces behind a header, and the joiner takes both bit for bit") {
+  // 4 groups, donors {0, 1, 2}, joiner 3. Own states of 500 B (each group's its own), a shared
+  // state of 1001 B (the same in every group). By hand:
+  //  - donor 0 sends 8 B (size) + 504 B (500 padded to words);
+  //  - donor 1 sends piece 0 of 2, bytes [0, 500): 16 B header + 500 = 516, padded 520; + 8;
+  //  - donor 2 sends piece 1 of 2, bytes [500, 1001): 16 + 501 = 517, padded 520; + 8;
+  //  - the joiner receives 3 x 8 + 504 + 520 + 520 = 1568 B and sends nothing.
+  test::spawn_ranks(4, [](communicator& world) {
+    mesh m(world, {4, 1, 1});
+    interpreter<communicator> in(m);
+    const int g = m.coords().group;
+    const heal_round r{.ranks = 4, .donor = 0, .donors = {0, 1, 2}, .joiners = {3}, .me = g};
+    federation::heal_parts took;
+    const auto h = federation::heal_from_donors(
+        in, r, [&] { return state_of(500, 100 + g); }, [&] { return state_of(1001, 7); },
+        [&](federation::heal_parts p) { took = std::move(p); });
+    const axis_traffic fed = in.traffic()[axis::federation];
+    const std::int64_t sent[4] = {8 + 504, 8 + 520, 8 + 520, 0};
+    CHECK(fed.payload_bytes == sent[g]);
+    CHECK(fed.sent == static_cast<double>(sent[g]));
+    CHECK(fed.received == (g == 3 ? 1568.0 : 0.0));
+    if (g == 3) {
+      CHECK(h.received);
+      CHECK(h.donors == 3);
+      CHECK(h.state_bytes == 1501);
+      CHECK(took.own == state_of(500, 100));  // group 0's own state
+      CHECK(took.shared == state_of(1001, 7));
+    } else {
+      CHECK_FALSE(h.received);
+      CHECK(h.sent == 1);
+      CHECK(h.state_bytes == (g == 0 ? 500 : g == 1 ? 516 : 517));
+    }
+  });
+}
+
+TEST_CASE("a heal from donors that hold different shared states is refused, never mixed") {
+  // Donor 2's shared state differs: its header's checksum differs from donor 1's. Then donor
+  // 2's header is right but a byte of its piece is not: the pieces do not make the state.
+  for (const bool header_differs : {true, false}) {
+    CAPTURE(header_differs);
+    test::spawn_ranks(4, [&](communicator& world) {
+      mesh m(world, {4, 1, 1});
+      interpreter<communicator> in(m);
+      const int g = m.coords().group;
+      heal_round r{.ranks = 4, .donor = 0, .donors = {0, 1, 2}, .joiners = {3}, .me = g};
+      if (g == 2 && !header_differs)
+        r.seal = [](std::string b) {
+          b.back() = static_cast<char>(b.back() ^ 1);
+          return b;
+        };
+      const int seed = g == 2 && header_differs ? 8 : 7;
+      bool took = false;
+      auto run = [&] {
+        federation::heal_from_donors(
+            in, r, [&] { return state_of(500, g); }, [&] { return state_of(1001, seed); },
+            [&](federation::heal_parts) { took = true; });
+      };
+      if (g != 3) {
+        CHECK_NOTHROW(run());
+        return;
+      }
+      CHECK_THROWS_WITH_AS(run(),
+                           header_differs ? doctest::Contains("donors 1 and 2 hold different "
+                                                              "shared states")
+                                          : doctest::Contains("from donors 1 to 2 do not make "
+                                                              "the state their headers name"),
+                           invalid_argument);
+      CHECK_FALSE(took);
+    });
+  }
+}
+
+TEST_CASE("a heal round whose donors are not right is refused with what was expected") {
+  heal_round r{.ranks = 4, .donor = 0, .donors = {1, 0}, .joiners = {3}, .me = 0};
+  CHECK_THROWS_WITH_AS(federation::check(r),
+                       doctest::Contains("heal: the donors must start with the donor 0, found 1"),
+                       invalid_argument);
+  r.donors = {0, 2, 2};
+  CHECK_THROWS_WITH_AS(federation::check(r),
+                       doctest::Contains("heal: donor 2 is named more than once"),
+                       invalid_argument);
+  r.donors = {0, 3};
+  CHECK_THROWS_WITH_AS(federation::check(r),
+                       doctest::Contains("heal: joiner 3 must be a rank of the federation axis in "
+                                         "[0, 4) other than the donors 0, 3"),
+                       invalid_argument);
+  r.donors = {0, 5};
+  CHECK_THROWS_WITH_AS(
+      federation::check(r),
+      doctest::Contains("heal: donor 5 must be a rank of the federation axis in [0, 4)"),
+      invalid_argument);
+}

@@ -178,6 +178,11 @@ struct options {
   /// file comment); false: connect a new context every round. FEDSHARD_ELASTIC_REUSE=0
   /// turns it off (for debugging).
   bool reuse_connections = fedshard::detail::env_flag("FEDSHARD_ELASTIC_REUSE", true);
+  /// The most participants a round's joiners heal from at once (round_info::donors): the
+  /// donor sends what differs between groups, the others what every group holds alike
+  /// (federation/heal.hpp); 1: from the donor alone. A round whose joiner was marked
+  /// unhealthy in the round before (a failed heal among them) heals from the donor alone.
+  int heal_donors = 4;
   /// Called on every rank as it passes a point of the round's state machine (see the file
   /// comment), with the round's number: "arrived", "decided" (the decision read),
   /// "ready" (before the context connects), "connected", "op" (before each collective of
@@ -197,6 +202,9 @@ struct round_info {
   std::vector<int> joiners;   ///< members that heal in this round
   std::vector<int> left_out;  ///< expected groups that did not arrive in time
   int donor = -1;             ///< the member joiners receive state from (-1: none)
+  /// The participants joiners heal from, the donor first (options::heal_donors); empty
+  /// without joiners.
+  std::vector<int> donors;
   /// The incarnation of each member's ranks: members.size() x ranks per group tokens, in
   /// member order (see the file comment).
   std::vector<std::uint64_t> incarnations;
@@ -215,8 +223,8 @@ struct round_info {
     };
     return fedshard::detail::concat("round ", round, " (step ", step, "): members ", list(members),
                                     ", participants ", list(participants), ", joiners ",
-                                    list(joiners), ", left out ", list(left_out), ", donor ",
-                                    donor);
+                                    list(joiners), ", left out ", list(left_out), ", donor ", donor,
+                                    ", donors ", list(donors));
   }
 };
 
@@ -237,7 +245,8 @@ inline std::string serialize(const round_info& r) {
   put(r.left_out);
   os << r.incarnations.size() << std::hex;
   for (auto t : r.incarnations) os << ' ' << t;
-  os << '\n';
+  os << std::dec << '\n';
+  put(r.donors);
   return os.str();
 }
 /// The decision serialized in s; nothing when s is not one.
@@ -268,6 +277,12 @@ inline std::optional<round_info> parse(const std::string& s) {
   is >> std::hex;
   for (auto& t : r.incarnations) is >> t;
   if (!is) return std::nullopt;
+  is >> std::dec;
+  get(r.donors);
+  if (!is) {
+    if (!is.eof()) return std::nullopt;
+    r.donors.clear();  // written without donors: the donor alone
+  }
   return r;
 }
 
@@ -286,6 +301,7 @@ inline bool usable(const round_info& r, int groups, int ranks) {
              r.members.end() &&
          among(r.participants) && among(r.joiners) && in(r.left_out) &&
          (r.donor == -1 || r.has(r.members, r.donor)) &&
+         (r.donors.empty() || (r.donors.front() == r.donor && among(r.donors))) &&
          (r.incarnations.empty() ||
           r.incarnations.size() == r.members.size() * static_cast<std::size_t>(ranks));
 }
@@ -466,6 +482,8 @@ class link : public blocking_calls<link> {
                      "elastic::link: local_rank must be in [0, group_size), found ", local_rank,
                      " of ", group_size);
     FEDSHARD_EXPECTS(o_.join_timeout.count() > 0, "elastic::link: join_timeout must be > 0");
+    FEDSHARD_EXPECTS(o_.heal_donors >= 1, "elastic::link: heal_donors must be >= 1, found ",
+                     o_.heal_donors);
     FEDSHARD_EXPECTS(o_.beat_period.count() > 0 && o_.missed_beats >= 1,
                      "elastic::link: beat_period must be > 0 s and missed_beats >= 1, found ",
                      o_.beat_period.count(), " s and ", o_.missed_beats);
@@ -744,22 +762,10 @@ class link : public blocking_calls<link> {
     retrying("barrier", [&](gloo::communicator& c) { c.barrier(); });
   }
   void send(const void* in, std::int64_t n, dtype t, int peer, int tag = 0) {
-    FEDSHARD_EXPECTS(round_.has(round_.members, peer), "elastic::link: send to group ", peer,
-                     ", which is not in ", round_.text());
-    phase("send", round_.round);
-    if (!ctx_) retrying("connect", [](gloo::communicator&) {});
-    FEDSHARD_EXPECTS(ctx_.has_value(), "elastic::link: send: group ", peer, " left the round");
-    counted(*ctx_,
-            [&](gloo::communicator& c) { c.send(in, n, t, index_in(round_.members, peer), tag); });
+    send_async(in, n, t, peer, tag).wait();
   }
   void recv(void* out, std::int64_t n, dtype t, int peer, int tag = 0) {
-    FEDSHARD_EXPECTS(round_.has(round_.members, peer), "elastic::link: recv from group ", peer,
-                     ", which is not in ", round_.text());
-    phase("recv", round_.round);
-    if (!ctx_) retrying("connect", [](gloo::communicator&) {});
-    FEDSHARD_EXPECTS(ctx_.has_value(), "elastic::link: recv: group ", peer, " left the round");
-    counted(*ctx_,
-            [&](gloo::communicator& c) { c.recv(out, n, t, index_in(round_.members, peer), tag); });
+    recv_async(out, n, t, peer, tag).wait();
   }
   request all_reduce_async(const void* in, void* out, std::int64_t n, dtype t, reduce_op op) {
     return eager([&] { all_reduce(in, out, n, t, op); });
@@ -773,11 +779,16 @@ class link : public blocking_calls<link> {
   request broadcast_async(void* buf, std::int64_t n, dtype t, int root) {
     return eager([&] { broadcast(buf, n, t, root); });
   }
+  /// Point to point: posted on the round's context (connected first where needed), so
+  /// receives from several members run side by side (a heal from several donors); the
+  /// request fails as the context's does (peer_failure, timeout_error), and nothing retries.
   request send_async(const void* in, std::int64_t n, dtype t, int peer, int tag = 0) {
-    return eager([&] { send(in, n, t, peer, tag); });
+    return p2p("send", peer,
+               [&](gloo::communicator& c, int p) { return c.send_async(in, n, t, p, tag); });
   }
   request recv_async(void* out, std::int64_t n, dtype t, int peer, int tag = 0) {
-    return eager([&] { recv(out, n, t, peer, tag); });
+    return p2p("recv", peer,
+               [&](gloo::communicator& c, int p) { return c.recv_async(out, n, t, p, tag); });
   }
   /// An elastic link is not split: invalid_argument.
   link split(int, int) {
@@ -789,6 +800,21 @@ class link : public blocking_calls<link> {
   template <class F>
   static request eager(F&& f) {
     return run_now(std::forward<F>(f));
+  }
+
+  /// A point-to-point call `what` with member `peer`, posted on the round's context.
+  template <class Post>
+  request p2p(const char* what, int peer, Post&& post) {
+    FEDSHARD_EXPECTS(round_.has(round_.members, peer), "elastic::link: ", what,
+                     std::string_view(what) == "send" ? " to" : " from", " group ", peer,
+                     ", which is not in ", round_.text());
+    phase(what, round_.round);
+    if (!ctx_) retrying("connect", [](gloo::communicator&) {});
+    FEDSHARD_EXPECTS(ctx_.has_value(), "elastic::link: ", what, ": group ", peer,
+                     " left the round");
+    request r;
+    counted(*ctx_, [&](gloo::communicator& c) { r = post(c, index_in(round_.members, peer)); });
+    return r;
   }
 
   std::string key(const std::string& k) const { return o_.job + "/" + k; }
@@ -1084,6 +1110,14 @@ class link : public blocking_calls<link> {
     }
     r.participants = candidates;
     r.donor = candidates.empty() ? -1 : candidates.front();
+    if (!r.joiners.empty() && r.donor >= 0) {
+      // Several donors, unless a joiner was marked unhealthy (a failed heal among the reasons).
+      const bool from_one = std::any_of(r.joiners.begin(), r.joiners.end(),
+                                        [&](int g) { return marked(e - 1, "unhealthy", g); });
+      const auto n = std::min<std::size_t>(from_one ? 1 : static_cast<std::size_t>(o_.heal_donors),
+                                           candidates.size());
+      r.donors.assign(candidates.begin(), candidates.begin() + static_cast<std::ptrdiff_t>(n));
+    }
     for (int g : expected)
       if (!r.has(r.members, g)) r.left_out.push_back(g);
     bool found = false;

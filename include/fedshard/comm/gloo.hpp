@@ -1084,34 +1084,50 @@ class communicator : public blocking_calls<communicator>, public async_calls<com
     s_->moved += moved_bytes{static_cast<std::int64_t>(bytes), static_cast<std::int64_t>(bytes)};
   }
 
-  /// A posted send or receive; wait() blocks until it completed or timed out.
+  /// A posted send or receive; wait() blocks until it completed or timed out. test() does not
+  /// block (Gloo has no poll that leaves the context usable: a wait that times out fails the
+  /// whole context), so its first call starts a thread that waits for the pieces, and it
+  /// says whether that thread is done; errors reach the caller through wait(), on its thread.
   class p2p_request final : public fedshard::detail::request_state {
    public:
     p2p_request(state* s, std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> pieces,
                 bool send)
-        : s_(s), pieces_(std::move(pieces)), send_(send) {}
+        : s_(s), pieces_(std::move(pieces)), send_(send), timeout_(timeout_of(*s)) {}
+    ~p2p_request() override {
+      if (waiter_.valid()) waiter_.wait();  // the thread uses pieces_
+    }
     void wait() override {
       if (done_) return;
       done_ = true;
       guard(*s_, send_ ? "send" : "recv", [&] {
-        for (auto& b : pieces_) {
-          if (send_)
-            b->waitSend(timeout_of(*s_));
-          else
-            b->waitRecv(timeout_of(*s_));
-        }
+        if (waiter_.valid())
+          waiter_.get();
+        else
+          wait_pieces();
       });
     }
     bool test() override {
-      wait();
-      return true;
+      if (done_) return true;
+      if (!waiter_.valid()) waiter_ = std::async(std::launch::async, [this] { wait_pieces(); });
+      return waiter_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
     }
 
    private:
+    void wait_pieces() {
+      for (auto& b : pieces_) {
+        if (send_)
+          b->waitSend(timeout_);
+        else
+          b->waitRecv(timeout_);
+      }
+    }
+
     state* s_;  // the communicator's state: its address survives moves of the communicator
     std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> pieces_;  // one per stripe used
     bool send_;
+    std::chrono::milliseconds timeout_;
     bool done_ = false;
+    std::future<void> waiter_;  // test()'s thread
   };
 
   request p2p(bool is_send, const void* sbuf, void* rbuf, std::int64_t count, dtype t, int peer,

@@ -77,6 +77,10 @@ struct state_entry {
   std::string group{};
   /// This entry is the model's parameters: the values state_start::parameters copies.
   bool parameters = false;
+  /// Element entries: every group of the federation holds the same bytes at the start of a
+  /// round (an anchor, an outer optimizer's state: what each group takes from the round's
+  /// average), so a joining group may take it from several donors (federation/heal.hpp).
+  bool same_in_every_group = false;
   /// state_start::refuse: why a checkpoint without the entry cannot do, given the saved
   /// manifest's fields (empty: "this run needs it").
   std::function<std::string(const std::map<std::string, std::string>& saved)> refuse_note{};

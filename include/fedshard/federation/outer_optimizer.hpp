@@ -95,8 +95,10 @@ class outer_optimizer {
     std::vector<optim::state_tensor> s;
     for (std::size_t f = 0; f < anchors_.size(); ++f) {
       const int fi = static_cast<int>(f);
-      s.push_back({"anchor", anchors_[f].span(), fi, state_start::parameters});
-      for (auto& t : rules_[f].state()) s.push_back({t.name, t.data, fi});
+      // Every group restarts from the new anchor and steps the rule on the same mean: both
+      // are alike in every group (a heal may take them from several donors).
+      s.push_back({"anchor", anchors_[f].span(), fi, state_start::parameters, true});
+      for (auto& t : rules_[f].state()) s.push_back({t.name, t.data, fi, state_start::zero, true});
     }
     return s;
   }

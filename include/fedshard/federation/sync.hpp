@@ -611,7 +611,8 @@ class synchronizer {
          .family = "federation.fragment{f}." + t.name,
          .extent = state_extent::fragment,
          .fragment = t.fragment,
-         .missing = t.missing},
+         .missing = t.missing,
+         .same_in_every_group = t.same_in_every_group},
         t.data.size(), [this, d = t.data](std::span<float> h) { copy_out(d, h); },
         [this, d = t.data](std::span<const float> h) { copy_in(h, d); });
   }

@@ -51,6 +51,9 @@ struct state_tensor {
   std::span<float> data;
   int fragment = -1;
   state_start missing = state_start::zero;
+  /// A federation policy's buffer that every group holds alike at the start of a round
+  /// (state_entry::same_in_every_group).
+  bool same_in_every_group = false;
 };
 
 /// Registers optimizer `o`'s state (core/state_registry.hpp): each buffer as

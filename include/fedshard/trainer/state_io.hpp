@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <span>
@@ -24,19 +25,37 @@
 
 namespace fedshard::checkpoint {
 
-/// Adds every entry of `reg` present now to `w`, copied from where it lives.
-inline void write_registry(const state_registry& reg, file_writer& w) {
+/// Which entries of a registry serialize() writes: all of them, or the two parts of a heal
+/// from several donors (federation/heal.hpp): what may differ between groups, and what every
+/// group holds alike (state_entry::same_in_every_group).
+enum class entries : std::uint8_t { all, own, shared };
+
+/// True when e is one of `which`.
+inline bool is_of(const state_entry& e, entries which) {
+  return which == entries::all || e.same_in_every_group == (which == entries::shared);
+}
+
+/// True when some entry of `reg` is held alike in every group.
+inline bool has_shared(const state_registry& reg) {
+  return std::any_of(reg.begin(), reg.end(),
+                     [](const state_entry& e) { return e.same_in_every_group; });
+}
+
+/// Adds every entry of `reg` present now (of `which`) to `w`, copied from where it lives.
+inline void write_registry(const state_registry& reg, file_writer& w,
+                           entries which = entries::all) {
   for (const auto& e : reg) {
-    if (e.present && !e.present()) continue;
+    if ((e.present && !e.present()) || !is_of(e, which)) continue;
     const std::span<char> out = w.add_buffer(e.name, e.bytes());
     e.save(std::as_writable_bytes(out));
   }
 }
 
-/// Every entry of `reg` as the bytes of one checkpoint file (what a donor sends a joiner).
-inline std::string serialize(const state_registry& reg) {
+/// The entries of `reg` (of `which`) as the bytes of one checkpoint file (what a donor sends
+/// a joiner).
+inline std::string serialize(const state_registry& reg, entries which = entries::all) {
   file_writer w;
-  write_registry(reg, w);
+  write_registry(reg, w, which);
   return w.bytes();
 }
 
@@ -166,22 +185,32 @@ inline void apply(const state_registry& reg, const staged_registry& st) {
 /// Stages every entry from a rank file of the same setup (the same entries, sizes and
 /// layout): a missing section is an error naming it, except for an entry saved only when
 /// present (it starts as `missing` says).
-inline staged_registry stage_same(const state_registry& reg, const file_reader& f,
+/// With several files (the two parts of a heal), each entry comes from the first file that
+/// has it, and a missing section is named with the first file.
+inline staged_registry stage_same(const state_registry& reg,
+                                  const std::vector<const file_reader*>& files,
                                   const state_geometry& g) {
   staged_registry st;
   for (const auto& e : reg) {
-    if (!f.has(e.name)) {
-      if (!e.present) f.fail("has no section '", e.name, "', which this setup saves");
+    const auto it = std::find_if(files.begin(), files.end(),
+                                 [&](const file_reader* f) { return f->has(e.name); });
+    if (it == files.end()) {
+      if (!e.present) files.front()->fail("has no section '", e.name, "', which this setup saves");
       st.values.emplace_back();
       continue;
     }
+    const file_reader& f = **it;
     std::string bytes = f.section(e.name);
     check_size(e, bytes.size(), f);
     if (e.check) e.check(std::as_bytes(std::span<const char>(bytes)));
     st.values.emplace_back(std::move(bytes));
   }
-  finish_staging(reg, st, g, f.what(), {});
+  finish_staging(reg, st, g, files.front()->what(), {});
   return st;
+}
+inline staged_registry stage_same(const state_registry& reg, const file_reader& f,
+                                  const state_geometry& g) {
+  return stage_same(reg, std::vector<const file_reader*>{&f}, g);
 }
 
 /// The saver of a checkpoint being resharded, as a loading rank reads it: its layout and
@@ -357,6 +386,16 @@ inline void deserialize(const state_registry& reg, std::string bytes, std::strin
                         const state_geometry& g) {
   const file_reader r(std::move(bytes), std::move(what));
   apply(reg, stage_same(reg, r, g));
+}
+
+/// deserialize() of the two parts serialize() wrote (entries::own and entries::shared, from
+/// ranks of the same setup; `what` names the source of each), checked whole before any entry
+/// changes.
+inline void deserialize(const state_registry& reg, std::string own, std::string own_what,
+                        std::string shared, std::string shared_what, const state_geometry& g) {
+  const file_reader a(std::move(own), std::move(own_what));
+  const file_reader b(std::move(shared), std::move(shared_what));
+  apply(reg, stage_same(reg, {&a, &b}, g));
 }
 
 }  // namespace fedshard::checkpoint

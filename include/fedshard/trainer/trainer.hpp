@@ -301,14 +301,31 @@ class trainer final {
   /// Collective over the federation axis: the joiners of round r take the donor's whole
   /// state (every entry of state()), moved by the heal plan (federation/heal.hpp) through
   /// the interpreter and checked before anything changes; returns what this rank moved.
+  /// With several donors (r.donors) and state held alike in every group (anchors,
+  /// outer-optimizer state: state_entry::same_in_every_group), the donor sends the rest and
+  /// the others that state, in pieces, side by side.
   federation::heal_report heal(const federation::heal_round& r) {
     synchronize();
+    const auto geometry = checkpoint::geometry_of(engine_, sync_);
+    if (r.donors.size() >= 2 && checkpoint::has_shared(registry_))
+      return federation::heal_from_donors(
+          engine_.interp(), r,
+          [this] { return checkpoint::serialize(registry_, checkpoint::entries::own); },
+          [this] { return checkpoint::serialize(registry_, checkpoint::entries::shared); },
+          [&](federation::heal_parts p) {
+            checkpoint::deserialize(
+                registry_, std::move(p.own),
+                fedshard::detail::concat("the state of group ", r.donor), std::move(p.shared),
+                fedshard::detail::concat("the shared state of groups ", r.donors_text()), geometry);
+          });
+    federation::heal_round one = r;
+    one.donors.clear();
     return federation::heal(
-        engine_.interp(), r, [this] { return checkpoint::serialize(registry_); },
+        engine_.interp(), one, [this] { return checkpoint::serialize(registry_); },
         [&](std::string blob) {
           checkpoint::deserialize(registry_, std::move(blob),
                                   fedshard::detail::concat("the state of group ", r.donor),
-                                  checkpoint::geometry_of(engine_, sync_));
+                                  geometry);
         });
   }
 
