@@ -11,6 +11,7 @@
 #   e.g. cd build/dev && ../../tests/federation/chaos_soak.sh 100 7
 # KILLS defaults to 100, SEED to 1; with KEEP_DIR the run's files (parameters per round,
 # step times, link and trainer logs, the store) are kept under it for a post-mortem.
+# FEDSHARD_CHAOS_ALGORITHM=diloco in the environment soaks diloco (heals from two donors).
 set -eu
 kills=${1:-100}
 seed=${2:-1}
