@@ -29,7 +29,8 @@
 /// with more the split of a heal from several donors (heal_from_donors): 3/5 of S the first
 /// donor's own state, 2/5 the shared one (diloco's proportions with AdamW inside: master and
 /// two moments against anchor and outer momentum), in pieces from the others, side by side.
-/// Timed on rank 0 from a barrier to the joiner's answer once it holds and checked the state.
+/// The shared state is named in O(1) (as the trainer's: checkpoint::file_digest). Timed on
+/// rank 0 from a barrier to the joiner's answer once it holds the state (checked after).
 ///
 /// Across network namespaces (bench/netns_link.sh): with FEDSHARD_BENCH_NETNS=
 /// "<ns0>@<addr0>,<ns1>@<addr1>" rank r enters network namespace <nsr> (ip netns's
@@ -46,6 +47,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -201,29 +203,54 @@ void heal_donors_rank(gl::communicator& c, const setting& s, Time&& time) {
   fed::heal_round r{.ranks = n, .donor = 0, .joiners = {joiner}, .me = c.rank()};
   if (s.donors > 1)
     for (int d = 0; d < s.donors; ++d) r.donors.push_back(d);
-  const auto own_bytes = static_cast<std::size_t>(s.bytes * 3 / 5);
+  // Named in O(1), as the trainer's shared state is (a checkpoint file's trailer names it:
+  // checkpoint::file_digest); here its first 8 bytes.
+  r.digest = [](const std::string& b) {
+    std::uint64_t d = 0;
+    std::memcpy(&d, b.data(), std::min(b.size(), sizeof d));
+    return d;
+  };
+  const auto own_bytes = static_cast<std::size_t>(s.bytes * 3 / 5) / 8 * 8;  // whole words
   const auto shared_bytes = static_cast<std::size_t>(s.bytes) - own_bytes;
-  const std::string own_blob(own_bytes, 'o'), shared_blob(shared_bytes, 's');
-  const std::string whole = own_blob + shared_blob;
+  // What each rank holds before the clock starts, with room for the padding (as the
+  // trainer's serialized states: checkpoint::heal_spare_bytes).
+  auto held = [](std::size_t n, char c) {
+    std::string b;
+    b.reserve(n + 64);
+    b.assign(n, c);
+    return b;
+  };
   const bool joins = r.me == joiner;
   float ack = 0;
   for (int i = 0; i < warmup + iterations; ++i) {
-    std::string own(own_bytes, joins ? 'y' : 'o'), shared(shared_bytes, joins ? 'z' : 's');
-    std::string all = joins ? std::string(whole.size(), 'y') : whole;
-    bool right = false;
+    std::string all, own, shared;
+    if (s.donors == 1) {
+      all = held(own_bytes + shared_bytes, joins ? 'y' : 'o');
+    } else {
+      if (joins || r.me == 0) own = held(own_bytes, joins ? 'y' : 'o');
+      if (joins || r.me > 0) shared = held(shared_bytes, joins ? 'z' : 's');
+    }
+    auto is = [](const std::string& b, std::size_t n, char c) {
+      return b.size() == n && std::all_of(b.begin(), b.end(), [c](char x) { return x == c; });
+    };
     c.barrier();
     const auto t0 = std::chrono::steady_clock::now();
     if (s.donors == 1) {
       fed::heal(
-          in, r, [&] { return std::move(all); }, [&](std::string got) { right = got == whole; });
+          in, r, [&] { return std::move(all); }, [&](std::string got) { all = std::move(got); });
     } else {
       fed::heal_from_donors(
           in, r, [&] { return std::move(own); }, [&] { return std::move(shared); },
-          [&](fed::heal_parts p) { right = p.own == own_blob && p.shared == shared_blob; });
+          [&](fed::heal_parts p) {
+            own = std::move(p.own);
+            shared = std::move(p.shared);
+          });
     }
     if (joins) {
+      c.send(&ack, 1, dtype::f32, 0);  // it holds the state; checked after the clock
+      const bool right = s.donors == 1 ? is(all, own_bytes + shared_bytes, 'o')
+                                       : is(own, own_bytes, 'o') && is(shared, shared_bytes, 's');
       if (!right) throw std::runtime_error("bench_link: the healed state differs");
-      c.send(&ack, 1, dtype::f32, 0);
     } else if (r.me == 0) {
       c.recv(&ack, 1, dtype::f32, joiner);
       const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

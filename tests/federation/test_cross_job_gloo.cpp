@@ -278,8 +278,8 @@ TEST_CASE(
     "state and the other's anchors and outer momentum, and syncs equal to them") {
   // As the test above with restart, on diloco: its anchor and outer momentum are held alike
   // in every group, so the joiner takes its state from groups 0 and 1 (options::heal_donors
-  // is 4; two participants): group 0 sends its own state (master, inner optimizer, records),
-  // group 1 the shared state behind a 16-byte header; each sealed with a 32-byte tag, in
+  // is 2 by default): group 0 sends its own state (master, inner optimizer, records),
+  // group 1 the shared state with a 16-byte trailer; each sealed with a 32-byte tag, in
   // whole words.
   const double join = 4;
   ft::temp_dir dir;

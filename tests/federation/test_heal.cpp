@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <utility>
@@ -285,12 +286,12 @@ TEST_CASE("a joiner refuses an announced size outside its bound before receiving
 
 TEST_CASE(
     "a heal from three donors: the first sends its own state, the others the shared one in "
-    "two pieces behind a header, and the joiner takes both bit for bit") {
+    "two pieces with a trailer, and the joiner takes both bit for bit") {
   // 4 groups, donors {0, 1, 2}, joiner 3. Own states of 500 B (each group's its own), a shared
   // state of 1001 B (the same in every group). By hand:
   //  - donor 0 sends 8 B (size) + 504 B (500 padded to words);
-  //  - donor 1 sends piece 0 of 2, bytes [0, 500): 16 B header + 500 = 516, padded 520; + 8;
-  //  - donor 2 sends piece 1 of 2, bytes [500, 1001): 16 + 501 = 517, padded 520; + 8;
+  //  - donor 1 sends piece 0 of 2, bytes [0, 500), and a 16 B trailer: 516, padded 520; + 8;
+  //  - donor 2 sends piece 1 of 2, bytes [500, 1001): 501 + 16 = 517, padded 520; + 8;
   //  - the joiner receives 3 x 8 + 504 + 520 + 520 = 1568 B and sends nothing.
   test::spawn_ranks(4, [](communicator& world) {
     mesh m(world, {4, 1, 1});
@@ -321,21 +322,21 @@ TEST_CASE(
 }
 
 TEST_CASE("a heal from donors that hold different shared states is refused, never mixed") {
-  // Donor 2's shared state differs: its header's checksum differs from donor 1's. Then donor
-  // 2's header is right but a byte of its piece is not: the pieces do not make the state.
-  for (const bool header_differs : {true, false}) {
-    CAPTURE(header_differs);
+  // Donor 2's shared state differs: its trailer's digest differs from donor 1's. Then donor
+  // 2's trailer is right but a byte of its piece is not: the pieces do not make the state.
+  for (const bool trailer_differs : {true, false}) {
+    CAPTURE(trailer_differs);
     test::spawn_ranks(4, [&](communicator& world) {
       mesh m(world, {4, 1, 1});
       interpreter<communicator> in(m);
       const int g = m.coords().group;
       heal_round r{.ranks = 4, .donor = 0, .donors = {0, 1, 2}, .joiners = {3}, .me = g};
-      if (g == 2 && !header_differs)
+      if (g == 2 && !trailer_differs)
         r.seal = [](std::string b) {
-          b.back() = static_cast<char>(b.back() ^ 1);
+          b.front() = static_cast<char>(b.front() ^ 1);
           return b;
         };
-      const int seed = g == 2 && header_differs ? 8 : 7;
+      const int seed = g == 2 && trailer_differs ? 8 : 7;
       bool took = false;
       auto run = [&] {
         federation::heal_from_donors(
@@ -347,10 +348,10 @@ TEST_CASE("a heal from donors that hold different shared states is refused, neve
         return;
       }
       CHECK_THROWS_WITH_AS(run(),
-                           header_differs ? doctest::Contains("donors 1 and 2 hold different "
-                                                              "shared states")
-                                          : doctest::Contains("from donors 1 to 2 do not make "
-                                                              "the state their headers name"),
+                           trailer_differs ? doctest::Contains("donors 1 and 2 hold different "
+                                                               "shared states")
+                                           : doctest::Contains("from donors 1 to 2 do not make "
+                                                               "the state their trailers name"),
                            invalid_argument);
       CHECK_FALSE(took);
     });
@@ -376,4 +377,36 @@ TEST_CASE("a heal round whose donors are not right is refused with what was expe
       federation::check(r),
       doctest::Contains("heal: donor 5 must be a rank of the federation axis in [0, 4)"),
       invalid_argument);
+}
+
+TEST_CASE("a heal from two donors sends the shared state whole, named by the round's digest") {
+  // 3 groups, donors {0, 1}, joiner 2; a digest of the round's own (the shared state's first
+  // 8 bytes, as a checkpoint file names itself by its trailer): donor 1 computes it once, the
+  // joiner once. Donor 1 sends 8 B + the 1001 B state and its 16 B trailer, 1017 B padded to
+  // 1024; the joiner receives 8 + 504 (donor 0's 500 B) + 8 + 1024 = 1544 B.
+  test::spawn_ranks(3, [](communicator& world) {
+    mesh m(world, {3, 1, 1});
+    interpreter<communicator> in(m);
+    const int g = m.coords().group;
+    int digests = 0;
+    heal_round r{.ranks = 3, .donor = 0, .donors = {0, 1}, .joiners = {2}, .me = g};
+    r.digest = [&](const std::string& s) {
+      ++digests;
+      std::uint64_t d = 0;
+      std::memcpy(&d, s.data(), sizeof d);
+      return d;
+    };
+    federation::heal_parts took;
+    federation::heal_from_donors(
+        in, r, [&] { return state_of(500, g); }, [&] { return state_of(1001, 7); },
+        [&](federation::heal_parts p) { took = std::move(p); });
+    const std::int64_t sent[3] = {8 + 504, 8 + 1024, 0};
+    CHECK(in.traffic()[axis::federation].sent == static_cast<double>(sent[g]));
+    CHECK(in.traffic()[axis::federation].received == (g == 2 ? 1544.0 : 0.0));
+    CHECK(digests == (g == 0 ? 0 : 1));
+    if (g == 2) {
+      CHECK(took.own == state_of(500, 0));
+      CHECK(took.shared == state_of(1001, 7));
+    }
+  });
 }

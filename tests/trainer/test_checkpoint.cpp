@@ -694,6 +694,35 @@ TEST_CASE("checksum64 changes with every single-bit flip, word swap and length")
   CHECK(ck::checksum64(d.data(), 100) != ck::checksum64(d.data(), 101));
 }
 
+TEST_CASE(
+    "file_digest: a file's trailer names it, and every changed byte of its data changes "
+    "that name; bytes without a trailer are named by checksum64") {
+  auto file_of = [](float x) {
+    ck::file_writer w(64);  // 16 floats per chunk
+    std::vector<float> v(100, 1.0f);
+    v[57] = x;
+    w.add_span("master", std::span<const float>(v));
+    w.add_value("step", std::int64_t{3});
+    return w.bytes();
+  };
+  const std::string a = file_of(1.0f), b = file_of(2.0f);
+  // The trailer: u64 contents offset | u64 contents size | u64 checksum | "FEDSHEND".
+  std::uint64_t named = 0;
+  std::memcpy(&named, a.data() + a.size() - 16, 8);
+  CHECK(ck::file_digest(a) == named);
+  CHECK(a.capacity() >= a.size());
+  ck::file_writer w(64);
+  w.add_span("x", std::span<const float>(std::vector<float>(33, 1.0f)));  // 3 chunks
+  // header 16 + count 4 + section (4 + 1 name + 8 offset + 8 size + 3 x 8 checksums) + 132 B
+  // of data + trailer 32
+  CHECK(w.file_bytes() == 16 + 4 + 4 + 1 + 8 + 8 + 24 + 132 + 32);
+  CHECK(w.bytes().size() == w.file_bytes());
+  CHECK(w.bytes(64).capacity() >= w.file_bytes() + 64);
+  CHECK(ck::file_digest(a) != ck::file_digest(b));  // one float of one chunk differs
+  const std::string plain = "not a checkpoint file, no trailer at all";
+  CHECK(ck::file_digest(plain) == ck::checksum64(plain.data(), plain.size()));
+}
+
 TEST_CASE("file_writer::recycle: the next snapshot fills the same buffers") {
   ck::file_writer first;
   const auto a = first.add_elements<float>("master", 1000);

@@ -182,7 +182,12 @@ struct options {
   /// donor sends what differs between groups, the others what every group holds alike
   /// (federation/heal.hpp); 1: from the donor alone. A round whose joiner was marked
   /// unhealthy in the round before (a failed heal among them) heals from the donor alone.
-  int heal_donors = 4;
+  /// 2 by default: the other donor sends the shared state whole, from its own memory; 3 or
+  /// more cut it in pieces, which costs a copy of each piece and of their join (bench_link's
+  /// bm_heal_donors on this 2-core machine: 1 GiB in 308-311 ms from one donor, 234-246 ms
+  /// from two, 681-695 ms from three), so more pay where each donor's link, not memory,
+  /// bounds the heal.
+  int heal_donors = 2;
   /// Called on every rank as it passes a point of the round's state machine (see the file
   /// comment), with the round's number: "arrived", "decided" (the decision read),
   /// "ready" (before the context connects), "connected", "op" (before each collective of

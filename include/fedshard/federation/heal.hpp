@@ -32,8 +32,9 @@
 /// its inner optimizer) and the shared one (state_entry::same_in_every_group: anchors and
 /// outer-optimizer state, which every participant of the last round holds bit for bit). The
 /// first donor sends its own blob; donor k >= 1 sends piece k-1 of n-1 of its shared blob
-/// (shared_piece: equal cuts), behind a header of heal_piece_header_bytes: the shared blob's
-/// size and checksum64. Each donor's plan is the two ops above with its blob; a joiner
+/// (shared_piece: equal cuts) followed by a trailer of heal_piece_header_bytes: the shared
+/// blob's size and digest (heal_round::digest; checksum64 of its bytes by default). Each
+/// donor's plan is the two ops above with its blob; a joiner
 /// receives every donor's size op in donor order, then posts the blob receives of all donors
 /// at once (the interpreter issues them as async requests, so the donors' links run side by
 /// side) and waits for them all. It refuses the heal unless every piece names the same size
@@ -82,6 +83,11 @@ struct heal_round {
   std::function<std::string(std::string)> open{};
   /// Bytes the seal adds (the joiner's bound on what it accepts grows by them).
   std::int64_t seal_bytes = 0;
+  /// How a heal from several donors names the shared blob in its pieces' trailers (the same
+  /// on every donor, else the heal is refused); empty: checksum64 of its bytes. A blob that
+  /// checks itself when it is taken may name itself at less cost (the trainer's is a
+  /// checkpoint file: the checksum its trailer holds covers every chunk's checksum).
+  std::function<std::uint64_t(const std::string&)> digest{};
 
   /// True when this rank is one of the joiners.
   bool joining() const { return std::find(joiners.begin(), joiners.end(), me) != joiners.end(); }
@@ -105,7 +111,7 @@ struct heal_parts {
   std::string shared;  ///< what every donor holds alike
 };
 
-/// Bytes of the header in front of a shared piece: the shared blob's size and checksum64.
+/// Bytes of the trailer behind a shared piece: the shared blob's size and digest.
 inline constexpr std::int64_t heal_piece_header_bytes = 16;
 
 /// [begin, end) of piece k of n equal cuts of a blob of `bytes` (the last pieces may be one
@@ -328,51 +334,66 @@ std::vector<std::string> receive_from_donors(interpreter<C, S>& in, const heal_r
   return blobs;
 }
 
-/// Donor k >= 1's blob of a shared state: the header (the state's size and checksum64) and
-/// piece k-1 of n-1 (n donors).
-inline std::string shared_blob(const std::string& shared, int k, int n) {
+/// The digest that names shared state `shared` in round r (heal_round::digest).
+inline std::uint64_t digest_of(const heal_round& r, const std::string& shared) {
+  return r.digest ? r.digest(shared) : checksum64(shared.data(), shared.size());
+}
+
+/// Donor k >= 1's blob of a shared state: piece k-1 of n-1 (n donors) and the trailer (the
+/// state's size and digest). With one piece, the state's own memory becomes the blob.
+inline std::string shared_blob(const heal_round& r, std::string shared, int k, int n) {
   const auto size = static_cast<std::int64_t>(shared.size());
   const auto [begin, end] = shared_piece(size, k - 1, n - 1);
-  const std::uint64_t head[2] = {static_cast<std::uint64_t>(size),
-                                 checksum64(shared.data(), shared.size())};
-  std::string b(reinterpret_cast<const char*>(head), sizeof head);
-  b.append(shared, static_cast<std::size_t>(begin), static_cast<std::size_t>(end - begin));
+  const std::uint64_t tail[2] = {static_cast<std::uint64_t>(size), digest_of(r, shared)};
+  std::string b;
+  if (n == 2) {
+    b = std::move(shared);
+  } else {
+    b.reserve(static_cast<std::size_t>(end - begin + heal_piece_header_bytes));
+    b.append(shared, static_cast<std::size_t>(begin), static_cast<std::size_t>(end - begin));
+  }
+  b.append(reinterpret_cast<const char*>(tail), sizeof tail);
   return b;
 }
 
-/// The shared state put together from donors 1..n-1's blobs (shared_blob), checked: every
-/// header names the same size and checksum, the pieces are the cuts of that size, and the
-/// state they make has that checksum; else invalid_argument naming the donors.
-inline std::string join_shared(const std::vector<std::string>& blobs,
-                               const std::vector<int>& donors) {
+/// The shared state put together from donors 1..n-1's blobs (shared_blob, taken from them),
+/// checked: every trailer names the same size and digest, the pieces are the cuts of that
+/// size, and the state they make has that digest; else invalid_argument naming the donors.
+/// With one piece, its memory becomes the state.
+inline std::string join_shared(const heal_round& r, std::vector<std::string>& blobs) {
+  const std::vector<int>& donors = r.donors;
   const int n = static_cast<int>(donors.size());
-  std::uint64_t head[2] = {}, first[2] = {};
-  std::string shared;
+  std::uint64_t tail[2] = {}, first[2] = {};
   for (int k = 1; k < n; ++k) {
-    const std::string& b = blobs[static_cast<std::size_t>(k)];
+    std::string& b = blobs[static_cast<std::size_t>(k)];
     FEDSHARD_EXPECTS(b.size() >= heal_piece_header_bytes, "heal: donor ", donors[k], " sent ",
-                     b.size(), " bytes, expected a header of ", heal_piece_header_bytes,
-                     " and a piece of the shared state");
-    std::memcpy(head, b.data(), sizeof head);
-    if (k == 1) std::memcpy(first, head, sizeof head);
-    FEDSHARD_EXPECTS(head[0] == first[0] && head[1] == first[1], "heal: donors ", donors[1],
+                     b.size(), " bytes, expected a piece of the shared state and a trailer of ",
+                     heal_piece_header_bytes);
+    std::memcpy(tail, b.data() + b.size() - sizeof tail, sizeof tail);
+    b.resize(b.size() - sizeof tail);
+    if (k == 1) std::memcpy(first, tail, sizeof tail);
+    FEDSHARD_EXPECTS(tail[0] == first[0] && tail[1] == first[1], "heal: donors ", donors[1],
                      " and ", donors[k], " hold different shared states (", first[0],
-                     " bytes, checksum ", first[1], " against ", head[0], " bytes, checksum ",
-                     head[1], "): the heal is refused");
-    FEDSHARD_EXPECTS(head[0] <= (std::uint64_t{1} << 48), "heal: donor ", donors[k],
-                     " names a shared state of ", head[0], " bytes, expected at most 2^48");
-    const auto [begin, end] = shared_piece(static_cast<std::int64_t>(head[0]), k - 1, n - 1);
-    FEDSHARD_EXPECTS(static_cast<std::int64_t>(b.size()) - heal_piece_header_bytes == end - begin,
-                     "heal: donor ", donors[k], " sent a piece of ",
-                     b.size() - heal_piece_header_bytes, " bytes, expected ", end - begin,
-                     " (piece ", k - 1, " of ", n - 1, " of ", head[0], " bytes)");
-    shared.append(b, static_cast<std::size_t>(heal_piece_header_bytes), std::string::npos);
+                     " bytes, digest ", first[1], " against ", tail[0], " bytes, digest ", tail[1],
+                     "): the heal is refused");
+    FEDSHARD_EXPECTS(tail[0] <= (std::uint64_t{1} << 48), "heal: donor ", donors[k],
+                     " names a shared state of ", tail[0], " bytes, expected at most 2^48");
+    const auto [begin, end] = shared_piece(static_cast<std::int64_t>(tail[0]), k - 1, n - 1);
+    FEDSHARD_EXPECTS(static_cast<std::int64_t>(b.size()) == end - begin, "heal: donor ", donors[k],
+                     " sent a piece of ", b.size(), " bytes, expected ", end - begin, " (piece ",
+                     k - 1, " of ", n - 1, " of ", tail[0], " bytes)");
   }
-  FEDSHARD_EXPECTS(checksum64(shared.data(), shared.size()) == first[1],
-                   "heal: the pieces of the shared state from donors ", donors[1], " to ",
-                   donors[static_cast<std::size_t>(n - 1)],
-                   " do not make the state their headers name (checksum ", first[1],
-                   "): the heal is refused");
+  std::string shared;
+  if (n == 2) {
+    shared = std::move(blobs[1]);
+  } else {
+    shared.reserve(static_cast<std::size_t>(first[0]));
+    for (int k = 1; k < n; ++k) shared += blobs[static_cast<std::size_t>(k)];
+  }
+  FEDSHARD_EXPECTS(
+      digest_of(r, shared) == first[1], "heal: the pieces of the shared state from donors ",
+      donors[1], " to ", donors[static_cast<std::size_t>(n - 1)],
+      " do not make the state their trailers name (digest ", first[1], "): the heal is refused");
   return shared;
 }
 
@@ -436,7 +457,7 @@ heal_report heal_from_donors(interpreter<C, S>& in, const heal_round& r, Own&& o
   if (r.donating()) {
     const auto k =
         static_cast<int>(std::find(r.donors.begin(), r.donors.end(), r.me) - r.donors.begin());
-    std::string b = k == 0 ? own() : shared_blob(shared(), k, n);
+    std::string b = k == 0 ? own() : shared_blob(r, shared(), k, n);
     if (r.seal) b = r.seal(std::move(b));
     h.state_bytes = static_cast<std::int64_t>(b.size());
     h.sent = static_cast<int>(r.joiners.size());
@@ -454,7 +475,7 @@ heal_report heal_from_donors(interpreter<C, S>& in, const heal_round& r, Own&& o
     auto blobs = receive_from_donors(in, r, bounds, std::move(buffers));
     if (r.open)
       for (auto& b : blobs) b = r.open(std::move(b));
-    heal_parts p{.own = std::move(blobs[0]), .shared = join_shared(blobs, r.donors)};
+    heal_parts p{.own = std::move(blobs[0]), .shared = join_shared(r, blobs)};
     h.state_bytes = static_cast<std::int64_t>(p.own.size() + p.shared.size());
     h.received = true;
     h.donors = n;

@@ -72,6 +72,20 @@ inline std::uint64_t fnv1a(const void* data, std::size_t n,
 
 using fedshard::checksum64;  // core/checksum.hpp: the chunks' and the contents' checksum
 
+/// A file's name for itself in 8 bytes: the checksum of its table of contents in its trailer,
+/// which covers every chunk's checksum (so a reader that checks the file checks that name);
+/// checksum64 of all its bytes when it has no trailer. A heal from several donors names the
+/// shared state with it (federation/heal.hpp) instead of hashing the whole file again.
+inline std::uint64_t file_digest(const std::string& file) noexcept {
+  constexpr std::size_t tail = 8 + sizeof end_magic - 1;  // the checksum, then "FEDSHEND"
+  if (file.size() < tail + 16 ||
+      file.compare(file.size() - (sizeof end_magic - 1), sizeof end_magic - 1, end_magic) != 0)
+    return checksum64(file.data(), file.size());
+  std::uint64_t d = 0;
+  std::memcpy(&d, file.data() + file.size() - tail, sizeof d);
+  return d;
+}
+
 /// "0123456789abcdef": 16 hex digits of a save id.
 inline std::string id_text(std::uint64_t id) {
   char buf[24];
@@ -177,10 +191,20 @@ class file_writer {
   }
 
   /// The serialised file.
-  std::string bytes() const {
+  /// The file's bytes in one string, with room for `spare` more (what travels with it: a
+  /// heal's padding, seal or trailer; appending them then moves nothing).
+  std::string bytes(std::size_t spare = 0) const {
     std::string out;
-    emit([&](const char* p, std::size_t n) { out.append(p, n); });
+    out.reserve(file_bytes() + spare);
+    emit([&](const char* p, std::size_t k) { out.append(p, k); });
     return out;
+  }
+  /// The size of the file emit() writes: header, sections, contents and trailer.
+  std::size_t file_bytes() const noexcept {
+    std::size_t n = 16 + 4 + 32;  // header, section count, trailer
+    for (const auto& [name, sec] : sections_)
+      n += sec.size + 4 + name.size() + 8 + 8 + 8 * ((sec.size + chunk_ - 1) / chunk_);
+    return n;
   }
 
   /// Writes the file atomically (to path.tmp, then renamed over path).

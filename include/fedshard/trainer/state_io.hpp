@@ -51,12 +51,16 @@ inline void write_registry(const state_registry& reg, file_writer& w,
   }
 }
 
+/// Room serialize() leaves behind the file: what a heal appends to it (padding to words, a
+/// seal's tag, a shared piece's trailer) then moves nothing.
+inline constexpr std::size_t heal_spare_bytes = 64;
+
 /// The entries of `reg` (of `which`) as the bytes of one checkpoint file (what a donor sends
 /// a joiner).
 inline std::string serialize(const state_registry& reg, entries which = entries::all) {
   file_writer w;
   write_registry(reg, w, which);
-  return w.bytes();
+  return w.bytes(heal_spare_bytes);
 }
 
 /// Where a rank's element entries lie: the model's layout, the units of each sync fragment,

@@ -307,9 +307,11 @@ class trainer final {
   federation::heal_report heal(const federation::heal_round& r) {
     synchronize();
     const auto geometry = checkpoint::geometry_of(engine_, sync_);
-    if (r.donors.size() >= 2 && checkpoint::has_shared(registry_))
+    if (r.donors.size() >= 2 && checkpoint::has_shared(registry_)) {
+      federation::heal_round named = r;
+      named.digest = checkpoint::file_digest;  // checked with every chunk when taken
       return federation::heal_from_donors(
-          engine_.interp(), r,
+          engine_.interp(), named,
           [this] { return checkpoint::serialize(registry_, checkpoint::entries::own); },
           [this] { return checkpoint::serialize(registry_, checkpoint::entries::shared); },
           [&](federation::heal_parts p) {
@@ -318,6 +320,7 @@ class trainer final {
                 fedshard::detail::concat("the state of group ", r.donor), std::move(p.shared),
                 fedshard::detail::concat("the shared state of groups ", r.donors_text()), geometry);
           });
+    }
     federation::heal_round one = r;
     one.donors.clear();
     return federation::heal(
